@@ -1,0 +1,51 @@
+"""``python -m broker --model-repository R --runtime-dir D``: the batching and routing hub."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ipc.lifecycle import die_with_parent, setup_logging
+from shoal.flags import bool_flag
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m broker")
+    p.add_argument("--model-repository", "--model-store", required=True, type=Path)
+    p.add_argument("--runtime-dir", required=True, type=Path)
+    p.add_argument("--exit-on-error", type=bool_flag, default=True)
+    p.add_argument("--strict-readiness", type=bool_flag, default=True)
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--model-config-name", default="")
+    p.add_argument("--log-verbose", default=0, type=int)
+    p.add_argument("--parent-pid", default=None, type=int, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    die_with_parent(args.parent_pid)
+    setup_logging("broker", args.log_verbose)
+    from broker.proc import BrokerProc, BrokerSettings, install_signal_flag
+    from ipc.sockets import ensure_runtime_dir
+
+    proc = BrokerProc(
+        BrokerSettings(
+            model_repository=args.model_repository,
+            runtime_dir=ensure_runtime_dir(str(args.runtime_dir)),
+            exit_on_error=args.exit_on_error,
+            autocomplete=not args.disable_auto_complete_config,
+            model_config_name=args.model_config_name,
+            strict_readiness=args.strict_readiness,
+        )
+    )
+    install_signal_flag(proc)
+    try:
+        return proc.run()
+    finally:
+        proc.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

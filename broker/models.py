@@ -1,0 +1,135 @@
+"""The broker's table of model versions and their instances (pure: no sockets, no time).
+
+A model version is LOADING until every expected instance has reported, READY once they
+all loaded, and UNAVAILABLE when one failed to load or none is left alive. The final
+config of a version is the one its first ready worker completed (auto-complete runs in
+the worker, which is the only process that opens the model file).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ipc import messages as m
+
+InstanceState = Literal["LOADING", "READY", "DEAD"]
+VersionState = Literal["LOADING", "READY", "UNAVAILABLE"]
+
+
+@dataclass
+class Instance:
+    ident: bytes
+    model: str
+    version: int
+    index: int
+    pid: int
+    state: InstanceState = "LOADING"
+    in_flight: m.ExecuteBatch | None = None
+    cores: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ModelVersion:
+    name: str
+    version: int
+    expected_instances: int
+    platform: str = ""
+    config: bytes = b""
+    state: VersionState = "LOADING"
+    reason: str = ""
+    instances: dict[bytes, Instance] = field(default_factory=dict)
+    idle: deque[bytes] = field(default_factory=deque)
+    queue: deque[m.WorkItem] = field(default_factory=deque)
+    failed_loads: int = 0
+
+    def live(self) -> list[Instance]:
+        return [i for i in self.instances.values() if i.state == "READY"]
+
+    def refresh_state(self) -> None:
+        if self.failed_loads:
+            self.state = "UNAVAILABLE"
+            return
+        ready = len(self.live())
+        reported = ready + sum(1 for i in self.instances.values() if i.state == "DEAD")
+        if self.state == "LOADING":
+            if ready >= self.expected_instances:
+                self.state = "READY"
+            elif reported >= self.expected_instances and not ready:
+                self.state = "UNAVAILABLE"
+                self.reason = self.reason or "no instance of the model is alive"
+        elif self.state == "READY" and not ready:
+            self.state = "UNAVAILABLE"
+            self.reason = "every instance of the model exited"
+        elif self.state == "UNAVAILABLE" and ready and not self.failed_loads:
+            self.state = "READY"
+            self.reason = ""
+
+
+@dataclass
+class ModelEntryState:
+    """A model of the repository: its versions, or why it could not be loaded."""
+
+    name: str
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    error: str = ""
+
+
+class ModelTable:
+    def __init__(self) -> None:
+        self.models: dict[str, ModelEntryState] = {}
+        self.by_ident: dict[bytes, Instance] = {}
+
+    def add_model(self, name: str, versions: dict[int, int], platform: str) -> None:
+        """Expect ``versions`` (version -> instance count) of ``name``."""
+        entry = self.models.setdefault(name, ModelEntryState(name))
+        for v, count in versions.items():
+            entry.versions[v] = ModelVersion(name, v, count, platform)
+
+    def add_error(self, name: str, error: str) -> None:
+        self.models[name] = ModelEntryState(name, error=error)
+
+    def version(self, name: str, version: int) -> ModelVersion | None:
+        entry = self.models.get(name)
+        return None if entry is None else entry.versions.get(version)
+
+    def resolve(self, name: str, version: int) -> ModelVersion | None:
+        """The version a request names; -1 picks the highest READY version."""
+        entry = self.models.get(name)
+        if entry is None:
+            return None
+        if version >= 0:
+            return entry.versions.get(version)
+        ready = [v for v in entry.versions.values() if v.state == "READY"]
+        return max(ready, key=lambda v: v.version) if ready else None
+
+    def startup_done(self) -> bool:
+        return all(
+            v.state != "LOADING" for e in self.models.values() for v in e.versions.values()
+        )
+
+    def failures(self) -> list[str]:
+        out = [f"{e.name}: {e.error}" for e in self.models.values() if e.error]
+        out += [
+            f"{v.name} version {v.version}: {v.reason}"
+            for e in self.models.values()
+            for v in e.versions.values()
+            if v.state == "UNAVAILABLE"
+        ]
+        return out
+
+    def all_ready(self) -> bool:
+        return all(
+            not e.error and e.versions and all(v.state == "READY" for v in e.versions.values())
+            for e in self.models.values()
+        )
+
+    def states(self) -> list[m.ModelState]:
+        out: list[m.ModelState] = []
+        for e in sorted(self.models.values(), key=lambda e: e.name):
+            if e.error:
+                out.append(m.ModelState(e.name, -1, "UNAVAILABLE", e.error))
+            for v in sorted(e.versions.values(), key=lambda v: v.version):
+                out.append(m.ModelState(e.name, v.version, v.state, v.reason))
+        return out

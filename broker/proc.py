@@ -1,0 +1,309 @@
+"""The broker process: the I/O shell around ModelTable and Router.
+
+It binds two ROUTER sockets in the runtime directory (frontends, workers), reads the
+model repository to know which model versions and how many instances to expect, and
+then only moves messages: requests in, batches out to idle workers, results back to
+the frontend that asked. Results are forwarded without being decoded.
+
+Peers are siblings (under supervisord) so liveness comes from the peers' pids, which
+each hello carries: a pidfd per peer sits in the poll set and turns a death into an
+error for every request that peer held, at once. No request waits forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from broker.models import Instance, ModelTable
+from broker.router import Dispatch, Router
+from configs import repository
+from ipc import messages as m
+from ipc import sockets
+from ipc.errors import Code, ServingError, unknown_model
+
+log = logging.getLogger("shoal.broker")
+
+
+@dataclass
+class BrokerSettings:
+    model_repository: Path
+    runtime_dir: Path
+    exit_on_error: bool = True
+    autocomplete: bool = True
+    model_config_name: str = ""
+    strict_readiness: bool = True
+
+
+def _instance_count(config: object) -> int:
+    groups = getattr(config, "instance_group", [])
+    return max(sum(max(g.count, 1) for g in groups), 1) if groups else 1
+
+
+class BrokerProc:
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.s = settings
+        self.stop = False
+        self.ctx = zmq.Context.instance()
+        self.fsock = sockets.router(
+            self.ctx, sockets.endpoint(settings.runtime_dir, sockets.FRONTEND_SOCKET)
+        )
+        self.wsock = sockets.router(
+            self.ctx, sockets.endpoint(settings.runtime_dir, sockets.WORKER_SOCKET)
+        )
+        self.table = ModelTable()
+        self.router = Router(self.table)
+        self.poller = zmq.Poller()
+        self.poller.register(self.fsock, zmq.POLLIN)
+        self.poller.register(self.wsock, zmq.POLLIN)
+        self.pidfds: dict[int, tuple[str, bytes]] = {}  # fd -> (role, ident)
+        self.frontend_fds: dict[bytes, int] = {}
+        self.startup_reported = False
+
+    def load_repository(self) -> None:
+        entries = repository.scan(
+            self.s.model_repository,
+            model_config_name=self.s.model_config_name,
+            autocomplete_enabled=self.s.autocomplete,
+        )
+        for e in entries:
+            if e.error or e.config is None:
+                log.error("%s", e.error)
+                self.table.add_error(e.name, e.error or "failed to load")
+                continue
+            count = _instance_count(e.config)
+            platform = e.config.platform or e.config.backend
+            self.table.add_model(e.name, {v: count for v in e.versions}, platform)
+        log.info("repository %s: %d model(s)", self.s.model_repository, len(entries))
+
+    # -- loop ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.load_repository()
+        while not self.stop:
+            if not self.startup_reported and self.table.startup_done():
+                self.startup_reported = True
+                failures = self.table.failures()
+                if failures and self.s.exit_on_error:
+                    log.error("exiting: %d model(s) failed to load (--exit-on-error)",
+                              len(failures))
+                    return 1
+                log.info("startup complete: %s", ", ".join(
+                    f"{s.name}/{s.version}={s.state}" for s in self.table.states()) or "no models")
+            events = dict(self.poller.poll(250))
+            if self.fsock in events:
+                self._drain(self.fsock, self._on_frontend)
+            if self.wsock in events:
+                self._drain(self.wsock, self._on_worker)
+            for fd in [fd for fd in self.pidfds if fd in events]:
+                self._peer_died(fd)
+        self._shutdown_workers()
+        return 0
+
+    def _drain(self, sock: zmq.Socket, handle: object) -> None:
+        for _ in range(512):  # bounded, so one busy side cannot starve the other
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                handle(frames)  # type: ignore[operator]
+            except ValueError as exc:
+                log.warning("dropped a malformed message: %s", exc)
+
+    def _send(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+        try:
+            sock.send_multipart(frames)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            log.debug("peer %r is gone; message dropped", frames[0])
+
+    def _reply_error(self, frontend: bytes, req_id: int, err: ServingError) -> None:
+        resp = m.InferResponse(req_id, [], m.ErrorInfo(int(err.code), err.message))
+        self._send(self.fsock, [frontend, m.RESULT, m.encode_payload(resp)])
+
+    # -- frontends -------------------------------------------------------------------
+
+    def _on_frontend(self, frames: list[bytes]) -> None:
+        ident, kind, payload = frames[0], frames[1], frames[2]
+        msg = m.decode(kind, payload)
+        if isinstance(msg, m.InferRequest):
+            self._on_infer(ident, msg)
+        elif isinstance(msg, m.ModelQuery):
+            self._send(self.fsock, [ident, *m.encode(self._model_info(msg))])
+        elif isinstance(msg, m.ServerQuery):
+            ready = self.table.all_ready() if self.s.strict_readiness else True
+            state = m.ServerState(msg.query_id, True, ready, self.table.states())
+            self._send(self.fsock, [ident, *m.encode(state)])
+        elif isinstance(msg, m.FrontendHello):
+            self._watch(ident, msg.pid, "frontend")
+            self._send(self.fsock, [ident, *m.encode(m.Welcome(os.getpid()))])
+
+    def _on_infer(self, ident: bytes, req: m.InferRequest) -> None:
+        mv = self.table.resolve(req.model, req.version)
+        if mv is None:
+            if req.model in self.table.models and req.version < 0:
+                err = ServingError(
+                    Code.UNAVAILABLE,
+                    f"Request for unknown model: '{req.model}' has no available versions",
+                )
+            else:
+                err = unknown_model(req.model, req.version)
+            self._reply_error(ident, req.req_id, err)
+            return
+        if mv.state != "READY":
+            self._reply_error(ident, req.req_id, ServingError(
+                Code.UNAVAILABLE,
+                f"Request for unknown model: '{req.model}' version {mv.version} is not at ready "
+                f"state",
+            ))
+            return
+        self._dispatch(self.router.submit(mv, m.WorkItem(ident, req)))
+
+    def _model_info(self, q: m.ModelQuery) -> m.ModelInfo:
+        entry = self.table.models.get(q.model)
+        mv = self.table.resolve(q.model, q.version)
+        if entry is None:
+            err = unknown_model(q.model)
+            return m.ModelInfo(q.query_id, m.ErrorInfo(int(err.code), err.message))
+        if mv is None:
+            if q.version >= 0:
+                err = unknown_model(q.model, q.version)
+            else:
+                err = ServingError(Code.UNAVAILABLE, entry.error or
+                                   f"Request for unknown model: '{q.model}' has no available "
+                                   "versions")
+            return m.ModelInfo(q.query_id, m.ErrorInfo(int(err.code), err.message), q.model)
+        ready = sorted(v.version for v in entry.versions.values() if v.state == "READY")
+        return m.ModelInfo(q.query_id, None, q.model, mv.version, ready, mv.state == "READY",
+                           mv.platform, mv.config)
+
+    # -- workers ---------------------------------------------------------------------
+
+    def _on_worker(self, frames: list[bytes]) -> None:
+        ident, kind = frames[0], frames[1]
+        if kind == m.RESULT:
+            # [ident, RESULT, frontend, payload]: forwarded as is.
+            self._send(self.fsock, [frames[2], m.RESULT, frames[3]])
+            return
+        msg = m.decode(kind, frames[2])
+        inst = self.table.by_ident.get(ident)
+        if isinstance(msg, m.BatchDone):
+            if inst is not None:
+                self._dispatch(self.router.batch_done(inst))
+        elif isinstance(msg, m.WorkerHello):
+            self._on_hello(ident, msg)
+        elif isinstance(msg, m.WorkerReady) and inst is not None:
+            if inst.state == "LOADING":
+                inst.state = "READY"
+                inst.cores = list(msg.cores)
+                mv = self.table.version(inst.model, inst.version)
+                if mv is not None:
+                    mv.config = mv.config or msg.config
+                    mv.refresh_state()
+                log.info("instance %d of %s/%d ready (pid %d)", inst.index, inst.model,
+                         inst.version, inst.pid)
+            self._dispatch(self.router.instance_ready(inst))
+        elif isinstance(msg, m.WorkerFailed) and inst is not None:
+            mv = self.table.version(inst.model, inst.version)
+            log.error("%s", msg.message)
+            if mv is not None:
+                mv.failed_loads += 1
+                mv.reason = msg.message
+                mv.refresh_state()
+
+    def _on_hello(self, ident: bytes, hello: m.WorkerHello) -> None:
+        mv = self.table.version(hello.model, hello.version)
+        if mv is None:
+            log.warning("worker for unexpected model %s/%d ignored", hello.model, hello.version)
+            return
+        if ident not in self.table.by_ident:
+            inst = Instance(ident, hello.model, hello.version, hello.instance, hello.pid)
+            self.table.by_ident[ident] = inst
+            mv.instances[ident] = inst
+            self._watch(ident, hello.pid, "worker")
+        self._send(self.wsock, [ident, *m.encode(m.Welcome(os.getpid()))])
+
+    def _dispatch(self, dispatches: list[Dispatch]) -> None:
+        for inst, batch in dispatches:
+            self._send(self.wsock, [inst.ident, *m.encode(batch)])
+
+    # -- liveness --------------------------------------------------------------------
+
+    def _watch(self, ident: bytes, pid: int, role: str) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            log.warning("%s pid %d cannot be watched", role, pid)
+            return
+        self.pidfds[fd] = (role, ident)
+        self.poller.register(fd, zmq.POLLIN)
+        if role == "frontend":
+            old = self.frontend_fds.pop(ident, None)
+            if old is not None:
+                self._unwatch(old)
+            self.frontend_fds[ident] = fd
+
+    def _unwatch(self, fd: int) -> None:
+        self.pidfds.pop(fd, None)
+        self.poller.unregister(fd)
+        os.close(fd)
+
+    def _peer_died(self, fd: int) -> None:
+        role, ident = self.pidfds[fd]
+        self._unwatch(fd)
+        if role == "frontend":
+            self.frontend_fds.pop(ident, None)
+            for e in self.table.models.values():
+                for mv in e.versions.values():
+                    kept = [it for it in mv.queue if it.frontend != ident]
+                    mv.queue.clear()
+                    mv.queue.extend(kept)
+            log.warning("frontend %r exited", ident)
+            return
+        inst = self.table.by_ident.pop(ident, None)
+        if inst is None:
+            return
+        log.error("instance %d of %s/%d (pid %d) exited", inst.index, inst.model, inst.version,
+                  inst.pid)
+        was_loading = inst.state == "LOADING"
+        failed, dispatches = self.router.instance_lost(inst)
+        mv = self.table.version(inst.model, inst.version)
+        if mv is not None:
+            mv.instances.pop(ident, None)
+            if was_loading:
+                mv.failed_loads += 1
+                mv.reason = f"instance {inst.index} exited while loading"
+                mv.refresh_state()
+        err = ServingError(
+            Code.UNAVAILABLE,
+            f"Failed to process the request(s) for model instance '{inst.model}_{inst.index}', "
+            f"message: the instance's worker process (pid {inst.pid}) exited",
+        )
+        for item in failed:
+            self._reply_error(item.frontend, item.request.req_id, err)
+        self._dispatch(dispatches)
+
+    def _shutdown_workers(self) -> None:
+        for ident in list(self.table.by_ident):
+            self._send(self.wsock, [ident, *m.encode(m.Shutdown("broker stopping"))])
+
+    def close(self) -> None:
+        for fd in list(self.pidfds):
+            self._unwatch(fd)
+        self.fsock.close(0)
+        self.wsock.close(0)
+
+
+def install_signal_flag(proc: BrokerProc) -> None:
+    def _stop(signum: int, frame: object) -> None:
+        proc.stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)

@@ -1,0 +1,254 @@
+"""The model repository on disk: one folder per model, numeric version folders inside.
+
+`scan` reads a whole repository and `find` one model, returning a `ModelEntry` per model
+with its completed and validated config and the versions its version policy selects.
+A bad model never raises: its problem is recorded in `entry.error` (Triton's wording)
+so the server can report it as UNAVAILABLE and keep serving the others. Only
+filesystem reads happen here; nothing is loaded or executed.
+
+Layout: <repo>/<model>/[config.pbtxt] [configs/<name>.pbtxt] <version>/<model file>.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as pb
+
+from configs.model_config import fill_defaults, parse_config_text, validate
+from configs.schema import NON_VERSION_DIRS, PYTHON_BACKEND, ConfigError
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.pbtxt"
+
+# Model files that identify a platform, in the order Triton's server-side autofill
+# checks them, with the (platform, backend) each implies.
+_MODEL_FILES: tuple[tuple[str, str, str], ...] = (
+    ("model.plan", "tensorrt_plan", ""),
+    ("model.onnx", "onnxruntime_onnx", ""),
+    ("model.pt", "pytorch_libtorch", ""),
+    ("model.py", "", PYTHON_BACKEND),
+)
+
+
+@dataclass
+class ModelEntry:
+    """One model directory as found on disk.
+
+    `error` set means the model cannot be loaded; `config` is then whatever could be
+    parsed (possibly None). `versions` are the version numbers the version policy
+    selects, ascending; `available_versions` every valid version folder.
+    `config_path` is the file the config came from, None when it was generated.
+    """
+
+    name: str
+    path: Path
+    config: pb.ModelConfig | None
+    error: str | None = None
+    versions: list[int] = field(default_factory=list)
+    available_versions: list[int] = field(default_factory=list)
+    config_path: Path | None = None
+
+    def model_file(self, version: int) -> Path:
+        """<model>/<version>/<default_model_filename>, or the version folder if none."""
+        filename = self.config.default_model_filename if self.config is not None else ""
+        version_dir = self.path / str(version)
+        return version_dir / filename if filename else version_dir
+
+
+def check_model_name(name: str) -> None:
+    """Raise ConfigError unless `name` can be a model directory and a URL path segment."""
+    if not name:
+        raise ConfigError(name, "Model name cannot be empty. Please enter a valid name to deploy.")
+    if "/" in name or "\\" in name or "\x00" in name or name in (".", ".."):
+        raise ConfigError(name, "model name must not contain path traversal characters")
+
+
+def scan(
+    repo: Path,
+    *,
+    model_config_name: str = "",
+    autocomplete_enabled: bool = True,
+    gpu_count: int = 0,
+) -> list[ModelEntry]:
+    """Every model of `repo`, sorted by name. Raises OSError only if `repo` is unreadable.
+
+    Each sub-directory is a model (hidden ones are skipped); plain files are ignored.
+    With `autocomplete_enabled` the input/output rules are not checked here: the
+    caller runs the backend's auto-complete and then `validate_io`.
+    """
+    entries = []
+    for child in sorted(repo.iterdir()):
+        if not child.is_dir():
+            continue
+        if child.name.startswith("."):
+            log.debug("ignore hidden directory '%s' in model repository %s", child.name, repo)
+            continue
+        entries.append(
+            load_entry(
+                child,
+                model_config_name=model_config_name,
+                autocomplete_enabled=autocomplete_enabled,
+                gpu_count=gpu_count,
+            )
+        )
+    return entries
+
+
+def find(
+    repo: Path,
+    name: str,
+    *,
+    model_config_name: str = "",
+    autocomplete_enabled: bool = True,
+    gpu_count: int = 0,
+    config_override: pb.ModelConfig | None = None,
+) -> ModelEntry | None:
+    """The model `name` of `repo`, or None if it has no directory there.
+
+    Raises ConfigError for a name that is not a valid model name (path traversal).
+    `config_override` (e.g. from the load API) replaces the config file.
+    """
+    check_model_name(name)
+    model_dir = repo / name
+    if not model_dir.is_dir():
+        return None
+    return load_entry(
+        model_dir,
+        model_config_name=model_config_name,
+        autocomplete_enabled=autocomplete_enabled,
+        gpu_count=gpu_count,
+        config_override=config_override,
+    )
+
+
+def load_entry(
+    model_dir: Path,
+    *,
+    model_config_name: str = "",
+    autocomplete_enabled: bool = True,
+    gpu_count: int = 0,
+    config_override: pb.ModelConfig | None = None,
+) -> ModelEntry:
+    """Read, complete and validate the model in `model_dir`. Never raises ConfigError."""
+    name = model_dir.name
+    entry = ModelEntry(name, model_dir, None)
+    try:
+        check_model_name(name)
+        entry.available_versions = version_dirs(model_dir)
+        if config_override is not None:
+            config = pb.ModelConfig()
+            config.CopyFrom(config_override)
+        else:
+            config, entry.config_path = _read_config(
+                model_dir, model_config_name, autocomplete_enabled
+            )
+        entry.config = config
+        if not config.platform and not config.backend and not config.default_model_filename:
+            _detect_platform(config, model_dir, entry.available_versions)
+        fill_defaults(config, name, gpu_count=gpu_count)
+        validate(config, name, gpu_count=gpu_count, check_io=not autocomplete_enabled)
+        entry.versions = select_versions(config, entry.available_versions, name)
+    except ConfigError as err:
+        entry.error = err.message
+    except OSError as err:
+        entry.error = f"failed to load '{name}': {err}"
+    return entry
+
+
+def _read_config(
+    model_dir: Path, model_config_name: str, autocomplete_enabled: bool
+) -> tuple[pb.ModelConfig, Path | None]:
+    name = model_dir.name
+    path = model_dir / CONFIG_FILE
+    if model_config_name:
+        custom = model_dir / "configs" / f"{model_config_name}.pbtxt"
+        if custom.is_file():
+            path = custom
+    if not path.is_file():
+        if not autocomplete_enabled:
+            raise ConfigError(
+                name,
+                f"failed to load '{name}': model configuration file '{path}' not found "
+                "and auto-complete is disabled",
+            )
+        return pb.ModelConfig(name=name), None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(name, f"failed to load '{name}': {path}: {err}") from None
+    return parse_config_text(text, name), path
+
+
+def _detect_platform(config: pb.ModelConfig, model_dir: Path, versions: list[int]) -> None:
+    """Set platform/backend from the model file found in the lowest version folder."""
+    for version in versions:
+        version_dir = model_dir / str(version)
+        for filename, platform, backend in _MODEL_FILES:
+            candidate = version_dir / filename
+            # An ONNX model may be a directory (external data); the others are files.
+            if candidate.is_file() or (filename == "model.onnx" and candidate.is_dir()):
+                config.platform, config.backend = platform, backend
+                return
+
+
+def version_dirs(model_dir: Path) -> list[int]:
+    """Valid version folder numbers of a model, ascending.
+
+    A version folder name is all digits without a leading zero ("0" itself is valid);
+    other folders are skipped with Triton's warning.
+    """
+    versions = []
+    for child in model_dir.iterdir():
+        if not child.is_dir() or child.name in NON_VERSION_DIRS:
+            continue
+        sub = child.name
+        if len(sub) > 1 and sub.startswith("0"):
+            log.warning(
+                "ignore version directory '%s' which contains leading zeros in its directory name",
+                sub,
+            )
+        elif not (sub.isascii() and sub.isdigit()):
+            log.warning(
+                "ignore version directory '%s' which fails to convert to integral number", sub
+            )
+        else:
+            versions.append(int(sub))
+    return sorted(versions)
+
+
+def select_versions(config: pb.ModelConfig, available: list[int], name: str) -> list[int]:
+    """The versions `config.version_policy` selects among `available`, ascending.
+
+    latest{n}: the n highest; all: every one; specific: those listed that exist (a
+    missing one is logged). Raises ConfigError when the selection is empty.
+    """
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "specific":
+        selected = set()
+        for v in policy.specific.versions:
+            if v in available:
+                selected.add(v)
+            else:
+                log.error(
+                    "version %d is specified for model '%s', but the version directory "
+                    "is not present",
+                    v,
+                    name,
+                )
+        versions = sorted(selected)
+    elif choice == "all":
+        versions = sorted(available)
+    else:
+        count = policy.latest.num_versions if choice == "latest" else 1
+        versions = sorted(sorted(available, reverse=True)[: max(count, 0)])
+    if not versions:
+        raise ConfigError(
+            name,
+            f"at least one version must be available under the version policy of model '{name}'",
+        )
+    return versions

@@ -1,0 +1,54 @@
+"""``python -m frontend --runtime-dir D --http-port 8000``: one frontend process."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ipc.lifecycle import die_with_parent, setup_logging
+from shoal.flags import bool_flag
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m frontend")
+    p.add_argument("--runtime-dir", required=True, type=Path)
+    p.add_argument("--index", default=0, type=int)
+    p.add_argument("--allow-http", type=bool_flag, default=True)
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-port", default=8000, type=int)
+    p.add_argument("--reuse-http-port", type=bool_flag, default=False)
+    p.add_argument("--http-max-input-size", default=64 * 1024 * 1024, type=int)
+    p.add_argument("--id", default="triton")
+    p.add_argument("--shm-pool-byte-size", default=64 * 1024 * 1024, type=int)
+    p.add_argument("--exit-timeout-secs", default=30.0, type=float)
+    p.add_argument("--log-verbose", default=0, type=int)
+    p.add_argument("--parent-pid", default=None, type=int, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    die_with_parent(args.parent_pid)
+    setup_logging(f"frontend#{args.index}", args.log_verbose)
+    import uvloop
+
+    from frontend.proc import FrontendSettings, serve
+
+    settings = FrontendSettings(
+        runtime_dir=args.runtime_dir,
+        index=args.index,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        allow_http=args.allow_http,
+        server_id=args.id,
+        http_max_input_size=args.http_max_input_size,
+        shm_pool_bytes=args.shm_pool_byte_size,
+        exit_timeout_secs=args.exit_timeout_secs,
+        reuse_http_port=args.reuse_http_port,
+    )
+    return uvloop.run(serve(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

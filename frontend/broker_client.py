@@ -1,0 +1,161 @@
+"""The frontend's asyncio connection to the broker.
+
+One DEALER socket carries every request of this frontend process; answers are matched
+to waiting futures by id. The broker's pid (from its Welcome) is watched through a
+pidfd on the event loop: when the broker dies, every waiting request fails at once with
+UNAVAILABLE, and the client greets whichever broker binds the endpoint next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from ipc import messages as m
+from ipc import sockets
+from ipc.errors import Code, ServingError
+
+log = logging.getLogger("shoal.frontend.broker")
+
+_HELLO_RETRY_S = 0.5
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+class BrokerClient:
+    def __init__(self, runtime_dir: Path, index: int) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.identity = f"f-{index}-{os.getpid()}".encode()
+        self.index = index
+        self.sock = sockets.dealer(
+            self.ctx, sockets.endpoint(runtime_dir, sockets.FRONTEND_SOCKET), self.identity
+        )
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[msgspec.Struct]] = {}
+        self._welcomed = asyncio.Event()
+        self._broker_pidfd: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def connected(self) -> bool:
+        return self._welcomed.is_set()
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._receive(), name="broker-recv"),
+            asyncio.create_task(self._greet(), name="broker-hello"),
+        ]
+
+    async def wait_connected(self, timeout: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._welcomed.wait(), timeout)
+        return self.connected
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    async def infer(self, req: m.InferRequest) -> m.InferResponse:
+        """Send one request; the answer may carry an error (never raises for it)."""
+        if not self.connected:
+            raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
+        fut: asyncio.Future[msgspec.Struct] = asyncio.get_running_loop().create_future()
+        self._pending[req.req_id] = fut
+        try:
+            await self.sock.send_multipart(m.encode(req), copy=False)
+            resp = await fut
+        finally:
+            self._pending.pop(req.req_id, None)
+        assert isinstance(resp, m.InferResponse)
+        return resp
+
+    async def query(self, msg: msgspec.Struct, reply_type: type[T], timeout: float = 5.0) -> T:
+        """A control-plane round trip (model info, server state)."""
+        if not self.connected and not await self.wait_connected(min(timeout, 1.0)):
+            raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
+        qid: int = msg.query_id  # type: ignore[attr-defined]
+        fut: asyncio.Future[msgspec.Struct] = asyncio.get_running_loop().create_future()
+        self._pending[qid] = fut
+        try:
+            await self.sock.send_multipart(m.encode(msg))
+            reply = await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise ServingError(Code.UNAVAILABLE, "broker did not answer in time") from None
+        finally:
+            self._pending.pop(qid, None)
+        assert isinstance(reply, reply_type)
+        return reply
+
+    async def _greet(self) -> None:
+        hello = m.encode(m.FrontendHello(os.getpid(), self.index))
+        while True:
+            if not self._welcomed.is_set():
+                await self.sock.send_multipart(hello)
+            await asyncio.sleep(_HELLO_RETRY_S)
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            try:
+                self._dispatch(frames)
+            except ValueError as exc:
+                log.warning("dropped a malformed message from the broker: %s", exc)
+
+    def _dispatch(self, frames: list[bytes]) -> None:
+        kind = frames[0]
+        if kind == m.RESULT:
+            resp = m.decode_response(frames[1])
+            fut = self._pending.get(resp.req_id)
+            if fut is not None and not fut.done():
+                fut.set_result(resp)
+            return
+        msg = m.decode(kind, frames[1])
+        if isinstance(msg, m.Welcome):
+            self._watch_broker(msg.broker_pid)
+            self._welcomed.set()
+            return
+        qid = getattr(msg, "query_id", None)
+        fut = self._pending.get(qid) if qid is not None else None
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _watch_broker(self, pid: int) -> None:
+        self._unwatch()
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return
+        self._broker_pidfd = fd
+        asyncio.get_running_loop().add_reader(fd, self._broker_died)
+
+    def _unwatch(self) -> None:
+        if self._broker_pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self._broker_pidfd)
+            os.close(self._broker_pidfd)
+            self._broker_pidfd = None
+
+    def _broker_died(self) -> None:
+        log.error("broker exited; failing %d waiting request(s)", len(self._pending))
+        self._unwatch()
+        self._welcomed.clear()
+        err = ServingError(Code.UNAVAILABLE, "the server's broker process exited")
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._unwatch()
+        self.sock.close(0)
+        self.ctx.term()

@@ -1,0 +1,186 @@
+"""The one data plane behind every transport (HTTP now, gRPC next).
+
+It validates a request against the model's config, places input bytes in this
+process's shared-memory slab (small tensors ride inline in the message), reserves slots
+for outputs of known size, sends one typed message to the broker, and returns views of
+the outputs. The caller releases those views (``InferenceResult.release``) once it has
+written the response.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from frontend.broker_client import BrokerClient
+from frontend.model_handle import ModelHandle, check_byte_size
+from frontend.types import InferenceRequest, InferenceResult, OutputTensor
+from ipc import messages as m
+from ipc.errors import Code, ServingError, invalid_arg
+from ipc.shm import SlabPool, Slot
+
+log = logging.getLogger("shoal.frontend")
+
+SERVER_VERSION = "2.73.0"
+EXTENSIONS = [
+    "classification",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+]
+SHM_DISABLED = (
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+)
+
+
+def parse_version(version: str) -> int:
+    if version == "":
+        return -1
+    if not version.isdigit():
+        raise invalid_arg(f"failed to get model version from specified version string '{version}'")
+    return int(version)
+
+
+class DataPlane:
+    def __init__(self, broker: BrokerClient, pool: SlabPool, server_id: str = "triton") -> None:
+        self.broker = broker
+        self.pool = pool
+        self.server_id = server_id
+        self._models: dict[tuple[str, int], ModelHandle] = {}
+        self.requests_handled = 0
+
+    # -- control plane ---------------------------------------------------------------
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+
+    async def server_live(self) -> bool:
+        try:
+            state = await self.broker.query(
+                m.ServerQuery(self.broker.next_id()), m.ServerState, timeout=2.0
+            )
+        except ServingError:
+            return False
+        return state.live
+
+    async def server_ready(self) -> bool:
+        try:
+            state = await self.broker.query(
+                m.ServerQuery(self.broker.next_id()), m.ServerState, timeout=2.0
+            )
+        except ServingError:
+            return False
+        return state.ready
+
+    async def _info(self, name: str, version: int) -> m.ModelInfo:
+        info = await self.broker.query(
+            m.ModelQuery(self.broker.next_id(), name, version), m.ModelInfo
+        )
+        if info.error is not None:
+            raise ServingError(Code(info.error.code), info.error.message)
+        return info
+
+    async def model(self, name: str, version: str) -> ModelHandle:
+        v = parse_version(version)
+        handle = self._models.get((name, v))
+        if handle is not None:
+            return handle
+        info = await self._info(name, v)
+        handle = ModelHandle(name, info.version, list(info.versions), info.config)
+        self._models[(name, v)] = handle
+        return handle
+
+    def cached_model(self, name: str, version: str) -> ModelHandle:
+        """The handle ``model()`` fetched earlier (call that first)."""
+        return self._models[(name, parse_version(version))]
+
+    async def model_ready(self, name: str, version: str) -> bool:
+        try:
+            info = await self._info(name, parse_version(version))
+        except ServingError:
+            return False
+        return info.ready
+
+    # -- inference -------------------------------------------------------------------
+
+    async def infer(self, req: InferenceRequest) -> InferenceResult:
+        model = await self.model(req.model, req.version)
+        batch = model.batch_size(req)
+        slots: list[Slot] = []
+        try:
+            msg = self._build(req, model, batch, slots)
+            resp = await self.broker.infer(msg)
+            if resp.error is not None:
+                if resp.error.message.startswith("Request for unknown model"):
+                    self._models.pop((req.model, parse_version(req.version)), None)
+                raise ServingError(Code(resp.error.code), resp.error.message)
+            outputs = self._outputs(resp, slots)
+        except BaseException:
+            self._free(slots)
+            raise
+        self.requests_handled += 1
+        return InferenceResult(
+            model_name=model.name,
+            model_version=str(resp.model_version or model.version),
+            id=req.id,
+            outputs=outputs,
+            release=lambda: self._free(slots),
+        )
+
+    def _build(
+        self, req: InferenceRequest, model: ModelHandle, batch: int, slots: list[Slot]
+    ) -> m.InferRequest:
+        refs: list[m.TensorRef] = []
+        for t in req.inputs:
+            if t.data is None:
+                raise ServingError(Code.UNSUPPORTED, SHM_DISABLED)
+            check_byte_size(t, model.name)
+            n = len(t.data)
+            shape = model.model_shape(t, batch)
+            if n <= m.INLINE_MAX_BYTES:
+                refs.append(m.TensorRef(t.name, t.datatype, shape, n, data=bytes(t.data)))
+                continue
+            slot = self.pool.alloc(n)
+            slots.append(slot)
+            slot.view[:] = t.data
+            refs.append(m.TensorRef(t.name, t.datatype, shape, n, slot.region, slot.offset))
+        names = [o.name for o in req.outputs] or list(model.outputs)
+        for o in req.outputs:
+            if o.parameters.get("shared_memory_region") is not None:
+                raise ServingError(Code.UNSUPPORTED, SHM_DISABLED)
+        specs: list[m.OutputSpec] = []
+        for name in names:
+            size = model.output_nbytes(name, batch)
+            if size is not None and size > m.INLINE_MAX_BYTES:
+                slot = self.pool.alloc(size)
+                slots.append(slot)
+                specs.append(m.OutputSpec(name, slot.region, slot.offset, size))
+            else:
+                specs.append(m.OutputSpec(name))
+        return m.InferRequest(
+            req_id=self.broker.next_id(),
+            model=model.name,
+            version=model.version,
+            inputs=refs,
+            outputs=specs,
+            batch_size=batch,
+        )
+
+    def _outputs(self, resp: m.InferResponse, slots: list[Slot]) -> list[OutputTensor]:
+        by_place = {(s.region, s.offset): s for s in slots}
+        out: list[OutputTensor] = []
+        for ref in resp.outputs:
+            if ref.data is not None:
+                data = memoryview(ref.data)
+            else:
+                slot = by_place.get((ref.region, ref.offset))
+                if slot is None or ref.nbytes > slot.capacity:
+                    raise ServingError(Code.INTERNAL, f"output '{ref.name}' came back misplaced")
+                data = slot.view[: ref.nbytes]
+            out.append(OutputTensor(ref.name, ref.datatype, list(ref.shape), data))
+        return out
+
+    def _free(self, slots: list[Slot]) -> None:
+        for s in slots:
+            self.pool.free(s)
+        slots.clear()

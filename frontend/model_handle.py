@@ -1,0 +1,179 @@
+"""What a frontend knows of one model version, and request validation against it.
+
+Built from the broker's ModelInfo (the config completed by the worker). Validation
+runs here, in the frontend, so that bad requests never reach the broker and the work
+scales with the number of frontend processes. Messages follow Triton's wording.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from configs.model_config import config_to_json, model_metadata
+from frontend.types import InferenceRequest, InputTensor
+from ipc import datatypes
+from ipc.errors import Code, ServingError, invalid_arg
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None
+    optional: bool = False
+
+
+def _dims_str(dims: list[int] | tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _spec(t: Any, is_input: bool) -> TensorSpec:
+    dt = datatypes.from_config_name(mc.DataType.Name(t.data_type))
+    reshape = tuple(t.reshape.shape) if t.HasField("reshape") else None
+    return TensorSpec(
+        t.name,
+        dt.name if dt else "",
+        tuple(t.dims),
+        reshape,
+        bool(getattr(t, "optional", False)) if is_input else False,
+    )
+
+
+class ModelHandle:
+    def __init__(self, name: str, version: int, versions: list[int], config_bytes: bytes) -> None:
+        cfg = mc.ModelConfig()
+        cfg.ParseFromString(config_bytes)
+        self.name = name
+        self.version = version
+        self.versions = versions
+        self.config = cfg
+        self.max_batch_size = cfg.max_batch_size
+        self.inputs = {t.name: _spec(t, True) for t in cfg.input}
+        self.outputs = {t.name: _spec(t, False) for t in cfg.output}
+        self.required = [n for n, s in self.inputs.items() if not s.optional]
+        self.config_json = config_to_json(cfg)
+        self.metadata = model_metadata(cfg, versions)
+
+    def batch_size(self, req: InferenceRequest) -> int:
+        """Validate the inputs of ``req``; returns the batch size (0 when not batching)."""
+        self._check_names(req)
+        batch = -1
+        for t in req.inputs:
+            spec = self.inputs[t.name]
+            if t.datatype != spec.datatype:
+                raise invalid_arg(
+                    f"inference input '{t.name}' data-type is '{t.datatype}', but model "
+                    f"'{self.name}' expects '{spec.datatype}'"
+                )
+            b = self._check_shape(t, spec)
+            if batch >= 0 and b != batch:
+                raise invalid_arg(
+                    f"inference request batch-size of input '{t.name}' is {b}, but other "
+                    f"inputs of model '{self.name}' have batch-size {batch}"
+                )
+            batch = b
+        return max(batch, 0)
+
+    def _check_names(self, req: InferenceRequest) -> None:
+        given = [t.name for t in req.inputs]
+        for n in given:
+            if n not in self.inputs:
+                raise invalid_arg(f"unexpected inference input '{n}' for model '{self.name}'")
+        missing = [n for n in self.required if n not in given]
+        if missing or len(set(given)) != len(given):
+            n_all, n_req = len(self.inputs), len(self.required)
+            expected = (
+                f"expected {n_all} inputs"
+                if n_all == n_req
+                else f"expected number of inputs between {n_req} and {n_all}"
+            )
+            got = ",".join(f"'{n}'" for n in given)
+            miss = ",".join(f"'{n}'" for n in missing)
+            raise invalid_arg(
+                f"{expected} but got {len(given)} inputs for model '{self.name}'. Got input(s) "
+                f"[{got}], but missing required input(s) [{miss}]. Please provide all required "
+                "input(s)."
+            )
+        for o in req.outputs:
+            if o.name not in self.outputs:
+                raise invalid_arg(f"unexpected inference output '{o.name}' for model '{self.name}'")
+
+    def _check_shape(self, t: InputTensor, spec: TensorSpec) -> int:
+        shape = t.shape
+        batch = -1
+        dims = shape
+        if self.max_batch_size > 0:
+            if not shape:
+                raise invalid_arg(
+                    f"unexpected shape for input '{t.name}' for model '{self.name}'. Expected "
+                    f"{_dims_str([-1, *spec.dims])}, got {_dims_str(shape)}"
+                )
+            batch, dims = shape[0], shape[1:]
+            if batch < 1 or batch > self.max_batch_size:
+                raise invalid_arg(
+                    f"inference request batch-size must be <= {self.max_batch_size} for "
+                    f"'{self.name}'"
+                )
+        if len(dims) != len(spec.dims) or any(
+            want != -1 and want != got for want, got in zip(spec.dims, dims, strict=True)
+        ):
+            full = [-1, *spec.dims] if self.max_batch_size > 0 else list(spec.dims)
+            raise invalid_arg(
+                f"unexpected shape for input '{t.name}' for model '{self.name}'. Expected "
+                f"{_dims_str(full)}, got {_dims_str(shape)}"
+            )
+        return batch
+
+    def model_shape(self, t: InputTensor, batch: int) -> list[int]:
+        """The shape the model receives (config ``reshape`` applied)."""
+        spec = self.inputs[t.name]
+        if spec.reshape is None:
+            return list(t.shape)
+        return [batch, *spec.reshape] if self.max_batch_size > 0 else list(spec.reshape)
+
+    def output_nbytes(self, name: str, batch: int) -> int | None:
+        """The byte size of an output when its shape is fixed, else None."""
+        spec = self.outputs[name]
+        dt = datatypes.datatype(spec.datatype)
+        if dt is None or dt.itemsize == 0 or any(d < 0 for d in spec.dims):
+            return None
+        n = datatypes.element_count(spec.dims) * dt.itemsize
+        return n * batch if self.max_batch_size > 0 else n
+
+
+def check_byte_size(t: InputTensor, model: str) -> None:
+    """The tensor's bytes must match its datatype and shape exactly."""
+    assert t.data is not None
+    dt = datatypes.datatype(t.datatype)
+    assert dt is not None
+    count = datatypes.element_count(t.shape)
+    if dt.itemsize:
+        expected = count * dt.itemsize
+        if len(t.data) != expected:
+            raise invalid_arg(
+                f"input byte size mismatch for input '{t.name}' for model '{model}'. "
+                f"Expected {expected}, got {len(t.data)}"
+            )
+        return
+    try:
+        datatypes.deserialize_bytes(t.data, count)
+    except ValueError:
+        got = _count_strings(t.data)
+        raise ServingError(
+            Code.INVALID_ARG,
+            f"expected {count} string elements for inference input '{t.name}' for model "
+            f"'{model}', got {got}"
+            if got >= 0
+            else f"malformed length-prefixed BYTES data for inference input '{t.name}'",
+        ) from None
+
+
+def _count_strings(buf: memoryview) -> int:
+    try:
+        return len(datatypes.deserialize_bytes(buf))
+    except ValueError:
+        return -1

@@ -1,0 +1,65 @@
+"""The frontend's transport-agnostic request and result types.
+
+HTTP and gRPC adapters translate their wire formats into these and call the one
+``DataPlane``. Tensor data is always in wire layout: row-major, little-endian, BOOL one
+byte per element, BYTES as 4-byte little-endian lengths each followed by the bytes,
+BF16 as raw 16-bit patterns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+ParamValue = bool | int | float | str
+
+
+@dataclass(slots=True)
+class InputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: memoryview | None  # None when the tensor lives in client shared memory
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    model: str
+    version: str  # "" means the latest ready version
+    id: str = ""
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+    inputs: list[InputTensor] = field(default_factory=list)
+    outputs: list[RequestedOutput] = field(default_factory=list)  # empty: all outputs
+
+
+@dataclass(slots=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: memoryview | None  # None when written to client shared memory
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+
+
+def _no_release() -> None:
+    return None
+
+
+@dataclass(slots=True)
+class InferenceResult:
+    """Outputs of one request. ``data`` views may point into server shared memory:
+    call ``release()`` once the bytes have been consumed (after which they are invalid)."""
+
+    model_name: str
+    model_version: str
+    id: str = ""
+    outputs: list[OutputTensor] = field(default_factory=list)
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+    release: Callable[[], None] = _no_release

@@ -1,0 +1,69 @@
+"""Errors as they travel between processes and out to clients.
+
+An error is a Triton error code plus a message; no exception object ever crosses a
+socket. Each transport maps the code to its own status (HTTP status, gRPC code)
+with the table Triton uses.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Final
+
+
+class Code(IntEnum):
+    UNKNOWN = 1
+    INTERNAL = 2
+    NOT_FOUND = 3
+    INVALID_ARG = 4
+    UNAVAILABLE = 5
+    UNSUPPORTED = 6
+    ALREADY_EXISTS = 7
+    CANCELLED = 8
+
+
+HTTP_STATUS: Final[dict[Code, int]] = {
+    Code.UNKNOWN: 400,
+    Code.INTERNAL: 500,
+    Code.NOT_FOUND: 404,
+    Code.INVALID_ARG: 400,
+    Code.UNAVAILABLE: 503,
+    Code.UNSUPPORTED: 501,
+    Code.ALREADY_EXISTS: 400,
+    Code.CANCELLED: 400,
+}
+
+# grpc.StatusCode member names, kept as strings so this module does not import grpc.
+GRPC_STATUS: Final[dict[Code, str]] = {
+    Code.UNKNOWN: "UNKNOWN",
+    Code.INTERNAL: "INTERNAL",
+    Code.NOT_FOUND: "NOT_FOUND",
+    Code.INVALID_ARG: "INVALID_ARGUMENT",
+    Code.UNAVAILABLE: "UNAVAILABLE",
+    Code.UNSUPPORTED: "UNIMPLEMENTED",
+    Code.ALREADY_EXISTS: "ALREADY_EXISTS",
+    Code.CANCELLED: "CANCELLED",
+}
+
+
+class ServingError(Exception):
+    """An error with a Triton code, raised inside a process and sent as code + message."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+
+def invalid_arg(message: str) -> ServingError:
+    return ServingError(Code.INVALID_ARG, message)
+
+
+def unknown_model(name: str, version: int | None = None) -> ServingError:
+    if version is None or version < 0:
+        return invalid_arg(f"Request for unknown model: '{name}' is not found")
+    return invalid_arg(f"Request for unknown model: '{name}' version {version} is not found")

@@ -1,0 +1,204 @@
+"""Every message that crosses a process boundary, and its wire framing.
+
+A message travels as ZeroMQ frames ``[kind, payload]``: a one-byte kind and a typed
+msgspec msgpack payload (``array_like`` structs: small and fast to decode). No pickle,
+no ``Any``: decoding validates types, so a malformed peer cannot run code.
+
+Tensor bytes stay out of messages: a ``TensorRef`` points into a POSIX shared-memory
+region. Only tensors of at most ``INLINE_MAX_BYTES`` ride inside the message (``data``).
+
+Topology (see ``ipc.sockets``): frontends and workers connect DEALER sockets to two
+ROUTER sockets of the broker. A worker answers each request of a batch with a
+``RESULT`` whose payload is an ``InferResponse`` already encoded for the frontend; the
+broker forwards it without decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+# Measured in bench/bench_inline.py: below this size, carrying bytes in the message
+# costs less than a slot allocation, a copy into shm and a mapping lookup.
+INLINE_MAX_BYTES: Final[int] = 16384
+
+
+class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):
+    code: int  # ipc.errors.Code
+    message: str
+
+
+class TensorRef(msgspec.Struct, array_like=True):
+    """A tensor in wire layout (row-major, little-endian; BYTES length-prefixed)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    nbytes: int
+    region: str = ""  # shm region name; "" when the bytes are inline
+    offset: int = 0
+    data: bytes | None = None
+
+
+class OutputSpec(msgspec.Struct, array_like=True):
+    """A requested output and, optionally, where the worker should write it."""
+
+    name: str
+    region: str = ""  # "" lets the worker answer inline
+    offset: int = 0
+    nbytes: int = 0  # capacity of the destination slot
+
+
+class InferRequest(msgspec.Struct, array_like=True):
+    req_id: int
+    model: str
+    version: int  # -1 = the latest ready version
+    inputs: list[TensorRef]
+    outputs: list[OutputSpec]
+    batch_size: int = 1  # 0 for models that do not batch
+    priority: int = 0
+    timeout_us: int = 0
+
+
+class InferResponse(msgspec.Struct, array_like=True):
+    req_id: int
+    outputs: list[TensorRef] = []
+    error: ErrorInfo | None = None
+    model_version: int = 0
+
+
+class WorkItem(msgspec.Struct, array_like=True):
+    """One request of a batch as the broker hands it to a worker."""
+
+    frontend: bytes  # routing id of the frontend that waits for the answer
+    request: InferRequest
+
+
+class ExecuteBatch(msgspec.Struct, array_like=True):
+    batch_id: int
+    items: list[WorkItem]
+
+
+class BatchDone(msgspec.Struct, array_like=True):
+    batch_id: int
+    compute_ns: int = 0
+
+
+class WorkerHello(msgspec.Struct, array_like=True):
+    model: str
+    version: int
+    instance: int
+    pid: int
+
+
+class WorkerReady(msgspec.Struct, array_like=True):
+    config: bytes  # serialized ModelConfig (protobuf), completed by the worker
+    cores: list[int] = []
+
+
+class WorkerFailed(msgspec.Struct, array_like=True):
+    message: str
+
+
+class Heartbeat(msgspec.Struct, array_like=True):
+    pid: int
+
+
+class FrontendHello(msgspec.Struct, array_like=True):
+    pid: int
+    index: int
+
+
+class Welcome(msgspec.Struct, array_like=True):
+    broker_pid: int
+
+
+class ModelQuery(msgspec.Struct, array_like=True):
+    query_id: int
+    model: str
+    version: int = -1
+
+
+class ModelInfo(msgspec.Struct, array_like=True):
+    query_id: int
+    error: ErrorInfo | None = None
+    name: str = ""
+    version: int = 0  # the version resolved for the query
+    versions: list[int] = []  # every version that is loaded (ready)
+    ready: bool = False
+    platform: str = ""
+    config: bytes = b""  # serialized ModelConfig of `version`
+
+
+class ServerQuery(msgspec.Struct, array_like=True):
+    query_id: int
+
+
+class ModelState(msgspec.Struct, array_like=True):
+    name: str
+    version: int
+    state: str  # READY | UNAVAILABLE | LOADING
+    reason: str = ""
+
+
+class ServerState(msgspec.Struct, array_like=True):
+    query_id: int
+    live: bool
+    ready: bool
+    models: list[ModelState] = []
+
+
+class Shutdown(msgspec.Struct, array_like=True):
+    reason: str = ""
+
+
+# One-byte kinds. RESULT is special: its payload is an already-encoded InferResponse
+# (see module docstring), so it is framed by the sender, not by `encode`.
+KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
+    InferRequest: b"I",
+    InferResponse: b"R",
+    ExecuteBatch: b"X",
+    BatchDone: b"D",
+    WorkerHello: b"H",
+    WorkerReady: b"Y",
+    WorkerFailed: b"F",
+    Heartbeat: b"B",
+    FrontendHello: b"h",
+    Welcome: b"W",
+    ModelQuery: b"q",
+    ModelInfo: b"m",
+    ServerQuery: b"s",
+    ServerState: b"S",
+    Shutdown: b"Z",
+}
+RESULT: Final[bytes] = b"r"
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODERS: Final[dict[bytes, msgspec.msgpack.Decoder]] = {
+    kind: msgspec.msgpack.Decoder(cls) for cls, kind in KINDS.items()
+}
+
+
+def encode(msg: msgspec.Struct) -> list[bytes]:
+    """Frames ``[kind, payload]`` for a message."""
+    return [KINDS[type(msg)], _ENCODER.encode(msg)]
+
+
+def encode_payload(msg: msgspec.Struct) -> bytes:
+    return _ENCODER.encode(msg)
+
+
+def decode(kind: bytes, payload: bytes | memoryview) -> msgspec.Struct:
+    """Decode one message; raises ValueError for an unknown kind or a malformed payload."""
+    dec = _DECODERS.get(bytes(kind))
+    if dec is None:
+        raise ValueError(f"unknown message kind {bytes(kind)!r}")
+    try:
+        return dec.decode(payload)  # type: ignore[no-any-return]
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"malformed {bytes(kind)!r} message: {exc}") from exc
+
+
+def decode_response(payload: bytes | memoryview) -> InferResponse:
+    return _DECODERS[b"R"].decode(payload)  # type: ignore[no-any-return]

@@ -1,0 +1,59 @@
+"""ZeroMQ endpoints and socket options shared by every role.
+
+All endpoints are ``ipc://`` paths inside one runtime directory that only the server's
+user can open (0700): no TCP, so nothing off-host can reach the broker. Every ROUTER
+fails loudly (ROUTER_MANDATORY) instead of silently dropping a message addressed to a
+peer that went away, and every socket closes without lingering.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Final
+
+import zmq
+
+FRONTEND_SOCKET: Final[str] = "frontends.sock"
+WORKER_SOCKET: Final[str] = "workers.sock"
+
+
+def ensure_runtime_dir(path: str | None) -> Path:
+    """Create (or check) the private runtime directory; a fresh temp dir when None."""
+    if not path:
+        return Path(tempfile.mkdtemp(prefix="shoal-run-"))
+    p = Path(path)
+    p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = p.stat()
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"runtime dir {p} is owned by uid {st.st_uid}, not {os.getuid()}")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(p, 0o700)
+    return p
+
+
+def endpoint(runtime_dir: Path | str, name: str) -> str:
+    return f"ipc://{Path(runtime_dir) / name}"
+
+
+def router(ctx: zmq.Context, addr: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.bind(addr)
+    return sock
+
+
+def dealer(ctx: zmq.Context, addr: str, identity: bytes | None = None) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.connect(addr)
+    return sock

@@ -1,0 +1,3 @@
+from shoal.cli import main
+import sys
+sys.exit(main())

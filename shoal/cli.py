@@ -1,0 +1,90 @@
+"""The ``shoal`` command. ``shoal serve`` takes tritonserver's flag names, in both
+``--flag value`` and ``--flag=value`` forms, so an operator keeps their command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ipc.lifecycle import setup_logging
+from shoal.flags import bool_flag
+
+
+def _backend_config(values: list[str]) -> dict[str, str]:
+    """``--backend-config=[backend,]key=value``; only global keys are used today."""
+    out: dict[str, str] = {}
+    for v in values:
+        setting = v.split(",", 1)[-1] if "," in v else v
+        key, _, val = setting.partition("=")
+        out[key.strip()] = val.strip()
+    return out
+
+
+def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help="serve a Triton model repository")
+    p.add_argument("--model-repository", "--model-store", required=True, type=Path)
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-port", default=8000, type=int)
+    p.add_argument("--allow-http", type=bool_flag, default=True)
+    p.add_argument("--reuse-http-port", type=bool_flag, default=False)
+    p.add_argument("--grpc-port", default=8001, type=int)
+    p.add_argument("--metrics-port", default=8002, type=int)
+    p.add_argument("--id", default="triton", help="server name in /v2 metadata")
+    p.add_argument("--log-verbose", default=0, type=int)
+    p.add_argument("--exit-on-error", type=bool_flag, default=True)
+    p.add_argument("--strict-readiness", type=bool_flag, default=True)
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--strict-model-config", type=bool_flag, default=None,
+                   help="deprecated alias of --disable-auto-complete-config")
+    p.add_argument("--model-config-name", default="")
+    p.add_argument("--backend-config", action="append", default=[])
+    p.add_argument("--exit-timeout-secs", default=30.0, type=float)
+    p.add_argument("--http-max-input-size", default=64 * 1024 * 1024, type=int)
+    p.add_argument("--frontend-processes", default=1, type=int)
+    p.add_argument("--runtime-dir", default="",
+                   help="private directory for the ipc sockets (default: a fresh temp dir)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser(sub)
+    args = parser.parse_args(argv)
+    setup_logging("shoal", args.log_verbose)
+    from shoal.launcher import Launcher, ServeSettings, install_signal_flag
+
+    repo = args.model_repository
+    if not repo.is_dir():
+        print(f"error: model repository '{repo}' is not a directory", file=sys.stderr)
+        return 2
+    autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
+    backend_cfg = _backend_config(args.backend_config)
+    settings = ServeSettings(
+        model_repository=repo.resolve(),
+        http_address=args.http_address,
+        http_port=args.http_port,
+        allow_http=args.allow_http,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        server_id=args.id,
+        log_verbose=args.log_verbose,
+        exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
+        autocomplete=autocomplete,
+        model_config_name=args.model_config_name,
+        default_max_batch_size=int(backend_cfg.get("default-max-batch-size", 4)),
+        exit_timeout_secs=args.exit_timeout_secs,
+        http_max_input_size=args.http_max_input_size,
+        frontend_processes=max(args.frontend_processes, 1),
+        reuse_http_port=args.reuse_http_port,
+        runtime_dir=args.runtime_dir,
+    )
+    launcher = Launcher(settings)
+    install_signal_flag(launcher)
+    return launcher.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

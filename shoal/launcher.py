@@ -1,0 +1,233 @@
+"""``shoal serve``: starts the broker, the frontends and one worker per model instance,
+watches them, and stops them in order.
+
+Each child is its own program (``python -m broker|frontend|workers``), exactly as
+supervisord would run them, so the two deployments share every code path. Children
+die with the launcher (PDEATHSIG). Stop order: frontends first (stop accepting, drain
+until the exit timeout), then the broker and the workers, then a sweep of any shared
+memory a killed child left in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from configs import repository
+from ipc.lifecycle import EXIT_FATAL
+from ipc import shm
+from ipc.sockets import ensure_runtime_dir
+
+log = logging.getLogger("shoal.serve")
+
+_FRONTEND_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass
+class ServeSettings:
+    model_repository: Path
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    allow_http: bool = True
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    server_id: str = "triton"
+    log_verbose: int = 0
+    exit_on_error: bool = True
+    strict_readiness: bool = True
+    autocomplete: bool = True
+    model_config_name: str = ""
+    default_max_batch_size: int = 4
+    exit_timeout_secs: float = 30.0
+    http_max_input_size: int = 64 * 1024 * 1024
+    frontend_processes: int = 1
+    reuse_http_port: bool = False
+    runtime_dir: str = ""
+    extra_frontend_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Child:
+    role: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+    pidfd: int
+    restarts: int = 0
+
+
+class Launcher:
+    def __init__(self, s: ServeSettings) -> None:
+        self.s = s
+        self.stop = False
+        self.children: list[Child] = []
+        self.own_runtime_dir = not s.runtime_dir
+        self.runtime_dir = ensure_runtime_dir(s.runtime_dir or None)
+
+    # -- argv of each role -----------------------------------------------------------
+
+    def _common(self) -> list[str]:
+        return [
+            "--runtime-dir", str(self.runtime_dir),
+            "--log-verbose", str(self.s.log_verbose),
+            "--parent-pid", str(os.getpid()),
+        ]
+
+    def _model_args(self) -> list[str]:
+        args = ["--model-repository", str(self.s.model_repository)]
+        if not self.s.autocomplete:
+            args.append("--disable-auto-complete-config")
+        if self.s.model_config_name:
+            args += ["--model-config-name", self.s.model_config_name]
+        return args
+
+    def broker_argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "broker", *self._common(), *self._model_args(),
+            f"--exit-on-error={str(self.s.exit_on_error).lower()}",
+            f"--strict-readiness={str(self.s.strict_readiness).lower()}",
+        ]
+
+    def frontend_argv(self, index: int) -> list[str]:
+        s = self.s
+        return [
+            sys.executable, "-m", "frontend", *self._common(), "--index", str(index),
+            "--http-address", s.http_address, "--http-port", str(s.http_port),
+            f"--allow-http={str(s.allow_http).lower()}", "--id", s.server_id,
+            "--http-max-input-size", str(s.http_max_input_size),
+            "--exit-timeout-secs", str(s.exit_timeout_secs),
+            f"--reuse-http-port={str(s.reuse_http_port or s.frontend_processes > 1).lower()}",
+            *s.extra_frontend_args,
+        ]
+
+    def worker_argvs(self) -> list[list[str]]:
+        out = []
+        for entry in repository.scan(
+            self.s.model_repository,
+            model_config_name=self.s.model_config_name,
+            autocomplete_enabled=self.s.autocomplete,
+        ):
+            if entry.error or entry.config is None:
+                continue  # the broker reports it
+            count = sum(max(g.count, 1) for g in entry.config.instance_group) or 1
+            for version in entry.versions:
+                for i in range(count):
+                    out.append([
+                        sys.executable, "-m", "workers", *self._common(), *self._model_args(),
+                        "--model", entry.name, "--version", str(version), "--instance", str(i),
+                        "--default-max-batch-size", str(self.s.default_max_batch_size),
+                    ])
+        return out
+
+    # -- process management ----------------------------------------------------------
+
+    def _spawn(self, role: str, argv: list[str], restarts: int = 0) -> Child:
+        # Own process group: a terminal's Ctrl-C reaches the launcher alone, which then
+        # stops the children in order; PDEATHSIG still ties them to the launcher.
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, process_group=0)
+        child = Child(role, argv, proc, os.pidfd_open(proc.pid), restarts)
+        self.children.append(child)
+        log.debug("started %s (pid %d)", role, proc.pid)
+        return child
+
+    def run(self) -> int:
+        removed = shm.sweep_stale()
+        if removed:
+            log.info("removed %d stale shared-memory segment(s) of dead processes", len(removed))
+        self._spawn("broker", self.broker_argv())
+        for argv in self.worker_argvs():
+            self._spawn("worker", argv)
+        for i in range(self.s.frontend_processes):
+            self._spawn(f"frontend#{i}", self.frontend_argv(i))
+        code = 0
+        try:
+            code = self._watch()
+        finally:
+            self._shutdown()
+        return code
+
+    def _watch(self) -> int:
+        while not self.stop:
+            fds = [c.pidfd for c in self.children]
+            try:
+                ready, _, _ = select.select(fds, [], [], 1.0)
+            except InterruptedError:
+                continue
+            for fd in ready:
+                child = next((c for c in self.children if c.pidfd == fd), None)
+                if child is None:
+                    continue
+                code = self._reap(child)
+                if code is not None:
+                    return code
+        return 0
+
+    def _reap(self, child: Child) -> int | None:
+        """Handle a child's exit; returns the launcher's exit code when it must stop."""
+        rc = child.proc.wait()
+        self.children.remove(child)
+        os.close(child.pidfd)
+        shm.sweep_stale({child.proc.pid})
+        if self.stop:
+            return None
+        if child.role == "broker":
+            log.error("broker exited with code %d; stopping the server", rc)
+            return rc or 1
+        if child.role.startswith("frontend") and rc == EXIT_FATAL:
+            log.error("%s cannot run; stopping the server", child.role)
+            return rc
+        if child.role.startswith("frontend"):
+            delay = _FRONTEND_RESTART_BACKOFF_S[min(child.restarts, 3)]
+            log.error("%s exited with code %d; restarting in %.1fs", child.role, rc, delay)
+            time.sleep(delay)
+            self._spawn(child.role, child.argv, child.restarts + 1)
+            return None
+        log.error("worker %s exited with code %d", " ".join(child.argv[-8:-2]), rc)
+        return None
+
+    def _signal(self, roles: tuple[str, ...], sig: int) -> list[Child]:
+        chosen = [c for c in self.children if c.role.startswith(roles)]
+        for c in chosen:
+            with contextlib.suppress(ProcessLookupError):
+                c.proc.send_signal(sig)
+        return chosen
+
+    def _wait(self, children: list[Child], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for c in children:
+            try:
+                c.proc.wait(max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) did not stop in time; killing it", c.role, c.proc.pid)
+                c.proc.kill()
+                c.proc.wait()
+
+    def _shutdown(self) -> None:
+        self.stop = True
+        self._wait(self._signal(("frontend",), signal.SIGTERM), self.s.exit_timeout_secs + 5)
+        self._wait(self._signal(("broker", "worker"), signal.SIGTERM), 10)
+        pids = {c.proc.pid for c in self.children}
+        for c in self.children:
+            os.close(c.pidfd)
+        self.children.clear()
+        shm.sweep_stale(pids)
+        shm.sweep_stale()
+        if self.own_runtime_dir:
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        log.info("stopped")
+
+
+def install_signal_flag(launcher: Launcher) -> None:
+    def _stop(signum: int, frame: object) -> None:
+        launcher.stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)

@@ -1,0 +1,284 @@
+"""Builds the small ONNX models shoal ships and tests with, and writes Triton repositories.
+
+Every builder returns the serialized ModelProto as ``bytes``; the graphs are built with
+``onnx.helper`` only, and random weights come from a fixed seed, so regenerating a model gives
+byte-identical files. ``onnx`` is a development dependency: it is imported inside the builders.
+
+``python -m shoal.modelgen [REPO]`` regenerates the repository shipped in ``model_repository/``
+(``simple``, Triton's example model, and ``mlp``, the benchmark model).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OPSET = 17
+# IR 8 is what opset 17 was released with; every onnxruntime since 1.12 loads it.
+IR_VERSION = 8
+SEED = 20240611
+
+# Triton v2 datatype name -> onnx.TensorProto enum name.
+ONNX_TYPE_NAMES: dict[str, str] = {
+    "BOOL": "BOOL",
+    "UINT8": "UINT8",
+    "UINT16": "UINT16",
+    "UINT32": "UINT32",
+    "UINT64": "UINT64",
+    "INT8": "INT8",
+    "INT16": "INT16",
+    "INT32": "INT32",
+    "INT64": "INT64",
+    "FP16": "FLOAT16",
+    "FP32": "FLOAT",
+    "FP64": "DOUBLE",
+    "BF16": "BFLOAT16",
+    "BYTES": "STRING",
+}
+
+# Types whose add/sub runs through a cast to a wider type (onnxruntime's CPU Add/Sub kernels
+# cover only float, double, int32, int64 and a few more).
+_COMPUTE_TYPE: dict[str, str] = {
+    "UINT8": "INT32",
+    "UINT16": "INT32",
+    "UINT32": "INT64",
+    "INT8": "INT32",
+    "INT16": "INT32",
+    "FP16": "FP32",
+    "BF16": "FP32",
+}
+
+
+def _onnx_type(datatype: str) -> int:
+    from onnx import TensorProto
+
+    try:
+        return int(getattr(TensorProto, ONNX_TYPE_NAMES[datatype]))
+    except KeyError:
+        raise ValueError(f"unsupported datatype {datatype!r}") from None
+
+
+def _finish(graph: Any) -> bytes:
+    from onnx import checker, helper
+
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="shoal.modelgen",
+    )
+    model.ir_version = IR_VERSION
+    checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def _io(name: str, datatype: str, shape: list[int | str | None]) -> Any:
+    from onnx import helper
+
+    return helper.make_tensor_value_info(name, _onnx_type(datatype), shape)
+
+
+def add_sub_model(datatype: str = "INT32", dim: int = 16) -> bytes:
+    """Triton's ``simple`` layout for ``datatype``: OUTPUT0 = IN0 + IN1, OUTPUT1 = IN0 - IN1.
+
+    Inputs INPUT0, INPUT1 and outputs OUTPUT0, OUTPUT1 are all ``[-1, dim]``. Types onnxruntime
+    cannot add natively are cast to a wider type and back, like Triton's ``simple_int8``;
+    unsigned results wrap around modulo 2**bits as they do in numpy.
+    """
+    from onnx import helper
+
+    if datatype in ("BOOL", "BYTES"):
+        raise ValueError(f"add/sub is not defined for {datatype}")
+    shape: list[int | str | None] = ["batch", dim]
+    compute = _COMPUTE_TYPE.get(datatype, datatype)
+    nodes = []
+    a, b = "INPUT0", "INPUT1"
+    if compute != datatype:
+        nodes += [
+            helper.make_node("Cast", ["INPUT0"], ["in0_c"], to=_onnx_type(compute)),
+            helper.make_node("Cast", ["INPUT1"], ["in1_c"], to=_onnx_type(compute)),
+        ]
+        a, b = "in0_c", "in1_c"
+    for op, out in (("Add", "OUTPUT0"), ("Sub", "OUTPUT1")):
+        if compute == datatype:
+            nodes.append(helper.make_node(op, [a, b], [out]))
+        else:
+            wrapped = f"{out}_c"
+            nodes.append(helper.make_node(op, [a, b], [wrapped]))
+            if datatype.startswith("UINT"):
+                # Cast from a wider signed int to a narrower unsigned one saturates or is
+                # undefined for negatives; a modulo first keeps numpy's wrap-around semantics.
+                bits = {"UINT8": 8, "UINT16": 16, "UINT32": 32}[datatype]
+                modulus = f"{out}_mod"
+                nodes.append(
+                    helper.make_node(
+                        "Constant",
+                        [],
+                        [modulus],
+                        value=helper.make_tensor(modulus, _onnx_type(compute), [], [1 << bits]),
+                    )
+                )
+                nodes.append(helper.make_node("Mod", [wrapped, modulus], [f"{out}_w"], fmod=0))
+                wrapped = f"{out}_w"
+            nodes.append(helper.make_node("Cast", [wrapped], [out], to=_onnx_type(datatype)))
+    graph = helper.make_graph(
+        nodes,
+        f"add_sub_{datatype.lower()}",
+        [_io("INPUT0", datatype, shape), _io("INPUT1", datatype, shape)],
+        [_io("OUTPUT0", datatype, shape), _io("OUTPUT1", datatype, shape)],
+    )
+    return _finish(graph)
+
+
+def simple_model() -> bytes:
+    """Triton's ``simple``: INT32 ``[-1, 16]`` inputs INPUT0/INPUT1, sum and difference out."""
+    return add_sub_model("INT32", 16)
+
+
+def mlp_model(in_dim: int = 256, hidden: int = 1024, out_dim: int = 256) -> bytes:
+    """FP32 ``[-1, in_dim]`` -> Gemm(hidden) -> Relu -> Gemm(out_dim), INPUT0 -> OUTPUT0.
+
+    Weights are standard normal scaled by 1/sqrt(fan_in), biases small normal; seed fixed.
+    """
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(SEED)
+
+    def init(name: str, shape: tuple[int, ...], scale: float) -> Any:
+        arr = (rng.standard_normal(shape) * scale).astype(np.float32)
+        return numpy_helper.from_array(arr, name)
+
+    inits = [
+        init("w1", (in_dim, hidden), 1.0 / np.sqrt(in_dim)),
+        init("b1", (hidden,), 0.01),
+        init("w2", (hidden, out_dim), 1.0 / np.sqrt(hidden)),
+        init("b2", (out_dim,), 0.01),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["INPUT0", "w1", "b1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["h_relu"]),
+        helper.make_node("Gemm", ["h_relu", "w2", "b2"], ["OUTPUT0"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [_io("INPUT0", "FP32", ["batch", in_dim])],
+        [_io("OUTPUT0", "FP32", ["batch", out_dim])],
+        initializer=inits,
+    )
+    return _finish(graph)
+
+
+def identity_model(datatype: str, dims: list[int], batch: bool) -> bytes:
+    """ONNX Identity INPUT0 -> OUTPUT0 for a Triton v2 datatype (BYTES is ONNX STRING).
+
+    ``dims`` may hold -1 for a variable dimension; ``batch`` prepends a variable batch dim.
+    """
+    from onnx import helper
+
+    shape: list[int | str | None] = [f"d{i}" if d == -1 else d for i, d in enumerate(dims)]
+    if batch:
+        shape = ["batch", *shape]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        f"identity_{datatype.lower()}",
+        [_io("INPUT0", datatype, shape)],
+        [_io("OUTPUT0", datatype, shape)],
+    )
+    return _finish(graph)
+
+
+SIMPLE_CONFIG = """\
+name: "simple"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  },
+  {
+    name: "INPUT1"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  },
+  {
+    name: "OUTPUT1"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  }
+]
+"""
+
+MLP_CONFIG = """\
+name: "mlp"
+platform: "onnxruntime_onnx"
+max_batch_size: 32
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_FP32
+    dims: [ 256 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_FP32
+    dims: [ 256 ]
+  }
+]
+instance_group [
+  {
+    count: 1
+    kind: KIND_CPU
+  }
+]
+"""
+
+
+def write_model(
+    repo: Path, name: str, onnx_bytes: bytes, config_text: str | None, version: int = 1
+) -> Path:
+    """Write ``<repo>/<name>/<version>/model.onnx`` and, if given, ``<repo>/<name>/config.pbtxt``.
+
+    Returns the model directory. Existing files are overwritten.
+    """
+    model_dir = Path(repo) / name
+    version_dir = model_dir / str(version)
+    version_dir.mkdir(parents=True, exist_ok=True)
+    (version_dir / "model.onnx").write_bytes(onnx_bytes)
+    if config_text is not None:
+        (model_dir / "config.pbtxt").write_text(config_text)
+    return model_dir
+
+
+def write_shipped_repository(repo: Path) -> None:
+    """Regenerate the repository shipped with shoal: ``simple`` and ``mlp``."""
+    write_model(repo, "simple", simple_model(), SIMPLE_CONFIG)
+    write_model(repo, "mlp", mlp_model(), MLP_CONFIG)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or (args and args[0] in ("-h", "--help")):
+        print("usage: python -m shoal.modelgen [REPO]  (default: model_repository/)")
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    repo = Path(args[0]) if args else Path(__file__).resolve().parent.parent / "model_repository"
+    write_shipped_repository(repo)
+    print(f"wrote simple and mlp to {repo}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Shared fixtures: a model repository built for the tests and real servers on it."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal import modelgen
+from tests.serverctl import ShoalServer
+
+ALL_DATATYPES = [
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BF16", "BYTES",
+]
+_CONFIG_TYPE = {"BYTES": "TYPE_STRING"}
+
+
+def identity_config(name: str, datatype: str, dims: str, max_batch_size: int) -> str:
+    t = _CONFIG_TYPE.get(datatype, f"TYPE_{datatype}")
+    return f"""
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: {max_batch_size}
+input [ {{ name: "INPUT0" data_type: {t} dims: {dims} }} ]
+output [ {{ name: "OUTPUT0" data_type: {t} dims: {dims} }} ]
+"""
+
+
+def build_test_repository(repo: Path) -> Path:
+    """``simple``, ``mlp``, an identity model per datatype, and a few special cases."""
+    modelgen.write_shipped_repository(repo)
+    for dt in ALL_DATATYPES:
+        name = f"identity_{dt.lower()}"
+        modelgen.write_model(
+            repo, name, modelgen.identity_model(dt, [-1], batch=True),
+            identity_config(name, dt, "[ -1 ]", 8),
+        )
+    # Not batching, one variable dim: the raw binary request's model.
+    modelgen.write_model(
+        repo, "identity_nobatch", modelgen.identity_model("FP32", [-1], batch=False),
+        identity_config("identity_nobatch", "FP32", "[ -1 ]", 0),
+    )
+    # No config.pbtxt at all: everything comes from auto-complete.
+    modelgen.write_model(repo, "simple_autofill", modelgen.simple_model(), None)
+    # Three versions; the default policy (latest 1) serves only version 3.
+    for v in (1, 2, 3):
+        modelgen.write_model(repo, "versioned", modelgen.simple_model(), None, version=v)
+    (repo / "versioned" / "config.pbtxt").write_text(
+        'name: "versioned"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        "version_policy: { specific: { versions: [1, 3] } }\n"
+    )
+    (repo / "not_a_model_dir_file.txt").write_text("ignored")
+    return repo
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_test_repository(tmp_path_factory.mktemp("repo"))
+
+
+@pytest.fixture(scope="session")
+def server(model_repo: Path) -> Iterator[ShoalServer]:
+    """One server for the read-mostly integration tests (fault tests start their own)."""
+    srv = ShoalServer(model_repo)
+    yield srv
+    assert srv.stop() == 0
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)

@@ -1,0 +1,145 @@
+"""Start and stop a real ``shoal serve`` on free ports, for integration and fault tests.
+
+Every server gets its own ports, its own runtime directory and its own log file, so
+tests never share state by accident. Every child process of a server carries that
+runtime directory on its command line, which is how the tests find the processes of
+one server (and prove none is left after it stops).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def processes_with(marker: str) -> dict[int, str]:
+    """pid -> command line of every process whose command line contains ``marker``."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            found[int(entry.name)] = cmd
+    return found
+
+
+def shm_segments_of(pids: set[int]) -> list[str]:
+    return [
+        p.name for p in SHM_DIR.iterdir()
+        if p.name.startswith("shoal-") and int(p.name.split("-")[1]) in pids
+    ]
+
+
+class ShoalServer:
+    def __init__(self, repo: Path, *args: str, wait_ready: bool = True) -> None:
+        self.repo = repo
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.metrics_port = free_port()
+        self.runtime_dir = tempfile.mkdtemp(prefix="shoal-test-run-")
+        self.log_path = Path(self.runtime_dir + ".log")
+        self.args = args
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "shoal", "serve",
+                f"--model-repository={repo}",
+                f"--http-port={self.http_port}", "--http-address=127.0.0.1",
+                f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
+                f"--runtime-dir={self.runtime_dir}", *args,
+            ],
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.seen_pids: set[int] = {self.proc.pid}
+        if wait_ready:
+            self.wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def http_status(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://{self.url}{path}", timeout=2) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"shoal exited with {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError):
+                if self.http_status("/v2/health/ready") == 200:
+                    self.seen_pids |= set(self.pids())
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"shoal not ready after {timeout}s:\n{self.log()}")
+
+    def pids(self, role: str = "") -> list[int]:
+        """Children of this server, optionally of one role ("broker", "frontend", "workers")."""
+        found = processes_with(self.runtime_dir)
+        return sorted(
+            pid for pid, cmd in found.items()
+            if pid != self.proc.pid and (not role or f"-m {role} " in cmd)
+        )
+
+    def worker_pid(self, model: str) -> int:
+        found = processes_with(self.runtime_dir)
+        for pid, cmd in found.items():
+            if "-m workers " in cmd and f"--model {model} " in cmd:
+                return pid
+        raise LookupError(f"no worker for {model}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
+        """Stop the server and check it left nothing behind; returns its exit code."""
+        self.seen_pids |= set(self.pids())
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise
+        finally:
+            self._log.close()
+        leftovers = self.leftovers()
+        assert not leftovers, f"left behind: {leftovers}\n{self.log()}"
+        return rc
+
+    def leftovers(self) -> list[str]:
+        deadline = time.monotonic() + 5
+        while True:
+            procs = processes_with(self.runtime_dir)
+            segs = shm_segments_of(self.seen_pids)
+            if (not procs and not segs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        return [f"process {p}: {c}" for p, c in procs.items()] + [f"/dev/shm/{s}" for s in segs]

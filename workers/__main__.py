@@ -1,0 +1,63 @@
+"""``python -m workers --model-repository R --model M --version V --instance I --runtime-dir D``
+
+Runs one model instance. Started by ``shoal serve`` or by supervisord (one program per
+instance); it finds the broker through the runtime directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ipc.lifecycle import die_with_parent, setup_logging
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m workers")
+    p.add_argument("--model-repository", required=True, type=Path)
+    p.add_argument("--model", required=True)
+    p.add_argument("--version", required=True, type=int)
+    p.add_argument("--instance", default=0, type=int)
+    p.add_argument("--runtime-dir", required=True, type=Path)
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--model-config-name", default="")
+    p.add_argument("--default-max-batch-size", default=4, type=int)
+    p.add_argument("--cores", default="", help="comma-separated CPU cores to pin to")
+    p.add_argument("--log-verbose", default=0, type=int)
+    p.add_argument("--parent-pid", default=None, type=int, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    die_with_parent(args.parent_pid)
+    setup_logging(f"worker:{args.model}/{args.version}#{args.instance}", args.log_verbose)
+    cores = [int(c) for c in args.cores.split(",") if c.strip()]
+    if cores:
+        os.sched_setaffinity(0, cores)
+    from workers.proc import WorkerProc, WorkerSettings, install_signal_flag
+
+    proc = WorkerProc(
+        WorkerSettings(
+            model_repository=args.model_repository,
+            model=args.model,
+            version=args.version,
+            instance=args.instance,
+            runtime_dir=args.runtime_dir,
+            autocomplete=not args.disable_auto_complete_config,
+            model_config_name=args.model_config_name,
+            default_max_batch_size=args.default_max_batch_size,
+            cores=cores,
+        )
+    )
+    install_signal_flag(proc)
+    try:
+        return proc.run()
+    finally:
+        proc.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The contract every model backend implements, and the registry of backends by name.
+
+A backend runs inside one worker process and is driven by one thread: no locking.
+Heavy imports (onnxruntime, torch, tensorrt) happen inside the backend module, so that
+importing this registry stays cheap and the other roles never pay for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from configs.schema import IOSpec
+
+
+class Backend(Protocol):
+    def load(self, model_file: Path, config: object, threads: int) -> None:
+        """Load the model; raises on failure (the message reaches the operator)."""
+
+    def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]]:
+        """The model's own inputs and outputs, for config auto-complete and checks."""
+
+    def execute(self, inputs: Mapping[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+        """Run one batch. Arrays are in wire layout; BYTES inputs are object arrays of
+        ``bytes``. Returns the requested outputs in order."""
+
+    def unload(self) -> None: ...
+
+
+# backend name -> "module:Class"; platforms map to backends in configs.model_config.
+_BACKENDS: dict[str, str] = {
+    "onnxruntime": "workers.onnx_backend:OnnxRuntimeBackend",
+}
+
+
+def create(backend: str) -> Backend:
+    target = _BACKENDS.get(backend)
+    if target is None:
+        raise ValueError(f"backend '{backend}' is not supported by this server")
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)()  # type: ignore[no-any-return]

@@ -1,0 +1,118 @@
+"""ONNX Runtime backend (CPU execution provider).
+
+Inputs arrive as numpy views straight over shared memory; ONNX Runtime reads them in
+place. BF16 has no numpy dtype: it goes in and out as uint16 bit patterns wrapped in
+OrtValues typed bfloat16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import onnxruntime as ort
+
+from configs.schema import IOSpec
+
+_ORT_TYPES: Final[dict[str, str]] = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(bfloat16)": "BF16",
+    "tensor(string)": "BYTES",
+}
+_ONNX_BFLOAT16: Final[int] = 16
+
+
+def _spec(arg: ort.NodeArg) -> IOSpec:
+    dtype = _ORT_TYPES.get(arg.type)
+    if dtype is None:
+        raise ValueError(f"tensor '{arg.name}' has type {arg.type}, which Triton cannot carry")
+    shape = [d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or [])]
+    return IOSpec(name=arg.name, datatype=dtype, shape=shape)
+
+
+class OnnxRuntimeBackend:
+    def __init__(self) -> None:
+        self._sess: ort.InferenceSession | None = None
+        self._bf16_in: set[str] = set()
+        self._bf16_out: set[str] = set()
+        self._string_in: set[str] = set()
+
+    def load(self, model_file: Path, config: object, threads: int) -> None:
+        if model_file.is_dir():
+            model_file = model_file / "model.onnx"
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        self._sess = ort.InferenceSession(str(model_file), so, providers=["CPUExecutionProvider"])
+        ins, outs = self.io_spec()
+        self._bf16_in = {s.name for s in ins if s.datatype == "BF16"}
+        self._bf16_out = {s.name for s in outs if s.datatype == "BF16"}
+        self._string_in = {s.name for s in ins if s.datatype == "BYTES"}
+
+    def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]]:
+        assert self._sess is not None
+        return (
+            [_spec(a) for a in self._sess.get_inputs()],
+            [_spec(a) for a in self._sess.get_outputs()],
+        )
+
+    def execute(self, inputs: Mapping[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+        assert self._sess is not None
+        if self._bf16_in or self._bf16_out:
+            return self._execute_ort_values(inputs, outputs)
+        feeds: dict[str, np.ndarray] = {}
+        for name, arr in inputs.items():
+            if name in self._string_in:
+                # ONNX Runtime wants str elements; bytes that are not UTF-8 cannot pass.
+                arr = np.array([b.decode("utf-8", "surrogateescape") for b in arr.reshape(-1)],
+                               dtype=object).reshape(arr.shape)
+            feeds[name] = arr
+        return list(self._sess.run(outputs, feeds))
+
+    def _execute_ort_values(
+        self, inputs: Mapping[str, np.ndarray], outputs: list[str]
+    ) -> list[np.ndarray]:
+        assert self._sess is not None
+        feeds = {}
+        for name, arr in inputs.items():
+            if name in self._bf16_in:
+                feeds[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(arr), _ONNX_BFLOAT16
+                )
+            else:
+                feeds[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
+        results = self._sess.run_with_ort_values(outputs, feeds)
+        out: list[np.ndarray] = []
+        for name, value in zip(outputs, results, strict=True):
+            if name in self._bf16_out:
+                out.append(_bf16_bits(value))
+            else:
+                out.append(value.numpy())
+        return out
+
+    def unload(self) -> None:
+        self._sess = None
+
+
+def _bf16_bits(value: ort.OrtValue) -> np.ndarray:
+    """The uint16 bit patterns of a bfloat16 OrtValue."""
+    shape = value.shape()
+    n = int(np.prod(shape)) if shape else 1
+    buf = (np.ctypeslib.as_array(
+        (np.ctypeslib.ctypes.c_uint16 * n).from_address(value.data_ptr())
+    ))
+    return np.array(buf, dtype=np.uint16).reshape(shape)

@@ -1,0 +1,261 @@
+"""A model-instance worker process: one model version, one instance, one backend.
+
+Lifecycle: settings -> logging -> signal flag -> connect and say hello -> load the model
+and complete its config -> READY (or FAILED, then exit) -> execute batches until told
+to stop or the flag is set -> release mappings and sockets.
+
+The broker is a sibling, not a parent (under supervisord). The worker watches the
+broker's pid through a pidfd and, when it dies, greets the next broker that binds the
+same endpoint, so a broker restart does not need worker restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from configs import autocomplete as ac
+from configs import repository
+from configs.model_config import ConfigError, validate_io
+from ipc import messages as m
+from ipc.datatypes import from_config_name
+from ipc import sockets
+from ipc.errors import Code
+from ipc.shm import RegionMap
+from workers import backend as backends
+from workers.tensors import input_array, output_ref
+
+log = logging.getLogger("shoal.worker")
+
+_HELLO_RETRY_S = 1.0
+
+
+@dataclass
+class WorkerSettings:
+    model_repository: Path
+    model: str
+    version: int
+    instance: int
+    runtime_dir: Path
+    autocomplete: bool = True
+    model_config_name: str = ""
+    default_max_batch_size: int = 4
+    cores: list[int] = field(default_factory=list)
+
+
+class WorkerProc:
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.s = settings
+        self.stop = False
+        self.ctx = zmq.Context.instance()
+        ident = f"w-{settings.model}-{settings.version}-{settings.instance}-{os.getpid()}"
+        self.sock = sockets.dealer(
+            self.ctx, sockets.endpoint(settings.runtime_dir, sockets.WORKER_SOCKET), ident.encode()
+        )
+        self.regions = RegionMap()
+        self.backend: backends.Backend | None = None
+        self.config_bytes = b""
+        self.max_batch_size = 0
+        self.output_types: dict[str, str] = {}
+        self.broker_pidfd: int | None = None
+
+    # -- startup ---------------------------------------------------------------------
+
+    def _hello(self) -> None:
+        s = self.s
+        self.sock.send_multipart(m.encode(m.WorkerHello(s.model, s.version, s.instance, os.getpid())))
+
+    def load(self) -> m.WorkerReady | m.WorkerFailed:
+        s = self.s
+        try:
+            entry = repository.find(
+                s.model_repository, s.model,
+                model_config_name=s.model_config_name, autocomplete_enabled=s.autocomplete,
+            )
+            if entry is None or entry.error or entry.config is None:
+                reason = entry.error if entry is not None else "no such model directory"
+                raise ConfigError(s.model, reason or "no config")
+            config = entry.config
+            threads = _thread_count(config, s.cores)
+            backend = backends.create(config.backend or "onnxruntime")
+            backend.load(entry.model_file(s.version), config, threads)
+            ins, outs = backend.io_spec()
+            if s.autocomplete:
+                config = ac.autocomplete(
+                    config, ins, outs, default_max_batch_size=s.default_max_batch_size
+                )
+            ac.check_against_model(config, ins, outs)
+            validate_io(config)
+        except Exception as exc:  # any load failure is reported, never raised past here
+            msg = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            log.error("failed to load '%s' version %d: %s", s.model, s.version, msg)
+            return m.WorkerFailed(f"failed to load '{s.model}' version {s.version}: {msg}")
+        self.backend = backend
+        self.max_batch_size = config.max_batch_size
+        self.output_types = {
+            o.name: dt.name
+            for o in config.output
+            if (dt := from_config_name(model_config_pb2_name(o.data_type))) is not None
+        }
+        self.config_bytes = config.SerializeToString()
+        log.info("loaded '%s' version %d instance %d (%d threads)", s.model, s.version,
+                 s.instance, threads)
+        return m.WorkerReady(self.config_bytes, list(s.cores))
+
+    # -- loop ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._hello()
+        outcome = self.load()
+        self.sock.send_multipart(m.encode(outcome))
+        if isinstance(outcome, m.WorkerFailed):
+            time.sleep(0.2)  # let the message leave before the socket closes
+            return 1
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        welcomed = False
+        last_hello = time.monotonic()
+        while not self.stop:
+            events = dict(poller.poll(500))
+            if self.broker_pidfd is not None and self.broker_pidfd in events:
+                self._broker_lost(poller)
+                welcomed = False
+            if self.sock in events:
+                if self._drain(poller) == "shutdown":
+                    break
+                welcomed = welcomed or self.broker_pidfd is not None
+            if not welcomed and time.monotonic() - last_hello > _HELLO_RETRY_S:
+                self._hello()
+                self.sock.send_multipart(m.encode(m.WorkerReady(self.config_bytes, self.s.cores)))
+                last_hello = time.monotonic()
+        return 0
+
+    def _drain(self, poller: zmq.Poller) -> str:
+        while True:
+            try:
+                kind, payload = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return ""
+            msg = m.decode(kind, payload)
+            if isinstance(msg, m.ExecuteBatch):
+                self.execute(msg)
+            elif isinstance(msg, m.Welcome):
+                self._watch_broker(msg.broker_pid, poller)
+            elif isinstance(msg, m.Shutdown):
+                return "shutdown"
+
+    def _watch_broker(self, pid: int, poller: zmq.Poller) -> None:
+        if self.broker_pidfd is not None:
+            poller.unregister(self.broker_pidfd)
+            os.close(self.broker_pidfd)
+        try:
+            self.broker_pidfd = os.pidfd_open(pid)
+            poller.register(self.broker_pidfd, zmq.POLLIN)
+        except OSError:
+            self.broker_pidfd = None
+
+    def _broker_lost(self, poller: zmq.Poller) -> None:
+        log.warning("broker exited; waiting for a new one")
+        assert self.broker_pidfd is not None
+        poller.unregister(self.broker_pidfd)
+        os.close(self.broker_pidfd)
+        self.broker_pidfd = None
+        self.regions.close()
+
+    # -- execution -------------------------------------------------------------------
+
+    def execute(self, batch: m.ExecuteBatch) -> None:
+        t0 = time.perf_counter_ns()
+        items = batch.items
+        feeds: list[dict[str, np.ndarray] | None] = []
+        for item in items:
+            try:
+                feeds.append({t.name: input_array(t, self.regions) for t in item.request.inputs})
+            except Exception as exc:
+                feeds.append(None)
+                self._send_error(item, Code.INVALID_ARG, f"bad input reference: {exc}", last=False)
+        live = [(it, f) for it, f in zip(items, feeds, strict=True) if f is not None]
+        if live:
+            try:
+                results = self._run(live)
+            except Exception as exc:
+                log.exception("execution failed")
+                for it, _ in live:
+                    self._send_error(it, Code.INTERNAL, f"{type(exc).__name__}: {exc}", last=False)
+            else:
+                for (it, _), outs in zip(live, results, strict=True):
+                    self._send_result(it, outs)
+        self.sock.send_multipart(
+            m.encode(m.BatchDone(batch.batch_id, time.perf_counter_ns() - t0))
+        )
+
+    def _run(
+        self, live: list[tuple[m.WorkItem, dict[str, np.ndarray]]]
+    ) -> list[dict[str, np.ndarray]]:
+        assert self.backend is not None
+        names = sorted({o.name for it, _ in live for o in it.request.outputs})
+        if len(live) == 1:
+            arrays = self.backend.execute(live[0][1], names)
+            return [dict(zip(names, arrays, strict=True))]
+        # Several requests: one execution over the concatenated batch, split per request.
+        sizes = [next(iter(f.values())).shape[0] for _, f in live]
+        keys = live[0][1].keys()
+        joined = {k: np.concatenate([f[k] for _, f in live]) for k in keys}
+        arrays = self.backend.execute(joined, names)
+        cuts = np.cumsum(sizes)[:-1]
+        parts = [np.split(a, cuts) for a in arrays]
+        return [{n: parts[j][i] for j, n in enumerate(names)} for i in range(len(live))]
+
+    def _send_result(self, item: m.WorkItem, outs: dict[str, np.ndarray]) -> None:
+        refs = []
+        try:
+            for spec in item.request.outputs:
+                dtype = self.output_types.get(spec.name, "")
+                refs.append(output_ref(spec.name, dtype, outs[spec.name], spec, self.regions))
+        except Exception as exc:
+            self._send_error(item, Code.INTERNAL, f"failed to write output: {exc}", last=False)
+            return
+        resp = m.InferResponse(item.request.req_id, refs, None, self.s.version)
+        self.sock.send_multipart([m.RESULT, item.frontend, m.encode_payload(resp)], copy=False)
+
+    def _send_error(self, item: m.WorkItem, code: Code, message: str, *, last: bool) -> None:
+        resp = m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(code), message))
+        self.sock.send_multipart([m.RESULT, item.frontend, m.encode_payload(resp)])
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.unload()
+        self.regions.close()
+        self.sock.close(0)
+
+
+def model_config_pb2_name(data_type: int) -> str:
+    from tritonclient.grpc import model_config_pb2
+
+    return model_config_pb2.DataType.Name(data_type)
+
+
+def _thread_count(config: object, cores: list[int]) -> int:
+    params = getattr(config, "parameters", {})
+    for key in ("intra_op_thread_count", "shoal_intra_op_threads"):
+        if key in params:
+            try:
+                return max(int(params[key].string_value), 0)
+            except ValueError:
+                pass
+    return max(len(cores), 1) if cores else 1
+
+
+def install_signal_flag(proc: WorkerProc) -> None:
+    def _stop(signum: int, frame: object) -> None:
+        proc.stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
