@@ -31,7 +31,7 @@ _NUMPY_FOR_ORT = {
 
 def _feed(sess: object, batch: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    feed = {}
+    feed: dict[str, np.ndarray] = {}
     for arg in sess.get_inputs():  # type: ignore[attr-defined]
         shape = [d if isinstance(d, int) else batch for d in arg.shape]
         dtype = _NUMPY_FOR_ORT[arg.type]

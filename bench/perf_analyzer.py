@@ -45,61 +45,53 @@ def run_perf_analyzer(
     server: str,
     url: str,
     model: str,
-    concurrencies: list[int],
+    concurrency: int,
     csv_path: Path,
     interval_ms: int,
     max_trials: int,
+    stability_pct: int,
     timeout_s: float,
-) -> list[Measurement]:
-    """One perf_analyzer process over all concurrencies; HTTP, batch 1, binary tensors.
+) -> Measurement:
+    """One perf_analyzer process at one concurrency; HTTP, batch 1, binary tensors.
 
     perf_analyzer's HTTP client sends and requests tensors with the binary data extension by
-    default. A level that never reaches ``max_trials`` stable windows is still reported,
-    marked "unstable", because perf_analyzer prints the last window's numbers anyway.
+    default. It reports a level only once 3 consecutive windows agree within
+    ``stability_pct``; if none do within ``max_trials`` windows it reports nothing, so the
+    level is measured again with a 100% tolerance and marked "unstable".
     """
-    lo, hi = min(concurrencies), max(concurrencies)
-    step = (hi - lo) if len(concurrencies) == 2 else 1
-    argv = [
-        binary,
-        "-m",
-        model,
-        "-u",
-        url,
-        "-i",
-        "http",
-        "-b",
-        "1",
-        "--concurrency-range",
-        f"{lo}:{hi}:{max(step, 1)}",
-        "--measurement-interval",
-        str(interval_ms),
-        "--max-trials",
-        str(max_trials),
-        "-f",
-        str(csv_path),
-    ]
+    attempts = [(stability_pct, "")]
+    if stability_pct < 100:
+        attempts.append((100, "unstable"))
     log_path = csv_path.with_suffix(".log")
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-        log = out.stdout + out.stderr
-        failed = out.returncode != 0
-    except subprocess.TimeoutExpired as e:
-        log = f"timed out after {timeout_s}s\n{e.stdout or ''}"
-        failed = True
-    log_path.write_text(log)
-    rows = _parse_csv(csv_path, server, model) if csv_path.exists() else []
-    wanted = set(concurrencies)
-    rows = [r for r in rows if r.concurrency in wanted]
-    unstable = "unstable" if "Failed to obtain stable measurement" in log else ""
-    if unstable:
-        rows = [Measurement(**{**r.__dict__, "note": unstable}) for r in rows]
-    if failed and not rows:
-        tail = " | ".join(log.strip().splitlines()[-3:])
-        raise RuntimeError(f"perf_analyzer failed on {server}/{model}: {tail}")
-    return rows
+    logs = []
+    for pct, note in attempts:
+        csv_path.unlink(missing_ok=True)
+        argv = [
+            binary,
+            *("-m", model, "-u", url, "-i", "http", "-b", "1"),
+            *("--concurrency-range", f"{concurrency}:{concurrency}:1"),
+            *("--measurement-interval", str(interval_ms)),
+            *("--max-trials", str(max_trials)),
+            *("--stability-percentage", str(pct)),
+            *("-f", str(csv_path)),
+        ]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+            logs.append(" ".join(argv) + "\n" + out.stdout + out.stderr)
+        except subprocess.TimeoutExpired as e:
+            partial = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+            logs.append(f"timed out after {timeout_s}s\n{partial}")
+            continue
+        log_path.write_text("\n".join(logs))
+        rows = _parse_csv(csv_path, server, model, note) if csv_path.exists() else []
+        if out.returncode == 0 and rows:
+            return rows[0]
+    log_path.write_text("\n".join(logs))
+    tail = " | ".join(logs[-1].strip().splitlines()[-2:])
+    raise RuntimeError(f"perf_analyzer failed on {server}/{model} c={concurrency}: {tail}")
 
 
-def _parse_csv(path: Path, server: str, model: str) -> list[Measurement]:
+def _parse_csv(path: Path, server: str, model: str, note: str) -> list[Measurement]:
     with path.open(newline="") as f:
         return [
             Measurement(
@@ -109,6 +101,7 @@ def _parse_csv(path: Path, server: str, model: str) -> list[Measurement]:
                 throughput=float(row["Inferences/Second"]),
                 p50_us=float(row["p50 latency"]),
                 p99_us=float(row["p99 latency"]),
+                note=note,
             )
             for row in csv.DictReader(f)
         ]

@@ -36,6 +36,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--concurrency", default="1,8", help="comma list, e.g. 1,8")
     ap.add_argument("--measurement-interval", type=int, default=3000, help="ms per window")
     ap.add_argument("--max-trials", type=int, default=6, help="windows before giving up")
+    ap.add_argument(
+        "--stability-percentage", type=int, default=20, help="perf_analyzer's -s (default 10)"
+    )
     ap.add_argument("--ort-seconds", type=float, default=2.0)
     ap.add_argument("--shoal-url", help="use a shoal already serving HTTP at HOST:PORT")
     ap.add_argument("--no-shoal", action="store_true", help="skip shoal (peer/ORT only)")
@@ -54,27 +57,30 @@ def _drive(
     args: argparse.Namespace,
     raw_dir: Path,
 ) -> list[Measurement]:
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
     results: list[Measurement] = []
-    # Generous bound: warm-up plus max_trials windows per level, plus slack.
-    timeout_s = len(concurrencies) * (args.max_trials + 2) * args.measurement_interval / 1e3 + 60
+    # Generous bound: warm-up plus max_trials windows, plus slack for start-up.
+    timeout_s = (args.max_trials + 2) * args.measurement_interval / 1e3 + 30
     for model in args.models.split(","):
-        wait_ready(url, 10)
-        print(f"[bench] perf_analyzer {server} {model} c={args.concurrency}", flush=True)
-        try:
-            results += run_perf_analyzer(
-                pa,
-                server,
-                url,
-                model,
-                concurrencies,
-                raw_dir / f"{server}-{model}.csv",
-                args.measurement_interval,
-                args.max_trials,
-                timeout_s,
-            )
-        except RuntimeError as e:
-            print(f"[bench] {e}", file=sys.stderr)
+        for c in (int(c) for c in args.concurrency.split(",")):
+            wait_ready(url, 10)
+            print(f"[bench] perf_analyzer {server} {model} c={c}", flush=True)
+            try:
+                results.append(
+                    run_perf_analyzer(
+                        pa,
+                        server,
+                        url,
+                        model,
+                        c,
+                        raw_dir / f"{server}-{model}-c{c}.csv",
+                        args.measurement_interval,
+                        args.max_trials,
+                        args.stability_percentage,
+                        timeout_s,
+                    )
+                )
+            except RuntimeError as e:
+                print(f"[bench] {e}", file=sys.stderr)
     return results
 
 
@@ -127,16 +133,16 @@ def render(results: list[Measurement], meta: dict[str, str]) -> str:
         ort1, ort2 = by.get(("ort-1t", model, 1)), by.get(("ort-2t", model, 1))
         tri = by.get(("triton", model, c))
         for server in ("shoal", "triton"):
-            m = by.get((server, model, c))
-            if m is None:
+            row = by.get((server, model, c))
+            if row is None:
                 continue
             other = tri if server != "triton" else None
             lines.append(
                 f"| {model} | {c} | {server} "
-                f"| {_fmt(m.throughput / ort1.throughput if ort1 else None, '.3f')} "
-                f"| {_fmt(m.throughput / ort2.throughput if ort2 else None, '.3f')} "
-                f"| {_fmt(m.throughput / other.throughput if other else None, '.2f')} "
-                f"| {_fmt(m.p50_us / other.p50_us if other else None, '.2f')} |"
+                f"| {_fmt(row.throughput / ort1.throughput if ort1 else None, '.3f')} "
+                f"| {_fmt(row.throughput / ort2.throughput if ort2 else None, '.3f')} "
+                f"| {_fmt(row.throughput / other.throughput if other else None, '.2f')} "
+                f"| {_fmt(row.p50_us / other.p50_us if other else None, '.2f')} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -150,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     pa = perf_analyzer_path()
     results: list[Measurement] = []
     started = time.monotonic()
+    load_at_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
     if args.shoal_url:
         results += _drive(pa, "shoal", args.shoal_url, args, raw_dir)
@@ -176,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "timestamp": stamp,
         "host": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "load average at start": load_at_start,
         "commit": _git_commit(),
         "perf_analyzer": f"{perf_analyzer_version(pa)} (HTTP, batch 1, binary tensors, "
-        f"{args.measurement_interval} ms windows, max {args.max_trials} trials)",
+        f"{args.measurement_interval} ms windows, max {args.max_trials} trials, "
+        f"stable within {args.stability_percentage}%)",
         "onnxruntime": onnxruntime.__version__,
         "triton": args.peer_url or ("triton-peer" if args.with_triton_peer else "not run"),
         "wall time": f"{time.monotonic() - started:.0f} s",

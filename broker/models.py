@@ -105,9 +105,7 @@ class ModelTable:
         return max(ready, key=lambda v: v.version) if ready else None
 
     def startup_done(self) -> bool:
-        return all(
-            v.state != "LOADING" for e in self.models.values() for v in e.versions.values()
-        )
+        return all(v.state != "LOADING" for e in self.models.values() for v in e.versions.values())
 
     def failures(self) -> list[str]:
         out = [f"{e.name}: {e.error}" for e in self.models.values() if e.error]

@@ -49,7 +49,7 @@ class BrokerProc:
     def __init__(self, settings: BrokerSettings) -> None:
         self.s = settings
         self.stop = False
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.fsock = sockets.router(
             self.ctx, sockets.endpoint(settings.runtime_dir, sockets.FRONTEND_SOCKET)
         )
@@ -90,11 +90,15 @@ class BrokerProc:
                 self.startup_reported = True
                 failures = self.table.failures()
                 if failures and self.s.exit_on_error:
-                    log.error("exiting: %d model(s) failed to load (--exit-on-error)",
-                              len(failures))
+                    log.error(
+                        "exiting: %d model(s) failed to load (--exit-on-error)", len(failures)
+                    )
                     return 1
-                log.info("startup complete: %s", ", ".join(
-                    f"{s.name}/{s.version}={s.state}" for s in self.table.states()) or "no models")
+                log.info(
+                    "startup complete: %s",
+                    ", ".join(f"{s.name}/{s.version}={s.state}" for s in self.table.states())
+                    or "no models",
+                )
             events = dict(self.poller.poll(250))
             if self.fsock in events:
                 self._drain(self.fsock, self._on_frontend)
@@ -158,11 +162,15 @@ class BrokerProc:
             self._reply_error(ident, req.req_id, err)
             return
         if mv.state != "READY":
-            self._reply_error(ident, req.req_id, ServingError(
-                Code.UNAVAILABLE,
-                f"Request for unknown model: '{req.model}' version {mv.version} is not at ready "
-                f"state",
-            ))
+            self._reply_error(
+                ident,
+                req.req_id,
+                ServingError(
+                    Code.UNAVAILABLE,
+                    f"Request for unknown model: '{req.model}' version {mv.version} is not at "
+                    "ready state",
+                ),
+            )
             return
         self._dispatch(self.router.submit(mv, m.WorkItem(ident, req)))
 
@@ -176,13 +184,23 @@ class BrokerProc:
             if q.version >= 0:
                 err = unknown_model(q.model, q.version)
             else:
-                err = ServingError(Code.UNAVAILABLE, entry.error or
-                                   f"Request for unknown model: '{q.model}' has no available "
-                                   "versions")
+                err = ServingError(
+                    Code.UNAVAILABLE,
+                    entry.error
+                    or f"Request for unknown model: '{q.model}' has no available versions",
+                )
             return m.ModelInfo(q.query_id, m.ErrorInfo(int(err.code), err.message), q.model)
         ready = sorted(v.version for v in entry.versions.values() if v.state == "READY")
-        return m.ModelInfo(q.query_id, None, q.model, mv.version, ready, mv.state == "READY",
-                           mv.platform, mv.config)
+        return m.ModelInfo(
+            q.query_id,
+            None,
+            q.model,
+            mv.version,
+            ready,
+            mv.state == "READY",
+            mv.platform,
+            mv.config,
+        )
 
     # -- workers ---------------------------------------------------------------------
 
@@ -207,8 +225,13 @@ class BrokerProc:
                 if mv is not None:
                     mv.config = mv.config or msg.config
                     mv.refresh_state()
-                log.info("instance %d of %s/%d ready (pid %d)", inst.index, inst.model,
-                         inst.version, inst.pid)
+                log.info(
+                    "instance %d of %s/%d ready (pid %d)",
+                    inst.index,
+                    inst.model,
+                    inst.version,
+                    inst.pid,
+                )
             self._dispatch(self.router.instance_ready(inst))
         elif isinstance(msg, m.WorkerFailed) and inst is not None:
             mv = self.table.version(inst.model, inst.version)
@@ -270,17 +293,18 @@ class BrokerProc:
         inst = self.table.by_ident.pop(ident, None)
         if inst is None:
             return
-        log.error("instance %d of %s/%d (pid %d) exited", inst.index, inst.model, inst.version,
-                  inst.pid)
+        log.error(
+            "instance %d of %s/%d (pid %d) exited", inst.index, inst.model, inst.version, inst.pid
+        )
         was_loading = inst.state == "LOADING"
         failed, dispatches = self.router.instance_lost(inst)
-        mv = self.table.version(inst.model, inst.version)
-        if mv is not None:
-            mv.instances.pop(ident, None)
+        version = self.table.version(inst.model, inst.version)
+        if version is not None:
+            version.instances.pop(ident, None)
             if was_loading:
-                mv.failed_loads += 1
-                mv.reason = f"instance {inst.index} exited while loading"
-                mv.refresh_state()
+                version.failed_loads += 1
+                version.reason = f"instance {inst.index} exited while loading"
+                version.refresh_state()
         err = ServingError(
             Code.UNAVAILABLE,
             f"Failed to process the request(s) for model instance '{inst.model}_{inst.index}', "

@@ -69,7 +69,7 @@ class BrokerClient:
         fut: asyncio.Future[msgspec.Struct] = asyncio.get_running_loop().create_future()
         self._pending[req.req_id] = fut
         try:
-            await self.sock.send_multipart(m.encode(req), copy=False)
+            await self._send(m.encode(req), copy=False)
             resp = await fut
         finally:
             self._pending.pop(req.req_id, None)
@@ -84,7 +84,7 @@ class BrokerClient:
         fut: asyncio.Future[msgspec.Struct] = asyncio.get_running_loop().create_future()
         self._pending[qid] = fut
         try:
-            await self.sock.send_multipart(m.encode(msg))
+            await self._send(m.encode(msg))
             reply = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             raise ServingError(Code.UNAVAILABLE, "broker did not answer in time") from None
@@ -93,16 +93,22 @@ class BrokerClient:
         assert isinstance(reply, reply_type)
         return reply
 
+    async def _send(self, frames: list[bytes], copy: bool = True) -> None:
+        await self.sock.send_multipart(frames, copy=copy)  # type: ignore[misc]
+
+    async def _recv(self) -> list[bytes]:
+        return await self.sock.recv_multipart()  # type: ignore[no-any-return, misc]
+
     async def _greet(self) -> None:
         hello = m.encode(m.FrontendHello(os.getpid(), self.index))
         while True:
             if not self._welcomed.is_set():
-                await self.sock.send_multipart(hello)
+                await self._send(hello)
             await asyncio.sleep(_HELLO_RETRY_S)
 
     async def _receive(self) -> None:
         while True:
-            frames = await self.sock.recv_multipart()
+            frames = await self._recv()
             try:
                 self._dispatch(frames)
             except ValueError as exc:

@@ -1,3 +1,5 @@
-from shoal.cli import main
 import sys
+
+from shoal.cli import main
+
 sys.exit(main())

@@ -35,15 +35,22 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
     p.add_argument("--exit-on-error", type=bool_flag, default=True)
     p.add_argument("--strict-readiness", type=bool_flag, default=True)
     p.add_argument("--disable-auto-complete-config", action="store_true")
-    p.add_argument("--strict-model-config", type=bool_flag, default=None,
-                   help="deprecated alias of --disable-auto-complete-config")
+    p.add_argument(
+        "--strict-model-config",
+        type=bool_flag,
+        default=None,
+        help="deprecated alias of --disable-auto-complete-config",
+    )
     p.add_argument("--model-config-name", default="")
     p.add_argument("--backend-config", action="append", default=[])
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
     p.add_argument("--http-max-input-size", default=64 * 1024 * 1024, type=int)
     p.add_argument("--frontend-processes", default=1, type=int)
-    p.add_argument("--runtime-dir", default="",
-                   help="private directory for the ipc sockets (default: a fresh temp dir)")
+    p.add_argument(
+        "--runtime-dir",
+        default="",
+        help="private directory for the ipc sockets (default: a fresh temp dir)",
+    )
     return p
 
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from configs import repository
-from ipc.lifecycle import EXIT_FATAL
 from ipc import shm
+from ipc.lifecycle import EXIT_FATAL
 from ipc.sockets import ensure_runtime_dir
 
 log = logging.getLogger("shoal.serve")
@@ -76,9 +76,12 @@ class Launcher:
 
     def _common(self) -> list[str]:
         return [
-            "--runtime-dir", str(self.runtime_dir),
-            "--log-verbose", str(self.s.log_verbose),
-            "--parent-pid", str(os.getpid()),
+            "--runtime-dir",
+            str(self.runtime_dir),
+            "--log-verbose",
+            str(self.s.log_verbose),
+            "--parent-pid",
+            str(os.getpid()),
         ]
 
     def _model_args(self) -> list[str]:
@@ -91,7 +94,11 @@ class Launcher:
 
     def broker_argv(self) -> list[str]:
         return [
-            sys.executable, "-m", "broker", *self._common(), *self._model_args(),
+            sys.executable,
+            "-m",
+            "broker",
+            *self._common(),
+            *self._model_args(),
             f"--exit-on-error={str(self.s.exit_on_error).lower()}",
             f"--strict-readiness={str(self.s.strict_readiness).lower()}",
         ]
@@ -99,11 +106,23 @@ class Launcher:
     def frontend_argv(self, index: int) -> list[str]:
         s = self.s
         return [
-            sys.executable, "-m", "frontend", *self._common(), "--index", str(index),
-            "--http-address", s.http_address, "--http-port", str(s.http_port),
-            f"--allow-http={str(s.allow_http).lower()}", "--id", s.server_id,
-            "--http-max-input-size", str(s.http_max_input_size),
-            "--exit-timeout-secs", str(s.exit_timeout_secs),
+            sys.executable,
+            "-m",
+            "frontend",
+            *self._common(),
+            "--index",
+            str(index),
+            "--http-address",
+            s.http_address,
+            "--http-port",
+            str(s.http_port),
+            f"--allow-http={str(s.allow_http).lower()}",
+            "--id",
+            s.server_id,
+            "--http-max-input-size",
+            str(s.http_max_input_size),
+            "--exit-timeout-secs",
+            str(s.exit_timeout_secs),
             f"--reuse-http-port={str(s.reuse_http_port or s.frontend_processes > 1).lower()}",
             *s.extra_frontend_args,
         ]
@@ -120,11 +139,23 @@ class Launcher:
             count = sum(max(g.count, 1) for g in entry.config.instance_group) or 1
             for version in entry.versions:
                 for i in range(count):
-                    out.append([
-                        sys.executable, "-m", "workers", *self._common(), *self._model_args(),
-                        "--model", entry.name, "--version", str(version), "--instance", str(i),
-                        "--default-max-batch-size", str(self.s.default_max_batch_size),
-                    ])
+                    out.append(
+                        [
+                            sys.executable,
+                            "-m",
+                            "workers",
+                            *self._common(),
+                            *self._model_args(),
+                            "--model",
+                            entry.name,
+                            "--version",
+                            str(version),
+                            "--instance",
+                            str(i),
+                            "--default-max-batch-size",
+                            str(self.s.default_max_batch_size),
+                        ]
+                    )
         return out
 
     # -- process management ----------------------------------------------------------

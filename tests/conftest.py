@@ -9,11 +9,23 @@ from pathlib import Path
 import pytest
 
 from shoal import modelgen
-from tests.serverctl import ShoalServer
+from tests.serverctl import SHM_DIR, ShoalServer, processes_with
 
 ALL_DATATYPES = [
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-    "FP16", "FP32", "FP64", "BF16", "BYTES",
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+    "BYTES",
 ]
 _CONFIG_TYPE = {"BYTES": "TYPE_STRING"}
 
@@ -35,12 +47,16 @@ def build_test_repository(repo: Path) -> Path:
     for dt in ALL_DATATYPES:
         name = f"identity_{dt.lower()}"
         modelgen.write_model(
-            repo, name, modelgen.identity_model(dt, [-1], batch=True),
+            repo,
+            name,
+            modelgen.identity_model(dt, [-1], batch=True),
             identity_config(name, dt, "[ -1 ]", 8),
         )
     # Not batching, one variable dim: the raw binary request's model.
     modelgen.write_model(
-        repo, "identity_nobatch", modelgen.identity_model("FP32", [-1], batch=False),
+        repo,
+        "identity_nobatch",
+        modelgen.identity_model("FP32", [-1], batch=False),
         identity_config("identity_nobatch", "FP32", "[ -1 ]", 0),
     )
     # No config.pbtxt at all: everything comes from auto-complete.
@@ -54,6 +70,17 @@ def build_test_repository(repo: Path) -> Path:
     )
     (repo / "not_a_model_dir_file.txt").write_text("ignored")
     return repo
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    """After the whole suite: no shoal process and no shoal /dev/shm segment remain."""
+    before = {p.name for p in SHM_DIR.iterdir() if p.name.startswith("shoal-")}
+    yield
+    procs = processes_with("shoal-test-run-")
+    segments = {p.name for p in SHM_DIR.iterdir() if p.name.startswith("shoal-")} - before
+    assert not procs, f"processes left behind: {procs}"
+    assert not segments, f"/dev/shm segments left behind: {segments}"
 
 
 @pytest.fixture(scope="session")

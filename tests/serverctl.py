@@ -46,7 +46,8 @@ def processes_with(marker: str) -> dict[int, str]:
 
 def shm_segments_of(pids: set[int]) -> list[str]:
     return [
-        p.name for p in SHM_DIR.iterdir()
+        p.name
+        for p in SHM_DIR.iterdir()
         if p.name.startswith("shoal-") and int(p.name.split("-")[1]) in pids
     ]
 
@@ -63,13 +64,21 @@ class ShoalServer:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "shoal", "serve",
+                sys.executable,
+                "-m",
+                "shoal",
+                "serve",
                 f"--model-repository={repo}",
-                f"--http-port={self.http_port}", "--http-address=127.0.0.1",
-                f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
-                f"--runtime-dir={self.runtime_dir}", *args,
+                f"--http-port={self.http_port}",
+                "--http-address=127.0.0.1",
+                f"--grpc-port={self.grpc_port}",
+                f"--metrics-port={self.metrics_port}",
+                f"--runtime-dir={self.runtime_dir}",
+                *args,
             ],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         self.seen_pids: set[int] = {self.proc.pid}
@@ -89,6 +98,8 @@ class ShoalServer:
                 return int(r.status)
         except urllib.error.HTTPError as e:
             return int(e.code)
+        except OSError:
+            return 0  # not listening (yet, or any more)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -106,7 +117,8 @@ class ShoalServer:
         """Children of this server, optionally of one role ("broker", "frontend", "workers")."""
         found = processes_with(self.runtime_dir)
         return sorted(
-            pid for pid, cmd in found.items()
+            pid
+            for pid, cmd in found.items()
             if pid != self.proc.pid and (not role or f"-m {role} " in cmd)
         )
 

@@ -7,6 +7,7 @@ OrtValues typed bfloat16.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -15,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from configs.schema import IOSpec
+from ipc.errors import invalid_arg
 
 _ORT_TYPES: Final[dict[str, str]] = {
     "tensor(bool)": "BOOL",
@@ -76,11 +78,7 @@ class OnnxRuntimeBackend:
             return self._execute_ort_values(inputs, outputs)
         feeds: dict[str, np.ndarray] = {}
         for name, arr in inputs.items():
-            if name in self._string_in:
-                # ONNX Runtime wants str elements; bytes that are not UTF-8 cannot pass.
-                arr = np.array([b.decode("utf-8", "surrogateescape") for b in arr.reshape(-1)],
-                               dtype=object).reshape(arr.shape)
-            feeds[name] = arr
+            feeds[name] = _as_text(name, arr) if name in self._string_in else arr
         return list(self._sess.run(outputs, feeds))
 
     def _execute_ort_values(
@@ -108,11 +106,24 @@ class OnnxRuntimeBackend:
         self._sess = None
 
 
+def _as_text(name: str, arr: np.ndarray) -> np.ndarray:
+    """ONNX Runtime's Python API holds string tensors as UTF-8 text (NUL bytes pass)."""
+    out = np.empty(arr.shape, dtype=object)
+    flat = out.reshape(-1)
+    try:
+        for i, b in enumerate(arr.reshape(-1)):
+            flat[i] = b.decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid_arg(
+            f"BYTES input '{name}' element {i} is not valid UTF-8, which ONNX Runtime "
+            "string tensors require"
+        ) from None
+    return out
+
+
 def _bf16_bits(value: ort.OrtValue) -> np.ndarray:
     """The uint16 bit patterns of a bfloat16 OrtValue."""
     shape = value.shape()
     n = int(np.prod(shape)) if shape else 1
-    buf = (np.ctypeslib.as_array(
-        (np.ctypeslib.ctypes.c_uint16 * n).from_address(value.data_ptr())
-    ))
-    return np.array(buf, dtype=np.uint16).reshape(shape)
+    raw = (ctypes.c_uint16 * n).from_address(value.data_ptr())
+    return np.array(np.ctypeslib.as_array(raw), dtype=np.uint16).reshape(shape)

@@ -25,9 +25,9 @@ from configs import autocomplete as ac
 from configs import repository
 from configs.model_config import ConfigError, validate_io
 from ipc import messages as m
-from ipc.datatypes import from_config_name
 from ipc import sockets
-from ipc.errors import Code
+from ipc.datatypes import from_config_name
+from ipc.errors import Code, ServingError
 from ipc.shm import RegionMap
 from workers import backend as backends
 from workers.tensors import input_array, output_ref
@@ -54,7 +54,7 @@ class WorkerProc:
     def __init__(self, settings: WorkerSettings) -> None:
         self.s = settings
         self.stop = False
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         ident = f"w-{settings.model}-{settings.version}-{settings.instance}-{os.getpid()}"
         self.sock = sockets.dealer(
             self.ctx, sockets.endpoint(settings.runtime_dir, sockets.WORKER_SOCKET), ident.encode()
@@ -70,14 +70,18 @@ class WorkerProc:
 
     def _hello(self) -> None:
         s = self.s
-        self.sock.send_multipart(m.encode(m.WorkerHello(s.model, s.version, s.instance, os.getpid())))
+        self.sock.send_multipart(
+            m.encode(m.WorkerHello(s.model, s.version, s.instance, os.getpid()))
+        )
 
     def load(self) -> m.WorkerReady | m.WorkerFailed:
         s = self.s
         try:
             entry = repository.find(
-                s.model_repository, s.model,
-                model_config_name=s.model_config_name, autocomplete_enabled=s.autocomplete,
+                s.model_repository,
+                s.model,
+                model_config_name=s.model_config_name,
+                autocomplete_enabled=s.autocomplete,
             )
             if entry is None or entry.error or entry.config is None:
                 reason = entry.error if entry is not None else "no such model directory"
@@ -105,8 +109,13 @@ class WorkerProc:
             if (dt := from_config_name(model_config_pb2_name(o.data_type))) is not None
         }
         self.config_bytes = config.SerializeToString()
-        log.info("loaded '%s' version %d instance %d (%d threads)", s.model, s.version,
-                 s.instance, threads)
+        log.info(
+            "loaded '%s' version %d instance %d (%d threads)",
+            s.model,
+            s.version,
+            s.instance,
+            threads,
+        )
         return m.WorkerReady(self.config_bytes, list(s.cores))
 
     # -- loop ------------------------------------------------------------------------
@@ -180,21 +189,22 @@ class WorkerProc:
                 feeds.append({t.name: input_array(t, self.regions) for t in item.request.inputs})
             except Exception as exc:
                 feeds.append(None)
-                self._send_error(item, Code.INVALID_ARG, f"bad input reference: {exc}", last=False)
+                self._send_error(item, Code.INVALID_ARG, f"bad input reference: {exc}")
         live = [(it, f) for it, f in zip(items, feeds, strict=True) if f is not None]
         if live:
             try:
                 results = self._run(live)
+            except ServingError as exc:
+                for it, _ in live:
+                    self._send_error(it, exc.code, exc.message)
             except Exception as exc:
                 log.exception("execution failed")
                 for it, _ in live:
-                    self._send_error(it, Code.INTERNAL, f"{type(exc).__name__}: {exc}", last=False)
+                    self._send_error(it, Code.INTERNAL, f"{type(exc).__name__}: {exc}")
             else:
                 for (it, _), outs in zip(live, results, strict=True):
                     self._send_result(it, outs)
-        self.sock.send_multipart(
-            m.encode(m.BatchDone(batch.batch_id, time.perf_counter_ns() - t0))
-        )
+        self.sock.send_multipart(m.encode(m.BatchDone(batch.batch_id, time.perf_counter_ns() - t0)))
 
     def _run(
         self, live: list[tuple[m.WorkItem, dict[str, np.ndarray]]]
@@ -220,12 +230,12 @@ class WorkerProc:
                 dtype = self.output_types.get(spec.name, "")
                 refs.append(output_ref(spec.name, dtype, outs[spec.name], spec, self.regions))
         except Exception as exc:
-            self._send_error(item, Code.INTERNAL, f"failed to write output: {exc}", last=False)
+            self._send_error(item, Code.INTERNAL, f"failed to write output: {exc}")
             return
         resp = m.InferResponse(item.request.req_id, refs, None, self.s.version)
         self.sock.send_multipart([m.RESULT, item.frontend, m.encode_payload(resp)], copy=False)
 
-    def _send_error(self, item: m.WorkItem, code: Code, message: str, *, last: bool) -> None:
+    def _send_error(self, item: m.WorkItem, code: Code, message: str) -> None:
         resp = m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(code), message))
         self.sock.send_multipart([m.RESULT, item.frontend, m.encode_payload(resp)])
 

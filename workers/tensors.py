@@ -30,7 +30,9 @@ def input_array(ref: TensorRef, regions: RegionMap) -> np.ndarray:
         arr[:] = items
         return arr.reshape(ref.shape)
     if len(buf) != count * dt.itemsize:
-        raise ValueError(f"input '{ref.name}' holds {len(buf)} bytes, expected {count * dt.itemsize}")
+        raise ValueError(
+            f"input '{ref.name}' holds {len(buf)} bytes, expected {count * dt.itemsize}"
+        )
     return np.frombuffer(buf, dtype=dt.numpy, count=count).reshape(ref.shape)
 
 
@@ -43,7 +45,7 @@ def _wire_bytes(arr: np.ndarray, datatype: str) -> memoryview:
         return memoryview(datatypes.serialize_bytes(encoded))
     if arr.dtype != dt.numpy:
         arr = arr.astype(dt.numpy)
-    return memoryview(np.ascontiguousarray(arr)).cast("B")
+    return np.ascontiguousarray(arr).data.cast("B")
 
 
 def output_ref(

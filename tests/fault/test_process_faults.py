@@ -1,0 +1,220 @@
+"""Kill and break things: every request gets an answer, the rest keeps serving, and no
+process or /dev/shm segment is left behind."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from shoal import modelgen
+from tests.serverctl import SHM_DIR, ShoalServer, free_port, processes_with
+
+
+@pytest.fixture(scope="module")
+def small_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("fault-repo")
+    modelgen.write_shipped_repository(repo)
+    return repo
+
+
+@pytest.fixture
+def fresh_server(small_repo: Path) -> Iterator[ShoalServer]:
+    srv = ShoalServer(small_repo)
+    yield srv
+    if srv.proc.poll() is None:
+        srv.stop()
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def simple_inputs() -> list[httpclient.InferInput]:
+    ins = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    for i in ins:
+        i.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    return ins
+
+
+def mlp_input() -> list[httpclient.InferInput]:
+    inp = httpclient.InferInput("INPUT0", [1, 256], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 256), dtype=np.float32))
+    return [inp]
+
+
+def test_worker_killed_mid_request_fails_that_request_only(fresh_server: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(fresh_server.url, network_timeout=30)
+    pid = fresh_server.worker_pid("simple")
+    os.kill(pid, signal.SIGSTOP)  # the request will be in flight on a stuck worker
+    outcome: dict[str, object] = {}
+
+    def call() -> None:
+        t0 = time.monotonic()
+        try:
+            client.infer("simple", simple_inputs())
+            outcome["error"] = None
+        except InferenceServerException as exc:
+            outcome["error"] = exc
+        outcome["seconds"] = time.monotonic() - t0
+
+    t = threading.Thread(target=call)
+    t.start()
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    t.join(timeout=10)
+    assert not t.is_alive(), "the request hung after its worker died"
+    err = outcome["error"]
+    assert isinstance(err, InferenceServerException)
+    assert err.status() == "503"
+    assert "Failed to process the request(s) for model instance 'simple_0'" in err.message()
+    assert outcome["seconds"] < 5
+
+    other = httpclient.InferenceServerClient(fresh_server.url)
+    assert other.infer("mlp", mlp_input()).as_numpy("OUTPUT0").shape == (1, 256)
+    assert not other.is_model_ready("simple")
+    assert other.is_model_ready("mlp")
+    assert not other.is_server_ready()  # strict readiness: a model has no live instance
+    assert other.is_server_live()
+    with pytest.raises(InferenceServerException) as again:
+        other.infer("simple", simple_inputs())
+    assert again.value.status() == "503"
+
+
+def test_frontend_killed_is_restarted_and_its_slab_swept(fresh_server: ShoalServer) -> None:
+    (old,) = fresh_server.pids("frontend")
+    assert any(p.name.startswith(f"shoal-{old}-") for p in SHM_DIR.iterdir())
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = fresh_server.pids("frontend")
+        if now and now != [old] and fresh_server.http_status("/v2/health/ready") == 200:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"frontend not restarted:\n{fresh_server.log()}")
+    assert not any(p.name.startswith(f"shoal-{old}-") for p in SHM_DIR.iterdir())
+    fresh_server.seen_pids |= set(fresh_server.pids())
+    client = httpclient.InferenceServerClient(fresh_server.url)
+    np.testing.assert_array_equal(
+        client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
+    )
+
+
+def test_broker_killed_stops_the_server_cleanly(fresh_server: ShoalServer) -> None:
+    (broker,) = fresh_server.pids("broker")
+    os.kill(broker, signal.SIGKILL)
+    assert fresh_server.proc.wait(30) != 0  # the launcher stops by itself
+    fresh_server.stop()  # already stopped: this checks that nothing is left
+    assert "broker exited" in fresh_server.log()
+
+
+def test_launcher_killed_takes_every_child_with_it(small_repo: Path) -> None:
+    srv = ShoalServer(small_repo)
+    children = srv.pids()
+    assert len(children) == 4  # broker, frontend, two workers
+    os.kill(srv.proc.pid, signal.SIGKILL)
+    srv.proc.wait()
+    deadline = time.monotonic() + 15
+    while processes_with(srv.runtime_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_with(srv.runtime_dir)
+    # The frontend got SIGTERM from the kernel and unlinked its own slab.
+    assert not srv.leftovers()
+    srv._log.close()
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def test_stale_segments_of_dead_owners_are_swept_at_startup(small_repo: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = SHM_DIR / f"shoal-{dead.pid}-front-{secrets.token_hex(8)}"
+    stale.write_bytes(b"\0" * 4096)
+    srv = ShoalServer(small_repo)
+    try:
+        assert not stale.exists()
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def _write_broken(repo: Path) -> None:
+    modelgen.write_shipped_repository(repo)
+    modelgen.write_model(
+        repo,
+        "broken",
+        modelgen.simple_model(),
+        'name: "broken"\nplatform: "onnxruntime_onnx"\nmax_batch_size: -3\n',
+    )
+
+
+def test_broken_config_stops_startup_with_the_model_named(tmp_path: Path) -> None:
+    _write_broken(tmp_path)
+    srv = ShoalServer(tmp_path, wait_ready=False)
+    rc = srv.proc.wait(60)
+    srv.stop()
+    assert rc != 0
+    assert "broken" in srv.log()
+    assert "'max_batch_size' must be non-negative value" in srv.log()
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def test_broken_config_without_exit_on_error_serves_the_rest(tmp_path: Path) -> None:
+    _write_broken(tmp_path)
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "1").mkdir()
+    (tmp_path / "corrupt" / "1" / "model.onnx").write_bytes(b"this is not onnx")
+    (tmp_path / "corrupt" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')
+    srv = ShoalServer(tmp_path, "--exit-on-error=false", "--strict-readiness=false")
+    try:
+        client = httpclient.InferenceServerClient(srv.url)
+        assert client.infer("simple", simple_inputs()).as_numpy("OUTPUT0").shape == (1, 16)
+        assert not client.is_model_ready("broken")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "failed to load 'corrupt'" not in srv.log():
+            time.sleep(0.2)
+        assert not client.is_model_ready("corrupt")
+        with pytest.raises(InferenceServerException) as e:
+            client.get_model_metadata("broken")
+        assert "max_batch_size" in e.value.message()
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def test_port_in_use_fails_fast(small_repo: Path) -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        runtime = f"/tmp/shoal-test-port-{secrets.token_hex(4)}"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shoal",
+                "serve",
+                f"--model-repository={small_repo}",
+                f"--http-port={port}",
+                "--http-address=127.0.0.1",
+                f"--runtime-dir={runtime}",
+            ],
+            capture_output=True,
+            timeout=60,
+            text=True,
+        )
+    assert proc.returncode != 0
+    assert "cannot listen" in proc.stderr
+    assert not processes_with(runtime)
+    shutil.rmtree(runtime, ignore_errors=True)

@@ -1,0 +1,304 @@
+"""Malformed and invalid requests: Triton's status codes and messages, and the server
+stays up after every one of them."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.serverctl import ShoalServer
+
+
+@pytest.fixture(autouse=True)
+def server_stays_up(server: ShoalServer) -> Iterator[None]:
+    yield
+    assert server.http_status("/v2/health/live") == 200
+    assert server.http_status("/v2/health/ready") == 200
+
+
+def post(
+    server: ShoalServer, model: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str]]:
+    conn = http.client.HTTPConnection(server.url, timeout=10)
+    conn.request("POST", f"/v2/models/{model}/infer", body=body, headers=headers or {})
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    return resp.status, json.loads(raw)
+
+
+def simple_json(**override: object) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+        ]
+    }
+    doc.update(override)
+    return doc
+
+
+def test_valid_json_request_works(server: ShoalServer) -> None:
+    status, body = post(server, "simple", json.dumps(simple_json()).encode())
+    assert status == 200
+    assert body["outputs"][0]["data"] == [i + 1 for i in range(16)]
+
+
+@pytest.mark.parametrize(
+    ("doc", "status", "message"),
+    [
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "shape": [1, 16],
+                        "datatype": "INT32",
+                        "data": list(range(16)),
+                    }
+                ]
+            },
+            400,
+            "expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) ['INPUT0'], "
+            "but missing required input(s) ['INPUT1']. Please provide all required input(s).",
+        ),
+        (
+            simple_json(
+                inputs=[
+                    {
+                        "name": "INPUT0",
+                        "shape": [2, 8],
+                        "datatype": "INT32",
+                        "data": list(range(16)),
+                    },
+                    {"name": "INPUT1", "shape": [2, 8], "datatype": "INT32", "data": [1] * 16},
+                ]
+            ),
+            400,
+            "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2,8]",
+        ),
+        (
+            simple_json(
+                inputs=[
+                    {"name": "INPUT0", "shape": [9, 16], "datatype": "INT32", "data": [0] * 144},
+                    {"name": "INPUT1", "shape": [9, 16], "datatype": "INT32", "data": [1] * 144},
+                ]
+            ),
+            400,
+            "inference request batch-size must be <= 8 for 'simple'",
+        ),
+        (
+            simple_json(
+                inputs=[
+                    {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16},
+                    {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                ]
+            ),
+            400,
+            "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'",
+        ),
+        (
+            simple_json(
+                inputs=[
+                    {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [0] * 16},
+                    {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                    {"name": "INPUT9", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                ]
+            ),
+            400,
+            "unexpected inference input 'INPUT9' for model 'simple'",
+        ),
+        (
+            simple_json(outputs=[{"name": "OUTPUT7"}]),
+            400,
+            "unexpected inference output 'OUTPUT7' for model 'simple'",
+        ),
+        (
+            simple_json(outputs=[{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]),
+            400,
+            "output 'OUTPUT0' already exists in request",
+        ),
+        (
+            simple_json(
+                inputs=[
+                    {"name": "INPUT0", "shape": [1, -16], "datatype": "INT32", "data": [0] * 16},
+                    {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                ]
+            ),
+            500,
+            "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
+            "unsigned-integer",
+        ),
+        (
+            simple_json(
+                inputs=[
+                    {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [0] * 15},
+                    {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                ]
+            ),
+            400,
+            "unexpected number of elements",
+        ),
+        (
+            simple_json(
+                inputs=[
+                    {
+                        "name": "INPUT0",
+                        "shape": [1, 16],
+                        "datatype": "INT32",
+                        "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 64},
+                    },
+                    {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                ]
+            ),
+            501,
+            "Client shared memory is disabled. Start the server with '--allow-client-shm=true' "
+            "to enable.",
+        ),
+    ],
+    ids=[
+        "input-count",
+        "shape",
+        "batch-size",
+        "datatype",
+        "unknown-input",
+        "unknown-output",
+        "duplicate-output",
+        "negative-dim",
+        "element-count",
+        "client-shm-disabled",
+    ],
+)
+def test_invalid_request(
+    server: ShoalServer, doc: dict[str, object], status: int, message: str
+) -> None:
+    got_status, body = post(server, "simple", json.dumps(doc).encode())
+    assert got_status == status
+    assert message in body["error"]
+
+
+def test_unknown_model_infer(server: ShoalServer) -> None:
+    status, body = post(server, "nope", json.dumps(simple_json()).encode())
+    assert (status, body) == (400, {"error": "Request for unknown model: 'nope' is not found"})
+
+
+@pytest.mark.parametrize("body", [b"{", b"[1, 2]", b"not json", b""])
+def test_bad_json(server: ShoalServer, body: bytes) -> None:
+    status, doc = post(server, "simple", body)
+    assert status == 400
+    assert doc["error"]
+
+
+@pytest.mark.parametrize("length", ["99999999999", "-1"])
+def test_header_length_out_of_range(server: ShoalServer, length: str) -> None:
+    body = json.dumps(simple_json()).encode()
+    status, doc = post(server, "simple", body, {"Inference-Header-Content-Length": length})
+    assert status == 400
+    assert doc["error"].startswith("inference header size should be in range (0, ")
+
+
+def test_binary_byte_size_mismatch(server: ShoalServer) -> None:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": [1, 16],
+                    "datatype": "INT32",
+                    "parameters": {"binary_data_size": 32},
+                },
+                {
+                    "name": "INPUT1",
+                    "shape": [1, 16],
+                    "datatype": "INT32",
+                    "parameters": {"binary_data_size": 64},
+                },
+            ]
+        }
+    ).encode()
+    body = header + b"\0" * 96
+    status, doc = post(
+        server, "simple", body, {"Inference-Header-Content-Length": str(len(header))}
+    )
+    assert status == 400
+    assert doc["error"] == (
+        "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 32"
+    )
+
+
+def test_binary_sizes_beyond_body(server: ShoalServer) -> None:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": [1, 16],
+                    "datatype": "INT32",
+                    "parameters": {"binary_data_size": 64},
+                },
+                {
+                    "name": "INPUT1",
+                    "shape": [1, 16],
+                    "datatype": "INT32",
+                    "parameters": {"binary_data_size": 64},
+                },
+            ]
+        }
+    ).encode()
+    status, doc = post(
+        server, "simple", header + b"\0" * 70, {"Inference-Header-Content-Length": str(len(header))}
+    )
+    assert status == 400
+    assert doc["error"]
+
+
+def test_json_nesting_depth_limit(server: ShoalServer) -> None:
+    def nested(depth: int) -> object:
+        value: object = [1]
+        for _ in range(depth - 1):
+            value = [value]
+        return value
+
+    deep = {
+        "inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": nested(120)}]
+    }
+    status, doc = post(server, "identity_fp32", json.dumps(deep).encode())
+    assert status == 400
+    assert doc["error"] == "JSON nesting depth exceeds maximum allowed limit (100)"
+    fine = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": nested(40)}]}
+    status, doc = post(server, "identity_fp32", json.dumps(fine).encode())
+    assert status == 200, doc
+
+
+def test_raw_request_needs_a_single_input_model(server: ShoalServer) -> None:
+    status, doc = post(server, "simple", b"\0" * 64, {"Inference-Header-Content-Length": "0"})
+    assert status == 400
+    assert doc["error"].startswith(
+        "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in"
+    )
+
+
+def test_bytes_element_count_mismatch(server: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    data = np.array([[b"a", b"b", b"c"]], dtype=np.object_)
+    inp = httpclient.InferInput("INPUT0", [1, 3], "BYTES")
+    inp.set_data_from_numpy(data)
+    inp.set_shape([1, 4])
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("identity_bytes", [inp])
+    assert e.value.status() == "400"
+    assert "expected 4 string elements for inference input 'INPUT0'" in e.value.message()
+
+
+def test_reserved_parameter_prefix(server: ShoalServer) -> None:
+    status, doc = post(
+        server, "simple", json.dumps(simple_json(parameters={"triton_x": 1})).encode()
+    )
+    assert status == 400
+    assert "reserved for Triton usage" in doc["error"]

@@ -1,0 +1,37 @@
+"""Message framing: typed round trips, and malformed input refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipc import messages as m
+
+
+def test_round_trip_of_every_kind() -> None:
+    samples = [
+        m.InferRequest(
+            1,
+            "simple",
+            -1,
+            [m.TensorRef("INPUT0", "INT32", [1, 16], 64, "r", 128)],
+            [m.OutputSpec("OUTPUT0", "r", 256, 64)],
+        ),
+        m.InferResponse(1, [m.TensorRef("OUTPUT0", "INT32", [1, 16], 64, data=b"\0" * 64)]),
+        m.ExecuteBatch(3, [m.WorkItem(b"f-0", m.InferRequest(2, "x", 1, [], []))]),
+        m.WorkerHello("simple", 1, 0, 123),
+        m.ModelInfo(9, m.ErrorInfo(4, "bad"), "x"),
+        m.ServerState(5, True, False, [m.ModelState("x", 1, "READY")]),
+    ]
+    for msg in samples:
+        kind, payload = m.encode(msg)
+        assert m.decode(kind, payload) == msg
+
+
+def test_unknown_kind_and_malformed_payload_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown message kind"):
+        m.decode(b"?", b"")
+    kind, payload = m.encode(m.WorkerHello("simple", 1, 0, 123))
+    with pytest.raises(ValueError, match="malformed"):
+        m.decode(kind, payload[:-2])
+    with pytest.raises(ValueError, match="malformed"):
+        m.decode(m.KINDS[m.Heartbeat], m.encode_payload(m.WorkerFailed("not a heartbeat")))

@@ -1,0 +1,81 @@
+"""Slab allocation, mapping by name, and the stale-segment sweep."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ipc import shm
+
+
+@pytest.fixture
+def pool():
+    p = shm.SlabPool("test", 4 << 20)
+    yield p
+    p.close()
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shoal-{os.getpid()}-test-")]
+
+
+def test_slots_do_not_overlap_and_are_reused(pool: shm.SlabPool) -> None:
+    a = pool.alloc(1000)
+    b = pool.alloc(5000)
+    assert a.region == b.region
+    assert a.offset + a.capacity <= b.offset
+    assert a.offset % shm.ALIGN == 0 and b.offset % shm.ALIGN == 0
+    pool.free(a)
+    c = pool.alloc(900)
+    assert c.offset == a.offset  # first fit takes the freed span again
+    pool.free(b)
+    pool.free(c)
+    big = pool.alloc(4 << 20)  # the whole slab again: spans coalesced
+    assert big.offset == 0
+    pool.free(big)
+
+
+def test_pool_grows_for_large_requests_and_shrinks_back(pool: shm.SlabPool) -> None:
+    base = pool.total_bytes
+    slots = [pool.alloc(3 << 20) for _ in range(3)]
+    assert pool.total_bytes > base
+    for s in slots:
+        pool.free(s)
+    pool.free(pool.alloc(1))
+    assert len(pool.names()) <= 1 + 4  # growth slabs beyond the keep limit are unlinked
+
+
+def test_region_map_reads_what_the_owner_wrote(pool: shm.SlabPool) -> None:
+    slot = pool.alloc(16)
+    slot.view[:] = b"0123456789abcdef"
+    regions = shm.RegionMap()
+    try:
+        assert bytes(regions.view(slot.region, slot.offset + 4, 4)) == b"4567"
+        regions.view(slot.region, slot.offset, 4)[:] = b"WXYZ"
+        assert bytes(slot.view[:4]) == b"WXYZ"
+        with pytest.raises(ValueError):
+            regions.view(slot.region, 4 << 20, 1)
+        with pytest.raises(ValueError):
+            regions.view("not-ours", 0, 1)
+        with pytest.raises(ValueError):
+            regions.view("../etc/passwd", 0, 1)
+    finally:
+        regions.close()
+        pool.free(slot)
+
+
+def test_internal_key_namespace() -> None:
+    assert shm.is_internal_key("/shoal-1-front-0123456789abcdef")
+    assert shm.is_internal_key("///shoal-x")
+    assert not shm.is_internal_key("/input_simple")
+
+
+def test_sweep_removes_only_dead_owners(pool: shm.SlabPool) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = f"shoal-{dead.pid}-front-0123456789abcdef"
+    with open(f"/dev/shm/{stale}", "wb") as f:
+        f.write(b"x")
+    removed = shm.sweep_stale()
+    assert stale in removed
+    assert all(os.path.exists(f"/dev/shm/{n}") for n in pool.names())
