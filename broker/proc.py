@@ -2,8 +2,8 @@
 
 It binds two ROUTER sockets in the runtime directory (frontends, workers), reads the
 model repository to know which model versions and how many instances to expect, and
-then only moves messages: requests in, batches out to idle workers, results back to
-the frontend that asked. Results are forwarded without being decoded.
+then only moves messages: requests in, batches out to idle workers. Workers answer
+the frontends directly; the broker hears only that a batch is done.
 
 Peers are siblings (under supervisord) so liveness comes from the peers' pids, which
 each hello carries: a pidfd per peer sits in the poll set and turns a death into an
@@ -206,10 +206,6 @@ class BrokerProc:
 
     def _on_worker(self, frames: list[bytes]) -> None:
         ident, kind = frames[0], frames[1]
-        if kind == m.RESULT:
-            # [ident, RESULT, frontend, payload]: forwarded as is.
-            self._send(self.fsock, [frames[2], m.RESULT, frames[3]])
-            return
         msg = m.decode(kind, frames[2])
         inst = self.table.by_ident.get(ident)
         if isinstance(msg, m.BatchDone):
@@ -289,6 +285,9 @@ class BrokerProc:
                     mv.queue.clear()
                     mv.queue.extend(kept)
             log.warning("frontend %r exited", ident)
+            gone = m.encode(m.FrontendGone(ident))
+            for worker in list(self.table.by_ident):
+                self._send(self.wsock, [worker, *gone])
             return
         inst = self.table.by_ident.pop(ident, None)
         if inst is None:

@@ -33,8 +33,10 @@ T = TypeVar("T", bound=msgspec.Struct)
 class BrokerClient:
     def __init__(self, runtime_dir: Path, index: int) -> None:
         self.ctx = zmq.asyncio.Context()
-        self.identity = f"f-{index}-{os.getpid()}".encode()
+        self.identity = sockets.frontend_identity(index)
         self.index = index
+        # Bound before the first hello, so a worker's first result always finds it.
+        self.results = sockets.pull(self.ctx, sockets.result_endpoint(runtime_dir, self.identity))
         self.sock = sockets.dealer(
             self.ctx, sockets.endpoint(runtime_dir, sockets.FRONTEND_SOCKET), self.identity
         )
@@ -51,6 +53,7 @@ class BrokerClient:
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._receive(), name="broker-recv"),
+            asyncio.create_task(self._receive_results(), name="worker-results"),
             asyncio.create_task(self._greet(), name="broker-hello"),
         ]
 
@@ -69,7 +72,7 @@ class BrokerClient:
         fut: asyncio.Future[msgspec.Struct] = asyncio.get_running_loop().create_future()
         self._pending[req.req_id] = fut
         try:
-            await self._send(m.encode(req), copy=False)
+            await self._send(m.encode(req))
             resp = await fut
         finally:
             self._pending.pop(req.req_id, None)
@@ -114,13 +117,23 @@ class BrokerClient:
             except ValueError as exc:
                 log.warning("dropped a malformed message from the broker: %s", exc)
 
+    async def _receive_results(self) -> None:
+        while True:
+            payload: bytes = await self.results.recv()  # type: ignore[misc]
+            try:
+                self._resolve(m.decode_response(payload))
+            except ValueError as exc:
+                log.warning("dropped a malformed result: %s", exc)
+
+    def _resolve(self, resp: m.InferResponse) -> None:
+        fut = self._pending.get(resp.req_id)
+        if fut is not None and not fut.done():
+            fut.set_result(resp)
+
     def _dispatch(self, frames: list[bytes]) -> None:
         kind = frames[0]
         if kind == m.RESULT:
-            resp = m.decode_response(frames[1])
-            fut = self._pending.get(resp.req_id)
-            if fut is not None and not fut.done():
-                fut.set_result(resp)
+            self._resolve(m.decode_response(frames[1]))
             return
         msg = m.decode(kind, frames[1])
         if isinstance(msg, m.Welcome):
@@ -164,4 +177,5 @@ class BrokerClient:
                 await t
         self._unwatch()
         self.sock.close(0)
+        self.results.close(0)
         self.ctx.term()

@@ -8,9 +8,11 @@ Tensor bytes stay out of messages: a ``TensorRef`` points into a POSIX shared-me
 region. Only tensors of at most ``INLINE_MAX_BYTES`` ride inside the message (``data``).
 
 Topology (see ``ipc.sockets``): frontends and workers connect DEALER sockets to two
-ROUTER sockets of the broker. A worker answers each request of a batch with a
-``RESULT`` whose payload is an ``InferResponse`` already encoded for the frontend; the
-broker forwards it without decoding.
+ROUTER sockets of the broker. A worker answers each request of a batch straight to the
+frontend that sent it (a PUSH to that frontend's bound PULL socket: three hops per
+request, not four), then tells the broker the batch is done. The broker itself answers
+only the requests it refuses or that a dead worker held, with ``RESULT`` frames on the
+frontend's DEALER.
 """
 
 from __future__ import annotations
@@ -149,12 +151,17 @@ class ServerState(msgspec.Struct, array_like=True):
     models: list[ModelState] = []
 
 
+class FrontendGone(msgspec.Struct, array_like=True):
+    """Broker -> workers: stop sending results to this frontend (it exited)."""
+
+    frontend: bytes
+
+
 class Shutdown(msgspec.Struct, array_like=True):
     reason: str = ""
 
 
-# One-byte kinds. RESULT is special: its payload is an already-encoded InferResponse
-# (see module docstring), so it is framed by the sender, not by `encode`.
+# One-byte kinds. RESULT frames an InferResponse on the broker -> frontend path.
 KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     InferRequest: b"I",
     InferResponse: b"R",
@@ -171,6 +178,7 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     ServerQuery: b"s",
     ServerState: b"S",
     Shutdown: b"Z",
+    FrontendGone: b"G",
 }
 RESULT: Final[bytes] = b"r"
 
@@ -201,4 +209,4 @@ def decode(kind: bytes, payload: bytes | memoryview) -> msgspec.Struct:
 
 
 def decode_response(payload: bytes | memoryview) -> InferResponse:
-    return _DECODERS[b"R"].decode(payload)  # type: ignore[no-any-return]
+    return decode(b"R", payload)  # type: ignore[return-value]

@@ -9,6 +9,7 @@ peer that went away, and every socket closes without lingering.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -18,6 +19,7 @@ import zmq
 
 FRONTEND_SOCKET: Final[str] = "frontends.sock"
 WORKER_SOCKET: Final[str] = "workers.sock"
+_FRONTEND_IDENT = re.compile(rb"^f-\d+-\d+$")
 
 
 def ensure_runtime_dir(path: str | None) -> Path:
@@ -36,6 +38,34 @@ def ensure_runtime_dir(path: str | None) -> Path:
 
 def endpoint(runtime_dir: Path | str, name: str) -> str:
     return f"ipc://{Path(runtime_dir) / name}"
+
+
+def frontend_identity(index: int) -> bytes:
+    return f"f-{index}-{os.getpid()}".encode()
+
+
+def result_endpoint(runtime_dir: Path | str, frontend: bytes) -> str:
+    """Where a frontend receives results straight from the workers (PULL, bound by it)."""
+    if not _FRONTEND_IDENT.match(frontend):
+        raise ValueError(f"not a frontend identity: {frontend!r}")
+    return endpoint(runtime_dir, f"results-{frontend.decode()}.sock")
+
+
+def pull(ctx: zmq.Context, addr: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.bind(addr)
+    return sock
+
+
+def push(ctx: zmq.Context, addr: str) -> zmq.Socket:
+    """A bounded sender: a frontend that stopped reading cannot make a worker hoard memory."""
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 10000)
+    sock.connect(addr)
+    return sock
 
 
 def router(ctx: zmq.Context, addr: str) -> zmq.Socket:

@@ -65,6 +65,7 @@ class WorkerProc:
         self.max_batch_size = 0
         self.output_types: dict[str, str] = {}
         self.broker_pidfd: int | None = None
+        self.result_socks: dict[bytes, zmq.Socket[bytes]] = {}
 
     # -- startup ---------------------------------------------------------------------
 
@@ -157,6 +158,10 @@ class WorkerProc:
                 self.execute(msg)
             elif isinstance(msg, m.Welcome):
                 self._watch_broker(msg.broker_pid, poller)
+            elif isinstance(msg, m.FrontendGone):
+                dead = self.result_socks.pop(msg.frontend, None)
+                if dead is not None:
+                    dead.close(0)
             elif isinstance(msg, m.Shutdown):
                 return "shutdown"
 
@@ -233,13 +238,30 @@ class WorkerProc:
             self._send_error(item, Code.INTERNAL, f"failed to write output: {exc}")
             return
         resp = m.InferResponse(item.request.req_id, refs, None, self.s.version)
-        self.sock.send_multipart([m.RESULT, item.frontend, m.encode_payload(resp)], copy=False)
+        self._answer(item.frontend, resp)
 
     def _send_error(self, item: m.WorkItem, code: Code, message: str) -> None:
         resp = m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(code), message))
-        self.sock.send_multipart([m.RESULT, item.frontend, m.encode_payload(resp)])
+        self._answer(item.frontend, resp)
+
+    def _answer(self, frontend: bytes, resp: m.InferResponse) -> None:
+        """Straight to the frontend that asked; dropped if it stopped reading."""
+        sock = self.result_socks.get(frontend)
+        if sock is None:
+            try:
+                addr = sockets.result_endpoint(self.s.runtime_dir, frontend)
+            except ValueError:
+                log.warning("result for an invalid frontend identity dropped")
+                return
+            sock = self.result_socks[frontend] = sockets.push(self.ctx, addr)
+        try:
+            sock.send(m.encode_payload(resp), zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("frontend %r is not reading; result dropped", frontend)
 
     def close(self) -> None:
+        for sock in self.result_socks.values():
+            sock.close(0)
         if self.backend is not None:
             self.backend.unload()
         self.regions.close()
