@@ -21,6 +21,7 @@ from ipc.errors import Code, ServingError
 log = logging.getLogger("shoal.frontend.http")
 
 DATAPLANE: web.AppKey[DataPlane] = web.AppKey("dataplane", DataPlane)
+MAX_INPUT: web.AppKey[int] = web.AppKey("max_input_size", int)
 IHCL = "Inference-Header-Content-Length"
 _JSON = "application/json"
 
@@ -45,8 +46,14 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except ServingError as exc:
         return _error(exc.message, exc.http_status)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _error(f"request body too large: {exc.text}", 400)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[MAX_INPUT]
+        return _error(
+            f"Request JSON size of {request.content_length or 'more than ' + str(limit)} bytes "
+            f"exceeds the maximum allowed value of {limit} bytes. Use --http-max-input-size to "
+            "increase the limit.",
+            400,
+        )
     except web.HTTPNotFound:
         return _error("Not Found", 404)
     except web.HTTPMethodNotAllowed:
@@ -150,6 +157,7 @@ async def not_found(request: web.Request) -> web.Response:
 def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
     app = web.Application(client_max_size=max_input_size, middlewares=[errors_middleware])
     app[DATAPLANE] = dataplane
+    app[MAX_INPUT] = max_input_size
     model = r"/v2/models/{model:[^/]+}"
     versioned = model + r"/versions/{version:[0-9]+}"
     r = app.router

@@ -218,3 +218,29 @@ def test_port_in_use_fails_fast(small_repo: Path) -> None:
     assert "cannot listen" in proc.stderr
     assert not processes_with(runtime)
     shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_stop_drains_in_flight_requests_then_refuses_new_ones(small_repo: Path) -> None:
+    srv = ShoalServer(small_repo)
+    worker = srv.worker_pid("simple")
+    os.kill(worker, signal.SIGSTOP)  # hold the request in flight across the stop
+    outcome: dict[str, object] = {}
+
+    def call() -> None:
+        client = httpclient.InferenceServerClient(srv.url, network_timeout=30)
+        try:
+            outcome["result"] = client.infer("simple", simple_inputs()).as_numpy("OUTPUT0")
+        except Exception as exc:  # recorded and asserted below
+            outcome["result"] = exc
+
+    t = threading.Thread(target=call)
+    t.start()
+    time.sleep(0.5)
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    assert srv.http_status("/v2/health/live") == 0  # no longer accepting connections
+    os.kill(worker, signal.SIGCONT)
+    t.join(timeout=20)
+    np.testing.assert_array_equal(outcome["result"], np.full((1, 16), 2))
+    assert srv.stop() == 0
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)

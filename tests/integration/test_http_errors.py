@@ -302,3 +302,28 @@ def test_reserved_parameter_prefix(server: ShoalServer) -> None:
     )
     assert status == 400
     assert "reserved for Triton usage" in doc["error"]
+
+
+def test_body_above_max_input_size(server: ShoalServer) -> None:
+    limit = 64 * 1024 * 1024
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": [1, limit // 4 + 1],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": limit + 4},
+                }
+            ]
+        }
+    ).encode()
+    body = header + bytes(limit + 4)
+    status, doc = post(
+        server, "identity_fp32", body, {"Inference-Header-Content-Length": str(len(header))}
+    )
+    assert status == 400
+    assert doc["error"] == (
+        f"Request JSON size of {len(body)} bytes exceeds the maximum allowed value of {limit} "
+        "bytes. Use --http-max-input-size to increase the limit."
+    )
