@@ -6,20 +6,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from ipc.lifecycle import die_with_parent, setup_logging
+from ipc.lifecycle import add_process_flags, die_with_parent, run_until_stopped, setup_logging
 from shoal.flags import bool_flag
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m broker")
     p.add_argument("--model-repository", "--model-store", required=True, type=Path)
-    p.add_argument("--runtime-dir", required=True, type=Path)
     p.add_argument("--exit-on-error", type=bool_flag, default=True)
     p.add_argument("--strict-readiness", type=bool_flag, default=True)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--model-config-name", default="")
-    p.add_argument("--log-verbose", default=0, type=int)
-    p.add_argument("--parent-pid", default=None, type=int, help=argparse.SUPPRESS)
+    add_process_flags(p)
     return p.parse_args(argv)
 
 
@@ -27,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     die_with_parent(args.parent_pid)
     setup_logging("broker", args.log_verbose)
-    from broker.proc import BrokerProc, BrokerSettings, install_signal_flag
+    from broker.proc import BrokerProc, BrokerSettings
     from ipc.sockets import ensure_runtime_dir
 
     proc = BrokerProc(
@@ -40,11 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             strict_readiness=args.strict_readiness,
         )
     )
-    install_signal_flag(proc)
-    try:
-        return proc.run()
-    finally:
-        proc.close()
+    return run_until_stopped(proc)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -322,11 +321,3 @@ class BrokerProc:
             self._unwatch(fd)
         self.fsock.close(0)
         self.wsock.close(0)
-
-
-def install_signal_flag(proc: BrokerProc) -> None:
-    def _stop(signum: int, frame: object) -> None:
-        proc.stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from ipc.lifecycle import die_with_parent, setup_logging
+from ipc.lifecycle import add_process_flags, die_with_parent, setup_logging
 from shoal.flags import bool_flag
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m frontend")
-    p.add_argument("--runtime-dir", required=True, type=Path)
     p.add_argument("--index", default=0, type=int)
     p.add_argument("--allow-http", type=bool_flag, default=True)
     p.add_argument("--http-address", default="0.0.0.0")
@@ -22,8 +20,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--id", default="triton")
     p.add_argument("--shm-pool-byte-size", default=64 * 1024 * 1024, type=int)
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
-    p.add_argument("--log-verbose", default=0, type=int)
-    p.add_argument("--parent-pid", default=None, type=int, help=argparse.SUPPRESS)
+    add_process_flags(p)
     return p.parse_args(argv)
 
 

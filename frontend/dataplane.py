@@ -54,23 +54,21 @@ class DataPlane:
     def server_metadata(self) -> dict[str, Any]:
         return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
 
-    async def server_live(self) -> bool:
+    async def _server_state(self) -> m.ServerState | None:
         try:
-            state = await self.broker.query(
+            return await self.broker.query(
                 m.ServerQuery(self.broker.next_id()), m.ServerState, timeout=2.0
             )
         except ServingError:
-            return False
-        return state.live
+            return None
+
+    async def server_live(self) -> bool:
+        state = await self._server_state()
+        return state is not None and state.live
 
     async def server_ready(self) -> bool:
-        try:
-            state = await self.broker.query(
-                m.ServerQuery(self.broker.next_id()), m.ServerState, timeout=2.0
-            )
-        except ServingError:
-            return False
-        return state.ready
+        state = await self._server_state()
+        return state is not None and state.ready
 
     async def _info(self, name: str, version: int) -> m.ModelInfo:
         info = await self.broker.query(

@@ -7,11 +7,14 @@ it was not already reparented before the flag took effect.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import logging
 import os
 import signal
 import sys
+from pathlib import Path
+from typing import Protocol
 
 _PR_SET_PDEATHSIG = 1
 EXIT_FATAL = 3  # a role cannot run with its settings: restarting it cannot help
@@ -38,3 +41,32 @@ def setup_logging(role: str, verbose: int) -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
+
+
+class Stoppable(Protocol):
+    stop: bool
+
+    def run(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def run_until_stopped(proc: Stoppable) -> int:
+    """SIGTERM/SIGINT only set ``proc.stop``; the loop notices, then ``close`` releases."""
+
+    def _stop(signum: int, frame: object) -> None:
+        proc.stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        return proc.run()
+    finally:
+        proc.close()
+
+
+def add_process_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags every role process takes."""
+    parser.add_argument("--runtime-dir", required=True, type=Path)
+    parser.add_argument("--log-verbose", default=0, type=int)
+    parser.add_argument("--parent-pid", default=None, type=int, help=argparse.SUPPRESS)

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ipc.lifecycle import setup_logging
+from ipc.lifecycle import run_until_stopped, setup_logging
 from shoal.flags import bool_flag
 
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     serve_parser(sub)
     args = parser.parse_args(argv)
     setup_logging("shoal", args.log_verbose)
-    from shoal.launcher import Launcher, ServeSettings, install_signal_flag
+    from shoal.launcher import Launcher, ServeSettings
 
     repo = args.model_repository
     if not repo.is_dir():
@@ -88,9 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         reuse_http_port=args.reuse_http_port,
         runtime_dir=args.runtime_dir,
     )
-    launcher = Launcher(settings)
-    install_signal_flag(launcher)
-    return launcher.run()
+    return run_until_stopped(Launcher(settings))
 
 
 if __name__ == "__main__":

@@ -178,12 +178,7 @@ class Launcher:
             self._spawn("worker", argv)
         for i in range(self.s.frontend_processes):
             self._spawn(f"frontend#{i}", self.frontend_argv(i))
-        code = 0
-        try:
-            code = self._watch()
-        finally:
-            self._shutdown()
-        return code
+        return self._watch()
 
     def _watch(self) -> int:
         while not self.stop:
@@ -241,7 +236,8 @@ class Launcher:
                 c.proc.kill()
                 c.proc.wait()
 
-    def _shutdown(self) -> None:
+    def close(self) -> None:
+        """Stop every child in order and sweep what they left (always runs after run)."""
         self.stop = True
         self._wait(self._signal(("frontend",), signal.SIGTERM), self.s.exit_timeout_secs + 5)
         self._wait(self._signal(("broker", "worker"), signal.SIGTERM), 10)
@@ -254,11 +250,3 @@ class Launcher:
         if self.own_runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
         log.info("stopped")
-
-
-def install_signal_flag(launcher: Launcher) -> None:
-    def _stop(signum: int, frame: object) -> None:
-        launcher.stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)

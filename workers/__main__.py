@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ipc.lifecycle import die_with_parent, setup_logging
+from ipc.lifecycle import add_process_flags, die_with_parent, run_until_stopped, setup_logging
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -20,13 +20,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", required=True)
     p.add_argument("--version", required=True, type=int)
     p.add_argument("--instance", default=0, type=int)
-    p.add_argument("--runtime-dir", required=True, type=Path)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--model-config-name", default="")
     p.add_argument("--default-max-batch-size", default=4, type=int)
     p.add_argument("--cores", default="", help="comma-separated CPU cores to pin to")
-    p.add_argument("--log-verbose", default=0, type=int)
-    p.add_argument("--parent-pid", default=None, type=int, help=argparse.SUPPRESS)
+    add_process_flags(p)
     return p.parse_args(argv)
 
 
@@ -37,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = [int(c) for c in args.cores.split(",") if c.strip()]
     if cores:
         os.sched_setaffinity(0, cores)
-    from workers.proc import WorkerProc, WorkerSettings, install_signal_flag
+    from workers.proc import WorkerProc, WorkerSettings
 
     proc = WorkerProc(
         WorkerSettings(
@@ -52,11 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             cores=cores,
         )
     )
-    install_signal_flag(proc)
-    try:
-        return proc.run()
-    finally:
-        proc.close()
+    return run_until_stopped(proc)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,11 +282,3 @@ def _thread_count(config: object, cores: list[int]) -> int:
             except ValueError:
                 pass
     return max(len(cores), 1) if cores else 1
-
-
-def install_signal_flag(proc: WorkerProc) -> None:
-    def _stop(signum: int, frame: object) -> None:
-        proc.stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
