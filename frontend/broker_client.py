@@ -1,9 +1,18 @@
-"""The frontend's asyncio connection to the broker.
+"""The frontend's asyncio connection to the broker and the workers.
 
-One DEALER socket carries every request of this frontend process; answers are matched
-to waiting futures by id. The broker's pid (from its Welcome) is watched through a
-pidfd on the event loop: when the broker dies, every waiting request fails at once with
-UNAVAILABLE, and the client greets whichever broker binds the endpoint next.
+One DEALER socket carries every request of this frontend process to the broker (and
+brings back control-plane answers and the errors the broker itself produces); one
+PULL socket, bound in the runtime directory under this frontend's identity, receives
+results straight from the workers. Answers are matched to waiting futures by id.
+
+The sockets are plain (not zmq.asyncio): the event loop watches their ZMQ_FD and a
+callback drains them, which costs one callback per wake-up instead of a future per
+message. ZMQ_FD is edge-triggered, so every drain reads until nothing is left, and a
+send on the DEALER re-checks for input it may have absorbed.
+
+The broker's pid (from its Welcome) is watched through a pidfd: when the broker dies,
+every waiting request fails at once with UNAVAILABLE, and the client greets whichever
+broker binds the endpoint next.
 """
 
 from __future__ import annotations
@@ -18,7 +27,6 @@ from typing import TypeVar
 
 import msgspec
 import zmq
-import zmq.asyncio
 
 from ipc import messages as m
 from ipc import sockets
@@ -32,7 +40,7 @@ T = TypeVar("T", bound=msgspec.Struct)
 
 class BrokerClient:
     def __init__(self, runtime_dir: Path, index: int) -> None:
-        self.ctx = zmq.asyncio.Context()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.identity = sockets.frontend_identity(index)
         self.index = index
         # Bound before the first hello, so a worker's first result always finds it.
@@ -44,18 +52,21 @@ class BrokerClient:
         self._pending: dict[int, asyncio.Future[msgspec.Struct]] = {}
         self._welcomed = asyncio.Event()
         self._broker_pidfd: int | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._greeter: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def connected(self) -> bool:
         return self._welcomed.is_set()
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._receive(), name="broker-recv"),
-            asyncio.create_task(self._receive_results(), name="worker-results"),
-            asyncio.create_task(self._greet(), name="broker-hello"),
-        ]
+        self._loop = loop = asyncio.get_running_loop()
+        loop.add_reader(self.sock.FD, self._drain_broker)
+        loop.add_reader(self.results.FD, self._drain_results)
+        self._greeter = asyncio.create_task(self._greet(), name="broker-hello")
+        # Anything that arrived before the readers were installed.
+        loop.call_soon(self._drain_broker)
+        loop.call_soon(self._drain_results)
 
     async def wait_connected(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):
@@ -69,10 +80,9 @@ class BrokerClient:
         """Send one request; the answer may carry an error (never raises for it)."""
         if not self.connected:
             raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
-        fut: asyncio.Future[msgspec.Struct] = asyncio.get_running_loop().create_future()
-        self._pending[req.req_id] = fut
+        fut = self._expect(req.req_id)
         try:
-            await self._send(m.encode(req))
+            self._send(m.encode(req))
             resp = await fut
         finally:
             self._pending.pop(req.req_id, None)
@@ -84,10 +94,9 @@ class BrokerClient:
         if not self.connected and not await self.wait_connected(min(timeout, 1.0)):
             raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
         qid: int = msg.query_id  # type: ignore[attr-defined]
-        fut: asyncio.Future[msgspec.Struct] = asyncio.get_running_loop().create_future()
-        self._pending[qid] = fut
+        fut = self._expect(qid)
         try:
-            await self._send(m.encode(msg))
+            self._send(m.encode(msg))
             reply = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             raise ServingError(Code.UNAVAILABLE, "broker did not answer in time") from None
@@ -96,34 +105,46 @@ class BrokerClient:
         assert isinstance(reply, reply_type)
         return reply
 
-    async def _send(self, frames: list[bytes], copy: bool = True) -> None:
-        await self.sock.send_multipart(frames, copy=copy)  # type: ignore[misc]
+    def _expect(self, key: int) -> asyncio.Future[msgspec.Struct]:
+        assert self._loop is not None
+        fut: asyncio.Future[msgspec.Struct] = self._loop.create_future()
+        self._pending[key] = fut
+        return fut
 
-    async def _recv(self) -> list[bytes]:
-        return await self.sock.recv_multipart()  # type: ignore[no-any-return, misc]
+    def _send(self, frames: list[bytes]) -> None:
+        # The DEALER has no high-water mark, so a non-blocking send never fails with EAGAIN.
+        self.sock.send_multipart(frames, zmq.NOBLOCK)
+        if int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN and self._loop is not None:
+            self._loop.call_soon(self._drain_broker)
 
     async def _greet(self) -> None:
         hello = m.encode(m.FrontendHello(os.getpid(), self.index))
         while True:
             if not self._welcomed.is_set():
-                await self._send(hello)
+                self._send(hello)
             await asyncio.sleep(_HELLO_RETRY_S)
 
-    async def _receive(self) -> None:
+    def _drain_results(self) -> None:
         while True:
-            frames = await self._recv()
             try:
-                self._dispatch(frames)
-            except ValueError as exc:
-                log.warning("dropped a malformed message from the broker: %s", exc)
-
-    async def _receive_results(self) -> None:
-        while True:
-            payload: bytes = await self.results.recv()  # type: ignore[misc]
+                payload = self.results.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
             try:
                 self._resolve(m.decode_response(payload))
             except ValueError as exc:
                 log.warning("dropped a malformed result: %s", exc)
+
+    def _drain_broker(self) -> None:
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._dispatch(frames)
+            except ValueError as exc:
+                log.warning("dropped a malformed message from the broker: %s", exc)
 
     def _resolve(self, resp: m.InferResponse) -> None:
         fut = self._pending.get(resp.req_id)
@@ -170,12 +191,14 @@ class BrokerClient:
                 fut.set_exception(err)
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
+        if self._greeter is not None:
+            self._greeter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await t
+                await self._greeter
         self._unwatch()
+        if self._loop is not None:
+            self._loop.remove_reader(self.sock.FD)
+            self._loop.remove_reader(self.results.FD)
         self.sock.close(0)
         self.results.close(0)
         self.ctx.term()
