@@ -43,28 +43,29 @@ class ModelVersion:
     idle: deque[bytes] = field(default_factory=deque)
     queue: deque[m.WorkItem] = field(default_factory=deque)
     failed_loads: int = 0
+    ever_ready: bool = False
 
     def live(self) -> list[Instance]:
         return [i for i in self.instances.values() if i.state == "READY"]
 
+    def load_failed(self, inst: Instance, reason: str) -> None:
+        inst.state = "DEAD"
+        self.failed_loads += 1
+        self.reason = reason
+        self.refresh_state()
+
     def refresh_state(self) -> None:
-        if self.failed_loads:
-            self.state = "UNAVAILABLE"
-            return
+        """READY once every expected instance loaded (later: while one is alive);
+        LOADING while an instance is still (re)loading; otherwise UNAVAILABLE."""
         ready = len(self.live())
-        reported = ready + sum(1 for i in self.instances.values() if i.state == "DEAD")
-        if self.state == "LOADING":
-            if ready >= self.expected_instances:
-                self.state = "READY"
-            elif reported >= self.expected_instances and not ready:
-                self.state = "UNAVAILABLE"
-                self.reason = self.reason or "no instance of the model is alive"
-        elif self.state == "READY" and not ready:
+        loading = any(i.state == "LOADING" for i in self.instances.values())
+        if ready and (self.ever_ready or ready >= self.expected_instances):
+            self.state, self.ever_ready, self.reason = "READY", True, ""
+        elif loading or not (self.ever_ready or self.failed_loads):
+            self.state = "LOADING"
+        else:
             self.state = "UNAVAILABLE"
-            self.reason = "every instance of the model exited"
-        elif self.state == "UNAVAILABLE" and ready and not self.failed_loads:
-            self.state = "READY"
-            self.reason = ""
+            self.reason = self.reason or "every instance of the model exited"
 
 
 @dataclass

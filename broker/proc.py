@@ -19,7 +19,7 @@ from pathlib import Path
 
 import zmq
 
-from broker.models import Instance, ModelTable
+from broker.models import Instance, ModelTable, ModelVersion
 from broker.router import Dispatch, Router
 from configs import repository
 from ipc import messages as m
@@ -114,10 +114,15 @@ class BrokerProc:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if len(frames) < 3:
+                log.warning("dropped a message of %d frame(s)", len(frames))
+                continue
             try:
                 handle(frames)  # type: ignore[operator]
             except ValueError as exc:
                 log.warning("dropped a malformed message: %s", exc)
+            except Exception:
+                log.exception("failed to handle a message; the broker carries on")
 
     def _send(self, sock: zmq.Socket, frames: list[bytes]) -> None:
         try:
@@ -148,57 +153,45 @@ class BrokerProc:
             self._watch(ident, msg.pid, "frontend")
             self._send(self.fsock, [ident, *m.encode(m.Welcome(os.getpid()))])
 
-    def _on_infer(self, ident: bytes, req: m.InferRequest) -> None:
-        mv = self.table.resolve(req.model, req.version)
-        if mv is None:
-            if req.model in self.table.models and req.version < 0:
-                err = ServingError(
-                    Code.UNAVAILABLE,
-                    f"Request for unknown model: '{req.model}' has no available versions",
+    def _lookup(self, name: str, version: int) -> ModelVersion:
+        """The READY version a request or query names, else Triton's error for why not."""
+        entry = self.table.models.get(name)
+        if entry is None:
+            raise unknown_model(name)
+        if version >= 0:
+            mv = entry.versions.get(version)
+            if mv is None:
+                raise ServingError(Code.NOT_FOUND, f"'{name}' version {version} is not found")
+            if mv.state != "READY":
+                raise ServingError(
+                    Code.UNAVAILABLE, f"'{name}' version {version} is not at ready state"
                 )
-            else:
-                err = unknown_model(req.model, req.version)
-            self._reply_error(ident, req.req_id, err)
-            return
-        if mv.state != "READY":
-            self._reply_error(
-                ident,
-                req.req_id,
-                ServingError(
-                    Code.UNAVAILABLE,
-                    f"Request for unknown model: '{req.model}' version {mv.version} is not at "
-                    "ready state",
-                ),
+            return mv
+        mv = self.table.resolve(name, -1)
+        if mv is None:
+            # 503 rather than Triton's 404: an instance may be restarting; retrying helps.
+            raise ServingError(
+                Code.UNAVAILABLE, entry.error or f"'{name}' has no available versions"
             )
+        return mv
+
+    def _on_infer(self, ident: bytes, req: m.InferRequest) -> None:
+        try:
+            mv = self._lookup(req.model, req.version)
+        except ServingError as err:
+            self._reply_error(ident, req.req_id, err)
             return
         self._dispatch(self.router.submit(mv, m.WorkItem(ident, req)))
 
     def _model_info(self, q: m.ModelQuery) -> m.ModelInfo:
-        entry = self.table.models.get(q.model)
-        mv = self.table.resolve(q.model, q.version)
-        if entry is None:
-            err = unknown_model(q.model)
-            return m.ModelInfo(q.query_id, m.ErrorInfo(int(err.code), err.message))
-        if mv is None:
-            if q.version >= 0:
-                err = unknown_model(q.model, q.version)
-            else:
-                err = ServingError(
-                    Code.UNAVAILABLE,
-                    entry.error
-                    or f"Request for unknown model: '{q.model}' has no available versions",
-                )
+        try:
+            mv = self._lookup(q.model, q.version)
+        except ServingError as err:
             return m.ModelInfo(q.query_id, m.ErrorInfo(int(err.code), err.message), q.model)
+        entry = self.table.models[q.model]
         ready = sorted(v.version for v in entry.versions.values() if v.state == "READY")
         return m.ModelInfo(
-            q.query_id,
-            None,
-            q.model,
-            mv.version,
-            ready,
-            mv.state == "READY",
-            mv.platform,
-            mv.config,
+            q.query_id, None, q.model, mv.version, ready, True, mv.platform, mv.config
         )
 
     # -- workers ---------------------------------------------------------------------
@@ -229,12 +222,10 @@ class BrokerProc:
                 )
             self._dispatch(self.router.instance_ready(inst))
         elif isinstance(msg, m.WorkerFailed) and inst is not None:
-            mv = self.table.version(inst.model, inst.version)
             log.error("%s", msg.message)
+            mv = self.table.version(inst.model, inst.version)
             if mv is not None:
-                mv.failed_loads += 1
-                mv.reason = msg.message
-                mv.refresh_state()
+                mv.load_failed(inst, msg.message)
 
     def _on_hello(self, ident: bytes, hello: m.WorkerHello) -> None:
         mv = self.table.version(hello.model, hello.version)
@@ -258,7 +249,8 @@ class BrokerProc:
         try:
             fd = os.pidfd_open(pid)
         except OSError:
-            log.warning("%s pid %d cannot be watched", role, pid)
+            log.warning("%s pid %d is already gone", role, pid)
+            self._lost(role, ident)
             return
         self.pidfds[fd] = (role, ident)
         self.poller.register(fd, zmq.POLLIN)
@@ -276,6 +268,10 @@ class BrokerProc:
     def _peer_died(self, fd: int) -> None:
         role, ident = self.pidfds[fd]
         self._unwatch(fd)
+        self._lost(role, ident)
+
+    def _lost(self, role: str, ident: bytes) -> None:
+        """A peer exited: drop its queued work, answer what it held, tell the others."""
         if role == "frontend":
             self.frontend_fds.pop(ident, None)
             for e in self.table.models.values():
@@ -300,9 +296,7 @@ class BrokerProc:
         if version is not None:
             version.instances.pop(ident, None)
             if was_loading:
-                version.failed_loads += 1
-                version.reason = f"instance {inst.index} exited while loading"
-                version.refresh_state()
+                version.load_failed(inst, f"instance {inst.index} exited while loading")
         err = ServingError(
             Code.UNAVAILABLE,
             f"Failed to process the request(s) for model instance '{inst.model}_{inst.index}', "

@@ -16,6 +16,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", default=8000, type=int)
     p.add_argument("--reuse-http-port", type=bool_flag, default=False)
+    p.add_argument("--allow-grpc", type=bool_flag, default=True)
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--grpc-port", default=8001, type=int)
+    p.add_argument("--reuse-grpc-port", type=bool_flag, default=False)
     p.add_argument("--http-max-input-size", default=64 * 1024 * 1024, type=int)
     p.add_argument("--id", default="triton")
     p.add_argument("--shm-pool-byte-size", default=64 * 1024 * 1024, type=int)
@@ -43,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         shm_pool_bytes=args.shm_pool_byte_size,
         exit_timeout_secs=args.exit_timeout_secs,
         reuse_http_port=args.reuse_http_port,
+        allow_grpc=args.allow_grpc,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        reuse_grpc_port=args.reuse_grpc_port,
     )
     return uvloop.run(serve(settings))
 

@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -45,9 +46,9 @@ class BrokerClient:
         self.index = index
         # Bound before the first hello, so a worker's first result always finds it.
         self.results = sockets.pull(self.ctx, sockets.result_endpoint(runtime_dir, self.identity))
-        self.sock = sockets.dealer(
-            self.ctx, sockets.endpoint(runtime_dir, sockets.FRONTEND_SOCKET), self.identity
-        )
+        self._broker_addr = sockets.endpoint(runtime_dir, sockets.FRONTEND_SOCKET)
+        self.sock = sockets.dealer(self.ctx, self._broker_addr, self.identity)
+        self.on_broker_lost: list[Callable[[], None]] = []
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[msgspec.Struct]] = {}
         self._welcomed = asyncio.Event()
@@ -132,7 +133,7 @@ class BrokerClient:
                 return
             try:
                 self._resolve(m.decode_response(payload))
-            except ValueError as exc:
+            except Exception as exc:  # one bad message must not stall the edge-triggered fd
                 log.warning("dropped a malformed result: %s", exc)
 
     def _drain_broker(self) -> None:
@@ -143,7 +144,7 @@ class BrokerClient:
                 return
             try:
                 self._dispatch(frames)
-            except ValueError as exc:
+            except Exception as exc:  # one bad message must not stall the edge-triggered fd
                 log.warning("dropped a malformed message from the broker: %s", exc)
 
     def _resolve(self, resp: m.InferResponse) -> None:
@@ -189,6 +190,15 @@ class BrokerClient:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(err)
+        # Requests still queued in the socket must not reach the next broker: their
+        # callers have been answered. A fresh socket (linger 0) drops them.
+        assert self._loop is not None
+        self._loop.remove_reader(self.sock.FD)
+        self.sock.close(0)
+        self.sock = sockets.dealer(self.ctx, self._broker_addr, self.identity)
+        self._loop.add_reader(self.sock.FD, self._drain_broker)
+        for callback in self.on_broker_lost:
+            callback()
 
     async def close(self) -> None:
         if self._greeter is not None:

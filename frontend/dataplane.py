@@ -17,7 +17,7 @@ from frontend.model_handle import ModelHandle, check_byte_size
 from frontend.types import InferenceRequest, InferenceResult, OutputTensor
 from ipc import messages as m
 from ipc.errors import Code, ServingError, invalid_arg
-from ipc.shm import SlabPool, Slot
+from ipc.shm import ShmFull, SlabPool, Slot
 
 log = logging.getLogger("shoal.frontend")
 
@@ -33,10 +33,13 @@ SHM_DISABLED = (
 )
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def parse_version(version: str) -> int:
     if version == "":
         return -1
-    if not version.isdigit():
+    if not version.isdigit() or int(version) > _INT64_MAX:
         raise invalid_arg(f"failed to get model version from specified version string '{version}'")
     return int(version)
 
@@ -48,6 +51,15 @@ class DataPlane:
         self.server_id = server_id
         self._models: dict[tuple[str, int], ModelHandle] = {}
         self.requests_handled = 0
+        broker.on_broker_lost.append(self._broker_lost)
+
+    def _broker_lost(self) -> None:
+        """Workers may still write into slots of requests that were just failed: those
+        slots must never be handed out again. The whole pool is replaced; the old slabs
+        are unlinked and their pages go once nothing maps them."""
+        old, self.pool = self.pool, self.pool.fresh()
+        old.close()
+        self._models.clear()
 
     # -- control plane ---------------------------------------------------------------
 
@@ -83,7 +95,7 @@ class DataPlane:
         handle = self._models.get((name, v))
         if handle is not None:
             return handle
-        info = await self._info(name, v)
+        info = await self._info(name, v)  # answers only for a READY version
         handle = ModelHandle(name, info.version, list(info.versions), info.config)
         self._models[(name, v)] = handle
         return handle
@@ -138,7 +150,7 @@ class DataPlane:
             if n <= m.INLINE_MAX_BYTES:
                 refs.append(m.TensorRef(t.name, t.datatype, shape, n, data=bytes(t.data)))
                 continue
-            slot = self.pool.alloc(n)
+            slot = self._alloc(n)
             slots.append(slot)
             slot.view[:] = t.data
             refs.append(m.TensorRef(t.name, t.datatype, shape, n, slot.region, slot.offset))
@@ -150,7 +162,7 @@ class DataPlane:
         for name in names:
             size = model.output_nbytes(name, batch)
             if size is not None and size > m.INLINE_MAX_BYTES:
-                slot = self.pool.alloc(size)
+                slot = self._alloc(size)
                 slots.append(slot)
                 specs.append(m.OutputSpec(name, slot.region, slot.offset, size))
             else:
@@ -177,6 +189,12 @@ class DataPlane:
                 data = slot.view[: ref.nbytes]
             out.append(OutputTensor(ref.name, ref.datatype, list(ref.shape), data))
         return out
+
+    def _alloc(self, nbytes: int) -> Slot:
+        try:
+            return self.pool.alloc(nbytes)
+        except ShmFull as exc:
+            raise ServingError(Code.UNAVAILABLE, str(exc)) from None
 
     def _free(self, slots: list[Slot]) -> None:
         for s in slots:

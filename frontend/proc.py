@@ -1,4 +1,4 @@
-"""A frontend process: the HTTP server (and, next, gRPC) on one uvloop event loop.
+"""A frontend process: the HTTP and gRPC servers on one uvloop event loop.
 
 Several frontend processes can share the same ports (SO_REUSEPORT). Each owns one
 shared-memory slab pool for the tensors of its requests. Shutdown order: stop
@@ -14,13 +14,15 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 from aiohttp import web
 
 from frontend.broker_client import BrokerClient
 from frontend.dataplane import DataPlane
+from frontend.grpc_server import build_server as build_grpc_server
 from frontend.http_server import build_app
 from ipc.lifecycle import EXIT_FATAL
-from ipc.shm import SlabPool
+from ipc.shm import ShmFull, SlabPool
 
 log = logging.getLogger("shoal.frontend")
 
@@ -37,6 +39,39 @@ class FrontendSettings:
     shm_pool_bytes: int = 64 * 1024 * 1024
     exit_timeout_secs: float = 30.0
     reuse_http_port: bool = False
+    allow_grpc: bool = True
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    reuse_grpc_port: bool = False
+
+
+async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunner:
+    app = build_app(dataplane, s.http_max_input_size)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=s.exit_timeout_secs)
+    await runner.setup()
+    site = web.TCPSite(
+        runner,
+        s.http_address,
+        s.http_port,
+        reuse_port=s.reuse_http_port,
+        backlog=1024,
+        shutdown_timeout=s.exit_timeout_secs,
+    )
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    log.info("HTTP on %s:%d", s.http_address, s.http_port)
+    return runner
+
+
+async def _start_grpc(s: FrontendSettings, dataplane: DataPlane) -> grpc.aio.Server:
+    address = f"{s.grpc_address}:{s.grpc_port}"
+    server = build_grpc_server(dataplane, address, s.reuse_grpc_port)
+    await server.start()
+    log.info("gRPC on %s", address)
+    return server
 
 
 async def serve(s: FrontendSettings) -> int:
@@ -44,35 +79,35 @@ async def serve(s: FrontendSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    try:
+        pool = SlabPool("front", s.shm_pool_bytes)
+    except ShmFull as exc:
+        log.error("%s", exc)
+        return EXIT_FATAL
     broker = BrokerClient(s.runtime_dir, s.index)
     broker.start()
-    pool = SlabPool("front", s.shm_pool_bytes)
+    dataplane = DataPlane(broker, pool, s.server_id)
     runner: web.AppRunner | None = None
+    grpc_server: grpc.aio.Server | None = None
     try:
-        dataplane = DataPlane(broker, pool, s.server_id)
-        if s.allow_http:
-            app = build_app(dataplane, s.http_max_input_size)
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=s.exit_timeout_secs)
-            await runner.setup()
-            site = web.TCPSite(
-                runner,
-                s.http_address,
-                s.http_port,
-                reuse_port=s.reuse_http_port,
-                backlog=1024,
-                shutdown_timeout=s.exit_timeout_secs,
-            )
-            try:
-                await site.start()
-            except OSError as exc:
-                log.error("cannot listen on %s:%d: %s", s.http_address, s.http_port, exc)
-                return EXIT_FATAL
-            log.info("HTTP on %s:%d", s.http_address, s.http_port)
+        try:
+            if s.allow_http:
+                runner = await _start_http(s, dataplane)
+            if s.allow_grpc:
+                grpc_server = await _start_grpc(s, dataplane)
+        except (OSError, RuntimeError) as exc:
+            log.error("cannot listen: %s", exc)
+            return EXIT_FATAL
         await stop.wait()
         log.info("stopping: draining in-flight requests (up to %.0fs)", s.exit_timeout_secs)
     finally:
+        # Both listeners stop accepting at once, then each drains until the deadline.
+        drains = []
+        if grpc_server is not None:
+            drains.append(grpc_server.stop(s.exit_timeout_secs))
         if runner is not None:
-            await runner.cleanup()
+            drains.append(runner.cleanup())
+        await asyncio.gather(*drains)
         await broker.close()
-        pool.close()
+        dataplane.pool.close()
     return 0

@@ -63,7 +63,5 @@ def invalid_arg(message: str) -> ServingError:
     return ServingError(Code.INVALID_ARG, message)
 
 
-def unknown_model(name: str, version: int | None = None) -> ServingError:
-    if version is None or version < 0:
-        return invalid_arg(f"Request for unknown model: '{name}' is not found")
-    return invalid_arg(f"Request for unknown model: '{name}' version {version} is not found")
+def unknown_model(name: str) -> ServingError:
+    return invalid_arg(f"Request for unknown model: '{name}' is not found")

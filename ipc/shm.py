@@ -33,6 +33,10 @@ ALIGN: Final[int] = 64
 _GROW_GRANULE: Final[int] = 2 << 20
 
 
+class ShmFull(OSError):
+    """/dev/shm has no room for another slab."""
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
@@ -52,6 +56,15 @@ class ShmSegment:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
+            try:
+                # Reserve the pages now: a full tmpfs then fails here with ENOSPC
+                # instead of killing the process with SIGBUS on first touch.
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                raise ShmFull(
+                    f"cannot reserve {size} bytes of shared memory in {SHM_DIR}: "
+                    f"{exc.strerror} (in a container, raise --shm-size)"
+                ) from None
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             self._mmap = mmap.mmap(fd, size, flags=flags)
         except BaseException:
@@ -131,6 +144,7 @@ class SlabPool:
         self._role = role
         self._slab_bytes = max(_align(slab_bytes), _GROW_GRANULE)
         self._keep = keep_bytes if keep_bytes is not None else 4 * self._slab_bytes
+        self._keep_arg = keep_bytes
         self._segments: dict[str, tuple[ShmSegment, _FreeList]] = {}
         self._order: list[str] = []
         self._add(self._slab_bytes)
@@ -138,6 +152,10 @@ class SlabPool:
     @property
     def total_bytes(self) -> int:
         return sum(seg.size for seg, _ in self._segments.values())
+
+    def fresh(self) -> SlabPool:
+        """A new pool with the same settings (the old one is closed by the caller)."""
+        return SlabPool(self._role, self._slab_bytes, self._keep_arg)
 
     def names(self) -> list[str]:
         return list(self._order)
@@ -213,6 +231,11 @@ class RegionMap:
         entry = (mm, memoryview(mm))
         self._maps[region] = entry
         return entry
+
+    def drop_unlinked(self) -> None:
+        """Drop mappings of slabs whose owner unlinked them (their pages can then go)."""
+        for name in [n for n in self._maps if not (SHM_DIR / n).exists()]:
+            self._drop(name)
 
     def forget_owner(self, pid: int) -> None:
         """Drop the mappings of slabs owned by ``pid`` (it died: its pages can go)."""

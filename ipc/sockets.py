@@ -44,6 +44,13 @@ def frontend_identity(index: int) -> bytes:
     return f"f-{index}-{os.getpid()}".encode()
 
 
+def frontend_pid(frontend: bytes) -> int | None:
+    """The pid in a frontend identity (``f-<index>-<pid>``), or None if malformed."""
+    if not _FRONTEND_IDENT.match(frontend):
+        return None
+    return int(frontend.rsplit(b"-", 1)[1])
+
+
 def result_endpoint(runtime_dir: Path | str, frontend: bytes) -> str:
     """Where a frontend receives results straight from the workers (PULL, bound by it)."""
     if not _FRONTEND_IDENT.match(frontend):
@@ -60,10 +67,11 @@ def pull(ctx: zmq.Context, addr: str) -> zmq.Socket:
 
 
 def push(ctx: zmq.Context, addr: str) -> zmq.Socket:
-    """A bounded sender: a frontend that stopped reading cannot make a worker hoard memory."""
+    """A result sender. Unbounded: dropping a result would leave a request waiting; a
+    frontend that exits is announced by the broker and its socket closed."""
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 10000)
+    sock.setsockopt(zmq.SNDHWM, 0)
     sock.connect(addr)
     return sock
 

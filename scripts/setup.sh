@@ -9,7 +9,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.shoal-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip >&2
-  .venv/bin/python -m pip install -q -e '.[dev]' >&2
+  log=.venv/pip-install.log
+  if ! { .venv/bin/python -m pip install --upgrade pip &&
+         .venv/bin/python -m pip install -e '.[dev]'; } >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "set-up failed; full log in $log" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi

@@ -28,7 +28,10 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
     p.add_argument("--http-port", default=8000, type=int)
     p.add_argument("--allow-http", type=bool_flag, default=True)
     p.add_argument("--reuse-http-port", type=bool_flag, default=False)
+    p.add_argument("--allow-grpc", type=bool_flag, default=True)
+    p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", default=8001, type=int)
+    p.add_argument("--reuse-grpc-port", type=bool_flag, default=False)
     p.add_argument("--metrics-port", default=8002, type=int)
     p.add_argument("--id", default="triton", help="server name in /v2 metadata")
     p.add_argument("--log-verbose", default=0, type=int)
@@ -74,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         http_port=args.http_port,
         allow_http=args.allow_http,
         grpc_port=args.grpc_port,
+        allow_grpc=args.allow_grpc,
+        grpc_address=args.grpc_address,
+        reuse_grpc_port=args.reuse_grpc_port,
         metrics_port=args.metrics_port,
         server_id=args.id,
         log_verbose=args.log_verbose,

@@ -29,7 +29,8 @@ from ipc.sockets import ensure_runtime_dir
 
 log = logging.getLogger("shoal.serve")
 
-_FRONTEND_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+_STABLE_AFTER_S = 30.0  # a child up this long starts its backoff from the beginning again
 
 
 @dataclass
@@ -39,6 +40,9 @@ class ServeSettings:
     http_port: int = 8000
     allow_http: bool = True
     grpc_port: int = 8001
+    allow_grpc: bool = True
+    grpc_address: str = "0.0.0.0"
+    reuse_grpc_port: bool = False
     metrics_port: int = 8002
     server_id: str = "triton"
     log_verbose: int = 0
@@ -62,6 +66,7 @@ class Child:
     proc: subprocess.Popen[bytes]
     pidfd: int
     restarts: int = 0
+    started: float = field(default_factory=time.monotonic)
 
 
 class Launcher:
@@ -69,6 +74,7 @@ class Launcher:
         self.s = s
         self.stop = False
         self.children: list[Child] = []
+        self.restarts: list[tuple[float, str, list[str], int]] = []  # (due, role, argv, count)
         self.own_runtime_dir = not s.runtime_dir
         self.runtime_dir = ensure_runtime_dir(s.runtime_dir or None)
 
@@ -124,10 +130,17 @@ class Launcher:
             "--exit-timeout-secs",
             str(s.exit_timeout_secs),
             f"--reuse-http-port={str(s.reuse_http_port or s.frontend_processes > 1).lower()}",
+            f"--allow-grpc={str(s.allow_grpc).lower()}",
+            "--grpc-address",
+            s.grpc_address,
+            "--grpc-port",
+            str(s.grpc_port),
+            f"--reuse-grpc-port={str(s.reuse_grpc_port or s.frontend_processes > 1).lower()}",
             *s.extra_frontend_args,
         ]
 
-    def worker_argvs(self) -> list[list[str]]:
+    def worker_argvs(self) -> list[tuple[str, list[str]]]:
+        """(``model/version#instance``, argv) of every worker the repository asks for."""
         out = []
         for entry in repository.scan(
             self.s.model_repository,
@@ -139,23 +152,12 @@ class Launcher:
             count = sum(max(g.count, 1) for g in entry.config.instance_group) or 1
             for version in entry.versions:
                 for i in range(count):
-                    out.append(
-                        [
-                            sys.executable,
-                            "-m",
-                            "workers",
-                            *self._common(),
-                            *self._model_args(),
-                            "--model",
-                            entry.name,
-                            "--version",
-                            str(version),
-                            "--instance",
-                            str(i),
-                            "--default-max-batch-size",
-                            str(self.s.default_max_batch_size),
-                        ]
-                    )
+                    argv = [
+                        sys.executable, "-m", "workers", *self._common(), *self._model_args(),
+                        "--model", entry.name, "--version", str(version), "--instance", str(i),
+                        "--default-max-batch-size", str(self.s.default_max_batch_size),
+                    ]  # fmt: skip
+                    out.append((f"{entry.name}/{version}#{i}", argv))
         return out
 
     # -- process management ----------------------------------------------------------
@@ -174,8 +176,8 @@ class Launcher:
         if removed:
             log.info("removed %d stale shared-memory segment(s) of dead processes", len(removed))
         self._spawn("broker", self.broker_argv())
-        for argv in self.worker_argvs():
-            self._spawn("worker", argv)
+        for name, argv in self.worker_argvs():
+            self._spawn(f"worker {name}", argv)
         for i in range(self.s.frontend_processes):
             self._spawn(f"frontend#{i}", self.frontend_argv(i))
         return self._watch()
@@ -183,8 +185,13 @@ class Launcher:
     def _watch(self) -> int:
         while not self.stop:
             fds = [c.pidfd for c in self.children]
+            now = time.monotonic()
+            for due, role, argv, count in [r for r in self.restarts if r[0] <= now]:
+                self.restarts.remove((due, role, argv, count))
+                self._spawn(role, argv, count)
+            wait = min([1.0, *(r[0] - now for r in self.restarts)])
             try:
-                ready, _, _ = select.select(fds, [], [], 1.0)
+                ready, _, _ = select.select(fds, [], [], max(wait, 0.0))
             except InterruptedError:
                 continue
             for fd in ready:
@@ -207,16 +214,16 @@ class Launcher:
         if child.role == "broker":
             log.error("broker exited with code %d; stopping the server", rc)
             return rc or 1
-        if child.role.startswith("frontend") and rc == EXIT_FATAL:
-            log.error("%s cannot run; stopping the server", child.role)
-            return rc
-        if child.role.startswith("frontend"):
-            delay = _FRONTEND_RESTART_BACKOFF_S[min(child.restarts, 3)]
-            log.error("%s exited with code %d; restarting in %.1fs", child.role, rc, delay)
-            time.sleep(delay)
-            self._spawn(child.role, child.argv, child.restarts + 1)
+        if rc == EXIT_FATAL:
+            if child.role.startswith("frontend"):
+                log.error("%s cannot run; stopping the server", child.role)
+                return rc
+            log.error("%s failed to load its model; not restarting it", child.role)
             return None
-        log.error("worker %s exited with code %d", " ".join(child.argv[-8:-2]), rc)
+        count = 0 if time.monotonic() - child.started > _STABLE_AFTER_S else child.restarts
+        delay = _RESTART_BACKOFF_S[min(count, len(_RESTART_BACKOFF_S) - 1)]
+        log.error("%s exited with code %d; restarting in %.1fs", child.role, rc, delay)
+        self.restarts.append((time.monotonic() + delay, child.role, child.argv, count + 1))
         return None
 
     def _signal(self, roles: tuple[str, ...], sig: int) -> list[Child]:

@@ -27,6 +27,7 @@ from ipc import messages as m
 from ipc import sockets
 from ipc.datatypes import from_config_name
 from ipc.errors import Code, ServingError
+from ipc.lifecycle import EXIT_FATAL
 from ipc.shm import RegionMap
 from workers import backend as backends
 from workers.tensors import input_array, output_ref
@@ -34,6 +35,7 @@ from workers.tensors import input_array, output_ref
 log = logging.getLogger("shoal.worker")
 
 _HELLO_RETRY_S = 1.0
+_SWEEP_MAPPINGS_S = 5.0
 
 
 @dataclass
@@ -126,13 +128,17 @@ class WorkerProc:
         self.sock.send_multipart(m.encode(outcome))
         if isinstance(outcome, m.WorkerFailed):
             time.sleep(0.2)  # let the message leave before the socket closes
-            return 1
+            return EXIT_FATAL  # a restart would fail the same way
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         welcomed = False
-        last_hello = time.monotonic()
+        last_hello = last_sweep = time.monotonic()
         while not self.stop:
             events = dict(poller.poll(500))
+            if not events and time.monotonic() - last_sweep > _SWEEP_MAPPINGS_S:
+                # Growth slabs a frontend unlinked: let their pages go.
+                self.regions.drop_unlinked()
+                last_sweep = time.monotonic()
             if self.broker_pidfd is not None and self.broker_pidfd in events:
                 self._broker_lost(poller)
                 welcomed = False
@@ -149,20 +155,31 @@ class WorkerProc:
     def _drain(self, poller: zmq.Poller) -> str:
         while True:
             try:
-                kind, payload = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return ""
-            msg = m.decode(kind, payload)
+            try:
+                msg = m.decode(frames[0], frames[1])
+            except (ValueError, IndexError) as exc:
+                log.warning("dropped a malformed message from the broker: %s", exc)
+                continue
             if isinstance(msg, m.ExecuteBatch):
                 self.execute(msg)
             elif isinstance(msg, m.Welcome):
                 self._watch_broker(msg.broker_pid, poller)
             elif isinstance(msg, m.FrontendGone):
-                dead = self.result_socks.pop(msg.frontend, None)
-                if dead is not None:
-                    dead.close(0)
+                self._forget_frontend(msg.frontend)
             elif isinstance(msg, m.Shutdown):
                 return "shutdown"
+
+    def _forget_frontend(self, frontend: bytes) -> None:
+        """Its result socket and its slabs' mappings go, so their memory can be freed."""
+        dead = self.result_socks.pop(frontend, None)
+        if dead is not None:
+            dead.close(0)
+        pid = sockets.frontend_pid(frontend)
+        if pid is not None:
+            self.regions.forget_owner(pid)
 
     def _watch_broker(self, pid: int, poller: zmq.Poller) -> None:
         if self.broker_pidfd is not None:

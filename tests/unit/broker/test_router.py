@@ -94,13 +94,12 @@ def test_lost_instance_keeps_the_queue_for_the_survivor() -> None:
 
 
 def test_failed_load_makes_the_version_unavailable() -> None:
-    table, _, _ = _table(1)
+    table, router, (a, b) = _table(2)
     mv = table.version("simple", 1)
     assert mv is not None
-    mv.failed_loads = 1
-    mv.reason = "failed to load 'simple' version 1: bad"
-    mv.refresh_state()
-    assert mv.state == "UNAVAILABLE"
+    _ready(table, router, a)
+    mv.load_failed(b, "failed to load 'simple' version 1: bad")
+    assert mv.state == "UNAVAILABLE"  # every instance must load, as in Triton
     assert table.startup_done()
     assert table.failures() == ["simple version 1: failed to load 'simple' version 1: bad"]
 
@@ -112,3 +111,19 @@ def test_config_errors_are_listed_as_unavailable() -> None:
         m.ModelState("broken", -1, "UNAVAILABLE", "failed to load 'broken': bad field")
     ]
     assert not table.all_ready()
+
+
+def test_restarted_instance_brings_the_version_back() -> None:
+    table, router, (a,) = _table(1)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    _ready(table, router, a)
+    router.instance_lost(a)
+    assert mv.state == "UNAVAILABLE"
+    again = Instance(b"w9", "simple", 1, 0, 2000)
+    mv.instances[again.ident] = again
+    mv.refresh_state()
+    assert mv.state == "LOADING"  # restarting
+    _ready(table, router, again)
+    assert mv.state == "READY"
+    assert table.resolve("simple", -1) is mv

@@ -79,3 +79,35 @@ def test_sweep_removes_only_dead_owners(pool: shm.SlabPool) -> None:
     removed = shm.sweep_stale()
     assert stale in removed
     assert all(os.path.exists(f"/dev/shm/{n}") for n in pool.names())
+
+
+def test_worker_mappings_of_unlinked_or_dead_owner_slabs_are_dropped() -> None:
+    pool = shm.SlabPool("test", 2 << 20)
+    other = shm.SlabPool("test", 2 << 20)
+    regions = shm.RegionMap()
+    try:
+        a, b = pool.alloc(8), other.alloc(8)
+        regions.view(a.region, a.offset, 8)
+        regions.view(b.region, b.offset, 8)
+        pool.free(a)
+        pool.close()  # unlinks its slab
+        regions.drop_unlinked()
+        assert list(regions._maps) == [b.region]
+        regions.forget_owner(os.getpid())
+        assert not regions._maps
+        other.free(b)
+    finally:
+        regions.close()
+        other.close()
+
+
+def test_full_dev_shm_is_an_error_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(shm.ShmFull, match="raise --shm-size"):
+        shm.SlabPool("test", 2 << 20)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shoal-{os.getpid()}-test-")]

@@ -1,0 +1,155 @@
+"""Triton's ``inference.GRPCInferenceService`` (and ``grpc.health.v1.Health``) on
+grpcio's asyncio server: a thin adapter over the same DataPlane as HTTP.
+
+Errors map to gRPC status codes with Triton's table (ipc.errors.GRPC_STATUS). A stream
+(ModelStreamInfer) runs its requests concurrently and answers them in the order they
+arrived; an error is an ``error_message`` on the stream and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from frontend import grpc_codec
+from frontend.dataplane import DataPlane
+from ipc.errors import GRPC_STATUS, ServingError
+
+log = logging.getLogger("shoal.frontend.grpc")
+
+MAX_MESSAGE_BYTES: Final[int] = 2**31 - 1  # Triton's INT32_MAX
+STREAM_WINDOW: Final[int] = 1024  # requests in flight on one stream before reading pauses
+R = TypeVar("R")
+
+
+async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[R]]) -> R:
+    try:
+        return await call()
+    except ServingError as exc:
+        await context.abort(getattr(grpc.StatusCode, GRPC_STATUS[exc.code]), exc.message)
+        raise  # abort raises; this keeps type checkers honest
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=await self.dp.server_live())
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=await self.dp.server_ready())
+
+    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=await self.dp.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**self.dp.server_metadata())
+
+    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        async def call() -> pb.ModelMetadataResponse:
+            handle = await self.dp.model(request.name, request.version)
+            return grpc_codec.model_metadata(handle.metadata)
+
+        return await _guard(context, call)
+
+    async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        async def call() -> pb.ModelConfigResponse:
+            handle = await self.dp.model(request.name, request.version)
+            return pb.ModelConfigResponse(config=handle.config)
+
+        return await _guard(context, call)
+
+    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        return await _guard(context, lambda: self._infer(request))
+
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        result = await self.dp.infer(grpc_codec.decode_infer_request(request))
+        try:
+            return grpc_codec.encode_infer_response(result)
+        finally:
+            result.release()
+
+    async def _stream_one(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+        try:
+            return pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+        except ServingError as exc:
+            # The id rides along so a client with many requests in flight can match it.
+            return pb.ModelStreamInferResponse(
+                error_message=exc.message,
+                infer_response=pb.ModelInferResponse(
+                    model_name=request.model_name,
+                    model_version=request.model_version,
+                    id=request.id,
+                ),
+            )
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        pending: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = asyncio.Queue(
+            STREAM_WINDOW
+        )
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await pending.put(asyncio.create_task(self._stream_one(request)))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (task := await pending.get()) is not None:
+                yield await task
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                leftover = pending.get_nowait()
+                if leftover is not None:
+                    leftover.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+
+class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+    """grpc.health.v1: SERVING when the server is ready (for Kubernetes gRPC probes)."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    async def Check(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
+        ready = await self.dp.server_ready()
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        return health_pb2.HealthCheckResponse(status=status)
+
+
+def build_server(dataplane: DataPlane, address: str, reuse_port: bool) -> grpc.aio.Server:
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ]
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane), server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthService(dataplane), server)
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {address}: {exc}") from None
+    if bound == 0:
+        raise OSError(f"cannot listen on {address}")
+    return server

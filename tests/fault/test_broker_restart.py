@@ -1,0 +1,118 @@
+"""Roles run as separate programs (as under supervisord): a broker that dies and is
+started again is rejoined by the frontend and the worker without restarting them."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from shoal import modelgen
+from tests.serverctl import SHM_DIR, free_port, processes_with
+
+
+class Roles:
+    def __init__(self, repo: Path) -> None:
+        self.repo = repo
+        self.runtime = tempfile.mkdtemp(prefix="shoal-test-run-")
+        self.port = free_port()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, role: str) -> None:
+        common = [f"--runtime-dir={self.runtime}"]
+        argv = {
+            "broker": ["-m", "broker", f"--model-repository={self.repo}", *common],
+            "frontend": [
+                "-m",
+                "frontend",
+                *common,
+                f"--http-port={self.port}",
+                "--http-address=127.0.0.1",
+                "--allow-grpc=false",
+            ],
+            "worker": [
+                "-m",
+                "workers",
+                f"--model-repository={self.repo}",
+                *common,
+                "--model=simple",
+                "--version=1",
+            ],
+        }[role]
+        self.procs[role] = subprocess.Popen([sys.executable, *argv], stdin=subprocess.DEVNULL)
+
+    def ready(self, timeout: float = 30) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/v2/health/ready", timeout=2
+                ) as r:
+                    if r.status == 200:
+                        return True
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        return False
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def roles(tmp_path: Path) -> Iterator[Roles]:
+    modelgen.write_model(tmp_path, "simple", modelgen.simple_model(), modelgen.SIMPLE_CONFIG)
+    r = Roles(tmp_path)
+    yield r
+    r.stop()
+    pids = {p.pid for p in r.procs.values()}
+    assert not processes_with(r.runtime)
+    assert not [
+        p
+        for p in SHM_DIR.iterdir()
+        if p.name.startswith("shoal-") and int(p.name.split("-")[1]) in pids
+    ]
+    shutil.rmtree(r.runtime, ignore_errors=True)
+
+
+def _infer(port: int) -> np.ndarray:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    ins = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    for i in ins:
+        i.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    return client.infer("simple", ins).as_numpy("OUTPUT0")
+
+
+def test_frontend_and_worker_rejoin_a_restarted_broker(roles: Roles) -> None:
+    for role in ("frontend", "worker", "broker"):  # any start order works
+        roles.start(role)
+    assert roles.ready(), "server did not become ready"
+    np.testing.assert_array_equal(_infer(roles.port), np.full((1, 16), 2))
+
+    roles.procs["broker"].kill()
+    roles.procs["broker"].wait()
+    assert roles.procs["frontend"].poll() is None
+    assert roles.procs["worker"].poll() is None
+
+    roles.start("broker")
+    assert roles.ready(), "the restarted broker was not rejoined"
+    np.testing.assert_array_equal(_infer(roles.port), np.full((1, 16), 2))
