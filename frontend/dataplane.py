@@ -10,6 +10,7 @@ written the response.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from frontend.broker_client import BrokerClient
@@ -62,6 +63,15 @@ class DataPlane:
         self._models.clear()
 
     # -- control plane ---------------------------------------------------------------
+
+    def frontend_status(self) -> dict[str, int]:
+        """Which frontend process this is and how many inferences it has served
+        (shoal's extension: with several frontends, shows how the kernel spreads load)."""
+        return {
+            "index": self.broker.index,
+            "pid": os.getpid(),
+            "inference_requests": self.requests_handled,
+        }
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}

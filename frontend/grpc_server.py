@@ -52,6 +52,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         return pb.ModelReadyResponse(ready=await self.dp.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        status = self.dp.frontend_status()
+        context.set_trailing_metadata(
+            (("shoal-frontend", str(status["index"])),
+             ("shoal-frontend-requests", str(status["inference_requests"])))
+        )
         return pb.ServerMetadataResponse(**self.dp.server_metadata())
 
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:

@@ -22,6 +22,8 @@ log = logging.getLogger("shoal.frontend.http")
 
 DATAPLANE: web.AppKey[DataPlane] = web.AppKey("dataplane", DataPlane)
 MAX_INPUT: web.AppKey[int] = web.AppKey("max_input_size", int)
+FRONTEND_INDEX: web.AppKey[str] = web.AppKey("frontend_index", str)
+FRONTEND_HEADER = "Shoal-Frontend"
 IHCL = "Inference-Header-Content-Length"
 _JSON = "application/json"
 
@@ -150,20 +152,27 @@ async def infer(request: web.Request) -> web.Response:
     return resp
 
 
-async def not_found(request: web.Request) -> web.Response:
-    return _error("Not Found", 404)
+async def frontend_status(request: web.Request) -> web.Response:
+    return _json(_dp(request).frontend_status())
+
+
+async def _tag_frontend(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers[FRONTEND_HEADER] = request.app[FRONTEND_INDEX]
 
 
 def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
     app = web.Application(client_max_size=max_input_size, middlewares=[errors_middleware])
     app[DATAPLANE] = dataplane
     app[MAX_INPUT] = max_input_size
+    app[FRONTEND_INDEX] = str(dataplane.broker.index)
+    app.on_response_prepare.append(_tag_frontend)
     model = r"/v2/models/{model:[^/]+}"
     versioned = model + r"/versions/{version:[0-9]+}"
     r = app.router
     r.add_get("/v2/health/live", health_live)
     r.add_get("/v2/health/ready", health_ready)
     r.add_get("/v2", server_metadata)
+    r.add_get("/v2/shoal/frontend", frontend_status)
     for base in (model, versioned):
         r.add_get(base, model_metadata)
         r.add_get(base + "/config", model_config)

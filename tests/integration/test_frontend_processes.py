@@ -1,0 +1,152 @@
+"""Several frontend processes sharing the HTTP and gRPC ports (SO_REUSEPORT), one broker."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from shoal import modelgen
+from tests.serverctl import ShoalServer
+
+
+@pytest.fixture(scope="module")
+def two_frontends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+    repo = tmp_path_factory.mktemp("frontends-repo")
+    modelgen.write_shipped_repository(repo)
+    srv = ShoalServer(repo, "--frontend-processes=2")
+    # Ready means one frontend answers; wait for the second to listen too.
+    deadline = time.monotonic() + 30
+    indices: set[int] = set()
+    while len(indices) < 2 and time.monotonic() < deadline:
+        indices.add(_status(srv.url)["index"])
+    assert indices == {0, 1}
+    yield srv
+    assert srv.stop() == 0
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def _body() -> tuple[bytes, int]:
+    ins = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    for i in ins:
+        i.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    body, json_len = httpclient.InferenceServerClient.generate_request_body(ins)
+    return body, json_len
+
+
+def _infer_on_new_connection(url: str) -> str:
+    body, json_len = _body()
+    conn = http.client.HTTPConnection(url, timeout=10)
+    try:
+        conn.request(
+            "POST",
+            "/v2/models/simple/infer",
+            body=body,
+            headers={"Inference-Header-Content-Length": str(json_len)},
+        )
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 200
+        return str(resp.getheader("Shoal-Frontend"))
+    finally:
+        conn.close()
+
+
+def _status(url: str) -> dict[str, int]:
+    conn = http.client.HTTPConnection(url, timeout=10)
+    try:
+        conn.request("GET", "/v2/shoal/frontend")
+        return dict(json.loads(conn.getresponse().read()))
+    finally:
+        conn.close()
+
+
+def test_http_requests_reach_both_processes(two_frontends: ShoalServer) -> None:
+    assert len(two_frontends.pids("frontend")) == 2
+    seen = [_infer_on_new_connection(two_frontends.url) for _ in range(60)]
+    assert set(seen) == {"0", "1"}
+    counts: dict[int, int] = {}
+    for _ in range(60):
+        st = _status(two_frontends.url)
+        counts[st["index"]] = st["inference_requests"]
+        if len(counts) == 2:
+            break
+    assert set(counts) == {0, 1}
+    assert all(n > 0 for n in counts.values())
+
+
+def test_grpc_channels_reach_both_processes(two_frontends: ShoalServer) -> None:
+    seen = set()
+    for _ in range(60):
+        with grpc.insecure_channel(f"127.0.0.1:{two_frontends.grpc_port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            _, call = stub.ServerMetadata.with_call(service_pb2.ServerMetadataRequest())
+            seen.add(dict(call.trailing_metadata())["shoal-frontend"])
+        if len(seen) == 2:
+            break
+    assert seen == {"0", "1"}
+
+
+def test_one_frontend_dies_the_other_keeps_serving(two_frontends: ShoalServer) -> None:
+    # A keep-alive connection stays with the process that accepted it.
+    conn = http.client.HTTPConnection(two_frontends.url, timeout=10)
+    conn.request("GET", "/v2/shoal/frontend")
+    owner = json.loads(conn.getresponse().read())
+    victim = next(p for p in two_frontends.pids("frontend") if p != owner["pid"])
+    body, json_len = _body()
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    served = [0]
+
+    def keep_sending() -> None:
+        try:
+            while not stop.is_set():
+                conn.request(
+                    "POST",
+                    "/v2/models/simple/infer",
+                    body=body,
+                    headers={"Inference-Header-Content-Length": str(json_len)},
+                )
+                resp = conn.getresponse()
+                resp.read()
+                assert resp.status == 200
+                assert resp.getheader("Shoal-Frontend") == str(owner["index"])
+                served[0] += 1
+        except BaseException as exc:  # collected and asserted below
+            failures.append(exc)
+
+    t = threading.Thread(target=keep_sending)
+    t.start()
+    time.sleep(0.5)
+    before = served[0]
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(1.5)
+    stop.set()
+    t.join(15)
+    conn.close()
+    assert not failures, failures
+    assert served[0] > before > 0
+
+    # The killed process is restarted and serves again.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        pids = two_frontends.pids("frontend")
+        if len(pids) == 2 and victim not in pids:
+            break
+        time.sleep(0.2)
+    assert victim not in two_frontends.pids("frontend")
+    two_frontends.seen_pids |= set(two_frontends.pids())
+    assert two_frontends.http_status("/v2/health/ready") == 200
+    seen = {_infer_on_new_connection(two_frontends.url) for _ in range(60)}
+    assert seen == {"0", "1"}

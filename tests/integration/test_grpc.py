@@ -1,0 +1,295 @@
+"""GRPCInferenceService with the real tritonclient.grpc (sync, async_infer, asyncio, stream)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import queue
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ALL_DATATYPES
+from tests.integration.test_http_infer import _sample
+from tests.serverctl import ShoalServer
+
+
+@pytest.fixture(scope="module")
+def url(server: ShoalServer) -> str:
+    return f"127.0.0.1:{server.grpc_port}"
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> grpcclient.InferenceServerClient:
+    return grpcclient.InferenceServerClient(url)
+
+
+def simple_inputs(batch: int = 1) -> tuple[list[grpcclient.InferInput], np.ndarray, np.ndarray]:
+    a = np.arange(16 * batch, dtype=np.int32).reshape(batch, 16)
+    b = np.full((batch, 16), 5, dtype=np.int32)
+    ins = [grpcclient.InferInput(n, [batch, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    ins[0].set_data_from_numpy(a)
+    ins[1].set_data_from_numpy(b)
+    return ins, a, b
+
+
+def test_health_and_metadata(client: grpcclient.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("simple")
+    assert not client.is_model_ready("nope")
+    assert client.get_server_metadata().name == "triton"
+    meta = client.get_model_metadata("simple")
+    assert meta.name == "simple"
+    assert list(meta.inputs[0].shape) == [-1, 16]
+    assert meta.inputs[0].datatype == "INT32"
+    cfg = client.get_model_config("simple").config
+    assert cfg.name == "simple"
+    assert cfg.max_batch_size == 8
+
+
+def test_standard_health_service(url: str) -> None:
+    with grpc.insecure_channel(url) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=""))
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_infer_with_id(client: grpcclient.InferenceServerClient) -> None:
+    ins, a, b = simple_inputs(batch=4)
+    result = client.infer("simple", ins, request_id="grpc-1")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert result.get_response().id == "grpc-1"
+    assert result.get_response().model_version == "1"
+
+
+def test_async_infer(client: grpcclient.InferenceServerClient) -> None:
+    done: queue.Queue[object] = queue.Queue()
+    ins, a, b = simple_inputs()
+    for _ in range(8):
+        client.async_infer("simple", ins, lambda result, error: done.put(error or result))
+    for _ in range(8):
+        result = done.get(timeout=10)
+        assert not isinstance(result, Exception), result
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+
+
+def test_asyncio_client(url: str) -> None:
+    async def run() -> list[np.ndarray]:
+        async with grpcaio.InferenceServerClient(url) as aio:
+            assert await aio.is_server_ready()
+            reqs = []
+            for i in range(16):
+                inp = grpcaio.InferInput("INPUT0", [1, 4], "FP32")
+                inp.set_data_from_numpy(np.full((1, 4), i, dtype=np.float32))
+                reqs.append(aio.infer("identity_fp32", [inp]))
+            return [r.as_numpy("OUTPUT0") for r in await asyncio.gather(*reqs)]
+
+    outs = asyncio.run(run())
+    assert [int(o[0, 0]) for o in outs] == list(range(16))
+
+
+def test_stream_many_requests_in_flight_answered_in_order(url: str) -> None:
+    client = grpcclient.InferenceServerClient(url)
+    answers: queue.Queue[object] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    try:
+        n = 64
+        for i in range(n):
+            inp = grpcclient.InferInput("INPUT0", [1, 3], "INT64")
+            inp.set_data_from_numpy(np.full((1, 3), i, dtype=np.int64))
+            client.async_stream_infer("identity_int64", [inp], request_id=f"r{i}")
+        # An error on the stream does not end it.
+        bad = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+        bad.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
+        client.async_stream_infer("identity_int64", [bad], request_id="bad")
+        inp = grpcclient.InferInput("INPUT0", [1, 3], "INT64")
+        inp.set_data_from_numpy(np.full((1, 3), 99, dtype=np.int64))
+        client.async_stream_infer("identity_int64", [inp], request_id="after")
+        got = [answers.get(timeout=20) for _ in range(n + 2)]
+    finally:
+        client.stop_stream()
+    for i, result in enumerate(got[:n]):
+        assert not isinstance(result, Exception), result
+        assert result.get_response().id == f"r{i}"
+        assert int(result.as_numpy("OUTPUT0")[0, 0]) == i
+    assert isinstance(got[n], InferenceServerException)
+    assert "data-type is 'FP32', but model 'identity_int64' expects 'INT64'" in str(got[n])
+    assert got[n + 1].get_response().id == "after"
+
+
+@pytest.mark.parametrize("datatype", ALL_DATATYPES)
+def test_every_datatype_raw(client: grpcclient.InferenceServerClient, datatype: str) -> None:
+    data = _sample(datatype, 12).reshape(3, 4)
+    inp = grpcclient.InferInput("INPUT0", [3, 4], datatype)
+    inp.set_data_from_numpy(data)
+    got = client.infer(f"identity_{datatype.lower()}", [inp]).as_numpy("OUTPUT0")
+    if datatype == "BYTES":
+        assert list(got.reshape(-1)) == list(data.reshape(-1))
+    elif datatype == "BF16":
+        np.testing.assert_array_equal(got.view(np.uint16), data.view(np.uint16))
+    else:
+        np.testing.assert_array_equal(got, data)
+
+
+_TYPED_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def _raw_stub(url: str) -> service_pb2_grpc.GRPCInferenceServiceStub:
+    return service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(url))
+
+
+@pytest.mark.parametrize("datatype", sorted(_TYPED_FIELD))
+def test_typed_contents_of_every_type(url: str, datatype: str) -> None:
+    data = _sample(datatype, 6).reshape(2, 3)
+    req = service_pb2.ModelInferRequest(model_name=f"identity_{datatype.lower()}")
+    t = req.inputs.add(name="INPUT0", datatype=datatype, shape=[2, 3])
+    getattr(t.contents, _TYPED_FIELD[datatype]).extend(data.reshape(-1).tolist())
+    resp = _raw_stub(url).ModelInfer(req)
+    assert len(resp.raw_output_contents) == 1
+    assert not resp.outputs[0].HasField("contents")
+    out = grpcclient.InferResult(resp).as_numpy("OUTPUT0")
+    if datatype == "BYTES":
+        assert list(out.reshape(-1)) == list(data.reshape(-1))
+    else:
+        np.testing.assert_array_equal(out, data)
+
+
+def test_mixed_raw_and_typed_contents_refused(url: str) -> None:
+    req = service_pb2.ModelInferRequest(model_name="simple")
+    t0 = req.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16])
+    t0.contents.int_contents.extend(range(16))
+    req.inputs.add(name="INPUT1", datatype="INT32", shape=[1, 16])
+    req.raw_input_contents.append(np.ones(16, dtype=np.int32).tobytes())
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_stub(url).ModelInfer(req)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == (
+        "contents field must not be specified when using raw_input_contents for 'INPUT0' "
+        "for model 'simple'"
+    )
+
+
+def test_parameters_are_accepted(client: grpcclient.InferenceServerClient) -> None:
+    ins, a, b = simple_inputs()
+    result = client.infer("simple", ins, parameters={"custom": "x", "n": 3, "flag": True})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+
+
+@pytest.mark.parametrize(
+    ("model", "version", "code", "message"),
+    [
+        (
+            "nope",
+            "",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "Request for unknown model: 'nope' is not found",
+        ),
+        ("versioned", "2", grpc.StatusCode.NOT_FOUND, "'versioned' version 2 is not found"),
+        (
+            "simple",
+            "wrong_specification",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "failed to get model version from specified version string 'wrong_specification'",
+        ),
+    ],
+)
+def test_error_codes(
+    url: str, model: str, version: str, code: grpc.StatusCode, message: str
+) -> None:
+    ins, _, _ = simple_inputs()
+    req = service_pb2.ModelInferRequest(model_name=model, model_version=version)
+    for i in ins:
+        req.inputs.add(name=i.name(), datatype="INT32", shape=[1, 16])
+        req.raw_input_contents.append(np.ones(16, dtype=np.int32).tobytes())
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_stub(url).ModelInfer(req)
+    assert e.value.code() == code
+    assert e.value.details() == message
+
+
+def test_bad_shape_is_invalid_argument(client: grpcclient.InferenceServerClient) -> None:
+    ins = [grpcclient.InferInput(n, [2, 8], "INT32") for n in ("INPUT0", "INPUT1")]
+    for i in ins:
+        i.set_data_from_numpy(np.ones((2, 8), dtype=np.int32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple", ins)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert (
+        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2,8]"
+        in e.value.message()
+    )
+
+
+def test_large_tensor_over_grpc(client: grpcclient.InferenceServerClient) -> None:
+    data = np.random.default_rng(3).standard_normal((2, 3_000_000)).astype(np.float32)  # 24 MB
+    inp = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+    inp.set_data_from_numpy(data)
+    np.testing.assert_array_equal(client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), data)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "BYTES", "INT8", "BOOL", "FP16"])
+def test_http_and_grpc_outputs_are_byte_identical(
+    server: ShoalServer, client: grpcclient.InferenceServerClient, datatype: str
+) -> None:
+    data = _sample(datatype, 8).reshape(2, 4)
+    ginp = grpcclient.InferInput("INPUT0", [2, 4], datatype)
+    ginp.set_data_from_numpy(data)
+    gresp = client.infer(f"identity_{datatype.lower()}", [ginp]).get_response()
+    hinp = httpclient.InferInput("INPUT0", [2, 4], datatype)
+    hinp.set_data_from_numpy(data)
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+    body, json_len = httpclient.InferenceServerClient.generate_request_body([hinp], [out])
+    conn = http.client.HTTPConnection(server.url, timeout=10)
+    conn.request(
+        "POST",
+        f"/v2/models/identity_{datatype.lower()}/infer",
+        body=body,
+        headers={"Inference-Header-Content-Length": str(json_len)},
+    )
+    resp = conn.getresponse()
+    raw = resp.read()
+    header_len = int(resp.getheader("Inference-Header-Content-Length"))
+    assert gresp.raw_output_contents[0] == raw[header_len:]
+
+
+def test_concurrent_clients_from_threads(url: str) -> None:
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            c = grpcclient.InferenceServerClient(url)
+            for _ in range(10):
+                ins, a, b = simple_inputs(batch=1 + k % 8)
+                np.testing.assert_array_equal(c.infer("simple", ins).as_numpy("OUTPUT0"), a + b)
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
