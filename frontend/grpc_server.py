@@ -54,8 +54,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         status = self.dp.frontend_status()
         context.set_trailing_metadata(
-            (("shoal-frontend", str(status["index"])),
-             ("shoal-frontend-requests", str(status["inference_requests"])))
+            (
+                ("shoal-frontend", str(status["index"])),
+                ("shoal-frontend-requests", str(status["inference_requests"])),
+            )
         )
         return pb.ServerMetadataResponse(**self.dp.server_metadata())
 
