@@ -1,9 +1,11 @@
-"""Run Triton's perf_analyzer against a KServe v2 HTTP endpoint and parse its CSV report."""
+"""Run Triton's perf_analyzer against a KServe v2 endpoint (HTTP, gRPC or gRPC streaming)."""
 
 from __future__ import annotations
 
 import csv
 import os
+import re
+import statistics
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,18 +14,34 @@ from servers import REPO_ROOT
 
 INSTALLER = REPO_ROOT.parent / "shared" / "tools" / "install-perf-analyzer"
 
+#: The protocols a run can ask for, and the perf_analyzer flags each means.
+PROTOCOL_FLAGS = {
+    "http": ("-i", "http"),
+    "grpc": ("-i", "grpc"),
+    "grpc-stream": ("-i", "grpc", "--streaming"),
+}
+
+_PASS = re.compile(r"Pass \[(\d+)\] throughput: ([\d.]+) infer/sec\. Avg latency: (\d+) usec")
+
 
 @dataclass(frozen=True)
 class Measurement:
-    """One load level: requests per second and client-side latency percentiles in µs."""
+    """One load level: requests per second and client-side latency percentiles in µs.
+
+    ``protocol`` is ``http``, ``grpc`` or ``grpc-stream`` ('' for in-process ORT);
+    ``frontends`` is shoal's ``--frontend-processes`` (None for other servers). ``p50_us``
+    and ``p99_us`` are None when perf_analyzer never settled (see ``note``).
+    """
 
     server: str
     model: str
     concurrency: int
     throughput: float
-    p50_us: float
-    p99_us: float
+    p50_us: float | None
+    p99_us: float | None
     note: str = ""
+    protocol: str = ""
+    frontends: int | None = None
 
 
 def perf_analyzer_path() -> str:
@@ -42,8 +60,10 @@ def perf_analyzer_version(binary: str) -> str:
 
 def run_perf_analyzer(
     binary: str,
+    *,
     server: str,
     url: str,
+    protocol: str,
     model: str,
     concurrency: int,
     csv_path: Path,
@@ -51,57 +71,62 @@ def run_perf_analyzer(
     max_trials: int,
     stability_pct: int,
     timeout_s: float,
+    frontends: int | None = None,
 ) -> Measurement:
-    """One perf_analyzer process at one concurrency; HTTP, batch 1, binary tensors.
+    """One perf_analyzer process at one concurrency, batch 1, random inputs.
 
-    perf_analyzer's HTTP client sends and requests tensors with the binary data extension by
-    default. It reports a level only once 3 consecutive windows agree within
-    ``stability_pct``; if none do within ``max_trials`` windows it reports nothing, so the
-    level is measured again with a 100% tolerance and marked "unstable".
+    Over HTTP perf_analyzer sends and requests tensors with the binary data extension by
+    default; over gRPC it uses raw_input_contents. It reports a level only once 3 consecutive
+    windows agree within ``stability_pct``. If none do within ``max_trials`` windows the
+    level is not retried: its throughput is the mean of the last 3 windows (printed because
+    of ``-v``), it has no percentiles, and ``note`` says ``unstable``.
     """
-    attempts = [(stability_pct, "")]
-    if stability_pct < 100:
-        attempts.append((100, "unstable"))
+    argv = [
+        binary,
+        *("-m", model, "-u", url, *PROTOCOL_FLAGS[protocol], "-b", "1", "-v"),
+        *("--concurrency-range", f"{concurrency}:{concurrency}:1"),
+        *("--measurement-interval", str(interval_ms)),
+        *("--max-trials", str(max_trials)),
+        *("--stability-percentage", str(stability_pct)),
+        *("-f", str(csv_path)),
+    ]
+    csv_path.unlink(missing_ok=True)
     log_path = csv_path.with_suffix(".log")
-    logs = []
-    for pct, note in attempts:
-        csv_path.unlink(missing_ok=True)
-        argv = [
-            binary,
-            *("-m", model, "-u", url, "-i", "http", "-b", "1"),
-            *("--concurrency-range", f"{concurrency}:{concurrency}:1"),
-            *("--measurement-interval", str(interval_ms)),
-            *("--max-trials", str(max_trials)),
-            *("--stability-percentage", str(pct)),
-            *("-f", str(csv_path)),
-        ]
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-            logs.append(" ".join(argv) + "\n" + out.stdout + out.stderr)
-        except subprocess.TimeoutExpired as e:
-            partial = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
-            logs.append(f"timed out after {timeout_s}s\n{partial}")
-            continue
-        log_path.write_text("\n".join(logs))
-        rows = _parse_csv(csv_path, server, model, note) if csv_path.exists() else []
-        if out.returncode == 0 and rows:
-            return rows[0]
-    log_path.write_text("\n".join(logs))
-    tail = " | ".join(logs[-1].strip().splitlines()[-2:])
-    raise RuntimeError(f"perf_analyzer failed on {server}/{model} c={concurrency}: {tail}")
-
-
-def _parse_csv(path: Path, server: str, model: str, note: str) -> list[Measurement]:
-    with path.open(newline="") as f:
-        return [
-            Measurement(
-                server=server,
-                model=model,
+    what = f"{server}/{protocol}/{model} c={concurrency}"
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        text = out.stdout + out.stderr
+        rc = out.returncode
+    except subprocess.TimeoutExpired as e:
+        partial = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+        text, rc = f"timed out after {timeout_s:.0f}s\n{partial}", -1
+    log_path.write_text(" ".join(argv) + "\n" + text)
+    common = dict(server=server, model=model, protocol=protocol, frontends=frontends)
+    if rc == 0 and csv_path.exists():
+        with csv_path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        if rows:
+            row = rows[0]
+            return Measurement(
                 concurrency=int(row["Concurrency"]),
                 throughput=float(row["Inferences/Second"]),
                 p50_us=float(row["p50 latency"]),
                 p99_us=float(row["p99 latency"]),
-                note=note,
+                **common,  # type: ignore[arg-type]
             )
-            for row in csv.DictReader(f)
-        ]
+    passes = [(float(m[2]), float(m[3])) for m in _PASS.finditer(text)][-3:]
+    if len(passes) == 3 and "stable measurement" in text:
+        tput = [p[0] for p in passes]
+        mean = statistics.fmean(tput)
+        spread = (max(tput) - min(tput)) / mean * 100
+        lat = statistics.fmean(p[1] for p in passes)
+        return Measurement(
+            concurrency=concurrency,
+            throughput=mean,
+            p50_us=None,
+            p99_us=None,
+            note=f"unstable: last 3 windows' mean, spread {spread:.0f}%, avg {lat:,.0f} µs",
+            **common,  # type: ignore[arg-type]
+        )
+    tail = " | ".join(text.strip().splitlines()[-2:])
+    raise RuntimeError(f"perf_analyzer failed on {what}: {tail}")

@@ -2,11 +2,14 @@
 
 ``ServerProcess`` owns one child process group: it is started in its own session so that
 ``stop()`` can signal the server together with the helpers it spawned (Triton's python
-backend stubs, shoal's broker and workers), and nothing else.
+backend stubs), and nothing else. shoal's broker, workers and frontends run in process groups
+of their own and follow their parent out; ``stop()`` notes their pids beforehand and kills any
+that linger, by pid, then removes the ``/dev/shm/shoal-<pid>-*`` files those pids left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -65,12 +68,30 @@ def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None 
 class ServerProcess:
     """One server child process group, its log file and the HTTP address it serves."""
 
-    def __init__(self, name: str, argv: list[str], http_url: str, log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        http_url: str,
+        log_path: Path,
+        grpc_url: str | None = None,
+        frontends: int | None = None,
+    ) -> None:
         self.name = name
         self.argv = argv
         self.http_url = http_url
+        self.grpc_url = grpc_url
+        self.frontends = frontends
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, protocol: str) -> str:
+        """The address perf_analyzer's ``-u`` takes for ``http``, ``grpc``, ``grpc-stream``."""
+        if protocol == "http":
+            return self.http_url
+        if self.grpc_url is None:
+            raise ValueError(f"{self.name} serves no gRPC")
+        return self.grpc_url
 
     def start(self, ready_timeout_s: float) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,17 +108,32 @@ class ServerProcess:
         return self
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
         pgid = self.proc.pid  # start_new_session made the child its group's leader
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
+        helpers = descendants(pgid)
+        if self.proc.poll() is None:
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        with contextlib.suppress(ProcessLookupError):  # stragglers in the group
             os.killpg(pgid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
+        deadline = time.monotonic() + grace_s
+        while any(_alive(p) for p in helpers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for p in helpers:
+            if _alive(p):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+        for p in [pgid, *helpers]:
+            for f in Path("/dev/shm").glob(f"shoal-{p}-*"):
+                f.unlink(missing_ok=True)
 
     def __enter__(self) -> ServerProcess:
         return self
@@ -106,22 +142,66 @@ class ServerProcess:
         self.stop()
 
 
-def shoal_server(repo: Path, log_path: Path) -> ServerProcess:
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def descendants(root: int) -> list[int]:
+    """Live processes below ``root`` by parent pid, plus those naming it in ``--parent-pid``.
+
+    shoal's helpers carry ``--parent-pid``, so they stay recognisable once re-parented.
+    """
+    parent: dict[int, int] = {}
+    by_flag: list[int] = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        pid = int(d.name)
+        parent[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+        for i, a in enumerate(argv[:-1]):
+            if a == b"--parent-pid" and argv[i + 1] == str(root).encode():
+                by_flag.append(pid)
+    found: set[int] = set(by_flag)
+    frontier = [root, *by_flag]
+    while frontier:
+        p = frontier.pop()
+        for child, pp in parent.items():
+            if pp == p and child not in found and child != root:
+                found.add(child)
+                frontier.append(child)
+    return sorted(found)
+
+
+def shoal_server(repo: Path, log_path: Path, frontends: int = 1) -> ServerProcess:
+    """``shoal serve`` on three free loopback ports with ``--frontend-processes frontends``."""
     base = free_port_block(3)
     shoal = REPO_ROOT / ".venv" / "bin" / "shoal"
     argv = [
         str(shoal),
         "serve",
-        "--model-repository",
-        str(repo),
-        "--http-port",
-        str(base),
-        "--grpc-port",
-        str(base + 1),
-        "--metrics-port",
-        str(base + 2),
+        *("--model-repository", str(repo)),
+        *("--http-address", "127.0.0.1", "--http-port", str(base)),
+        *("--grpc-address", "127.0.0.1", "--grpc-port", str(base + 1)),
+        *("--metrics-port", str(base + 2)),
+        *("--frontend-processes", str(frontends)),
     ]
-    return ServerProcess("shoal", argv, f"127.0.0.1:{base}", log_path)
+    return ServerProcess(
+        f"shoal-{frontends}f",
+        argv,
+        f"127.0.0.1:{base}",
+        log_path,
+        grpc_url=f"127.0.0.1:{base + 1}",
+        frontends=frontends,
+    )
 
 
 def ensure_triton_peer_installed() -> None:
@@ -133,4 +213,6 @@ def triton_peer_server(repo: Path, log_path: Path) -> ServerProcess:
     ensure_triton_peer_installed()
     base = free_port_block(3)  # triton-peer takes HTTP, HTTP+1 (gRPC), HTTP+2 (metrics)
     argv = [str(TRITON_PEER), "serve", str(repo), str(base)]
-    return ServerProcess("triton", argv, f"127.0.0.1:{base}", log_path)
+    return ServerProcess(
+        "triton", argv, f"127.0.0.1:{base}", log_path, grpc_url=f"127.0.0.1:{base + 1}"
+    )

@@ -12,6 +12,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+from broker.batch_config import batcher_config
+from broker.batcher import DynamicBatcher
+from broker.stats import VersionStats
 from ipc import messages as m
 
 InstanceState = Literal["LOADING", "READY", "DEAD"]
@@ -44,6 +47,19 @@ class ModelVersion:
     queue: deque[m.WorkItem] = field(default_factory=deque)
     failed_loads: int = 0
     ever_ready: bool = False
+    batcher: DynamicBatcher | None = None
+    stats: VersionStats = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stats = VersionStats(self.name, self.version)
+
+    def set_config(self, config: bytes) -> None:
+        """The completed config from the first ready worker: it decides batching."""
+        if self.config:
+            return
+        self.config = config
+        cfg = batcher_config(config)
+        self.batcher = DynamicBatcher(cfg) if cfg is not None else None
 
     def live(self) -> list[Instance]:
         return [i for i in self.instances.values() if i.state == "READY"]
@@ -104,6 +120,20 @@ class ModelTable:
             return entry.versions.get(version)
         ready = [v for v in entry.versions.values() if v.state == "READY"]
         return max(ready, key=lambda v: v.version) if ready else None
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [v for e in self.models.values() for v in e.versions.values()]
+
+    def batching_versions(self) -> list[ModelVersion]:
+        return [v for v in self.all_versions() if v.batcher is not None]
+
+    def stats(self, name: str, version: int) -> list[m.ModelStats]:
+        """Statistics of every version (of ``name``, or of every model when "")."""
+        return [
+            v.stats.snapshot()
+            for v in sorted(self.all_versions(), key=lambda v: (v.name, v.version))
+            if (not name or v.name == name) and (version < 0 or v.version == version)
+        ]
 
     def startup_done(self) -> bool:
         return all(v.state != "LOADING" for e in self.models.values() for v in e.versions.values())

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 
+from broker.batcher import Rejected
 from broker.models import Instance, ModelTable, ModelVersion
 from broker.router import Dispatch, Router
 from configs import repository
+from configs.devices import gpu_count
+from configs.placement import instance_count
 from ipc import messages as m
 from ipc import sockets
 from ipc.errors import Code, ServingError, unknown_model
@@ -37,11 +41,6 @@ class BrokerSettings:
     autocomplete: bool = True
     model_config_name: str = ""
     strict_readiness: bool = True
-
-
-def _instance_count(config: object) -> int:
-    groups = getattr(config, "instance_group", [])
-    return max(sum(max(g.count, 1) for g in groups), 1) if groups else 1
 
 
 class BrokerProc:
@@ -69,13 +68,14 @@ class BrokerProc:
             self.s.model_repository,
             model_config_name=self.s.model_config_name,
             autocomplete_enabled=self.s.autocomplete,
+            gpu_count=gpu_count(),
         )
         for e in entries:
             if e.error or e.config is None:
                 log.error("%s", e.error)
                 self.table.add_error(e.name, e.error or "failed to load")
                 continue
-            count = _instance_count(e.config)
+            count = instance_count(e.config)
             platform = e.config.platform or e.config.backend
             self.table.add_model(e.name, {v: count for v in e.versions}, platform)
         log.info("repository %s: %d model(s)", self.s.model_repository, len(entries))
@@ -98,15 +98,31 @@ class BrokerProc:
                     ", ".join(f"{s.name}/{s.version}={s.state}" for s in self.table.states())
                     or "no models",
                 )
-            events = dict(self.poller.poll(250))
+            events = dict(self.poller.poll(self._poll_timeout_ms()))
             if self.fsock in events:
                 self._drain(self.fsock, self._on_frontend)
             if self.wsock in events:
                 self._drain(self.wsock, self._on_worker)
             for fd in [fd for fd in self.pidfds if fd in events]:
                 self._peer_died(fd)
+            self._tick()
         self._shutdown_workers()
         return 0
+
+    def _poll_timeout_ms(self) -> int:
+        """Sleep until the next queue delay or timeout runs out (at most 250 ms)."""
+        wake = self.router.next_wakeup()
+        if wake is None:
+            return 250
+        return max(0, min(250, int((wake - time.monotonic()) * 1000) + 1))
+
+    def _tick(self) -> None:
+        dispatches, failures = self.router.tick(time.monotonic())
+        for item, message in failures:
+            self._reply_error(
+                item.frontend, item.request.req_id, ServingError(Code.UNAVAILABLE, message)
+            )
+        self._dispatch(dispatches)
 
     def _drain(self, sock: zmq.Socket, handle: object) -> None:
         for _ in range(512):  # bounded, so one busy side cannot starve the other
@@ -145,6 +161,8 @@ class BrokerProc:
             self._on_infer(ident, msg)
         elif isinstance(msg, m.ModelQuery):
             self._send(self.fsock, [ident, *m.encode(self._model_info(msg))])
+        elif isinstance(msg, m.StatsQuery):
+            self._send(self.fsock, [ident, *m.encode(self._stats(msg))])
         elif isinstance(msg, m.ServerQuery):
             ready = self.table.all_ready() if self.s.strict_readiness else True
             state = m.ServerState(msg.query_id, True, ready, self.table.states())
@@ -181,7 +199,12 @@ class BrokerProc:
         except ServingError as err:
             self._reply_error(ident, req.req_id, err)
             return
-        self._dispatch(self.router.submit(mv, m.WorkItem(ident, req)))
+        try:
+            dispatches = self.router.submit(mv, m.WorkItem(ident, req), time.monotonic())
+        except Rejected as exc:
+            self._reply_error(ident, req.req_id, ServingError(Code.UNAVAILABLE, exc.message))
+            return
+        self._dispatch(dispatches)
 
     def _model_info(self, q: m.ModelQuery) -> m.ModelInfo:
         try:
@@ -194,6 +217,17 @@ class BrokerProc:
             q.query_id, None, q.model, mv.version, ready, True, mv.platform, mv.config
         )
 
+    def _stats(self, q: m.StatsQuery) -> m.StatsReply:
+        if q.model:
+            entry = self.table.models.get(q.model)
+            if entry is None:
+                err = unknown_model(q.model)
+                return m.StatsReply(q.query_id, m.ErrorInfo(int(err.code), err.message))
+            if q.version >= 0 and q.version not in entry.versions:
+                err = ServingError(Code.NOT_FOUND, f"'{q.model}' version {q.version} is not found")
+                return m.StatsReply(q.query_id, m.ErrorInfo(int(err.code), err.message))
+        return m.StatsReply(q.query_id, None, self.table.stats(q.model, q.version))
+
     # -- workers ---------------------------------------------------------------------
 
     def _on_worker(self, frames: list[bytes]) -> None:
@@ -202,7 +236,7 @@ class BrokerProc:
         inst = self.table.by_ident.get(ident)
         if isinstance(msg, m.BatchDone):
             if inst is not None:
-                self._dispatch(self.router.batch_done(inst))
+                self._dispatch(self.router.batch_done(inst, msg, time.monotonic()))
         elif isinstance(msg, m.WorkerHello):
             self._on_hello(ident, msg)
         elif isinstance(msg, m.WorkerReady) and inst is not None:
@@ -211,7 +245,7 @@ class BrokerProc:
                 inst.cores = list(msg.cores)
                 mv = self.table.version(inst.model, inst.version)
                 if mv is not None:
-                    mv.config = mv.config or msg.config
+                    mv.set_config(msg.config)
                     mv.refresh_state()
                 log.info(
                     "instance %d of %s/%d ready (pid %d)",
@@ -220,7 +254,7 @@ class BrokerProc:
                     inst.version,
                     inst.pid,
                 )
-            self._dispatch(self.router.instance_ready(inst))
+            self._dispatch(self.router.instance_ready(inst, time.monotonic()))
         elif isinstance(msg, m.WorkerFailed) and inst is not None:
             log.error("%s", msg.message)
             mv = self.table.version(inst.model, inst.version)
@@ -274,11 +308,7 @@ class BrokerProc:
         """A peer exited: drop its queued work, answer what it held, tell the others."""
         if role == "frontend":
             self.frontend_fds.pop(ident, None)
-            for e in self.table.models.values():
-                for mv in e.versions.values():
-                    kept = [it for it in mv.queue if it.frontend != ident]
-                    mv.queue.clear()
-                    mv.queue.extend(kept)
+            self.router.forget_frontend(ident)
             log.warning("frontend %r exited", ident)
             gone = m.encode(m.FrontendGone(ident))
             for worker in list(self.table.by_ident):
@@ -291,7 +321,7 @@ class BrokerProc:
             "instance %d of %s/%d (pid %d) exited", inst.index, inst.model, inst.version, inst.pid
         )
         was_loading = inst.state == "LOADING"
-        failed, dispatches = self.router.instance_lost(inst)
+        failed, dispatches = self.router.instance_lost(inst, time.monotonic())
         version = self.table.version(inst.model, inst.version)
         if version is not None:
             version.instances.pop(ident, None)

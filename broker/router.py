@@ -1,42 +1,74 @@
-"""Routing of queued requests to idle instances (pure: no sockets, no clock).
+"""Routing of queued requests to idle instances (pure: no sockets; time is passed in).
 
-Each model version keeps one FIFO queue and a deque of idle instances; an instance
-holds at most one batch at a time. Idle instances are used least-recently-used first,
-which spreads work over all instances. Without a batcher, a batch is one request.
+Each model version keeps its queue (a DynamicBatcher when the config asks for dynamic
+batching, else a FIFO where every request is its own batch) and a deque of idle
+instances; an instance holds at most one batch at a time. Idle instances are used
+least-recently-used first, which spreads work over all of them. Statistics are kept
+here because this is where arrival, dispatch and completion meet.
 """
 
 from __future__ import annotations
 
+from broker.batcher import TIMEOUT_EXPIRED, Rejected
 from broker.models import Instance, ModelTable, ModelVersion
 from ipc import messages as m
 
 Dispatch = tuple[Instance, m.ExecuteBatch]
+Failure = tuple[m.WorkItem, str]  # an item to answer with an error, and the message
+
+
+def _key(item: m.WorkItem) -> tuple[bytes, int]:
+    return item.frontend, item.request.req_id
 
 
 class Router:
     def __init__(self, table: ModelTable) -> None:
         self.table = table
         self._next_batch = 1
+        self._arrived: dict[tuple[bytes, int], float] = {}
 
-    def submit(self, mv: ModelVersion, item: m.WorkItem) -> list[Dispatch]:
-        mv.queue.append(item)
-        return self._dispatch(mv)
+    def submit(self, mv: ModelVersion, item: m.WorkItem, now: float) -> list[Dispatch]:
+        """Queue ``item``; raises Rejected (already counted as a failure) when refused."""
+        if mv.batcher is not None:
+            try:
+                mv.batcher.enqueue(item, now)
+            except Rejected:
+                mv.stats.failed(0)
+                raise
+        else:
+            mv.queue.append(item)
+        self._arrived[_key(item)] = now
+        return self._dispatch(mv, now)
 
-    def instance_ready(self, inst: Instance) -> list[Dispatch]:
+    def instance_ready(self, inst: Instance, now: float) -> list[Dispatch]:
         mv = self.table.version(inst.model, inst.version)
         if mv is None:
             return []
         if inst.ident not in mv.idle and inst.in_flight is None:
             mv.idle.append(inst.ident)
-        return self._dispatch(mv)
+        return self._dispatch(mv, now)
 
-    def batch_done(self, inst: Instance) -> list[Dispatch]:
-        inst.in_flight = None
+    def batch_done(self, inst: Instance, done: m.BatchDone, now: float) -> list[Dispatch]:
+        batch, inst.in_flight = inst.in_flight, None
+        mv = self.table.version(inst.model, inst.version)
+        if batch is not None and mv is not None and batch.batch_id == done.batch_id:
+            failed = set(done.failed)
+            ok_ns: list[int] = []
+            samples = 0
+            for item in batch.items:
+                elapsed = int((now - self._arrived.pop(_key(item), now)) * 1e9)
+                if item.request.req_id in failed:
+                    mv.stats.failed(elapsed)
+                else:
+                    ok_ns.append(elapsed)
+                    samples += max(item.request.batch_size, 1)
+            if ok_ns:
+                mv.stats.executed(done, ok_ns, samples)
         if inst.state != "READY":
             return []
-        return self.instance_ready(inst)
+        return self.instance_ready(inst, now)
 
-    def instance_lost(self, inst: Instance) -> tuple[list[m.WorkItem], list[Dispatch]]:
+    def instance_lost(self, inst: Instance, now: float) -> tuple[list[m.WorkItem], list[Dispatch]]:
         """Mark ``inst`` dead. Returns the items it was running (they failed) and, if
         no instance is left, every queued item of the version too."""
         mv = self.table.version(inst.model, inst.version)
@@ -51,13 +83,61 @@ class Router:
         if not mv.live():
             failed.extend(mv.queue)
             mv.queue.clear()
-        return failed, self._dispatch(mv)
+            if mv.batcher is not None:
+                failed.extend(mv.batcher.drain())
+        for item in failed:
+            self._fail(mv, item, now)
+        return failed, self._dispatch(mv, now)
 
-    def _dispatch(self, mv: ModelVersion) -> list[Dispatch]:
+    def tick(self, now: float) -> tuple[list[Dispatch], list[Failure]]:
+        """Queue delays and timeouts that ran out: batches to send, requests to refuse."""
+        dispatches: list[Dispatch] = []
+        failures: list[Failure] = []
+        for mv in self.table.batching_versions():
+            assert mv.batcher is not None
+            for item in mv.batcher.expire(now):
+                self._fail(mv, item, now)
+                failures.append((item, TIMEOUT_EXPIRED))
+            dispatches.extend(self._dispatch(mv, now))
+        return dispatches, failures
+
+    def next_wakeup(self) -> float | None:
+        times = [
+            t
+            for mv in self.table.batching_versions()
+            if mv.batcher is not None and (t := mv.batcher.next_wakeup()) is not None
+        ]
+        return min(times) if times else None
+
+    def forget_frontend(self, frontend: bytes) -> None:
+        for mv in self.table.all_versions():
+            kept = [it for it in mv.queue if it.frontend != frontend]
+            mv.queue.clear()
+            mv.queue.extend(kept)
+            if mv.batcher is not None:
+                mv.batcher.drop_frontend(frontend)
+        for key in [k for k in self._arrived if k[0] == frontend]:
+            del self._arrived[key]
+
+    def _fail(self, mv: ModelVersion, item: m.WorkItem, now: float) -> None:
+        arrived = self._arrived.pop(_key(item), now)
+        mv.stats.failed(int((now - arrived) * 1e9))
+
+    def _next(self, mv: ModelVersion, now: float) -> list[m.WorkItem]:
+        if mv.batcher is not None:
+            return mv.batcher.take_batch(now)
+        return [mv.queue.popleft()] if mv.queue else []
+
+    def _dispatch(self, mv: ModelVersion, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
-        while mv.queue and mv.idle:
+        while mv.idle:
+            items = self._next(mv, now)
+            if not items:
+                break
             inst = mv.instances[mv.idle.popleft()]
-            batch = m.ExecuteBatch(self._next_batch, [mv.queue.popleft()])
+            for item in items:
+                mv.stats.queued(int((now - self._arrived.get(_key(item), now)) * 1e9))
+            batch = m.ExecuteBatch(self._next_batch, items)
             self._next_batch += 1
             inst.in_flight = batch
             out.append((inst, batch))

@@ -45,6 +45,13 @@ def parse_version(version: str) -> int:
     return int(version)
 
 
+def _uint_param(req: InferenceRequest, key: str) -> int:
+    value = req.parameters.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid_arg(f"parameter '{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
 class DataPlane:
     def __init__(self, broker: BrokerClient, pool: SlabPool, server_id: str = "triton") -> None:
         self.broker = broker
@@ -113,6 +120,15 @@ class DataPlane:
     def cached_model(self, name: str, version: str) -> ModelHandle:
         """The handle ``model()`` fetched earlier (call that first)."""
         return self._models[(name, parse_version(version))]
+
+    async def statistics(self, name: str, version: str) -> list[m.ModelStats]:
+        """Triton's statistics of every version of ``name`` (of every model when "")."""
+        reply = await self.broker.query(
+            m.StatsQuery(self.broker.next_id(), name, parse_version(version)), m.StatsReply
+        )
+        if reply.error is not None:
+            raise ServingError(Code(reply.error.code), reply.error.message)
+        return reply.model_stats
 
     async def model_ready(self, name: str, version: str) -> bool:
         try:
@@ -184,6 +200,8 @@ class DataPlane:
             inputs=refs,
             outputs=specs,
             batch_size=batch,
+            priority=_uint_param(req, "priority"),
+            timeout_us=_uint_param(req, "timeout"),
         )
 
     def _outputs(self, resp: m.InferResponse, slots: list[Slot]) -> list[OutputTensor]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import msgspec
 import numpy as np
+from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from frontend.types import (
@@ -174,3 +176,10 @@ def model_metadata(meta: dict[str, Any]) -> pb.ModelMetadataResponse:
         inputs=tensors(meta["inputs"]),
         outputs=tensors(meta["outputs"]),
     )
+
+
+def model_statistics(stats: list[Any]) -> pb.ModelStatisticsResponse:
+    """msgspec ModelStats (same field names as Triton's proto) as the gRPC message."""
+    resp = pb.ModelStatisticsResponse()
+    json_format.ParseDict({"model_stats": msgspec.to_builtins(stats)}, resp)
+    return resp

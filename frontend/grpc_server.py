@@ -75,6 +75,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
         return await _guard(context, call)
 
+    async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
+        async def call() -> pb.ModelStatisticsResponse:
+            stats = await self.dp.statistics(request.name, request.version)
+            return grpc_codec.model_statistics(stats)
+
+        return await _guard(context, call)
+
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         return await _guard(context, lambda: self._infer(request))
 

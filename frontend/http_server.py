@@ -152,6 +152,12 @@ async def infer(request: web.Request) -> web.Response:
     return resp
 
 
+async def model_stats(request: web.Request) -> web.Response:
+    name = request.match_info.get("model", "")
+    stats = await _dp(request).statistics(name, request.match_info.get("version", ""))
+    return _json({"model_stats": stats})
+
+
 async def frontend_status(request: web.Request) -> web.Response:
     return _json(_dp(request).frontend_status())
 
@@ -173,7 +179,9 @@ def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
     r.add_get("/v2/health/ready", health_ready)
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/shoal/frontend", frontend_status)
+    r.add_get("/v2/models/stats", model_stats)
     for base in (model, versioned):
+        r.add_get(base + "/stats", model_stats)
         r.add_get(base, model_metadata)
         r.add_get(base + "/config", model_config)
         r.add_get(base + "/ready", model_ready)

@@ -83,8 +83,14 @@ class ExecuteBatch(msgspec.Struct, array_like=True):
 
 
 class BatchDone(msgspec.Struct, array_like=True):
+    """Worker -> broker after the batch's results went out, with its timings."""
+
     batch_id: int
-    compute_ns: int = 0
+    batch_size: int = 0  # samples executed (the sum of the requests' batch sizes)
+    input_ns: int = 0  # gathering inputs into the batch
+    infer_ns: int = 0  # the backend's execution
+    output_ns: int = 0  # splitting and writing outputs
+    failed: list[int] = []  # req_ids that got an error instead of outputs
 
 
 class WorkerHello(msgspec.Struct, array_like=True):
@@ -157,6 +163,57 @@ class FrontendGone(msgspec.Struct, array_like=True):
     frontend: bytes
 
 
+class StatsQuery(msgspec.Struct, array_like=True):
+    query_id: int
+    model: str = ""  # "" = every model
+    version: int = -1  # -1 = every version
+
+
+class Duration(msgspec.Struct):
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+
+class InferStats(msgspec.Struct):
+    success: Duration = msgspec.field(default_factory=Duration)
+    fail: Duration = msgspec.field(default_factory=Duration)
+    queue: Duration = msgspec.field(default_factory=Duration)
+    compute_input: Duration = msgspec.field(default_factory=Duration)
+    compute_infer: Duration = msgspec.field(default_factory=Duration)
+    compute_output: Duration = msgspec.field(default_factory=Duration)
+    cache_hit: Duration = msgspec.field(default_factory=Duration)
+    cache_miss: Duration = msgspec.field(default_factory=Duration)
+
+
+class BatchStats(msgspec.Struct):
+    batch_size: int
+    compute_input: Duration = msgspec.field(default_factory=Duration)
+    compute_infer: Duration = msgspec.field(default_factory=Duration)
+    compute_output: Duration = msgspec.field(default_factory=Duration)
+
+
+class ModelStats(msgspec.Struct):
+    """Triton's statistics extension, field for field (JSON keys as Triton's)."""
+
+    name: str
+    version: str
+    last_inference: int = 0  # ms since the epoch
+    inference_count: int = 0
+    execution_count: int = 0
+    inference_stats: InferStats = msgspec.field(default_factory=InferStats)
+    batch_stats: list[BatchStats] = []
+
+
+class StatsReply(msgspec.Struct, array_like=True):
+    query_id: int
+    error: ErrorInfo | None = None
+    model_stats: list[ModelStats] = []
+
+
 class Shutdown(msgspec.Struct, array_like=True):
     reason: str = ""
 
@@ -179,6 +236,8 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     ServerState: b"S",
     Shutdown: b"Z",
     FrontendGone: b"G",
+    StatsQuery: b"t",
+    StatsReply: b"T",
 }
 RESULT: Final[bytes] = b"r"
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from configs import repository
+from configs.devices import gpu_count
+from configs.placement import plan_instances
 from ipc import shm
 from ipc.lifecycle import EXIT_FATAL
 from ipc.sockets import ensure_runtime_dir
@@ -140,24 +142,28 @@ class Launcher:
         ]
 
     def worker_argvs(self) -> list[tuple[str, list[str]]]:
-        """(``model/version#instance``, argv) of every worker the repository asks for."""
-        out = []
-        for entry in repository.scan(
+        """(instance name, argv) of every worker the repository asks for, placed on its
+        own cores or GPU (see shoal.placement)."""
+        entries = repository.scan(
             self.s.model_repository,
             model_config_name=self.s.model_config_name,
             autocomplete_enabled=self.s.autocomplete,
-        ):
-            if entry.error or entry.config is None:
-                continue  # the broker reports it
-            count = sum(max(g.count, 1) for g in entry.config.instance_group) or 1
-            for version in entry.versions:
-                for i in range(count):
-                    argv = [
-                        sys.executable, "-m", "workers", *self._common(), *self._model_args(),
-                        "--model", entry.name, "--version", str(version), "--instance", str(i),
-                        "--default-max-batch-size", str(self.s.default_max_batch_size),
-                    ]  # fmt: skip
-                    out.append((f"{entry.name}/{version}#{i}", argv))
+            gpu_count=gpu_count(),
+        )
+        loadable = [(e.name, e.versions, e.config) for e in entries if not e.error and e.config]
+        out = []
+        for p in plan_instances(loadable, sorted(os.sched_getaffinity(0))):
+            argv = [
+                sys.executable, "-m", "workers", *self._common(), *self._model_args(),
+                "--model", p.model, "--version", str(p.version), "--instance", str(p.index),
+                "--instance-name", p.name,
+                "--default-max-batch-size", str(self.s.default_max_batch_size),
+            ]  # fmt: skip
+            if p.gpu is not None:
+                argv += ["--gpu", str(p.gpu)]
+            else:
+                argv += ["--cores", ",".join(map(str, p.cores))]
+            out.append((f"{p.model}/{p.version} {p.name}", argv))
         return out
 
     # -- process management ----------------------------------------------------------

@@ -24,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-config-name", default="")
     p.add_argument("--default-max-batch-size", default=4, type=int)
     p.add_argument("--cores", default="", help="comma-separated CPU cores to pin to")
+    p.add_argument("--gpu", default=None, type=int, help="the one GPU this instance sees")
+    p.add_argument("--instance-name", default="")
     add_process_flags(p)
     return p.parse_args(argv)
 
@@ -35,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     cores = [int(c) for c in args.cores.split(",") if c.strip()]
     if cores:
         os.sched_setaffinity(0, cores)
+    if args.gpu is not None:
+        # Before any CUDA import: the instance sees its GPU alone, as device 0.
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
     from workers.proc import WorkerProc, WorkerSettings
 
     proc = WorkerProc(
@@ -48,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             model_config_name=args.model_config_name,
             default_max_batch_size=args.default_max_batch_size,
             cores=cores,
+            gpu=args.gpu,
+            instance_name=args.instance_name or f"{args.model}_0_{args.instance}",
         )
     )
     return run_until_stopped(proc)

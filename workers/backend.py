@@ -18,8 +18,9 @@ from configs.schema import IOSpec
 
 
 class Backend(Protocol):
-    def load(self, model_file: Path, config: object, threads: int) -> None:
-        """Load the model; raises on failure (the message reaches the operator)."""
+    def load(self, model_file: Path, config: object, threads: int, gpu: bool) -> None:
+        """Load the model (on the process's one visible GPU when ``gpu``); raises on
+        failure (the message reaches the operator)."""
 
     def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]]:
         """The model's own inputs and outputs, for config auto-complete and checks."""

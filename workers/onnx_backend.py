@@ -52,14 +52,22 @@ class OnnxRuntimeBackend:
         self._bf16_out: set[str] = set()
         self._string_in: set[str] = set()
 
-    def load(self, model_file: Path, config: object, threads: int) -> None:
+    def load(self, model_file: Path, config: object, threads: int, gpu: bool) -> None:
         if model_file.is_dir():
             model_file = model_file / "model.onnx"
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        self._sess = ort.InferenceSession(str(model_file), so, providers=["CPUExecutionProvider"])
+        providers = ["CPUExecutionProvider"]
+        if gpu:
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise RuntimeError(
+                    "KIND_GPU instance, but this onnxruntime has no CUDAExecutionProvider "
+                    "(install onnxruntime-gpu)"
+                )
+            providers.insert(0, "CUDAExecutionProvider")
+        self._sess = ort.InferenceSession(str(model_file), so, providers=providers)
         ins, outs = self.io_spec()
         self._bf16_in = {s.name for s in ins if s.datatype == "BF16"}
         self._bf16_out = {s.name for s in outs if s.datatype == "BF16"}

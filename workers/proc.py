@@ -22,6 +22,7 @@ import zmq
 
 from configs import autocomplete as ac
 from configs import repository
+from configs.devices import gpu_count
 from configs.model_config import ConfigError, validate_io
 from ipc import messages as m
 from ipc import sockets
@@ -49,6 +50,8 @@ class WorkerSettings:
     model_config_name: str = ""
     default_max_batch_size: int = 4
     cores: list[int] = field(default_factory=list)
+    gpu: int | None = None
+    instance_name: str = ""
 
 
 class WorkerProc:
@@ -64,6 +67,7 @@ class WorkerProc:
         self.backend: backends.Backend | None = None
         self.config_bytes = b""
         self.max_batch_size = 0
+        self.ragged: set[str] = set()
         self.output_types: dict[str, str] = {}
         self.broker_pidfd: int | None = None
         self.result_socks: dict[bytes, zmq.Socket[bytes]] = {}
@@ -84,6 +88,7 @@ class WorkerProc:
                 s.model,
                 model_config_name=s.model_config_name,
                 autocomplete_enabled=s.autocomplete,
+                gpu_count=gpu_count(),
             )
             if entry is None or entry.error or entry.config is None:
                 reason = entry.error if entry is not None else "no such model directory"
@@ -91,7 +96,7 @@ class WorkerProc:
             config = entry.config
             threads = _thread_count(config, s.cores)
             backend = backends.create(config.backend or "onnxruntime")
-            backend.load(entry.model_file(s.version), config, threads)
+            backend.load(entry.model_file(s.version), config, threads, s.gpu is not None)
             ins, outs = backend.io_spec()
             if s.autocomplete:
                 config = ac.autocomplete(
@@ -105,6 +110,7 @@ class WorkerProc:
             return m.WorkerFailed(f"failed to load '{s.model}' version {s.version}: {msg}")
         self.backend = backend
         self.max_batch_size = config.max_batch_size
+        self.ragged = {i.name for i in config.input if i.allow_ragged_batch}
         self.output_types = {
             o.name: dt.name
             for o in config.output
@@ -112,11 +118,12 @@ class WorkerProc:
         }
         self.config_bytes = config.SerializeToString()
         log.info(
-            "loaded '%s' version %d instance %d (%d threads)",
+            "loaded '%s' version %d instance %d (%d threads) on %s",
             s.model,
             s.version,
             s.instance,
             threads,
+            f"GPU {s.gpu}" if s.gpu is not None else f"cores {s.cores or 'any'}",
         )
         return m.WorkerReady(self.config_bytes, list(s.cores))
 
@@ -202,49 +209,74 @@ class WorkerProc:
     # -- execution -------------------------------------------------------------------
 
     def execute(self, batch: m.ExecuteBatch) -> None:
+        """Run one batch: gather the requests' inputs (one copy when there are several),
+        execute once, split the outputs back per request (views), answer each request,
+        then report the batch's timings to the broker."""
         t0 = time.perf_counter_ns()
-        items = batch.items
-        feeds: list[dict[str, np.ndarray] | None] = []
-        for item in items:
+        failed: list[int] = []
+        live: list[tuple[m.WorkItem, dict[str, np.ndarray]]] = []
+        for item in batch.items:
             try:
-                feeds.append({t.name: input_array(t, self.regions) for t in item.request.inputs})
+                live.append(
+                    (item, {t.name: input_array(t, self.regions) for t in item.request.inputs})
+                )
             except Exception as exc:
-                feeds.append(None)
+                failed.append(item.request.req_id)
                 self._send_error(item, Code.INVALID_ARG, f"bad input reference: {exc}")
-        live = [(it, f) for it, f in zip(items, feeds, strict=True) if f is not None]
+        t1 = t2 = t0
+        samples = 0
         if live:
+            names = sorted({o.name for it, _ in live for o in it.request.outputs})
+            sizes = [max(it.request.batch_size, 1) for it, _ in live]
+            samples = sum(sizes) if self.max_batch_size > 0 else len(live)
+            feeds = self._gather([f for _, f in live])
+            t1 = time.perf_counter_ns()
             try:
-                results = self._run(live)
-            except ServingError as exc:
-                for it, _ in live:
-                    self._send_error(it, exc.code, exc.message)
+                assert self.backend is not None
+                arrays = self.backend.execute(feeds, names)
             except Exception as exc:
-                log.exception("execution failed")
+                code, message = (
+                    (exc.code, exc.message)
+                    if isinstance(exc, ServingError)
+                    else (Code.INTERNAL, f"{type(exc).__name__}: {exc}")
+                )
+                if code == Code.INTERNAL:
+                    log.exception("execution failed")
                 for it, _ in live:
-                    self._send_error(it, Code.INTERNAL, f"{type(exc).__name__}: {exc}")
-            else:
-                for (it, _), outs in zip(live, results, strict=True):
-                    self._send_result(it, outs)
-        self.sock.send_multipart(m.encode(m.BatchDone(batch.batch_id, time.perf_counter_ns() - t0)))
+                    failed.append(it.request.req_id)
+                    self._send_error(it, code, message)
+                live = []
+            t2 = time.perf_counter_ns()
+            if live:
+                for (it, _), outs in zip(live, self._scatter(names, arrays, sizes), strict=True):
+                    if not self._send_result(it, outs):
+                        failed.append(it.request.req_id)
+        t3 = time.perf_counter_ns()
+        done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed)
+        self.sock.send_multipart(m.encode(done))
 
-    def _run(
-        self, live: list[tuple[m.WorkItem, dict[str, np.ndarray]]]
+    def _gather(self, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        if len(feeds) == 1:
+            return feeds[0]
+        # Ragged inputs cannot stack along the batch dimension: they go in flattened.
+        return {
+            k: np.concatenate([f[k].reshape(-1) for f in feeds])
+            if k in self.ragged
+            else np.concatenate([f[k] for f in feeds])
+            for k in feeds[0]
+        }
+
+    @staticmethod
+    def _scatter(
+        names: list[str], arrays: list[np.ndarray], sizes: list[int]
     ) -> list[dict[str, np.ndarray]]:
-        assert self.backend is not None
-        names = sorted({o.name for it, _ in live for o in it.request.outputs})
-        if len(live) == 1:
-            arrays = self.backend.execute(live[0][1], names)
+        if len(sizes) == 1:
             return [dict(zip(names, arrays, strict=True))]
-        # Several requests: one execution over the concatenated batch, split per request.
-        sizes = [next(iter(f.values())).shape[0] for _, f in live]
-        keys = live[0][1].keys()
-        joined = {k: np.concatenate([f[k] for _, f in live]) for k in keys}
-        arrays = self.backend.execute(joined, names)
         cuts = np.cumsum(sizes)[:-1]
         parts = [np.split(a, cuts) for a in arrays]
-        return [{n: parts[j][i] for j, n in enumerate(names)} for i in range(len(live))]
+        return [{n: parts[j][i] for j, n in enumerate(names)} for i in range(len(sizes))]
 
-    def _send_result(self, item: m.WorkItem, outs: dict[str, np.ndarray]) -> None:
+    def _send_result(self, item: m.WorkItem, outs: dict[str, np.ndarray]) -> bool:
         refs = []
         try:
             for spec in item.request.outputs:
@@ -252,9 +284,10 @@ class WorkerProc:
                 refs.append(output_ref(spec.name, dtype, outs[spec.name], spec, self.regions))
         except Exception as exc:
             self._send_error(item, Code.INTERNAL, f"failed to write output: {exc}")
-            return
+            return False
         resp = m.InferResponse(item.request.req_id, refs, None, self.s.version)
         self._answer(item.frontend, resp)
+        return True
 
     def _send_error(self, item: m.WorkItem, code: Code, message: str) -> None:
         resp = m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(code), message))

@@ -25,12 +25,17 @@ def _item(req_id: int, frontend: bytes = b"f0") -> m.WorkItem:
     return m.WorkItem(frontend, m.InferRequest(req_id, "simple", 1, [], []))
 
 
+def _done(router: Router, inst: Instance) -> list:
+    assert inst.in_flight is not None
+    return router.batch_done(inst, m.BatchDone(inst.in_flight.batch_id, 1), 1.0)
+
+
 def _ready(table: ModelTable, router: Router, inst: Instance) -> list:
     inst.state = "READY"
     mv = table.version("simple", 1)
     assert mv is not None
     mv.refresh_state()
-    return router.instance_ready(inst)
+    return router.instance_ready(inst, 0.0)
 
 
 def test_version_is_loading_until_every_instance_reported() -> None:
@@ -51,13 +56,13 @@ def test_requests_spread_over_idle_instances_one_batch_each() -> None:
     _ready(table, router, b)
     mv = table.version("simple", 1)
     assert mv is not None
-    d1 = router.submit(mv, _item(1))
-    d2 = router.submit(mv, _item(2))
-    d3 = router.submit(mv, _item(3))
+    d1 = router.submit(mv, _item(1), 0.0)
+    d2 = router.submit(mv, _item(2), 0.0)
+    d3 = router.submit(mv, _item(3), 0.0)
     assert [inst.ident for inst, _ in d1 + d2] == [b"w0", b"w1"]
     assert d3 == []  # both busy: queued
     assert len(mv.queue) == 1
-    ((inst, batch),) = router.batch_done(a)
+    ((inst, batch),) = _done(router, a)
     assert inst is a and batch.items[0].request.req_id == 3
 
 
@@ -66,9 +71,9 @@ def test_lost_instance_fails_its_batch_and_queue_when_none_left() -> None:
     _ready(table, router, a)
     mv = table.version("simple", 1)
     assert mv is not None
-    router.submit(mv, _item(1))
-    router.submit(mv, _item(2))
-    failed, dispatches = router.instance_lost(a)
+    router.submit(mv, _item(1), 0.0)
+    router.submit(mv, _item(2), 0.0)
+    failed, dispatches = router.instance_lost(a, 0.0)
     assert [it.request.req_id for it in failed] == [1, 2]
     assert dispatches == []
     assert mv.state == "UNAVAILABLE"
@@ -82,14 +87,14 @@ def test_lost_instance_keeps_the_queue_for_the_survivor() -> None:
     _ready(table, router, b)
     mv = table.version("simple", 1)
     assert mv is not None
-    router.submit(mv, _item(1))
-    router.submit(mv, _item(2))
-    router.submit(mv, _item(3))
-    failed, dispatches = router.instance_lost(a)
+    router.submit(mv, _item(1), 0.0)
+    router.submit(mv, _item(2), 0.0)
+    router.submit(mv, _item(3), 0.0)
+    failed, dispatches = router.instance_lost(a, 0.0)
     assert [it.request.req_id for it in failed] == [1]
     assert dispatches == []  # b is still busy with 2
     assert mv.state == "READY"
-    ((inst, batch),) = router.batch_done(b)
+    ((inst, batch),) = _done(router, b)
     assert inst is b and batch.items[0].request.req_id == 3
 
 
@@ -118,7 +123,7 @@ def test_restarted_instance_brings_the_version_back() -> None:
     mv = table.version("simple", 1)
     assert mv is not None
     _ready(table, router, a)
-    router.instance_lost(a)
+    router.instance_lost(a, 0.0)
     assert mv.state == "UNAVAILABLE"
     again = Instance(b"w9", "simple", 1, 0, 2000)
     mv.instances[again.ident] = again
@@ -127,3 +132,37 @@ def test_restarted_instance_brings_the_version_back() -> None:
     _ready(table, router, again)
     assert mv.state == "READY"
     assert table.resolve("simple", -1) is mv
+
+
+def test_statistics_count_requests_executions_and_batch_sizes() -> None:
+    table = ModelTable()
+    table.add_model("simple", {1: 1}, "onnxruntime_onnx")
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(_config_with_batching())
+    inst = Instance(b"w0", "simple", 1, 0, 1000)
+    mv.instances[inst.ident] = inst
+    router = Router(table)
+    inst.state = "READY"
+    mv.refresh_state()
+    router.submit(mv, _item(1), 0.0)
+    router.submit(mv, _item(2), 0.0)
+    ((owner, batch),) = router.instance_ready(inst, 0.5)  # delay passed: one batch of two
+    assert owner is inst
+    assert len(batch.items) == 2
+    router.batch_done(inst, m.BatchDone(batch.batch_id, 2, 10, 100, 20), 1.0)
+    (stats,) = table.stats("simple", -1)
+    assert stats.inference_count == 2
+    assert stats.execution_count == 1
+    assert stats.inference_stats.success.count == 2
+    assert stats.inference_stats.queue.count == 2
+    assert stats.inference_stats.compute_infer.ns == 200
+    assert [(b.batch_size, b.compute_infer.count) for b in stats.batch_stats] == [(2, 1)]
+
+
+def _config_with_batching() -> bytes:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    cfg = mc.ModelConfig(name="simple", max_batch_size=8)
+    cfg.dynamic_batching.max_queue_delay_microseconds = 100_000
+    return cfg.SerializeToString()

@@ -1,0 +1,38 @@
+"""A model's ``dynamic_batching`` config as the batcher's settings (None: no batching)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from broker.batcher import BatcherConfig, QueuePolicy, TimeoutAction
+
+
+def _policy(p: Any) -> QueuePolicy:
+    action: TimeoutAction = "DELAY" if p.timeout_action == mc.ModelQueuePolicy.DELAY else "REJECT"
+    return QueuePolicy(
+        timeout_action=action,
+        default_timeout_us=p.default_timeout_microseconds,
+        allow_timeout_override=p.allow_timeout_override,
+        max_queue_size=p.max_queue_size,
+    )
+
+
+def batcher_config(config_bytes: bytes) -> BatcherConfig | None:
+    cfg = mc.ModelConfig()
+    cfg.ParseFromString(config_bytes)
+    if not cfg.HasField("dynamic_batching") or cfg.max_batch_size <= 0:
+        return None
+    db = cfg.dynamic_batching
+    return BatcherConfig(
+        max_batch_size=cfg.max_batch_size,
+        preferred_batch_sizes=tuple(db.preferred_batch_size),
+        max_queue_delay_us=db.max_queue_delay_microseconds,
+        preserve_ordering=db.preserve_ordering,
+        priority_levels=db.priority_levels,
+        default_priority_level=db.default_priority_level,
+        default_policy=_policy(db.default_queue_policy),
+        priority_policies={int(k): _policy(v) for k, v in db.priority_queue_policy.items()},
+        ragged_inputs=frozenset(i.name for i in cfg.input if i.allow_ragged_batch),
+    )

@@ -1,0 +1,63 @@
+"""Where each model instance runs: which CPU cores or which GPU (pure).
+
+Triton's instance_group semantics: a KIND_CPU group of ``count`` makes ``count``
+instances; a KIND_GPU group makes ``count`` instances on every GPU it lists. Each CPU
+instance gets cores of its own while there are enough (an even share of the usable
+cores); beyond that, instances share cores round-robin. A GPU instance sees only its GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    model: str
+    version: int
+    index: int  # instance number within the model version
+    name: str  # Triton's instance name: <group>_<k>
+    cores: tuple[int, ...] = ()
+    gpu: int | None = None
+
+
+def plan_instances(models: list[tuple[str, list[int], Any]], cpus: list[int]) -> list[InstancePlan]:
+    """``models``: (name, versions, completed-enough ModelConfig) of each loadable model."""
+    raw: list[tuple[str, int, int, str, int | None]] = []
+    for name, versions, config in models:
+        for version in versions:
+            index = 0
+            for group in config.instance_group or [mc.ModelInstanceGroup(name=f"{name}_0")]:
+                count = max(group.count, 1)
+                gpus = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else [None]
+                for gpu in gpus:
+                    for k in range(count):
+                        raw.append((name, version, index, f"{group.name}_{k}", gpu))
+                        index += 1
+    cpu_instances = [r for r in raw if r[4] is None]
+    share = max(len(cpus) // max(len(cpu_instances), 1), 1)
+    plans: list[InstancePlan] = []
+    cpu_i = 0
+    for name, version, index, iname, gpu in raw:
+        if gpu is None:
+            if len(cpu_instances) <= len(cpus):
+                cores = tuple(cpus[cpu_i * share : (cpu_i + 1) * share])
+            else:
+                cores = (cpus[cpu_i % len(cpus)],)
+            cpu_i += 1
+            plans.append(InstancePlan(name, version, index, iname, cores))
+        else:
+            plans.append(InstancePlan(name, version, index, iname, gpu=gpu))
+    return plans
+
+
+def instance_count(config: Any) -> int:
+    """How many instances a model version gets (KIND_GPU: ``count`` per listed GPU)."""
+    total = 0
+    for group in config.instance_group:
+        per = len(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else 1
+        total += max(group.count, 1) * max(per, 1)
+    return total or 1

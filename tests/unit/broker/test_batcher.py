@@ -1,0 +1,192 @@
+"""The dynamic batcher against a fake clock: no sockets, no sleeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.batcher import (
+    QUEUE_FULL,
+    BatcherConfig,
+    DynamicBatcher,
+    QueuePolicy,
+    Rejected,
+)
+from ipc import messages as m
+
+_ids = iter(range(1, 10_000))
+
+
+def item(
+    batch: int = 1,
+    dims: tuple[int, ...] = (16,),
+    priority: int = 0,
+    timeout_us: int = 0,
+    frontend: bytes = b"f-0-1",
+) -> m.WorkItem:
+    shape = [batch, *dims]
+    req = m.InferRequest(
+        next(_ids),
+        "model",
+        1,
+        [m.TensorRef("INPUT0", "FP32", shape, 4 * batch)],
+        [],
+        batch_size=batch,
+        priority=priority,
+        timeout_us=timeout_us,
+    )
+    return m.WorkItem(frontend, req)
+
+
+def sizes(batch: list[m.WorkItem]) -> list[int]:
+    return [it.request.batch_size for it in batch]
+
+
+def test_preferred_size_is_sent_at_once_then_the_rest_after_the_delay() -> None:
+    b = DynamicBatcher(BatcherConfig(8, (6,), max_queue_delay_us=1_000_000))
+    for _ in range(12):
+        b.enqueue(item(), now=0.0)
+    assert len(b.take_batch(now=0.0)) == 6
+    assert len(b.take_batch(now=0.0)) == 6
+    assert b.take_batch(now=0.0) == []
+
+
+def test_largest_reachable_preferred_size_wins() -> None:
+    b = DynamicBatcher(BatcherConfig(16, (2, 4, 6), max_queue_delay_us=10_000))
+    for _ in range(5):
+        b.enqueue(item(), now=0.0)
+    assert len(b.take_batch(now=0.0)) == 4
+    assert b.take_batch(now=0.0) == []  # one left: waits for the delay
+    assert len(b.take_batch(now=0.02)) == 1
+
+
+def test_max_batch_size_sends_immediately_and_is_never_exceeded() -> None:
+    b = DynamicBatcher(BatcherConfig(8, (), max_queue_delay_us=10**9))
+    for n in (3, 3, 3):
+        b.enqueue(item(batch=n), now=0.0)
+    assert b.take_batch(now=0.0) == []  # 6 queued-able, 9 > 8: waits
+    b2 = DynamicBatcher(BatcherConfig(8, (), max_queue_delay_us=10**9))
+    for n in (4, 4, 1):
+        b2.enqueue(item(batch=n), now=0.0)
+    assert sizes(b2.take_batch(now=0.0)) == [4, 4]
+
+
+def test_delay_expiry_sends_what_is_queued() -> None:
+    b = DynamicBatcher(BatcherConfig(8, (), max_queue_delay_us=5_000))
+    b.enqueue(item(), now=0.0)
+    b.enqueue(item(), now=0.001)
+    assert b.take_batch(now=0.004) == []
+    assert b.next_wakeup() == pytest.approx(0.005)
+    assert len(b.take_batch(now=0.005)) == 2
+
+
+def test_zero_delay_sends_whatever_is_queued() -> None:
+    b = DynamicBatcher(BatcherConfig(8))
+    b.enqueue(item(), now=0.0)
+    b.enqueue(item(), now=0.0)
+    assert len(b.take_batch(now=0.0)) == 2
+    assert b.next_wakeup() is None
+
+
+def test_different_shapes_do_not_share_a_batch() -> None:
+    b = DynamicBatcher(BatcherConfig(8))
+    b.enqueue(item(dims=(16,)), now=0.0)
+    b.enqueue(item(dims=(8,)), now=0.0)
+    b.enqueue(item(dims=(16,)), now=0.0)
+    first = b.take_batch(now=0.0)
+    assert [it.request.inputs[0].shape for it in first] == [[1, 16], [1, 16]]
+    assert [it.request.inputs[0].shape for it in b.take_batch(now=0.0)] == [[1, 8]]
+
+
+def test_ragged_inputs_batch_despite_different_shapes() -> None:
+    b = DynamicBatcher(BatcherConfig(8, ragged_inputs=frozenset({"INPUT0"})))
+    b.enqueue(item(dims=(16,)), now=0.0)
+    b.enqueue(item(dims=(8,)), now=0.0)
+    assert len(b.take_batch(now=0.0)) == 2
+
+
+def test_higher_priority_goes_first() -> None:
+    b = DynamicBatcher(BatcherConfig(1, priority_levels=3, default_priority_level=2))
+    low = item(priority=3)
+    default = item()
+    high = item(priority=1)
+    for it in (low, default, high):
+        b.enqueue(it, now=0.0)
+    order = [b.take_batch(now=0.0)[0] for _ in range(3)]
+    assert order == [high, default, low]
+
+
+def test_max_queue_size_rejects() -> None:
+    b = DynamicBatcher(
+        BatcherConfig(8, max_queue_delay_us=10**6, default_policy=QueuePolicy(max_queue_size=2))
+    )
+    b.enqueue(item(), now=0.0)
+    b.enqueue(item(), now=0.0)
+    with pytest.raises(Rejected) as e:
+        b.enqueue(item(), now=0.0)
+    assert e.value.message == QUEUE_FULL
+
+
+def test_timeout_reject() -> None:
+    policy = QueuePolicy(timeout_action="REJECT", default_timeout_us=1_000)
+    b = DynamicBatcher(BatcherConfig(8, max_queue_delay_us=10**6, default_policy=policy))
+    a = item()
+    b.enqueue(a, now=0.0)
+    assert b.next_wakeup() == pytest.approx(0.001)
+    assert b.expire(now=0.0005) == []
+    assert b.expire(now=0.001) == [a]
+    assert len(b) == 0
+
+
+def test_timeout_delay_moves_behind_the_others() -> None:
+    policy = QueuePolicy(timeout_action="DELAY", default_timeout_us=1_000)
+    b = DynamicBatcher(BatcherConfig(1, default_policy=policy))
+    late, fresh = item(), item()
+    b.enqueue(late, now=0.0)
+    b.enqueue(fresh, now=0.0015)
+    assert b.expire(now=0.002) == []
+    assert b.take_batch(now=0.002) == [fresh]
+    assert b.take_batch(now=0.002) == [late]
+
+
+def test_timeout_override_may_only_shorten() -> None:
+    policy = QueuePolicy(default_timeout_us=10_000, allow_timeout_override=True)
+    b = DynamicBatcher(BatcherConfig(8, max_queue_delay_us=10**6, default_policy=policy))
+    short, long_ = item(timeout_us=1_000), item(timeout_us=50_000)
+    b.enqueue(short, now=0.0)
+    b.enqueue(long_, now=0.0)
+    assert b.expire(now=0.002) == [short]
+    assert b.expire(now=0.011) == [long_]
+    no_override = DynamicBatcher(
+        BatcherConfig(
+            8, max_queue_delay_us=10**6, default_policy=QueuePolicy(10_000 and "REJECT", 10_000)
+        )
+    )
+    it = item(timeout_us=1_000)
+    no_override.enqueue(it, now=0.0)
+    assert no_override.expire(now=0.002) == []
+
+
+def test_per_priority_policies() -> None:
+    cfg = BatcherConfig(
+        1,
+        priority_levels=2,
+        default_priority_level=2,
+        priority_policies={1: QueuePolicy(max_queue_size=1)},
+    )
+    b = DynamicBatcher(cfg)
+    b.enqueue(item(priority=1), now=0.0)
+    with pytest.raises(Rejected):
+        b.enqueue(item(priority=1), now=0.0)
+    b.enqueue(item(priority=2), now=0.0)
+    b.enqueue(item(priority=2), now=0.0)
+    assert len(b) == 3
+
+
+def test_drop_frontend_and_drain() -> None:
+    b = DynamicBatcher(BatcherConfig(8, max_queue_delay_us=10**6))
+    gone, kept = item(frontend=b"f-0-1"), item(frontend=b"f-1-2")
+    b.enqueue(gone, now=0.0)
+    b.enqueue(kept, now=0.0)
+    b.drop_frontend(b"f-0-1")
+    assert b.drain() == [kept]
+    assert len(b) == 0

@@ -1,0 +1,37 @@
+"""Instance placement on cores and GPUs."""
+
+from __future__ import annotations
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from configs.placement import plan_instances
+
+
+def _config(name: str, *groups: tuple[int, int, list[int]]) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=name)
+    for i, (kind, count, gpus) in enumerate(groups):
+        cfg.instance_group.add(name=f"{name}_{i}", kind=kind, count=count, gpus=gpus)
+    return cfg
+
+
+CPU, GPU = mc.ModelInstanceGroup.KIND_CPU, mc.ModelInstanceGroup.KIND_GPU
+
+
+def test_cpu_instances_get_their_own_cores() -> None:
+    plans = plan_instances([("a", [1], _config("a", (CPU, 2, [])))], cpus=[0, 1, 2, 3])
+    assert [p.cores for p in plans] == [(0, 1), (2, 3)]
+    assert [p.name for p in plans] == ["a_0_0", "a_0_1"]
+    assert [p.index for p in plans] == [0, 1]
+
+
+def test_more_instances_than_cores_share_round_robin() -> None:
+    plans = plan_instances(
+        [("a", [1, 2], _config("a", (CPU, 2, []))), ("b", [1], _config("b", (CPU, 1, [])))],
+        cpus=[0, 1],
+    )
+    assert [p.cores for p in plans] == [(0,), (1,), (0,), (1,), (0,)]
+
+
+def test_gpu_groups_place_count_instances_on_each_listed_gpu() -> None:
+    plans = plan_instances([("g", [1], _config("g", (GPU, 2, [0, 1]), (CPU, 1, [])))], cpus=[0, 1])
+    assert [(p.gpu, p.cores) for p in plans] == [(0, ()), (0, ()), (1, ()), (1, ()), (None, (0, 1))]
