@@ -108,6 +108,7 @@ def _drive(
     # Generous bound: max_trials windows, plus slack for start-up and the final report.
     timeout_s = (args.max_trials + 2) * args.measurement_interval / 1e3 + 30
     fe = f"-{target.frontends}f" if target.frontends else ""
+    failures = 0  # in a row: a server that fails twice running is given up on
     for model in args.models:
         for c in args.concurrency:
             for protocol in args.protocols:
@@ -116,7 +117,15 @@ def _drive(
                 if url is None:
                     skipped.append(f"{what}: no gRPC address")
                     continue
-                wait_ready(target.http, 10)
+                if failures >= 2:
+                    skipped.append(f"{what}: not run, {target.server}{fe} failed twice running")
+                    continue
+                try:
+                    wait_ready(target.http, 10)
+                except TimeoutError as e:
+                    failures += 1
+                    skipped.append(f"{what}: {e}")
+                    continue
                 print(f"[bench] perf_analyzer {what}", flush=True)
                 try:
                     m = run_perf_analyzer(
@@ -136,7 +145,9 @@ def _drive(
                 except RuntimeError as e:
                     print(f"[bench] {e}", file=sys.stderr)
                     skipped.append(f"{what}: {e}")
+                    failures += 1
                     continue
+                failures = 0
                 if m.note:
                     print(f"[bench]   {m.note}", flush=True)
                 results.append(m)

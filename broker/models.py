@@ -160,5 +160,9 @@ class ModelTable:
             if e.error:
                 out.append(m.ModelState(e.name, -1, "UNAVAILABLE", e.error))
             for v in sorted(e.versions.values(), key=lambda v: v.version):
-                out.append(m.ModelState(e.name, v.version, v.state, v.reason))
+                instances = [
+                    m.InstanceInfo(i.index, i.pid, i.state, list(i.cores))
+                    for i in sorted(v.instances.values(), key=lambda i: i.index)
+                ]
+                out.append(m.ModelState(e.name, v.version, v.state, v.reason, instances))
         return out

@@ -13,6 +13,8 @@ import logging
 import os
 from typing import Any
 
+import msgspec
+
 from frontend.broker_client import BrokerClient
 from frontend.model_handle import ModelHandle, check_byte_size
 from frontend.types import InferenceRequest, InferenceResult, OutputTensor
@@ -90,6 +92,27 @@ class DataPlane:
             )
         except ServingError:
             return None
+
+    async def model_instances(self, name: str) -> dict[str, Any]:
+        """shoal's extension: each version's state and where its instances run."""
+        state = await self._server_state()
+        if state is None:
+            raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
+        versions = [s for s in state.models if s.name == name]
+        if not versions:
+            raise invalid_arg(f"Request for unknown model: '{name}' is not found")
+        return {
+            "name": name,
+            "versions": [
+                {
+                    "version": s.version,
+                    "state": s.state,
+                    "reason": s.reason,
+                    "instances": msgspec.to_builtins(s.instances),
+                }
+                for s in versions
+            ],
+        }
 
     async def server_live(self) -> bool:
         state = await self._server_state()

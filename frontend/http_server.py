@@ -158,6 +158,10 @@ async def model_stats(request: web.Request) -> web.Response:
     return _json({"model_stats": stats})
 
 
+async def model_instances(request: web.Request) -> web.Response:
+    return _json(await _dp(request).model_instances(request.match_info["model"]))
+
+
 async def frontend_status(request: web.Request) -> web.Response:
     return _json(_dp(request).frontend_status())
 
@@ -179,6 +183,7 @@ def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
     r.add_get("/v2/health/ready", health_ready)
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/shoal/frontend", frontend_status)
+    r.add_get("/v2/shoal/models/{model:[^/]+}", model_instances)
     r.add_get("/v2/models/stats", model_stats)
     for base in (model, versioned):
         r.add_get(base + "/stats", model_stats)

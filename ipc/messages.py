@@ -143,11 +143,19 @@ class ServerQuery(msgspec.Struct, array_like=True):
     query_id: int
 
 
+class InstanceInfo(msgspec.Struct):
+    index: int
+    pid: int
+    state: str
+    cores: list[int] = []
+
+
 class ModelState(msgspec.Struct, array_like=True):
     name: str
     version: int
     state: str  # READY | UNAVAILABLE | LOADING
     reason: str = ""
+    instances: list[InstanceInfo] = []
 
 
 class ServerState(msgspec.Struct, array_like=True):
