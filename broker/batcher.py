@@ -194,6 +194,9 @@ class DynamicBatcher:
             q.clear()
         return items
 
-    def drop_frontend(self, frontend: bytes) -> None:
+    def drop_frontend(self, frontend: bytes) -> list[m.WorkItem]:
+        dropped: list[m.WorkItem] = []
         for index, queue in enumerate(self.queues):
+            dropped += [p.item for p in queue if p.item.frontend == frontend]
             self.queues[index] = deque(p for p in queue if p.item.frontend != frontend)
+        return dropped

@@ -14,6 +14,7 @@ from typing import Literal
 
 from broker.batch_config import batcher_config
 from broker.batcher import DynamicBatcher
+from broker.ordering import OrderedRelease
 from broker.stats import VersionStats
 from ipc import messages as m
 
@@ -48,6 +49,7 @@ class ModelVersion:
     failed_loads: int = 0
     ever_ready: bool = False
     batcher: DynamicBatcher | None = None
+    ordering: OrderedRelease | None = None
     stats: VersionStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +62,7 @@ class ModelVersion:
         self.config = config
         cfg = batcher_config(config)
         self.batcher = DynamicBatcher(cfg) if cfg is not None else None
+        self.ordering = OrderedRelease() if cfg is not None and cfg.preserve_ordering else None
 
     def live(self) -> list[Instance]:
         return [i for i in self.instances.values() if i.state == "READY"]
@@ -161,7 +164,7 @@ class ModelTable:
                 out.append(m.ModelState(e.name, -1, "UNAVAILABLE", e.error))
             for v in sorted(e.versions.values(), key=lambda v: v.version):
                 instances = [
-                    m.InstanceInfo(i.index, i.pid, i.state, list(i.cores))
+                    m.InstanceInfo(i.index, i.pid, i.state, list(i.cores), i.in_flight is not None)
                     for i in sorted(v.instances.values(), key=lambda i: i.index)
                 ]
                 out.append(m.ModelState(e.name, v.version, v.state, v.reason, instances))

@@ -119,9 +119,7 @@ class BrokerProc:
     def _tick(self) -> None:
         dispatches, failures = self.router.tick(time.monotonic())
         for item, message in failures:
-            self._reply_error(
-                item.frontend, item.request.req_id, ServingError(Code.UNAVAILABLE, message)
-            )
+            self._fail_item(item, ServingError(Code.UNAVAILABLE, message))
         self._dispatch(dispatches)
 
     def _drain(self, sock: zmq.Socket, handle: object) -> None:
@@ -149,8 +147,24 @@ class BrokerProc:
             log.debug("peer %r is gone; message dropped", frames[0])
 
     def _reply_error(self, frontend: bytes, req_id: int, err: ServingError) -> None:
+        """Refuse a request that was never admitted (no place in any order)."""
         resp = m.InferResponse(req_id, [], m.ErrorInfo(int(err.code), err.message))
         self._send(self.fsock, [frontend, m.RESULT, m.encode_payload(resp)])
+
+    def _fail_item(self, item: m.WorkItem, err: ServingError) -> None:
+        """Answer an admitted request with an error (in its turn, if ordered)."""
+        resp = m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(err.code), err.message))
+        self._answer_item(item, item.frontend, m.encode_payload(resp))
+
+    def _answer_item(self, item: m.WorkItem, frontend: bytes, payload: bytes | None) -> None:
+        mv = self.table.version(item.request.model, item.request.version)
+        if item.seq and mv is not None and mv.ordering is not None:
+            released = mv.ordering.answer(item.seq, frontend, payload)
+        else:
+            released = [(frontend, payload)]
+        for fe, data in released:
+            if data is not None:
+                self._send(self.fsock, [fe, m.RESULT, data])
 
     # -- frontends -------------------------------------------------------------------
 
@@ -232,6 +246,9 @@ class BrokerProc:
 
     def _on_worker(self, frames: list[bytes]) -> None:
         ident, kind = frames[0], frames[1]
+        if kind == m.RESULT:  # a preserve_ordering answer: [RESULT, frontend, seq, payload]
+            self._on_ordered_result(ident, frames)
+            return
         msg = m.decode(kind, frames[2])
         inst = self.table.by_ident.get(ident)
         if isinstance(msg, m.BatchDone):
@@ -260,6 +277,17 @@ class BrokerProc:
             mv = self.table.version(inst.model, inst.version)
             if mv is not None:
                 mv.load_failed(inst, msg.message)
+
+    def _on_ordered_result(self, ident: bytes, frames: list[bytes]) -> None:
+        inst = self.table.by_ident.get(ident)
+        if inst is None or len(frames) != 5:
+            return
+        mv = self.table.version(inst.model, inst.version)
+        if mv is None or mv.ordering is None:
+            return
+        for fe, data in mv.ordering.answer(int(frames[3]), frames[2], frames[4]):
+            if data is not None:
+                self._send(self.fsock, [fe, m.RESULT, data])
 
     def _on_hello(self, ident: bytes, hello: m.WorkerHello) -> None:
         mv = self.table.version(hello.model, hello.version)
@@ -308,7 +336,8 @@ class BrokerProc:
         """A peer exited: drop its queued work, answer what it held, tell the others."""
         if role == "frontend":
             self.frontend_fds.pop(ident, None)
-            self.router.forget_frontend(ident)
+            for _, item in self.router.forget_frontend(ident):
+                self._answer_item(item, ident, None)  # releases its place in the order
             log.warning("frontend %r exited", ident)
             gone = m.encode(m.FrontendGone(ident))
             for worker in list(self.table.by_ident):
@@ -333,7 +362,7 @@ class BrokerProc:
             f"message: the instance's worker process (pid {inst.pid}) exited",
         )
         for item in failed:
-            self._reply_error(item.frontend, item.request.req_id, err)
+            self._fail_item(item, err)
         self._dispatch(dispatches)
 
     def _shutdown_workers(self) -> None:

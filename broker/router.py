@@ -35,6 +35,8 @@ class Router:
             except Rejected:
                 mv.stats.failed(0)
                 raise
+            if mv.ordering is not None:
+                item.seq = mv.ordering.assign()
         else:
             mv.queue.append(item)
         self._arrived[_key(item)] = now
@@ -109,15 +111,19 @@ class Router:
         ]
         return min(times) if times else None
 
-    def forget_frontend(self, frontend: bytes) -> None:
+    def forget_frontend(self, frontend: bytes) -> list[tuple[ModelVersion, m.WorkItem]]:
+        """Drop the queued requests of a frontend that exited; returns them (ordered
+        versions must still release their sequence numbers)."""
+        dropped: list[tuple[ModelVersion, m.WorkItem]] = []
         for mv in self.table.all_versions():
             kept = [it for it in mv.queue if it.frontend != frontend]
             mv.queue.clear()
             mv.queue.extend(kept)
             if mv.batcher is not None:
-                mv.batcher.drop_frontend(frontend)
+                dropped += [(mv, it) for it in mv.batcher.drop_frontend(frontend)]
         for key in [k for k in self._arrived if k[0] == frontend]:
             del self._arrived[key]
+        return dropped
 
     def _fail(self, mv: ModelVersion, item: m.WorkItem, now: float) -> None:
         arrived = self._arrived.pop(_key(item), now)

@@ -75,6 +75,7 @@ class WorkItem(msgspec.Struct, array_like=True):
 
     frontend: bytes  # routing id of the frontend that waits for the answer
     request: InferRequest
+    seq: int = 0  # >0: preserve_ordering; the answer goes back through the broker
 
 
 class ExecuteBatch(msgspec.Struct, array_like=True):
@@ -148,6 +149,7 @@ class InstanceInfo(msgspec.Struct):
     pid: int
     state: str
     cores: list[int] = []
+    busy: bool = False  # running a batch now
 
 
 class ModelState(msgspec.Struct, array_like=True):
@@ -226,7 +228,8 @@ class Shutdown(msgspec.Struct, array_like=True):
     reason: str = ""
 
 
-# One-byte kinds. RESULT frames an InferResponse on the broker -> frontend path.
+# One-byte kinds. RESULT frames an InferResponse on the broker -> frontend path, and on
+# the worker -> broker path for preserve_ordering items: [RESULT, frontend, seq, payload].
 KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     InferRequest: b"I",
     InferResponse: b"R",

@@ -286,15 +286,21 @@ class WorkerProc:
             self._send_error(item, Code.INTERNAL, f"failed to write output: {exc}")
             return False
         resp = m.InferResponse(item.request.req_id, refs, None, self.s.version)
-        self._answer(item.frontend, resp)
+        self._answer(item, resp)
         return True
 
     def _send_error(self, item: m.WorkItem, code: Code, message: str) -> None:
         resp = m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(code), message))
-        self._answer(item.frontend, resp)
+        self._answer(item, resp)
 
-    def _answer(self, frontend: bytes, resp: m.InferResponse) -> None:
-        """Straight to the frontend that asked; dropped if it stopped reading."""
+    def _answer(self, item: m.WorkItem, resp: m.InferResponse) -> None:
+        """Straight to the frontend that asked; through the broker when the model
+        preserves ordering (it releases answers in arrival order)."""
+        if item.seq:
+            frames = [m.RESULT, item.frontend, str(item.seq).encode(), m.encode_payload(resp)]
+            self.sock.send_multipart(frames)
+            return
+        frontend = item.frontend
         sock = self.result_socks.get(frontend)
         if sock is None:
             try:

@@ -56,6 +56,12 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalS
     )
     _identity(repo, "nobatcher", "instance_group [ { count: 2 kind: KIND_CPU } ]")
     _identity(repo, "auto_kind", "instance_group [ { kind: KIND_AUTO } ]")
+    _identity(
+        repo,
+        "ordered",
+        "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
+        "dynamic_batching { preserve_ordering: true }",
+    )
     srv = ShoalServer(repo)
     yield srv
     assert srv.stop() == 0
@@ -187,3 +193,50 @@ def test_kind_gpu_without_a_gpu_fails_to_load_clearly(tmp_path: Path) -> None:
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)
     assert "wants_gpu" in srv.log()
     assert "GPU" in srv.log()
+
+
+def _instances(url: str, model: str) -> list[dict]:
+    with urllib.request.urlopen(f"http://{url}/v2/shoal/models/{model}", timeout=5) as r:
+        return list(json.loads(r.read())["versions"][0]["instances"])
+
+
+def test_preserve_ordering_holds_a_later_answer_until_the_earlier_one(
+    batching_server: ShoalServer,
+) -> None:
+    import os
+    import signal
+    import threading
+
+    url = batching_server.url
+    pids = [i["pid"] for i in _instances(url, "ordered")]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    finished: list[str] = []
+
+    def call(tag: str, value: float) -> None:
+        _infer(url, "ordered", value)
+        finished.append(tag)
+
+    try:
+        first = threading.Thread(target=call, args=("A", 1))
+        first.start()
+        deadline = time.monotonic() + 5
+        while not any(i["busy"] for i in _instances(url, "ordered")):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        holder_a = next(i["pid"] for i in _instances(url, "ordered") if i["busy"])
+        second = threading.Thread(target=call, args=("B", 2))
+        second.start()
+        while not all(i["busy"] for i in _instances(url, "ordered")):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        holder_b = next(p for p in pids if p != holder_a)
+        os.kill(holder_b, signal.SIGCONT)  # B is computed first ...
+        time.sleep(0.7)
+        assert finished == []  # ... but held back while A is unanswered
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    first.join(10)
+    second.join(10)
+    assert finished == ["A", "B"]

@@ -147,6 +147,8 @@ def test_one_frontend_dies_the_other_keeps_serving(two_frontends: ShoalServer) -
         time.sleep(0.2)
     assert victim not in two_frontends.pids("frontend")
     two_frontends.seen_pids |= set(two_frontends.pids())
-    assert two_frontends.http_status("/v2/health/ready") == 200
+    indices: set[int] = set()
+    while len(indices) < 2 and time.monotonic() < deadline + 20:  # the new one listens
+        indices.add(_status(two_frontends.url)["index"])
     seen = {_infer_on_new_connection(two_frontends.url) for _ in range(60)}
     assert seen == {"0", "1"}
