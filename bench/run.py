@@ -412,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "onnxruntime": onnxruntime.__version__,
         "triton": args.peer_url or ("triton-peer" if args.with_triton_peer else "not run"),
+        "load average at end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "wall time": f"{time.monotonic() - started:.0f} s",
         "raw": str(
             raw_dir.relative_to(REPO_ROOT) if raw_dir.is_relative_to(REPO_ROOT) else raw_dir

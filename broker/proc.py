@@ -22,6 +22,7 @@ import zmq
 
 from broker.batcher import Rejected
 from broker.models import Instance, ModelTable, ModelVersion
+from broker.regions import Kind, RegionTable
 from broker.router import Dispatch, Router
 from configs import repository
 from configs.devices import gpu_count
@@ -56,6 +57,7 @@ class BrokerProc:
         )
         self.table = ModelTable()
         self.router = Router(self.table)
+        self.regions = RegionTable()
         self.poller = zmq.Poller()
         self.poller.register(self.fsock, zmq.POLLIN)
         self.poller.register(self.wsock, zmq.POLLIN)
@@ -153,6 +155,7 @@ class BrokerProc:
 
     def _fail_item(self, item: m.WorkItem, err: ServingError) -> None:
         """Answer an admitted request with an error (in its turn, if ordered)."""
+        self._finished(item)
         resp = m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(err.code), err.message))
         self._answer_item(item, item.frontend, m.encode_payload(resp))
 
@@ -177,6 +180,8 @@ class BrokerProc:
             self._send(self.fsock, [ident, *m.encode(self._model_info(msg))])
         elif isinstance(msg, m.StatsQuery):
             self._send(self.fsock, [ident, *m.encode(self._stats(msg))])
+        elif isinstance(msg, m.ShmRequest):
+            self._send(self.fsock, [ident, *m.encode(self._on_shm(msg))])
         elif isinstance(msg, m.ServerQuery):
             ready = self.table.all_ready() if self.s.strict_readiness else True
             state = m.ServerState(msg.query_id, True, ready, self.table.states())
@@ -214,11 +219,70 @@ class BrokerProc:
             self._reply_error(ident, req.req_id, err)
             return
         try:
-            dispatches = self.router.submit(mv, m.WorkItem(ident, req), time.monotonic())
+            clients = self._resolve_client_regions(req)
+        except ServingError as err:
+            self._reply_error(ident, req.req_id, err)
+            return
+        item = m.WorkItem(ident, req, regions=clients)
+        try:
+            dispatches = self.router.submit(mv, item, time.monotonic())
         except Rejected as exc:
             self._reply_error(ident, req.req_id, ServingError(Code.UNAVAILABLE, exc.message))
             return
+        self.regions.acquire([self.regions.by_id[c.reg_id] for c in clients])
         self._dispatch(dispatches)
+
+    def _resolve_client_regions(self, req: m.InferRequest) -> list[m.ClientRegion]:
+        """Check every reference into a client region and point it at the registration."""
+        used: dict[int, m.ClientRegion] = {}
+        refs: list[m.TensorRef | m.OutputSpec] = [*req.inputs, *req.outputs]
+        for ref in refs:
+            if not ref.region.startswith(m.CLIENT_SHM):
+                continue
+            r = self.regions.resolve(ref.region[len(m.CLIENT_SHM) :], ref.offset, ref.nbytes)
+            ref.region = f"{m.CLIENT_REGION}{r.reg_id}"
+            used[r.reg_id] = m.ClientRegion(
+                r.reg_id, r.kind, r.key, r.offset, r.byte_size, r.device_id, r.raw_handle
+            )
+        return list(used.values())
+
+    def _finished(self, item: m.WorkItem) -> None:
+        """A request ended: its hold on client regions goes (unmapped once unused)."""
+        if item.regions:
+            freed = self.regions.release([c.reg_id for c in item.regions])
+            if freed:
+                self._broadcast_released(freed)
+
+    def _broadcast_released(self, reg_ids: list[int]) -> None:
+        frames = m.encode(m.RegionsReleased(reg_ids))
+        for worker in list(self.table.by_ident):
+            self._send(self.wsock, [worker, *frames])
+
+    def _on_shm(self, q: m.ShmRequest) -> m.ShmReply:
+        kind: Kind = "cuda" if q.kind == "cuda" else "system"
+        try:
+            if q.op == "register" and kind == "system":
+                self.regions.register_system(q.name, q.key, q.offset, q.byte_size)
+            elif q.op == "register":
+                self.regions.register_cuda(
+                    q.name, q.raw_handle, q.device_id, q.byte_size, gpu_count()
+                )
+            elif q.op == "unregister":
+                freed = self.regions.unregister(q.name, kind)
+                if freed:
+                    self._broadcast_released(freed)
+            else:
+                return m.ShmReply(
+                    q.query_id,
+                    None,
+                    [
+                        m.RegionStatus(r.name, r.key, r.offset, r.byte_size, r.device_id)
+                        for r in self.regions.status(q.name, kind)
+                    ],
+                )
+        except ServingError as err:
+            return m.ShmReply(q.query_id, m.ErrorInfo(int(err.code), err.message))
+        return m.ShmReply(q.query_id)
 
     def _model_info(self, q: m.ModelQuery) -> m.ModelInfo:
         try:
@@ -253,6 +317,8 @@ class BrokerProc:
         inst = self.table.by_ident.get(ident)
         if isinstance(msg, m.BatchDone):
             if inst is not None:
+                for item in inst.in_flight.items if inst.in_flight else []:
+                    self._finished(item)
                 self._dispatch(self.router.batch_done(inst, msg, time.monotonic()))
         elif isinstance(msg, m.WorkerHello):
             self._on_hello(ident, msg)
@@ -337,6 +403,7 @@ class BrokerProc:
         if role == "frontend":
             self.frontend_fds.pop(ident, None)
             for _, item in self.router.forget_frontend(ident):
+                self._finished(item)
                 self._answer_item(item, ident, None)  # releases its place in the order
             log.warning("frontend %r exited", ident)
             gone = m.encode(m.FrontendGone(ident))

@@ -20,6 +20,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", default=8001, type=int)
     p.add_argument("--reuse-grpc-port", type=bool_flag, default=False)
+    p.add_argument("--allow-client-shm", type=bool_flag, default=False)
     p.add_argument("--http-max-input-size", default=64 * 1024 * 1024, type=int)
     p.add_argument("--id", default="triton")
     p.add_argument("--shm-pool-byte-size", default=64 * 1024 * 1024, type=int)
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
         reuse_grpc_port=args.reuse_grpc_port,
+        allow_client_shm=args.allow_client_shm,
     )
     return uvloop.run(serve(settings))
 

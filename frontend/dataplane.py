@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from frontend import client_shm
 from frontend.broker_client import BrokerClient
 from frontend.model_handle import ModelHandle, check_byte_size
 from frontend.types import InferenceRequest, InferenceResult, OutputTensor
@@ -26,14 +27,14 @@ log = logging.getLogger("shoal.frontend")
 
 SERVER_VERSION = "2.73.0"
 EXTENSIONS = [
-    "classification",
+    "schedule_policy",
     "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
     "binary_tensor_data",
     "parameters",
+    "statistics",
 ]
-SHM_DISABLED = (
-    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
-)
 
 
 _INT64_MAX = 2**63 - 1
@@ -55,7 +56,14 @@ def _uint_param(req: InferenceRequest, key: str) -> int:
 
 
 class DataPlane:
-    def __init__(self, broker: BrokerClient, pool: SlabPool, server_id: str = "triton") -> None:
+    def __init__(
+        self,
+        broker: BrokerClient,
+        pool: SlabPool,
+        server_id: str = "triton",
+        allow_client_shm: bool = False,
+    ) -> None:
+        self.allow_client_shm = allow_client_shm
         self.broker = broker
         self.pool = pool
         self.server_id = server_id
@@ -153,6 +161,19 @@ class DataPlane:
             raise ServingError(Code(reply.error.code), reply.error.message)
         return reply.model_stats
 
+    async def shared_memory(
+        self, op: str, kind: str, name: str = "", **fields: int | str | bytes
+    ) -> list[m.RegionStatus]:
+        """The shared-memory extension (register / unregister / status), one region table
+        for every frontend process (it lives in the broker)."""
+        if op != "status" and not self.allow_client_shm:
+            raise client_shm.disabled()
+        msg = m.ShmRequest(self.broker.next_id(), op, kind, name, **fields)  # type: ignore[arg-type]
+        reply = await self.broker.query(msg, m.ShmReply)
+        if reply.error is not None:
+            raise ServingError(Code(reply.error.code), reply.error.message)
+        return reply.regions
+
     async def model_ready(self, name: str, version: str) -> bool:
         try:
             info = await self._info(name, parse_version(version))
@@ -191,11 +212,14 @@ class DataPlane:
     ) -> m.InferRequest:
         refs: list[m.TensorRef] = []
         for t in req.inputs:
+            shape = model.model_shape(t, batch)
             if t.data is None:
-                raise ServingError(Code.UNSUPPORTED, SHM_DISABLED)
+                if not self.allow_client_shm:
+                    raise client_shm.disabled()
+                refs.append(client_shm.input_ref(t, shape, model.name))
+                continue
             check_byte_size(t, model.name)
             n = len(t.data)
-            shape = model.model_shape(t, batch)
             if n <= m.INLINE_MAX_BYTES:
                 refs.append(m.TensorRef(t.name, t.datatype, shape, n, data=bytes(t.data)))
                 continue
@@ -203,12 +227,18 @@ class DataPlane:
             slots.append(slot)
             slot.view[:] = t.data
             refs.append(m.TensorRef(t.name, t.datatype, shape, n, slot.region, slot.offset))
-        names = [o.name for o in req.outputs] or list(model.outputs)
+        in_client_shm: dict[str, m.OutputSpec] = {}
         for o in req.outputs:
-            if o.parameters.get("shared_memory_region") is not None:
-                raise ServingError(Code.UNSUPPORTED, SHM_DISABLED)
+            spec = client_shm.output_spec(o)
+            if spec is not None:
+                if not self.allow_client_shm:
+                    raise client_shm.disabled()
+                in_client_shm[o.name] = spec
         specs: list[m.OutputSpec] = []
-        for name in names:
+        for name in [o.name for o in req.outputs] or list(model.outputs):
+            if name in in_client_shm:
+                specs.append(in_client_shm[name])
+                continue
             size = model.output_nbytes(name, batch)
             if size is not None and size > m.INLINE_MAX_BYTES:
                 slot = self._alloc(size)
@@ -231,8 +261,11 @@ class DataPlane:
         by_place = {(s.region, s.offset): s for s in slots}
         out: list[OutputTensor] = []
         for ref in resp.outputs:
+            data: memoryview | None
             if ref.data is not None:
                 data = memoryview(ref.data)
+            elif ref.region.startswith(m.CLIENT_REGION):
+                data = None  # written into the client's region: the response carries no data
             else:
                 slot = by_place.get((ref.region, ref.offset))
                 if slot is None or ref.nbytes > slot.capacity:

@@ -155,8 +155,9 @@ def encode_infer_response(result: InferenceResult) -> pb.ModelInferResponse:
         t = resp.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
         for k, v in out.parameters.items():
             set_param(t.parameters[k], v)
-        if out.data is not None:
-            resp.raw_output_contents.append(bytes(out.data))
+        # An output written to client shared memory keeps its place with an empty entry,
+        # so raw_output_contents stays aligned with outputs (clients index them together).
+        resp.raw_output_contents.append(bytes(out.data) if out.data is not None else b"")
     return resp
 
 

@@ -82,6 +82,74 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
         return await _guard(context, call)
 
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            resp = pb.SystemSharedMemoryStatusResponse()
+            for r in await self.dp.shared_memory("status", "system", request.name):
+                resp.regions[r.name].CopyFrom(
+                    pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                        name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+                    )
+                )
+            return resp
+
+        return await _guard(context, call)
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            await self.dp.shared_memory(
+                "register",
+                "system",
+                request.name,
+                key=request.key,
+                offset=request.offset,
+                byte_size=request.byte_size,
+            )
+            return pb.SystemSharedMemoryRegisterResponse()
+
+        return await _guard(context, call)
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            await self.dp.shared_memory("unregister", "system", request.name)
+            return pb.SystemSharedMemoryUnregisterResponse()
+
+        return await _guard(context, call)
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            resp = pb.CudaSharedMemoryStatusResponse()
+            for r in await self.dp.shared_memory("status", "cuda", request.name):
+                resp.regions[r.name].CopyFrom(
+                    pb.CudaSharedMemoryStatusResponse.RegionStatus(
+                        name=r.name, device_id=r.device_id, byte_size=r.byte_size
+                    )
+                )
+            return resp
+
+        return await _guard(context, call)
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            await self.dp.shared_memory(
+                "register",
+                "cuda",
+                request.name,
+                raw_handle=request.raw_handle,
+                device_id=request.device_id,
+                byte_size=request.byte_size,
+            )
+            return pb.CudaSharedMemoryRegisterResponse()
+
+        return await _guard(context, call)
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            await self.dp.shared_memory("unregister", "cuda", request.name)
+            return pb.CudaSharedMemoryUnregisterResponse()
+
+        return await _guard(context, call)
+
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         return await _guard(context, lambda: self._infer(request))
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from frontend import http_codec
+from frontend import http_codec, http_shm
 from frontend.dataplane import DataPlane
 from frontend.http_raw_input import RawInputMeta
 from ipc.errors import Code, ServingError
@@ -185,6 +185,7 @@ def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
     r.add_get("/v2/shoal/frontend", frontend_status)
     r.add_get("/v2/shoal/models/{model:[^/]+}", model_instances)
     r.add_get("/v2/models/stats", model_stats)
+    app.add_routes(http_shm.routes(_dp))
     for base in (model, versioned):
         r.add_get(base + "/stats", model_stats)
         r.add_get(base, model_metadata)

@@ -43,6 +43,7 @@ class FrontendSettings:
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     reuse_grpc_port: bool = False
+    allow_client_shm: bool = False
 
 
 async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunner:
@@ -86,7 +87,7 @@ async def serve(s: FrontendSettings) -> int:
         return EXIT_FATAL
     broker = BrokerClient(s.runtime_dir, s.index)
     broker.start()
-    dataplane = DataPlane(broker, pool, s.server_id)
+    dataplane = DataPlane(broker, pool, s.server_id, s.allow_client_shm)
     runner: web.AppRunner | None = None
     grpc_server: grpc.aio.Server | None = None
     try:

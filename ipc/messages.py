@@ -70,12 +70,30 @@ class InferResponse(msgspec.Struct, array_like=True):
     model_version: int = 0
 
 
+# A tensor in a client-registered region is referenced as "shm:<region name>" by the
+# frontend; the broker checks it and rewrites it to CLIENT_REGION + str(reg_id), and the
+# WorkItem then carries that registration so the worker can map it.
+CLIENT_SHM: Final[str] = "shm:"
+CLIENT_REGION: Final[str] = "c"
+
+
+class ClientRegion(msgspec.Struct, array_like=True):
+    reg_id: int
+    kind: str  # "system" | "cuda"
+    key: str = ""
+    offset: int = 0
+    byte_size: int = 0
+    device_id: int = 0
+    raw_handle: bytes = b""
+
+
 class WorkItem(msgspec.Struct, array_like=True):
     """One request of a batch as the broker hands it to a worker."""
 
     frontend: bytes  # routing id of the frontend that waits for the answer
     request: InferRequest
     seq: int = 0  # >0: preserve_ordering; the answer goes back through the broker
+    regions: list[ClientRegion] = []  # client regions its tensors reference
 
 
 class ExecuteBatch(msgspec.Struct, array_like=True):
@@ -224,6 +242,40 @@ class StatsReply(msgspec.Struct, array_like=True):
     model_stats: list[ModelStats] = []
 
 
+class ShmRequest(msgspec.Struct, array_like=True):
+    """Frontend -> broker: the shared-memory extension's register/unregister/status."""
+
+    query_id: int
+    op: str  # "register" | "unregister" | "status"
+    kind: str  # "system" | "cuda"
+    name: str = ""  # "" with unregister/status: every region of the kind
+    key: str = ""
+    offset: int = 0
+    byte_size: int = 0
+    device_id: int = 0
+    raw_handle: bytes = b""
+
+
+class RegionStatus(msgspec.Struct):
+    name: str
+    key: str = ""
+    offset: int = 0
+    byte_size: int = 0
+    device_id: int = 0
+
+
+class ShmReply(msgspec.Struct, array_like=True):
+    query_id: int
+    error: ErrorInfo | None = None
+    regions: list[RegionStatus] = []
+
+
+class RegionsReleased(msgspec.Struct, array_like=True):
+    """Broker -> workers: unmap these client registrations (unregistered, unused)."""
+
+    reg_ids: list[int]
+
+
 class Shutdown(msgspec.Struct, array_like=True):
     reason: str = ""
 
@@ -249,6 +301,9 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     FrontendGone: b"G",
     StatsQuery: b"t",
     StatsReply: b"T",
+    ShmRequest: b"k",
+    ShmReply: b"K",
+    RegionsReleased: b"L",
 }
 RESULT: Final[bytes] = b"r"
 

@@ -209,6 +209,7 @@ class RegionMap:
 
     def __init__(self) -> None:
         self._maps: dict[str, tuple[mmap.mmap, memoryview]] = {}
+        self._clients: dict[int, tuple[mmap.mmap, memoryview]] = {}
 
     def view(self, region: str, offset: int, nbytes: int) -> memoryview:
         """A view of ``nbytes`` at ``offset`` of ``region``; raises ValueError if out of range."""
@@ -232,6 +233,44 @@ class RegionMap:
         self._maps[region] = entry
         return entry
 
+    def client_view(
+        self, reg_id: int, key: str, start: int, size: int, offset: int, nbytes: int
+    ) -> memoryview:
+        """A view into a client-registered region (registration ``reg_id``: ``size`` bytes
+        at ``start`` of the shm object ``key``), mapped once per registration. The broker
+        checked the span already; it is checked again here, where the bytes are."""
+        entry = self._clients.get(reg_id)
+        if entry is None:
+            entry = self._clients[reg_id] = self._open_client(key, start, size)
+        mv = entry[1]
+        if offset < 0 or nbytes < 0 or offset + nbytes > len(mv):
+            raise ValueError(f"reference [{offset}, {offset + nbytes}) outside its region")
+        return mv[offset : offset + nbytes]
+
+    @staticmethod
+    def _open_client(key: str, start: int, size: int) -> tuple[mmap.mmap, memoryview]:
+        bare = key.lstrip("/")
+        if not bare or "/" in bare or bare.startswith(PREFIX):
+            raise ValueError("invalid shared memory key")
+        fd = os.open(SHM_DIR / bare, os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            page = mmap.ALLOCATIONGRANULARITY
+            base = start - start % page
+            mm = mmap.mmap(fd, size + (start - base), flags=mmap.MAP_SHARED, offset=base)
+        finally:
+            os.close(fd)
+        mv = memoryview(mm)[start - base : start - base + size]
+        return mm, mv
+
+    def release_clients(self, reg_ids: list[int]) -> None:
+        for reg_id in reg_ids:
+            entry = self._clients.pop(reg_id, None)
+            if entry is not None:
+                mm, mv = entry
+                mv.release()
+                with contextlib.suppress(BufferError):
+                    mm.close()
+
     def drop_unlinked(self) -> None:
         """Drop mappings of slabs whose owner unlinked them (their pages can then go)."""
         for name in [n for n in self._maps if not (SHM_DIR / n).exists()]:
@@ -251,6 +290,7 @@ class RegionMap:
     def close(self) -> None:
         for name in list(self._maps):
             self._drop(name)
+        self.release_clients(list(self._clients))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -32,6 +32,12 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", default=8001, type=int)
     p.add_argument("--reuse-grpc-port", type=bool_flag, default=False)
+    p.add_argument(
+        "--allow-client-shm",
+        type=bool_flag,
+        default=False,
+        help="allow clients to register system/CUDA shared memory (as Triton)",
+    )
     p.add_argument("--metrics-port", default=8002, type=int)
     p.add_argument("--id", default="triton", help="server name in /v2 metadata")
     p.add_argument("--log-verbose", default=0, type=int)
@@ -80,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         reuse_grpc_port=args.reuse_grpc_port,
+        allow_client_shm=args.allow_client_shm,
         metrics_port=args.metrics_port,
         server_id=args.id,
         log_verbose=args.log_verbose,

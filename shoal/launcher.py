@@ -45,6 +45,7 @@ class ServeSettings:
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     reuse_grpc_port: bool = False
+    allow_client_shm: bool = False
     metrics_port: int = 8002
     server_id: str = "triton"
     log_verbose: int = 0
@@ -138,6 +139,7 @@ class Launcher:
             "--grpc-port",
             str(s.grpc_port),
             f"--reuse-grpc-port={str(s.reuse_grpc_port or s.frontend_processes > 1).lower()}",
+            f"--allow-client-shm={str(s.allow_client_shm).lower()}",
             *s.extra_frontend_args,
         ]
 

@@ -5,7 +5,10 @@ Every builder returns the serialized ModelProto as ``bytes``; the graphs are bui
 byte-identical files. ``onnx`` is a development dependency: it is imported inside the builders.
 
 ``python -m shoal.modelgen [REPO]`` regenerates the repository shipped in ``model_repository/``
-(``simple``, Triton's example model, and ``mlp``, the benchmark model).
+(``simple``, Triton's example model, and ``mlp``, the benchmark model) and writes ``mlp_large``
+(the batching benchmark's model, about 96 MB, not committed) only when its ``model.onnx`` is
+missing; ``--missing-only`` leaves every existing ``model.onnx`` alone, ``--force`` rewrites
+``mlp_large`` too. Configs are always rewritten.
 """
 
 from __future__ import annotations
@@ -171,6 +174,44 @@ def mlp_model(in_dim: int = 256, hidden: int = 1024, out_dim: int = 256) -> byte
     return _finish(graph)
 
 
+def mlp_large_model(
+    in_dim: int = 1024, hidden: int = 4096, out_dim: int = 1024, seed: int = SEED + 1
+) -> bytes:
+    """FP32 ``[-1, in_dim]`` -> Gemm(hidden) -> Relu -> Gemm(hidden) -> Relu -> Gemm(out_dim).
+
+    INPUT0 -> OUTPUT0; weights w1..w3 standard normal scaled by 1/sqrt(fan_in), biases b1..b3
+    small normal, all from ``seed``. At the default sizes the file is about 96 MB (24M FP32
+    weights): a compute-bound model, slow enough at batch 1 that batching pays.
+    """
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    dims = [in_dim, hidden, hidden, out_dim]
+    inits: list[Any] = []
+    nodes: list[Any] = []
+    x = "INPUT0"
+    for i, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:], strict=True), start=1):
+        w = rng.standard_normal((fan_in, fan_out), dtype=np.float32) * np.float32(
+            1.0 / np.sqrt(fan_in)
+        )
+        b = rng.standard_normal((fan_out,), dtype=np.float32) * np.float32(0.01)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        last = i == len(dims) - 1
+        y = "OUTPUT0" if last else f"h{i}"
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [y]))
+        if not last:
+            nodes.append(helper.make_node("Relu", [y], [f"h{i}_relu"]))
+            x = f"h{i}_relu"
+    graph = helper.make_graph(
+        nodes,
+        "mlp_large",
+        [_io("INPUT0", "FP32", ["batch", in_dim])],
+        [_io("OUTPUT0", "FP32", ["batch", out_dim])],
+        initializer=inits,
+    )
+    return _finish(graph)
+
+
 def identity_model(datatype: str, dims: list[int], batch: bool) -> bytes:
     """ONNX Identity INPUT0 -> OUTPUT0 for a Triton v2 datatype (BYTES is ONNX STRING).
 
@@ -246,6 +287,35 @@ instance_group [
 ]
 """
 
+MLP_LARGE_CONFIG = """\
+name: "mlp_large"
+platform: "onnxruntime_onnx"
+max_batch_size: 64
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_FP32
+    dims: [ 1024 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_FP32
+    dims: [ 1024 ]
+  }
+]
+dynamic_batching {
+  max_queue_delay_microseconds: 2000
+}
+instance_group [
+  {
+    count: 1
+    kind: KIND_CPU
+  }
+]
+"""
+
 
 def write_model(
     repo: Path, name: str, onnx_bytes: bytes, config_text: str | None, version: int = 1
@@ -263,20 +333,70 @@ def write_model(
     return model_dir
 
 
-def write_shipped_repository(repo: Path) -> None:
-    """Regenerate the repository shipped with shoal: ``simple`` and ``mlp``."""
-    write_model(repo, "simple", simple_model(), SIMPLE_CONFIG)
-    write_model(repo, "mlp", mlp_model(), MLP_CONFIG)
+#: The shipped models: name -> (builder, config, cheap). A model that is not cheap (large,
+#: slow to build, not committed) is written only when its file is missing, unless forced.
+SHIPPED_MODELS: dict[str, tuple[Any, str, bool]] = {
+    "simple": (simple_model, SIMPLE_CONFIG, True),
+    "mlp": (mlp_model, MLP_CONFIG, True),
+    "mlp_large": (mlp_large_model, MLP_LARGE_CONFIG, False),
+}
+
+
+def write_shipped_repository(
+    repo: Path,
+    models: tuple[str, ...] = ("simple", "mlp"),
+    missing_only: bool = False,
+    force: bool = False,
+) -> list[str]:
+    """Regenerate the repository shipped with shoal (by default ``simple`` and ``mlp``).
+
+    Each config is written; a ``model.onnx`` is written unless it exists and either
+    ``missing_only`` is set or the model is a large one (and ``force`` is not set).
+    Returns the names whose ``model.onnx`` was written.
+    """
+    written = []
+    for name in models:
+        build, config, cheap = SHIPPED_MODELS[name]
+        onnx_path = Path(repo) / name / "1" / "model.onnx"
+        skip = onnx_path.exists() and (missing_only or not (cheap or force))
+        if skip:
+            (Path(repo) / name / "config.pbtxt").write_text(config)
+            continue
+        write_model(repo, name, build(), config)
+        written.append(name)
+    return written
+
+
+USAGE = """\
+usage: python -m shoal.modelgen [--missing-only | --force] [REPO]
+  REPO            default: model_repository/ beside the shoal package
+  (default)       rewrite simple and mlp; write mlp_large only if its model.onnx is missing
+  --missing-only  write no model.onnx that already exists
+  --force         rewrite mlp_large's model.onnx too"""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) > 1 or (args and args[0] in ("-h", "--help")):
-        print("usage: python -m shoal.modelgen [REPO]  (default: model_repository/)")
-        return 0 if args and args[0] in ("-h", "--help") else 2
-    repo = Path(args[0]) if args else Path(__file__).resolve().parent.parent / "model_repository"
-    write_shipped_repository(repo)
-    print(f"wrote simple and mlp to {repo}")
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE)
+        return 0
+    flags = {a for a in args if a.startswith("-")}
+    rest = [a for a in args if not a.startswith("-")]
+    if len(rest) > 1 or flags - {"--missing-only", "--force"} or len(flags) > 1:
+        print(USAGE, file=sys.stderr)
+        return 2
+    repo = Path(rest[0]) if rest else Path(__file__).resolve().parent.parent / "model_repository"
+    written = write_shipped_repository(
+        repo,
+        tuple(SHIPPED_MODELS),
+        missing_only="--missing-only" in flags,
+        force="--force" in flags,
+    )
+    kept = [n for n in SHIPPED_MODELS if n not in written]
+    print(
+        f"wrote {', '.join(written) or 'no model'} to {repo}"
+        + (f" (kept the existing {', '.join(kept)})" if kept else "")
+    )
     return 0
 
 

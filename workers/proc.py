@@ -31,7 +31,7 @@ from ipc.errors import Code, ServingError
 from ipc.lifecycle import EXIT_FATAL
 from ipc.shm import RegionMap
 from workers import backend as backends
-from workers.tensors import input_array, output_ref
+from workers.tensors import OutputTooLarge, input_array, output_ref
 
 log = logging.getLogger("shoal.worker")
 
@@ -174,6 +174,8 @@ class WorkerProc:
                 self.execute(msg)
             elif isinstance(msg, m.Welcome):
                 self._watch_broker(msg.broker_pid, poller)
+            elif isinstance(msg, m.RegionsReleased):
+                self.regions.release_clients(msg.reg_ids)
             elif isinstance(msg, m.FrontendGone):
                 self._forget_frontend(msg.frontend)
             elif isinstance(msg, m.Shutdown):
@@ -216,10 +218,12 @@ class WorkerProc:
         failed: list[int] = []
         live: list[tuple[m.WorkItem, dict[str, np.ndarray]]] = []
         for item in batch.items:
+            clients = {c.reg_id: c for c in item.regions}
             try:
-                live.append(
-                    (item, {t.name: input_array(t, self.regions) for t in item.request.inputs})
-                )
+                tensors = {
+                    t.name: input_array(t, self.regions, clients) for t in item.request.inputs
+                }
+                live.append((item, tensors))
             except Exception as exc:
                 failed.append(item.request.req_id)
                 self._send_error(item, Code.INVALID_ARG, f"bad input reference: {exc}")
@@ -278,10 +282,15 @@ class WorkerProc:
 
     def _send_result(self, item: m.WorkItem, outs: dict[str, np.ndarray]) -> bool:
         refs = []
+        clients = {c.reg_id: c for c in item.regions}
         try:
             for spec in item.request.outputs:
                 dtype = self.output_types.get(spec.name, "")
-                refs.append(output_ref(spec.name, dtype, outs[spec.name], spec, self.regions))
+                arr = outs[spec.name]
+                refs.append(output_ref(spec.name, dtype, arr, spec, self.regions, clients))
+        except OutputTooLarge as exc:
+            self._send_error(item, Code.INVALID_ARG, str(exc))
+            return False
         except Exception as exc:
             self._send_error(item, Code.INTERNAL, f"failed to write output: {exc}")
             return False

@@ -10,19 +10,38 @@ from __future__ import annotations
 import numpy as np
 
 from ipc import datatypes
-from ipc.messages import INLINE_MAX_BYTES, OutputSpec, TensorRef
+from ipc.messages import CLIENT_REGION, INLINE_MAX_BYTES, ClientRegion, OutputSpec, TensorRef
 from ipc.shm import RegionMap
 
 
-def input_array(ref: TensorRef, regions: RegionMap) -> np.ndarray:
-    """The tensor as numpy: a view for fixed-size types, an object array for BYTES."""
+class OutputTooLarge(ValueError):
+    """An output does not fit the client region the request named for it."""
+
+
+def tensor_view(
+    region: str, offset: int, nbytes: int, regions: RegionMap, clients: dict[int, ClientRegion]
+) -> memoryview:
+    """The bytes a reference points at: a frontend slab or a client-registered region."""
+    if region.startswith(CLIENT_REGION):
+        c = clients.get(int(region[len(CLIENT_REGION) :]))
+        if c is None:
+            raise ValueError("reference to a client region the request does not hold")
+        if c.kind != "system":
+            raise ValueError("CUDA shared memory needs a KIND_GPU instance")
+        return regions.client_view(c.reg_id, c.key, c.offset, c.byte_size, offset, nbytes)
+    return regions.view(region, offset, nbytes)
+
+
+def input_array(ref: TensorRef, regions: RegionMap, clients: dict[int, ClientRegion]) -> np.ndarray:
+    """The tensor as numpy: a view for fixed-size types, an object array for BYTES. No
+    byte is copied, whether it lives in the frontend's slab or in a client's region."""
     dt = datatypes.datatype(ref.datatype)
     if dt is None:
         raise ValueError(f"unknown datatype {ref.datatype}")
     if ref.data is not None:
         buf: memoryview | bytes = ref.data
     else:
-        buf = regions.view(ref.region, ref.offset, ref.nbytes)
+        buf = tensor_view(ref.region, ref.offset, ref.nbytes, regions, clients)
     count = datatypes.element_count(ref.shape)
     if dt.numpy is None:
         items = datatypes.deserialize_bytes(buf, count)
@@ -49,12 +68,26 @@ def _wire_bytes(arr: np.ndarray, datatype: str) -> memoryview:
 
 
 def output_ref(
-    name: str, datatype: str, arr: np.ndarray, spec: OutputSpec | None, regions: RegionMap
+    name: str,
+    datatype: str,
+    arr: np.ndarray,
+    spec: OutputSpec | None,
+    regions: RegionMap,
+    clients: dict[int, ClientRegion],
 ) -> TensorRef:
-    """Write one output where the frontend asked, or inline it."""
+    """Write one output where the frontend asked (a client's region, a slot of its slab),
+    or inline it."""
     shape = list(arr.shape)
     data = _wire_bytes(arr, datatype)
     n = len(data)
+    if spec is not None and spec.region.startswith(CLIENT_REGION):
+        if n > spec.nbytes:
+            raise OutputTooLarge(
+                f"shared memory size specified with the request for output '{name}' "
+                f"({spec.nbytes} bytes) should be at least {n} bytes to hold the results"
+            )
+        tensor_view(spec.region, spec.offset, n, regions, clients)[:] = data
+        return TensorRef(name, datatype, shape, n, spec.region, spec.offset)
     if spec is not None and spec.region and n <= spec.nbytes and n > INLINE_MAX_BYTES:
         dest = regions.view(spec.region, spec.offset, n)
         dest[:] = data

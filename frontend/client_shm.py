@@ -1,0 +1,71 @@
+"""Tensors in client-registered shared memory, as the frontend sees them.
+
+The frontend never reads those bytes: it checks the request's own numbers (the byte
+size against datatype and shape, integers in range) and sends a reference
+``shm:<region>`` that the broker checks against the registered region and a worker
+maps. The shared-memory parameters and their errors follow Triton.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from frontend.types import InputTensor, ParamValue, RequestedOutput
+from ipc import datatypes
+from ipc import messages as m
+from ipc.errors import Code, ServingError, invalid_arg
+
+SHM_DISABLED: Final = (
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+)
+_INT64_MAX: Final = 2**63 - 1
+
+
+def disabled() -> ServingError:
+    return ServingError(Code.UNSUPPORTED, SHM_DISABLED)
+
+
+def _params(params: dict[str, ParamValue], what: str) -> tuple[str, int, int] | None:
+    region = params.get("shared_memory_region")
+    if region is None:
+        return None
+    offset = params.get("shared_memory_offset", 0)
+    size = params.get("shared_memory_byte_size")
+    if not isinstance(region, str) or not region:
+        raise invalid_arg(f"{what}: 'shared_memory_region' must be a non-empty string")
+    for key, value in (("shared_memory_offset", offset), ("shared_memory_byte_size", size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise invalid_arg(f"{what}: '{key}' must be a non-negative integer")
+    assert isinstance(offset, int) and isinstance(size, int)
+    if offset > _INT64_MAX or size > _INT64_MAX - offset:
+        raise invalid_arg(
+            f"Integer overflow detected: byte_size {size} with offset {offset} for shared "
+            f"memory region: '{region}'"
+        )
+    return region, offset, size
+
+
+def input_ref(t: InputTensor, shape: list[int], model: str) -> m.TensorRef:
+    """The reference for an input that lives in a client region (``t.data`` is None)."""
+    found = _params(t.parameters, f"input '{t.name}'")
+    if found is None:
+        raise invalid_arg(f"input '{t.name}' has neither data nor a shared memory region")
+    region, offset, size = found
+    dt = datatypes.datatype(t.datatype)
+    if dt is not None and dt.itemsize:
+        expected = datatypes.element_count(t.shape) * dt.itemsize
+        if size != expected:
+            raise invalid_arg(
+                f"input byte size mismatch for input '{t.name}' for model '{model}'. "
+                f"Expected {expected}, got {size}"
+            )
+    return m.TensorRef(t.name, t.datatype, shape, size, m.CLIENT_SHM + region, offset)
+
+
+def output_spec(o: RequestedOutput) -> m.OutputSpec | None:
+    """Where an output goes when the request put it in a client region, else None."""
+    found = _params(o.parameters, f"output '{o.name}'")
+    if found is None:
+        return None
+    region, offset, size = found
+    return m.OutputSpec(o.name, m.CLIENT_SHM + region, offset, size)

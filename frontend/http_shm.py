@@ -1,0 +1,117 @@
+"""Triton's system and CUDA shared-memory extensions over HTTP (register, unregister,
+status): thin handlers over DataPlane.shared_memory."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from frontend.dataplane import DataPlane
+from ipc.errors import invalid_arg
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(doc, dict):
+        raise invalid_arg("the request body must be a JSON object")
+    return doc
+
+
+def _uint(doc: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = doc.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid_arg(f"Unable to parse '{key}': expected a non-negative integer")
+    return value
+
+
+def routes(dp_of: Any) -> list[web.RouteDef]:
+    """The routes; ``dp_of(request)`` gives the DataPlane."""
+
+    def dp(request: web.Request) -> DataPlane:
+        return dp_of(request)  # type: ignore[no-any-return]
+
+    def region(request: web.Request) -> str:
+        return request.match_info.get("region", "")
+
+    async def system_status(request: web.Request) -> web.Response:
+        regions = await dp(request).shared_memory("status", "system", region(request))
+        body = [
+            {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+            for r in regions
+        ]
+        return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+    async def system_register(request: web.Request) -> web.Response:
+        doc = await _body(request)
+        key = doc.get("key")
+        if not isinstance(key, str):
+            raise invalid_arg("Unable to parse 'key': expected a string")
+        await dp(request).shared_memory(
+            "register",
+            "system",
+            region(request),
+            key=key,
+            offset=_uint(doc, "offset", 0),
+            byte_size=_uint(doc, "byte_size"),
+        )
+        return web.Response(status=200)
+
+    async def cuda_status(request: web.Request) -> web.Response:
+        regions = await dp(request).shared_memory("status", "cuda", region(request))
+        body = [
+            {"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in regions
+        ]
+        return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+    async def cuda_register(request: web.Request) -> web.Response:
+        doc = await _body(request)
+        raw = doc.get("raw_handle")
+        b64 = raw.get("b64") if isinstance(raw, dict) else None
+        if not isinstance(b64, str):
+            raise invalid_arg("Unable to parse 'raw_handle': expected {\"b64\": <base64>}")
+        try:
+            handle = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise invalid_arg("Unable to parse 'raw_handle': invalid base64") from None
+        await dp(request).shared_memory(
+            "register",
+            "cuda",
+            region(request),
+            raw_handle=handle,
+            device_id=_uint(doc, "device_id", 0),
+            byte_size=_uint(doc, "byte_size"),
+        )
+        return web.Response(status=200)
+
+    def unregister(kind: str) -> Any:
+        async def handler(request: web.Request) -> web.Response:
+            await dp(request).shared_memory("unregister", kind, region(request))
+            return web.Response(status=200)
+
+        return handler
+
+    out: list[web.RouteDef] = []
+    for kind, status, register in (
+        ("system", system_status, system_register),
+        ("cuda", cuda_status, cuda_register),
+    ):
+        base = f"/v2/{kind}sharedmemory"
+        one = base + "/region/{region:[^/]+}"
+        out += [
+            web.get(base + "/status", status),
+            web.get(one + "/status", status),
+            web.post(one + "/register", register),
+            web.post(base + "/unregister", unregister(kind)),
+            web.post(one + "/unregister", unregister(kind)),
+        ]
+    return out
