@@ -76,8 +76,10 @@ class ServerProcess:
         log_path: Path,
         grpc_url: str | None = None,
         frontends: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.env = env
         self.argv = argv
         self.http_url = http_url
         self.grpc_url = grpc_url
@@ -97,7 +99,11 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=None if self.env is None else {**os.environ, **self.env},
         )
         log.close()
         try:
@@ -209,10 +215,17 @@ def ensure_triton_peer_installed() -> None:
         subprocess.run([str(TRITON_PEER), "install"], check=True)
 
 
-def triton_peer_server(repo: Path, log_path: Path) -> ServerProcess:
+def triton_peer_server(repo: Path, log_path: Path, tmpdir: Path | None = None) -> ServerProcess:
+    """triton-peer on three free ports; ``tmpdir`` (its ``$TMPDIR``) gets the shadow repository
+    it builds, so a caller that removes ``tmpdir`` afterwards leaves nothing in /tmp."""
     ensure_triton_peer_installed()
     base = free_port_block(3)  # triton-peer takes HTTP, HTTP+1 (gRPC), HTTP+2 (metrics)
     argv = [str(TRITON_PEER), "serve", str(repo), str(base)]
     return ServerProcess(
-        "triton", argv, f"127.0.0.1:{base}", log_path, grpc_url=f"127.0.0.1:{base + 1}"
+        "triton",
+        argv,
+        f"127.0.0.1:{base}",
+        log_path,
+        grpc_url=f"127.0.0.1:{base + 1}",
+        env=None if tmpdir is None else {"TMPDIR": str(tmpdir)},
     )

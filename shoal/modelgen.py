@@ -13,6 +13,7 @@ missing; ``--missing-only`` leaves every existing ``model.onnx`` alone, ``--forc
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -190,7 +191,7 @@ def mlp_large_model(
     inits: list[Any] = []
     nodes: list[Any] = []
     x = "INPUT0"
-    for i, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:], strict=True), start=1):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(dims), start=1):
         w = rng.standard_normal((fan_in, fan_out), dtype=np.float32) * np.float32(
             1.0 / np.sqrt(fan_in)
         )

@@ -145,3 +145,62 @@ def test_shipped_configs_parse_as_model_config() -> None:
         cfg = text_format.Parse(text, model_config_pb2.ModelConfig())
         assert cfg.name == name and cfg.max_batch_size == mbs
         assert cfg.platform == "onnxruntime_onnx"
+
+
+def test_mlp_large_graph_matches_numpy_at_small_dims() -> None:
+    from onnx import load_from_string, numpy_helper
+
+    model_bytes = modelgen.mlp_large_model(in_dim=8, hidden=16, out_dim=4)
+    graph = load_from_string(model_bytes).graph
+    w = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    assert [w[f"w{i}"].shape for i in (1, 2, 3)] == [(8, 16), (16, 16), (16, 4)]
+    # weights scaled by 1/sqrt(fan_in): their spread is about that, not 1
+    assert 0.2 < float(w["w2"].std()) * np.sqrt(16) < 2.0
+    x = np.random.default_rng(3).standard_normal((5, 8)).astype(np.float32)
+    (y,) = _session(model_bytes).run(None, {"INPUT0": x})
+    h1 = np.maximum(x @ w["w1"] + w["b1"], 0)
+    h2 = np.maximum(h1 @ w["w2"] + w["b2"], 0)
+    np.testing.assert_allclose(y, h2 @ w["w3"] + w["b3"], rtol=1e-4, atol=1e-5)
+    assert y.shape == (5, 4) and y.dtype == np.float32
+    assert [i.name for i in _session(model_bytes).get_inputs()] == ["INPUT0"]
+    assert modelgen.mlp_large_model(8, 16, 4) == model_bytes  # deterministic
+
+
+def test_mlp_large_config_parses() -> None:
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from google.protobuf import text_format
+
+    cfg = text_format.Parse(modelgen.MLP_LARGE_CONFIG, model_config_pb2.ModelConfig())
+    assert cfg.name == "mlp_large" and cfg.max_batch_size == 64
+    assert list(cfg.input[0].dims) == [1024] and list(cfg.output[0].dims) == [1024]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert cfg.instance_group[0].count == 1
+
+
+def test_modelgen_writes_large_model_only_when_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    def tiny() -> bytes:
+        calls.append("built")
+        return modelgen.mlp_large_model(8, 16, 4)
+
+    monkeypatch.setitem(
+        modelgen.SHIPPED_MODELS, "mlp_large", (tiny, modelgen.MLP_LARGE_CONFIG, False)
+    )
+    assert modelgen.main([str(tmp_path)]) == 0
+    assert calls == ["built"]
+    large = tmp_path / "mlp_large" / "1" / "model.onnx"
+    first = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    large.write_bytes(b"kept")
+    assert modelgen.main([str(tmp_path)]) == 0  # simple and mlp rewritten, mlp_large kept
+    assert calls == ["built"] and large.read_bytes() == b"kept"
+    for p, data in first.items():
+        if p != large:
+            assert p.read_bytes() == data
+    assert modelgen.main(["--missing-only", str(tmp_path)]) == 0
+    assert calls == ["built"]
+    assert modelgen.main(["--force", str(tmp_path)]) == 0
+    assert calls == ["built", "built"] and large.read_bytes() == first[large]
+    assert modelgen.main(["--bogus"]) == 2
