@@ -293,14 +293,29 @@ class RegionMap:
         self.release_clients(list(self._clients))
 
 
-def _pid_alive(pid: int) -> bool:
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def _owner_alive(pid: int, created: float) -> bool:
+    """Whether the process that created a segment at ``created`` is still running.
+
+    A zombie counts as dead (in a container, nobody may ever reap it), and so does a
+    process that started after the segment was made (its pid was reused).
+    """
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    if fields[0] in ("Z", "X"):
+        return False
+    started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return started <= created + 1.0
 
 
 def owner_pid(name: str) -> int | None:
@@ -322,9 +337,14 @@ def sweep_stale(only_pids: set[int] | None = None) -> list[str]:
         pid = owner_pid(path.name)
         if pid is None:
             continue
-        if (only_pids is not None and pid in only_pids) or (
-            only_pids is None and not _pid_alive(pid)
-        ):
+        if only_pids is not None:
+            stale = pid in only_pids
+        else:
+            try:
+                stale = not _owner_alive(pid, path.stat().st_ctime)
+            except FileNotFoundError:
+                continue
+        if stale:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(path.name)

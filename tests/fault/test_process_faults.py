@@ -253,3 +253,31 @@ def test_stop_drains_in_flight_requests_then_refuses_new_ones(small_repo: Path) 
     np.testing.assert_array_equal(outcome["result"], np.full((1, 16), 2))
     assert srv.stop() == 0
     shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def test_segments_of_a_server_killed_outright_are_swept_by_the_next(small_repo: Path) -> None:
+    first = ShoalServer(small_repo)
+    client = httpclient.InferenceServerClient(first.url)
+    client.infer("mlp", mlp_input())
+    victims = [first.proc.pid, *first.pids()]
+    owned = [
+        p.name
+        for p in SHM_DIR.iterdir()
+        if p.name.startswith("shoal-") and int(p.name.split("-")[1]) in victims
+    ]
+    assert owned  # the frontend's slab
+    for pid in victims:  # as an OOM kill of the whole tree would: nobody cleans up
+        os.kill(pid, signal.SIGKILL)
+    first.proc.wait()
+    deadline = time.monotonic() + 10
+    while processes_with(first.runtime_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all((SHM_DIR / n).exists() for n in owned)  # leaked, for now
+    first._log.close()
+    second = ShoalServer(small_repo)
+    try:
+        assert not any((SHM_DIR / n).exists() for n in owned)
+    finally:
+        second.stop()
+        shutil.rmtree(second.runtime_dir, ignore_errors=True)
+        shutil.rmtree(first.runtime_dir, ignore_errors=True)

@@ -25,7 +25,7 @@ from tests.serverctl import ShoalServer
 def two_frontends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("frontends-repo")
     modelgen.write_shipped_repository(repo)
-    srv = ShoalServer(repo, "--frontend-processes=2")
+    srv = ShoalServer(repo, "--frontend-processes=2", "--allow-client-shm=true")
     # Ready means one frontend answers; wait for the second to listen too.
     deadline = time.monotonic() + 30
     indices: set[int] = set()
@@ -152,3 +152,69 @@ def test_one_frontend_dies_the_other_keeps_serving(two_frontends: ShoalServer) -
         indices.add(_status(two_frontends.url)["index"])
     seen = {_infer_on_new_connection(two_frontends.url) for _ in range(60)}
     assert seen == {"0", "1"}
+
+
+def test_a_region_registered_through_one_frontend_serves_the_other(
+    two_frontends: ShoalServer,
+) -> None:
+    import tritonclient.utils.shared_memory as shm
+
+    key = f"/test_cross_{os.getpid()}"
+    handle = shm.create_shared_memory_region("cross", key, 128)
+    try:
+        a, b = np.arange(16, dtype=np.int32), np.full(16, 2, dtype=np.int32)
+        shm.set_shared_memory_region(handle, [a, b])
+        conn = http.client.HTTPConnection(two_frontends.url, timeout=10)
+        conn.request(
+            "POST",
+            "/v2/systemsharedmemory/region/cross/register",
+            body=json.dumps({"key": key, "offset": 0, "byte_size": 128}),
+        )
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 200
+        registered_on = resp.getheader("Shoal-Frontend")
+        conn.close()
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "shape": [1, 16],
+                        "datatype": "INT32",
+                        "parameters": {
+                            "shared_memory_region": "cross",
+                            "shared_memory_byte_size": 64,
+                        },
+                    },
+                    {
+                        "name": "INPUT1",
+                        "shape": [1, 16],
+                        "datatype": "INT32",
+                        "parameters": {
+                            "shared_memory_region": "cross",
+                            "shared_memory_offset": 64,
+                            "shared_memory_byte_size": 64,
+                        },
+                    },
+                ],
+                "outputs": [{"name": "OUTPUT0"}],
+            }
+        ).encode()
+        served_by = set()
+        for _ in range(60):
+            c = http.client.HTTPConnection(two_frontends.url, timeout=10)
+            c.request("POST", "/v2/models/simple/infer", body=header)
+            r = c.getresponse()
+            doc = json.loads(r.read())
+            assert r.status == 200, doc
+            assert doc["outputs"][0]["data"] == list(range(2, 18))
+            served_by.add(r.getheader("Shoal-Frontend"))
+            c.close()
+        assert served_by == {"0", "1"}
+        assert registered_on in served_by
+    finally:
+        c = http.client.HTTPConnection(two_frontends.url, timeout=10)
+        c.request("POST", "/v2/systemsharedmemory/region/cross/unregister")
+        c.getresponse().read()
+        shm.destroy_shared_memory_region(handle)

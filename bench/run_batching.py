@@ -1,0 +1,544 @@
+"""Benchmark of the broker's scheduler: dynamic batching and instance groups, in one run.
+
+Three shoal servers are started side by side on free loopback ports, each on a temporary
+repository built from the shipped one (model files linked, configs edited):
+
+* ``batching``: ``mlp_large`` as shipped (dynamic batching, 2 ms delay, 1 instance) and ``mlp``
+  with ``dynamic_batching {}`` added;
+* ``no-batching``: ``mlp_large`` without its ``dynamic_batching`` block, ``mlp`` as shipped;
+* ``2-instances``: ``mlp_large`` with dynamic batching and ``instance_group { count: 2 }``.
+
+For each model and concurrency the configurations (and protocols) are driven one after the
+other with perf_analyzer (batch-1 requests), so drift hits them alike; the servers not being
+driven sit idle. Around each perf_analyzer run the server's ``/v2/models/<m>/stats`` is read,
+and the difference gives the batches it formed (average size, most common sizes, mean queue
+time). Then an in-process ONNX Runtime loop runs the same ``model.onnx`` at the batch sizes
+formed and at 1, 8, 32, 64 with 1 and 2 intra-op threads: the ceiling each point is compared
+with at its own batch size. ``--with-triton-peer`` adds the real Triton on ``mlp_large`` with
+the shipped config. A record, not a test: nothing here asserts a speed.
+
+    python bench/run_batching.py [--protocols grpc,http] [--concurrency 1,8,32,64]
+                                 [--models mlp_large,mlp] [--with-triton-peer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ort_baseline
+from perf_analyzer import Measurement, perf_analyzer_path, perf_analyzer_version
+from perf_analyzer import run_perf_analyzer as _run_pa
+from run import _csv, _csv_ints, _fmt, _git_commit, _ratio, _sigterm
+from servers import REPO_ROOT, ServerProcess, shoal_server, triton_peer_server, wait_ready
+
+LARGE, SMALL = "mlp_large", "mlp"
+#: The 70% target: shoal on mlp_large with batching at c=32 over in-process ORT at that batch.
+TARGET = (LARGE, "batching", 32, 0.70)
+CONFIGS = ("batching", "no-batching", "2-instances")
+
+
+@dataclass
+class Point:
+    """One perf_analyzer run plus what the server's statistics say it formed."""
+
+    m: Measurement
+    config: str
+    avg_batch: float | None = None
+    sizes: list[tuple[int, int]] = field(default_factory=list)  # (batch size, executions)
+    queue_us: float | None = None
+    infer_us: float | None = None  # compute_infer per execution
+
+
+# ---------------------------------------------------------------------------------------------
+# Repositories
+
+
+def _no_batching(text: str) -> str:
+    return re.sub(r"dynamic_batching\s*\{[^}]*\}\s*", "", text)
+
+
+def _with_batching(text: str) -> str:
+    return text if "dynamic_batching" in text else text.rstrip("\n") + "\ndynamic_batching {}\n"
+
+
+def _instances(text: str, count: int) -> str:
+    new, n = re.subn(r"count:\s*\d+", f"count: {count}", text)
+    if n != 1:
+        raise ValueError("expected one instance_group count in the config")
+    return new
+
+
+def _link_model(src_repo: Path, dst_repo: Path, model: str, config_text: str) -> None:
+    """``dst_repo/model`` with ``config_text`` and a symlink to the shipped ``model.onnx``."""
+    (dst_repo / model / "1").mkdir(parents=True)
+    (dst_repo / model / "config.pbtxt").write_text(config_text)
+    (dst_repo / model / "1" / "model.onnx").symlink_to(
+        (src_repo / model / "1" / "model.onnx").resolve()
+    )
+
+
+def build_repos(src: Path, tmp: Path, models: list[str]) -> dict[str, Path]:
+    """One temporary repository per configuration; only the models that config serves."""
+    shipped = {m: (src / m / "config.pbtxt").read_text() for m in models}
+    edits = {
+        "batching": {LARGE: lambda t: t, SMALL: _with_batching},
+        "no-batching": {LARGE: _no_batching, SMALL: _no_batching},
+        "2-instances": {LARGE: lambda t: _instances(t, 2)},
+    }
+    repos: dict[str, Path] = {}
+    for config, per_model in edits.items():
+        chosen = [m for m in models if m in per_model]
+        if not chosen:
+            continue
+        repo = tmp / config
+        for m in chosen:
+            _link_model(src, repo, m, per_model[m](shipped[m]))
+        repos[config] = repo
+    if LARGE in models:  # the peer serves mlp_large only, with the shipped config
+        _link_model(src, tmp / "peer", LARGE, shipped[LARGE])
+        repos["peer"] = tmp / "peer"
+    return repos
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def _stats(http: str, model: str) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://{http}/v2/models/{model}/stats", timeout=10) as r:
+        doc = json.loads(r.read())
+    inf = exe = q_n = q_ns = 0
+    batches: dict[int, tuple[int, int]] = {}  # size -> (executions, compute_infer ns)
+    for s in doc.get("model_stats", []):
+        inf += int(s.get("inference_count", 0))
+        exe += int(s.get("execution_count", 0))
+        q = s.get("inference_stats", {}).get("queue", {})
+        q_n += int(q.get("count", 0))
+        q_ns += int(q.get("ns", 0))
+        for b in s.get("batch_stats", []):
+            ci = b.get("compute_infer", {})
+            n0, ns0 = batches.get(int(b["batch_size"]), (0, 0))
+            batches[int(b["batch_size"])] = (
+                n0 + int(ci.get("count", 0)),
+                ns0 + int(ci.get("ns", 0)),
+            )
+    return {"inf": inf, "exe": exe, "q_n": q_n, "q_ns": q_ns, "batches": batches}
+
+
+def _formed(before: dict[str, object], after: dict[str, object]) -> dict[str, object]:
+    d_inf = int(after["inf"]) - int(before["inf"])  # type: ignore[call-overload]
+    d_exe = int(after["exe"]) - int(before["exe"])  # type: ignore[call-overload]
+    d_qn = int(after["q_n"]) - int(before["q_n"])  # type: ignore[call-overload]
+    d_qns = int(after["q_ns"]) - int(before["q_ns"])  # type: ignore[call-overload]
+    b0: dict[int, tuple[int, int]] = before["batches"]  # type: ignore[assignment]
+    b1: dict[int, tuple[int, int]] = after["batches"]  # type: ignore[assignment]
+    sizes = []
+    infer_n = infer_ns = 0
+    for size, (n, ns) in b1.items():
+        n0, ns0 = b0.get(size, (0, 0))
+        if n - n0 > 0:
+            sizes.append((size, n - n0))
+            infer_n += n - n0
+            infer_ns += ns - ns0
+    sizes.sort(key=lambda x: -x[1])
+    return {
+        "avg_batch": d_inf / d_exe if d_exe else None,
+        "sizes": sizes,
+        "queue_us": d_qns / d_qn / 1e3 if d_qn else None,
+        "infer_us": infer_ns / infer_n / 1e3 if infer_n else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repo", type=Path, default=REPO_ROOT / "model_repository")
+    ap.add_argument("--models", type=_csv, default=f"{LARGE},{SMALL}")
+    ap.add_argument("--protocols", type=_csv, default="grpc", help="grpc, http")
+    ap.add_argument("--concurrency", type=_csv_ints, default="1,8,32,64")
+    ap.add_argument("--measurement-interval", type=int, default=2000, help="ms per window")
+    ap.add_argument("--max-trials", type=int, default=5, help="windows before giving up")
+    ap.add_argument("--stability-percentage", type=int, default=20)
+    ap.add_argument("--ort-seconds", type=float, default=1.5, help="per ORT pass")
+    ap.add_argument("--ort-repeats", type=int, default=2, help="ORT passes; the best is kept")
+    ap.add_argument("--with-triton-peer", action="store_true", help="+ Triton on mlp_large")
+    ap.add_argument("--ready-timeout", type=float, default=180.0)
+    ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    args = ap.parse_args(argv)
+    bad = [p for p in args.protocols if p not in ("http", "grpc")]
+    if bad:
+        ap.error(f"unknown protocol(s) {bad}")
+    if not set(args.models) <= {LARGE, SMALL}:
+        ap.error(f"--models takes {LARGE} and/or {SMALL}")
+    return args
+
+
+def _ensure_large_model(repo: Path) -> None:
+    if not (repo / LARGE / "1" / "model.onnx").exists():
+        print(f"[bench] writing {repo / LARGE} (python -m shoal.modelgen)", flush=True)
+        sys.path.insert(0, str(REPO_ROOT))
+        from shoal import modelgen
+
+        modelgen.write_shipped_repository(repo, (LARGE,), missing_only=True)
+
+
+def _start(srv: ServerProcess, timeout: float, skipped: list[str]) -> ServerProcess | None:
+    print(f"[bench] starting {srv.name}: {' '.join(srv.argv)}", flush=True)
+    t0 = time.monotonic()
+    try:
+        srv.start(timeout)
+    except (RuntimeError, TimeoutError, OSError) as e:
+        print(f"[bench] {srv.name}: {e} (log: {srv.log_path})", file=sys.stderr)
+        skipped.append(f"{srv.name}: did not start ({e}); log {srv.log_path.name}")
+        return None
+    print(f"[bench] {srv.name} ready in {time.monotonic() - t0:.1f}s", flush=True)
+    return srv
+
+
+def _placement(srv: ServerProcess, model: str) -> str:
+    try:
+        with urllib.request.urlopen(f"http://{srv.http_url}/v2/shoal/models/{model}") as r:
+            doc = json.loads(r.read())
+    except (OSError, ValueError):
+        return "?"
+    insts = [i for v in doc.get("versions", []) for i in v.get("instances", [])]
+    return ", ".join(f"cores {i.get('cores') or 'any'}" for i in insts) or "?"
+
+
+def _measure(
+    pa: str,
+    srv: ServerProcess,
+    server: str,
+    config: str,
+    model: str,
+    c: int,
+    protocol: str,
+    args: argparse.Namespace,
+    raw: Path,
+) -> Point:
+    wait_ready(srv.http_url, 10)
+    before = _stats(srv.http_url, model)
+    m = _run_pa(
+        pa,
+        server=server,
+        url=srv.url(protocol),
+        protocol=protocol,
+        model=model,
+        concurrency=c,
+        csv_path=raw / f"{server}-{config}-{protocol}-{model}-c{c}.csv",
+        interval_ms=args.measurement_interval,
+        max_trials=args.max_trials,
+        stability_pct=args.stability_percentage,
+        timeout_s=(args.max_trials + 2) * args.measurement_interval / 1e3 + 30,
+    )
+    return Point(m, config, **_formed(before, _stats(srv.http_url, model)))  # type: ignore[arg-type]
+
+
+def _ort(repo: Path, results: list[Point], args: argparse.Namespace) -> dict[tuple, Measurement]:
+    """In-process ORT at 1, 8, 32, 64 (up to max_batch_size) and every formed average.
+
+    Each (batch, threads) is timed ``--ort-repeats`` times, the passes interleaved, and the
+    fastest pass kept: a ceiling, so a pass slowed by other work on the CPUs should not count.
+    """
+    out: dict[tuple, Measurement] = {}
+    for model in args.models:
+        text = (repo / model / "config.pbtxt").read_text()
+        found = re.search(r"max_batch_size:\s*(\d+)", text)
+        mbs = int(found[1]) if found else 64
+        sizes = {b for b in (1, 8, 32, 64) if b <= mbs}
+        sizes |= {_round_batch(p.avg_batch) for p in results if p.m.model == model}
+        path = repo / model / "1" / "model.onnx"
+        print(
+            f"[bench] in-process ORT {model} at batch {sorted(sizes)}, 2 and 1 threads", flush=True
+        )
+        for _ in range(args.ort_repeats):
+            for b in sorted(sizes):
+                for t in (2, 1):
+                    o = ort_baseline.measure(path, model, t, b, args.ort_seconds)
+                    prev = out.get((model, b, t))
+                    if prev is None or o.throughput > prev.throughput:
+                        out[(model, b, t)] = o
+    return out
+
+
+def _round_batch(avg: float | None) -> int:
+    return max(1, round(avg)) if avg else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    raw = args.out_dir / f"{stamp}-batching-raw"
+    raw.mkdir()
+    if LARGE in args.models:
+        _ensure_large_model(args.repo)
+    pa = perf_analyzer_path()
+    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    started = time.monotonic()
+    n_large = 3 if LARGE in args.models else 0
+    n_small = 2 if SMALL in args.models else 0
+    runs = (
+        (n_large + n_small + (1 if args.with_triton_peer and n_large else 0))
+        * len(args.concurrency)
+        * len(args.protocols)
+    )
+    est = runs * (3.4 * args.measurement_interval / 1e3 + 1.5) + 60
+    print(f"[bench] {runs} perf_analyzer runs, at least ~{est / 60:.1f} min", flush=True)
+
+    tmp = Path(tempfile.mkdtemp(prefix="shoal-bench-batching-"))
+    points: list[Point] = []
+    skipped: list[str] = []
+    placement: dict[str, str] = {}
+    ort: dict[tuple, Measurement] = {}
+    servers: dict[str, tuple[ServerProcess, str]] = {}  # config -> (server, label)
+    try:
+        repos = build_repos(args.repo, tmp, args.models)
+        for config in CONFIGS:
+            if config not in repos:
+                continue
+            srv = shoal_server(repos[config], raw / f"shoal-{config}.log")
+            srv.name = f"shoal-{config}"
+            if _start(srv, args.ready_timeout, skipped):
+                servers[config] = (srv, "shoal")
+                if LARGE in args.models:
+                    placement[config] = _placement(srv, LARGE)
+        if args.with_triton_peer and "peer" in repos:
+            peer = triton_peer_server(repos["peer"], raw / "triton.log", tmpdir=tmp)
+            if _start(peer, args.ready_timeout, skipped):
+                servers["peer"] = (peer, "triton")
+
+        for model in args.models:
+            for c in args.concurrency:
+                for config, (srv, label) in servers.items():
+                    if model == SMALL and config in ("2-instances", "peer"):
+                        continue
+                    for protocol in args.protocols:
+                        what = f"{label}/{config} {protocol} {model} c={c}"
+                        print(f"[bench] perf_analyzer {what}", flush=True)
+                        try:
+                            p = _measure(pa, srv, label, config, model, c, protocol, args, raw)
+                        except (RuntimeError, OSError, ValueError) as e:
+                            print(f"[bench] {what}: {e}", file=sys.stderr)
+                            skipped.append(f"{what}: {e}")
+                            continue
+                        if label == "triton":
+                            p.config = "batching"
+                        print(
+                            f"[bench]   {p.m.throughput:,.0f}/s, avg batch "
+                            f"{_fmt(p.avg_batch, '.1f')} {p.m.note}",
+                            flush=True,
+                        )
+                        points.append(p)
+    except KeyboardInterrupt:
+        skipped.append("interrupted: the run stopped early; the rest was not measured")
+    finally:
+        for srv, _ in servers.values():
+            srv.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    leftovers = sorted(
+        str(f)
+        for srv, _ in servers.values()
+        if srv.proc is not None
+        for f in Path("/dev/shm").glob(f"shoal-{srv.proc.pid}-*")
+    )
+    try:
+        ort = _ort(args.repo, points, args)
+    except KeyboardInterrupt:
+        skipped.append("interrupted during the ONNX Runtime baseline")
+
+    import onnxruntime
+
+    meta = {
+        "timestamp": stamp,
+        "host": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "load average at start": load_start,
+        "load average at end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "commit": _git_commit(),
+        "perf_analyzer": f"{perf_analyzer_version(pa)} ({', '.join(args.protocols)}; batch 1; "
+        f"{args.measurement_interval} ms windows, max {args.max_trials} trials, "
+        f"stable within {args.stability_percentage}%)",
+        "onnxruntime": onnxruntime.__version__,
+        "mlp_large placement": "; ".join(f"{k}: {v}" for k, v in placement.items()) or "—",
+        "triton": "triton-peer (mlp_large, shipped config)" if "peer" in servers else "not run",
+        "wall time": f"{time.monotonic() - started:.0f} s",
+        "left behind": ", ".join(leftovers) or "nothing in /dev/shm",
+        "raw": str(raw.relative_to(REPO_ROOT) if raw.is_relative_to(REPO_ROOT) else raw),
+    }
+    report = render(points, ort, meta, skipped)
+    out = args.out_dir / f"{stamp}-batching.md"
+    out.write_text(report)
+    print(report)
+    print(f"[bench] wrote {out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+def _sizes(p: Point, top: int = 3) -> str:
+    if not p.sizes:
+        return "—"
+    total = sum(n for _, n in p.sizes)
+    head = ", ".join(f"{s}x{n}" for s, n in p.sizes[:top])
+    return head + (f" (+{total - sum(n for _, n in p.sizes[:top])})" if len(p.sizes) > top else "")
+
+
+def render(
+    points: list[Point],
+    ort: dict[tuple, Measurement],
+    meta: dict[str, str],
+    skipped: list[str] | None = None,
+) -> str:
+    order = {c: i for i, c in enumerate(CONFIGS)}
+    points = sorted(
+        points,
+        key=lambda p: (p.m.model != LARGE, p.m.concurrency, p.m.server != "shoal",
+                       order.get(p.config, 9), p.m.protocol),
+    )  # fmt: skip
+    ix = {(p.m.server, p.config, p.m.protocol, p.m.model, p.m.concurrency): p for p in points}
+
+    def shoal(config: str, p: Point) -> Point | None:
+        return ix.get(("shoal", config, p.m.protocol, p.m.model, p.m.concurrency))
+
+    lines = [f"# Batching benchmark {meta['timestamp']}", ""]
+    lines += [f"- {k}: {v}" for k, v in meta.items() if k != "timestamp"]
+    if skipped:
+        lines += ["", "## Skipped", ""] + [f"- {s}" for s in skipped]
+
+    lines += ["", "## Measurements (perf_analyzer, batch-1 requests)", ""]
+    lines += [
+        "`avg batch`: inference_count / execution_count added during the run "
+        "(`/v2/models/<m>/stats`); `sizes`: most common batch sizes x executions; "
+        "`queue µs`: mean time a request waited in the broker; `infer µs`: mean "
+        "compute_infer per execution.",
+        "",
+        "| model | c | server | config | protocol | infer/s | p50 µs | p99 µs | avg batch "
+        "| sizes | queue µs | infer µs | note |",
+        "|---|---:|---|---|---|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for p in points:
+        m = p.m
+        lines.append(
+            f"| {m.model} | {m.concurrency} | {m.server} | {p.config} | {m.protocol} "
+            f"| {m.throughput:,.0f} | {_fmt(m.p50_us, ',.0f')} | {_fmt(m.p99_us, ',.0f')} "
+            f"| {_fmt(p.avg_batch, '.1f')} | {_sizes(p)} | {_fmt(p.queue_us, ',.0f')} "
+            f"| {_fmt(p.infer_us, ',.0f')} | {m.note} |"
+        )
+
+    lines += ["", "## In-process ONNX Runtime (one caller, `sess.run` at a fixed batch)", ""]
+    lines += ["| model | batch | threads | samples/s | p50 µs per call | p99 µs |"]
+    lines += ["|---|---:|---:|---:|---:|---:|"]
+    for (model, b, t), o in sorted(ort.items(), key=lambda kv: (kv[0][0] != LARGE, kv[0][1:])):
+        lines.append(
+            f"| {model} | {b} | {t} | {o.throughput:,.0f} | {_fmt(o.p50_us, ',.0f')} "
+            f"| {_fmt(o.p99_us, ',.0f')} |"
+        )
+
+    lines += ["", "## Server / in-process ORT at the same batch size (samples/s)", ""]
+    lines += [
+        "The ORT batch is the point's average batch rounded; `/best` divides by the faster "
+        "of the 1- and 2-thread loops.",
+        "",
+        "| model | c | server | config | protocol | avg batch | infer/s | ORT-2t | ORT-1t "
+        "| /ORT-2t | /ORT-1t | /best |",
+        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in points:
+        b = _round_batch(p.avg_batch)
+        o2, o1 = ort.get((p.m.model, b, 2)), ort.get((p.m.model, b, 1))
+        best = max((o.throughput for o in (o1, o2) if o), default=None)
+        lines.append(
+            f"| {p.m.model} | {p.m.concurrency} | {p.m.server} | {p.config} | {p.m.protocol} "
+            f"| {b} | {p.m.throughput:,.0f} | {_fmt(o2 and o2.throughput, ',.0f')} "
+            f"| {_fmt(o1 and o1.throughput, ',.0f')} "
+            f"| {_fmt(_ratio(p.m.throughput, o2 and o2.throughput), '.2f')} "
+            f"| {_fmt(_ratio(p.m.throughput, o1 and o1.throughput), '.2f')} "
+            f"| {_fmt(_ratio(p.m.throughput, best), '.2f')} |"
+        )
+
+    def pair_table(title: str, num: str, den: str, models: tuple[str, ...]) -> None:
+        rows = []
+        for p in points:
+            if p.m.server != "shoal" or p.config != den or p.m.model not in models:
+                continue
+            q = shoal(num, p)
+            if q is None:
+                continue
+            rows.append(
+                f"| {p.m.model} | {p.m.concurrency} | {p.m.protocol} "
+                f"| {_fmt(_ratio(q.m.throughput, p.m.throughput), '.2f')} "
+                f"| {_fmt(_ratio(q.m.p50_us, p.m.p50_us), '.2f')} "
+                f"| {_fmt(_ratio(q.m.p99_us, p.m.p99_us), '.2f')} "
+                f"| {_fmt(q.avg_batch, '.1f')} / {_fmt(p.avg_batch, '.1f')} |"
+            )
+        if rows:
+            lines.extend(["", f"## {title}", ""])
+            lines.append("| model | c | protocol | infer/s | p50 | p99 | avg batch (num / den) |")
+            lines.append("|---|---:|---|---:|---:|---:|---|")
+            lines.extend(rows)
+
+    pair_table("batching / no batching (1 instance)", "batching", "no-batching", (LARGE, SMALL))
+    pair_table("2 instances / 1 (both batching)", "2-instances", "batching", (LARGE,))
+
+    tri = [p for p in points if p.m.server == "triton"]
+    if tri:
+        lines += ["", "## shoal / Triton (mlp_large, batching, 1 instance)", ""]
+        lines += ["| c | protocol | infer/s | p50 | p99 | avg batch shoal / triton |"]
+        lines += ["|---:|---|---:|---:|---:|---|"]
+        for t in tri:
+            s = shoal("batching", t)
+            if s is None:
+                continue
+            lines.append(
+                f"| {t.m.concurrency} | {t.m.protocol} "
+                f"| {_fmt(_ratio(s.m.throughput, t.m.throughput), '.2f')} "
+                f"| {_fmt(_ratio(s.m.p50_us, t.m.p50_us), '.2f')} "
+                f"| {_fmt(_ratio(s.m.p99_us, t.m.p99_us), '.2f')} "
+                f"| {_fmt(s.avg_batch, '.1f')} / {_fmt(t.avg_batch, '.1f')} |"
+            )
+
+    model, config, c, share = TARGET
+    lines += ["", "## Target", ""]
+    for p in points:
+        if (p.m.server, p.m.model, p.config, p.m.concurrency) != ("shoal", model, config, c):
+            continue
+        b = _round_batch(p.avg_batch)
+        outs = [o for o in (ort.get((model, b, 1)), ort.get((model, b, 2))) if o]
+        if not outs:
+            continue
+        best = max(outs, key=lambda o: o.throughput)
+        r = p.m.throughput / best.throughput
+        lines.append(
+            f"- {model}, batching, c={c}, {p.m.protocol}: {p.m.throughput:,.0f}/s at avg batch "
+            f"{_fmt(p.avg_batch, '.1f')} vs in-process {best.throughput:,.0f} samples/s "
+            f"(batch {b}, {best.server}): {r:.2f} of it, target {share:.2f}: "
+            f"{'met' if r >= share else 'NOT met'}"
+        )
+    lines += [
+        "",
+        "Throughput ratios above 1: the numerator is faster; latency ratios below 1: it answers "
+        "sooner. `—`: not measured, or no stable percentile.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
