@@ -16,6 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
@@ -31,6 +32,7 @@ from ipc.errors import Code, ServingError
 from ipc.lifecycle import EXIT_FATAL
 from ipc.shm import RegionMap
 from workers import backend as backends
+from workers.cuda_regions import CudaRegions
 from workers.tensors import OutputTooLarge, input_array, output_ref
 
 log = logging.getLogger("shoal.worker")
@@ -71,6 +73,7 @@ class WorkerProc:
         self.output_types: dict[str, str] = {}
         self.broker_pidfd: int | None = None
         self.result_socks: dict[bytes, zmq.Socket[bytes]] = {}
+        self.cuda = CudaRegions(settings.gpu)
 
     # -- startup ---------------------------------------------------------------------
 
@@ -176,6 +179,7 @@ class WorkerProc:
                 self._watch_broker(msg.broker_pid, poller)
             elif isinstance(msg, m.RegionsReleased):
                 self.regions.release_clients(msg.reg_ids)
+                self.cuda.release(msg.reg_ids)
             elif isinstance(msg, m.FrontendGone):
                 self._forget_frontend(msg.frontend)
             elif isinstance(msg, m.Shutdown):
@@ -221,7 +225,8 @@ class WorkerProc:
             clients = {c.reg_id: c for c in item.regions}
             try:
                 tensors = {
-                    t.name: input_array(t, self.regions, clients) for t in item.request.inputs
+                    t.name: input_array(t, self.regions, clients, self.cuda)
+                    for t in item.request.inputs
                 }
                 live.append((item, tensors))
             except Exception as exc:
@@ -276,9 +281,11 @@ class WorkerProc:
     ) -> list[dict[str, np.ndarray]]:
         if len(sizes) == 1:
             return [dict(zip(names, arrays, strict=True))]
-        cuts = np.cumsum(sizes)[:-1]
-        parts = [np.split(a, cuts) for a in arrays]
-        return [{n: parts[j][i] for j, n in enumerate(names)} for i in range(len(sizes))]
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        return [
+            {n: a[bounds[i] : bounds[i + 1]] for n, a in zip(names, arrays, strict=True)}
+            for i in range(len(sizes))
+        ]
 
     def _send_result(self, item: m.WorkItem, outs: dict[str, np.ndarray]) -> bool:
         refs = []
@@ -287,7 +294,9 @@ class WorkerProc:
             for spec in item.request.outputs:
                 dtype = self.output_types.get(spec.name, "")
                 arr = outs[spec.name]
-                refs.append(output_ref(spec.name, dtype, arr, spec, self.regions, clients))
+                refs.append(
+                    output_ref(spec.name, dtype, arr, spec, self.regions, clients, self.cuda)
+                )
         except OutputTooLarge as exc:
             self._send_error(item, Code.INVALID_ARG, str(exc))
             return False
@@ -324,12 +333,22 @@ class WorkerProc:
             log.warning("frontend %r is not reading; result dropped", frontend)
 
     def close(self) -> None:
+        self.cuda.close()
         for sock in self.result_socks.values():
             sock.close(0)
         if self.backend is not None:
             self.backend.unload()
         self.regions.close()
         self.sock.close(0)
+
+
+def _concat(parts: list[Any]) -> Any:
+    """One batch tensor from the requests' tensors (host or device), one copy."""
+    if hasattr(parts[0], "__cuda_array_interface__"):
+        import cupy
+
+        return cupy.concatenate(parts)
+    return np.concatenate(parts)
 
 
 def model_config_pb2_name(data_type: int) -> str:

@@ -7,37 +7,59 @@ reserved; they travel inline only when they are small or have no slot that fits.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ipc import datatypes
 from ipc.messages import CLIENT_REGION, INLINE_MAX_BYTES, ClientRegion, OutputSpec, TensorRef
 from ipc.shm import RegionMap
+from workers.cuda_regions import CudaRegions
 
 
 class OutputTooLarge(ValueError):
     """An output does not fit the client region the request named for it."""
 
 
+def client_region(region: str, clients: dict[int, ClientRegion]) -> ClientRegion | None:
+    """The client registration a reference names, or None for a frontend slab."""
+    if not region.startswith(CLIENT_REGION):
+        return None
+    c = clients.get(int(region[len(CLIENT_REGION) :]))
+    if c is None:
+        raise ValueError("reference to a client region the request does not hold")
+    return c
+
+
 def tensor_view(
     region: str, offset: int, nbytes: int, regions: RegionMap, clients: dict[int, ClientRegion]
 ) -> memoryview:
-    """The bytes a reference points at: a frontend slab or a client-registered region."""
-    if region.startswith(CLIENT_REGION):
-        c = clients.get(int(region[len(CLIENT_REGION) :]))
-        if c is None:
-            raise ValueError("reference to a client region the request does not hold")
-        if c.kind != "system":
-            raise ValueError("CUDA shared memory needs a KIND_GPU instance")
-        return regions.client_view(c.reg_id, c.key, c.offset, c.byte_size, offset, nbytes)
-    return regions.view(region, offset, nbytes)
+    """The host bytes a reference points at: a frontend slab or a client's system region."""
+    c = client_region(region, clients)
+    if c is None:
+        return regions.view(region, offset, nbytes)
+    if c.kind != "system":
+        raise ValueError("a CUDA shared memory region holds device memory, not host memory")
+    return regions.client_view(c.reg_id, c.key, c.offset, c.byte_size, offset, nbytes)
 
 
-def input_array(ref: TensorRef, regions: RegionMap, clients: dict[int, ClientRegion]) -> np.ndarray:
+def input_array(
+    ref: TensorRef,
+    regions: RegionMap,
+    clients: dict[int, ClientRegion],
+    cuda: CudaRegions | None = None,
+) -> Any:
     """The tensor as numpy: a view for fixed-size types, an object array for BYTES. No
-    byte is copied, whether it lives in the frontend's slab or in a client's region."""
+    byte is copied, whether it lives in the frontend's slab or in a client's region. A
+    tensor in client CUDA memory comes as a device (cupy) array over that memory."""
     dt = datatypes.datatype(ref.datatype)
     if dt is None:
         raise ValueError(f"unknown datatype {ref.datatype}")
+    c = client_region(ref.region, clients) if ref.data is None else None
+    if c is not None and c.kind == "cuda":
+        if cuda is None or dt.numpy is None:
+            raise ValueError(f"input '{ref.name}' cannot be read from CUDA shared memory here")
+        return cuda.array(c, ref.offset, ref.nbytes, dt.numpy, ref.shape)
     if ref.data is not None:
         buf: memoryview | bytes = ref.data
     else:
@@ -55,7 +77,14 @@ def input_array(ref: TensorRef, regions: RegionMap, clients: dict[int, ClientReg
     return np.frombuffer(buf, dtype=dt.numpy, count=count).reshape(ref.shape)
 
 
+def _host(arr: Any) -> np.ndarray:
+    if hasattr(arr, "__cuda_array_interface__"):
+        return arr.get()  # type: ignore[no-any-return]  # cupy -> numpy
+    return arr  # type: ignore[no-any-return]
+
+
 def _wire_bytes(arr: np.ndarray, datatype: str) -> memoryview:
+    arr = _host(arr)
     dt = datatypes.datatype(datatype)
     if dt is None or dt.numpy is None:
         flat = arr.reshape(-1)
@@ -70,14 +99,27 @@ def _wire_bytes(arr: np.ndarray, datatype: str) -> memoryview:
 def output_ref(
     name: str,
     datatype: str,
-    arr: np.ndarray,
+    arr: Any,
     spec: OutputSpec | None,
     regions: RegionMap,
     clients: dict[int, ClientRegion],
+    cuda: CudaRegions | None = None,
 ) -> TensorRef:
     """Write one output where the frontend asked (a client's region, a slot of its slab),
     or inline it."""
     shape = list(arr.shape)
+    c = client_region(spec.region, clients) if spec is not None else None
+    if spec is not None and c is not None and c.kind == "cuda":
+        if cuda is None:
+            raise ValueError(f"output '{name}' cannot be written to CUDA shared memory here")
+        if int(arr.nbytes) > spec.nbytes:
+            raise OutputTooLarge(
+                f"shared memory size specified with the request for output '{name}' "
+                f"({spec.nbytes} bytes) should be at least {int(arr.nbytes)} bytes to hold "
+                "the results"
+            )
+        n = cuda.write(c, spec.offset, arr)
+        return TensorRef(name, datatype, shape, n, spec.region, spec.offset)
     data = _wire_bytes(arr, datatype)
     n = len(data)
     if spec is not None and spec.region.startswith(CLIENT_REGION):
