@@ -18,3 +18,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
+# Model files too large to commit (mlp_large's weights) are generated once, deterministically.
+if [ ! -f model_repository/mlp_large/1/model.onnx ]; then
+  .venv/bin/python -m shoal.modelgen --missing-only >/dev/null
+fi
