@@ -45,11 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from perf_analyzer import perf_analyzer_path, perf_analyzer_version  # noqa: E402
-from servers import (  # noqa: E402
+from perf_analyzer import perf_analyzer_path, perf_analyzer_version
+from servers import (
     REPO_ROOT,
     ServerProcess,
     free_port_block,
@@ -212,7 +209,7 @@ def shm_paths(
         shm.set_shared_memory_region(handles["in"], [x])
         out_view = shm.get_contents_as_numpy(handles["out"], np.float32, [ELEMS])
         out_view.fill(0.0)  # fault the output pages in before the server writes them
-        for k, name in names.items():
+        for name in names.values():
             client.register_system_shared_memory(name, "/" + name, NBYTES)
             registered.append(name)
 
@@ -248,6 +245,9 @@ def shm_paths(
 # --------------------------------------------------------------------------- perf_analyzer
 
 
+_PASS = re.compile(r"Pass \[\d+\] throughput: ([\d.]+) infer/sec\. Avg latency: (\d+) usec")
+
+
 def _dev_shm() -> set[str]:
     return {p.name for p in Path("/dev/shm").iterdir()}
 
@@ -258,10 +258,10 @@ def perf_analyzer_shm(
     csv_path = raw / f"pa-{server}-{protocol}-shm.csv"
     argv = [
         pa,
-        *("-m", MODEL, "-u", url, "-i", protocol, "-b", "1"),
+        *("-m", MODEL, "-u", url, "-i", protocol, "-b", "1", "-v"),
         *("--shared-memory", "system", "--output-shared-memory-size", str(NBYTES)),
         *("--concurrency-range", "1:1:1", "--measurement-interval", str(interval_ms)),
-        *("--max-trials", "5", "--stability-percentage", "20", "-f", str(csv_path)),
+        *("--max-trials", "5", "--stability-percentage", "30", "-f", str(csv_path)),
     ]
     before = _dev_shm()
     try:
@@ -277,7 +277,6 @@ def perf_analyzer_shm(
             Path("/dev/shm", name).unlink(missing_ok=True)
     row = Row(server, f"perf_analyzer {protocol} --shared-memory system")
     avg = re.search(r"Avg latency: (\d+) usec", text)
-    p50 = re.search(r"p50 latency: (\d+) usec", text)
     if rc == 0 and csv_path.exists():
         with csv_path.open(newline="") as f:
             rows = list(csv.DictReader(f))
@@ -291,9 +290,13 @@ def perf_analyzer_shm(
                 row.note = f"avg {int(avg[1]) / 1e3:.1f} ms"
             row.note += f"; {float(r['Inferences/Second']):.2f} infer/s"
             return row
-    if avg:
-        row.note = f"avg {int(avg[1]) / 1e3:.1f} ms (not stable)"
-        row.median_ms = int(p50[1]) / 1e3 if p50 else int(avg[1]) / 1e3
+    passes = [(float(m[1]), float(m[2])) for m in _PASS.finditer(text)][-3:]
+    if len(passes) == 3:  # never settled: the mean of its last 3 windows, as run.py does
+        tput = statistics.fmean(p[0] for p in passes)
+        row.median_ms = statistics.fmean(p[1] for p in passes) / 1e3
+        row.note = (
+            f"unstable: last 3 windows' mean avg latency (in the median column); {tput:.2f} infer/s"
+        )
         return row
     tail = " | ".join(text.strip().splitlines()[-2:])
     row.note = f"failed (rc {rc}): {tail[:200]}"
@@ -398,7 +401,7 @@ def render(
         over = None if r.median_ms is None else r.median_ms - om
         lines.append(
             f"| {r.server} | {r.path} | {_f(r.median_ms)} | {_f(r.p90_ms)} | {_f(over)} "
-            f"| {_f(None if over is None else over / mc, '.2f')} | {r.note} |"
+            f"| {_f(None if over is None else over / mc, '.2f')} | {r.note.replace('|', '/')} |"
         )
     lines += ["", "## Target", ""]
     for r in rows:
