@@ -17,6 +17,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strict-readiness", type=bool_flag, default=True)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--model-config-name", default="")
+    p.add_argument(
+        "--model-execution-timeout-secs",
+        default=300.0,
+        type=float,
+        help="kill (and so restart) an instance whose batch runs longer; 0: never",
+    )
     add_process_flags(p)
     return p.parse_args(argv)
 
@@ -36,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             autocomplete=not args.disable_auto_complete_config,
             model_config_name=args.model_config_name,
             strict_readiness=args.strict_readiness,
+            execution_timeout_s=args.model_execution_timeout_secs,
         )
     )
     return run_until_stopped(proc)

@@ -31,6 +31,7 @@ class Instance:
     pid: int
     state: InstanceState = "LOADING"
     in_flight: m.ExecuteBatch | None = None
+    dispatched_at: float = 0.0  # when in_flight was sent (monotonic)
     cores: list[int] = field(default_factory=list)
 
 

@@ -12,8 +12,10 @@ error for every request that peer held, at once. No request waits forever.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,7 @@ class BrokerSettings:
     autocomplete: bool = True
     model_config_name: str = ""
     strict_readiness: bool = True
+    execution_timeout_s: float = 300.0  # a batch running longer means a hung instance
 
 
 class BrokerProc:
@@ -58,6 +61,7 @@ class BrokerProc:
         self.table = ModelTable()
         self.router = Router(self.table)
         self.regions = RegionTable()
+        self._killed: set[int] = set()
         self.poller = zmq.Poller()
         self.poller.register(self.fsock, zmq.POLLIN)
         self.poller.register(self.wsock, zmq.POLLIN)
@@ -119,7 +123,17 @@ class BrokerProc:
         return max(0, min(250, int((wake - time.monotonic()) * 1000) + 1))
 
     def _tick(self) -> None:
-        dispatches, failures = self.router.tick(time.monotonic())
+        now = time.monotonic()
+        for inst in self.router.overdue(now, self.s.execution_timeout_s):
+            if inst.pid not in self._killed:
+                log.error(
+                    "instance %d of %s/%d (pid %d) has run one batch for %.0fs: killing it",
+                    inst.index, inst.model, inst.version, inst.pid, now - inst.dispatched_at,
+                )  # fmt: skip
+                self._killed.add(inst.pid)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(inst.pid, signal.SIGKILL)  # its death answers its requests
+        dispatches, failures = self.router.tick(now)
         for item, message in failures:
             self._fail_item(item, ServingError(Code.UNAVAILABLE, message))
         self._dispatch(dispatches)

@@ -103,6 +103,15 @@ class Router:
             dispatches.extend(self._dispatch(mv, now))
         return dispatches, failures
 
+    def overdue(self, now: float, limit_s: float) -> list[Instance]:
+        """Instances whose current batch has run longer than ``limit_s`` (hung, probably)."""
+        if limit_s <= 0:
+            return []
+        return [
+            i for i in self.table.by_ident.values()
+            if i.in_flight is not None and now - i.dispatched_at > limit_s
+        ]  # fmt: skip
+
     def next_wakeup(self) -> float | None:
         times = [
             t
@@ -146,5 +155,6 @@ class Router:
             batch = m.ExecuteBatch(self._next_batch, items)
             self._next_batch += 1
             inst.in_flight = batch
+            inst.dispatched_at = now
             out.append((inst, batch))
         return out

@@ -56,6 +56,12 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
     p.add_argument("--http-max-input-size", default=64 * 1024 * 1024, type=int)
     p.add_argument("--frontend-processes", default=1, type=int)
     p.add_argument(
+        "--model-execution-timeout-secs",
+        default=300.0,
+        type=float,
+        help="kill and restart an instance whose batch runs longer (0: never)",
+    )
+    p.add_argument(
         "--runtime-dir",
         default="",
         help="private directory for the ipc sockets (default: a fresh temp dir)",
@@ -98,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         exit_timeout_secs=args.exit_timeout_secs,
         http_max_input_size=args.http_max_input_size,
         frontend_processes=max(args.frontend_processes, 1),
+        execution_timeout_secs=args.model_execution_timeout_secs,
         reuse_http_port=args.reuse_http_port,
         runtime_dir=args.runtime_dir,
     )

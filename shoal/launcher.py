@@ -57,6 +57,7 @@ class ServeSettings:
     exit_timeout_secs: float = 30.0
     http_max_input_size: int = 64 * 1024 * 1024
     frontend_processes: int = 1
+    execution_timeout_secs: float = 300.0
     reuse_http_port: bool = False
     runtime_dir: str = ""
     extra_frontend_args: list[str] = field(default_factory=list)
@@ -110,6 +111,8 @@ class Launcher:
             *self._model_args(),
             f"--exit-on-error={str(self.s.exit_on_error).lower()}",
             f"--strict-readiness={str(self.s.strict_readiness).lower()}",
+            "--model-execution-timeout-secs",
+            str(self.s.execution_timeout_secs),
         ]
 
     def frontend_argv(self, index: int) -> list[str]:

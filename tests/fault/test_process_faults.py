@@ -281,3 +281,29 @@ def test_segments_of_a_server_killed_outright_are_swept_by_the_next(small_repo: 
         second.stop()
         shutil.rmtree(second.runtime_dir, ignore_errors=True)
         shutil.rmtree(first.runtime_dir, ignore_errors=True)
+
+
+def test_a_hung_instance_is_killed_its_request_answered_and_it_comes_back(
+    small_repo: Path,
+) -> None:
+    srv = ShoalServer(small_repo, "--model-execution-timeout-secs=1")
+    try:
+        client = httpclient.InferenceServerClient(srv.url, network_timeout=30)
+        hung = srv.worker_pid("simple")
+        os.kill(hung, signal.SIGSTOP)  # alive but never answering: a hang
+        t0 = time.monotonic()
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("simple", simple_inputs())
+        assert time.monotonic() - t0 < 10
+        assert e.value.status() == "503"
+        assert "has run one batch for" in srv.log()
+        deadline = time.monotonic() + 30
+        while not client.is_model_ready("simple") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert srv.worker_pid("simple") != hung
+        np.testing.assert_array_equal(
+            client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
+        )
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
