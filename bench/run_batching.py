@@ -1,12 +1,13 @@
 """Benchmark of the broker's scheduler: dynamic batching and instance groups, in one run.
 
-Three shoal servers are started side by side on free loopback ports, each on a temporary
-repository built from the shipped one (model files linked, configs edited):
+For each model, shoal servers are started side by side on free loopback ports, each on a
+temporary repository holding that model only (model file linked, config edited; one model
+per server, since shoal divides the cores among all instances of a repository):
 
-* ``batching``: ``mlp_large`` as shipped (dynamic batching, 2 ms delay, 1 instance) and ``mlp``
+* ``batching``: ``mlp_large`` as shipped (dynamic batching, 2 ms delay, 1 instance), or ``mlp``
   with ``dynamic_batching {}`` added;
-* ``no-batching``: ``mlp_large`` without its ``dynamic_batching`` block, ``mlp`` as shipped;
-* ``2-instances``: ``mlp_large`` with dynamic batching and ``instance_group { count: 2 }``.
+* ``no-batching``: the config without its ``dynamic_batching`` block (``mlp`` as shipped);
+* ``2-instances`` (``mlp_large`` only): dynamic batching and ``instance_group { count: 2 }``.
 
 For each model and concurrency the configurations (and protocols) are driven one after the
 other with perf_analyzer (batch-1 requests), so drift hits them alike; the servers not being
@@ -89,26 +90,27 @@ def _link_model(src_repo: Path, dst_repo: Path, model: str, config_text: str) ->
     )
 
 
-def build_repos(src: Path, tmp: Path, models: list[str]) -> dict[str, Path]:
-    """One temporary repository per configuration; only the models that config serves."""
-    shipped = {m: (src / m / "config.pbtxt").read_text() for m in models}
+def build_repos(src: Path, tmp: Path, model: str) -> dict[str, Path]:
+    """One temporary repository per configuration of ``model``, holding that model only.
+
+    One model per server: shoal divides the machine's cores among every instance of its
+    repository, so an idle neighbour model would take cores from the one being measured.
+    """
+    shipped = (src / model / "config.pbtxt").read_text()
     edits = {
-        "batching": {LARGE: lambda t: t, SMALL: _with_batching},
-        "no-batching": {LARGE: _no_batching, SMALL: _no_batching},
-        "2-instances": {LARGE: lambda t: _instances(t, 2)},
-    }
+        LARGE: {
+            "batching": lambda t: t,
+            "no-batching": _no_batching,
+            "2-instances": lambda t: _instances(t, 2),
+            "peer": lambda t: t,  # Triton, with the shipped config
+        },
+        SMALL: {"batching": _with_batching, "no-batching": _no_batching},
+    }[model]
     repos: dict[str, Path] = {}
-    for config, per_model in edits.items():
-        chosen = [m for m in models if m in per_model]
-        if not chosen:
-            continue
-        repo = tmp / config
-        for m in chosen:
-            _link_model(src, repo, m, per_model[m](shipped[m]))
+    for config, edit in edits.items():
+        repo = tmp / model / config
+        _link_model(src, repo, model, edit(shipped))
         repos[config] = repo
-    if LARGE in models:  # the peer serves mlp_large only, with the shipped config
-        _link_model(src, tmp / "peer", LARGE, shipped[LARGE])
-        repos["peer"] = tmp / "peer"
     return repos
 
 
@@ -249,6 +251,32 @@ def _measure(
     return Point(m, config, **_formed(before, _stats(srv.http_url, model)))  # type: ignore[arg-type]
 
 
+def _point(
+    pa: str,
+    srv: ServerProcess,
+    label: str,
+    config: str,
+    model: str,
+    c: int,
+    protocol: str,
+    args: argparse.Namespace,
+    raw: Path,
+) -> Point | str:
+    """One measured point, or why it was skipped."""
+    what = f"{label}/{config} {protocol} {model} c={c}"
+    print(f"[bench] perf_analyzer {what}", flush=True)
+    try:
+        p = _measure(pa, srv, label, config, model, c, protocol, args, raw)
+    except (RuntimeError, OSError, ValueError) as e:
+        print(f"[bench] {what}: {e}", file=sys.stderr)
+        return f"{what}: {e}"
+    if label == "triton":
+        p.config = "batching"
+    avg = _fmt(p.avg_batch, ".1f")
+    print(f"[bench]   {p.m.throughput:,.0f}/s, avg batch {avg} {p.m.note}", flush=True)
+    return p
+
+
 def _ort(repo: Path, results: list[Point], args: argparse.Namespace) -> dict[tuple, Measurement]:
     """In-process ORT at 1, 8, 32, 64 (up to max_batch_size) and every formed average.
 
@@ -307,54 +335,46 @@ def main(argv: list[str] | None = None) -> int:
     skipped: list[str] = []
     placement: dict[str, str] = {}
     ort: dict[tuple, Measurement] = {}
-    servers: dict[str, tuple[ServerProcess, str]] = {}  # config -> (server, label)
+    started_servers: list[ServerProcess] = []
     try:
-        repos = build_repos(args.repo, tmp, args.models)
-        for config in CONFIGS:
-            if config not in repos:
-                continue
-            srv = shoal_server(repos[config], raw / f"shoal-{config}.log")
-            srv.name = f"shoal-{config}"
-            if _start(srv, args.ready_timeout, skipped):
-                servers[config] = (srv, "shoal")
-                if LARGE in args.models:
-                    placement[config] = _placement(srv, LARGE)
-        if args.with_triton_peer and "peer" in repos:
-            peer = triton_peer_server(repos["peer"], raw / "triton.log", tmpdir=tmp)
-            if _start(peer, args.ready_timeout, skipped):
-                servers["peer"] = (peer, "triton")
-
         for model in args.models:
-            for c in args.concurrency:
-                for config, (srv, label) in servers.items():
-                    if model == SMALL and config in ("2-instances", "peer"):
+            repos = build_repos(args.repo, tmp, model)
+            servers: dict[str, tuple[ServerProcess, str]] = {}  # config -> (server, label)
+            try:
+                for config in CONFIGS:
+                    if config not in repos:
                         continue
-                    for protocol in args.protocols:
-                        what = f"{label}/{config} {protocol} {model} c={c}"
-                        print(f"[bench] perf_analyzer {what}", flush=True)
-                        try:
-                            p = _measure(pa, srv, label, config, model, c, protocol, args, raw)
-                        except (RuntimeError, OSError, ValueError) as e:
-                            print(f"[bench] {what}: {e}", file=sys.stderr)
-                            skipped.append(f"{what}: {e}")
-                            continue
-                        if label == "triton":
-                            p.config = "batching"
-                        print(
-                            f"[bench]   {p.m.throughput:,.0f}/s, avg batch "
-                            f"{_fmt(p.avg_batch, '.1f')} {p.m.note}",
-                            flush=True,
-                        )
-                        points.append(p)
+                    srv = shoal_server(repos[config], raw / f"shoal-{model}-{config}.log")
+                    srv.name = f"shoal-{model}-{config}"
+                    started_servers.append(srv)
+                    if _start(srv, args.ready_timeout, skipped):
+                        servers[config] = (srv, "shoal")
+                        placement[f"{model} {config}"] = _placement(srv, model)
+                if args.with_triton_peer and "peer" in repos:
+                    peer = triton_peer_server(repos["peer"], raw / "triton.log", tmpdir=tmp)
+                    started_servers.append(peer)
+                    if _start(peer, args.ready_timeout, skipped):
+                        servers["peer"] = (peer, "triton")
+                for c in args.concurrency:
+                    for config, (srv, label) in servers.items():
+                        for protocol in args.protocols:
+                            p = _point(pa, srv, label, config, model, c, protocol, args, raw)
+                            if isinstance(p, str):
+                                skipped.append(p)
+                            else:
+                                points.append(p)
+            finally:
+                for srv, _ in servers.values():
+                    srv.stop()
     except KeyboardInterrupt:
         skipped.append("interrupted: the run stopped early; the rest was not measured")
     finally:
-        for srv, _ in servers.values():
+        for srv in started_servers:
             srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     leftovers = sorted(
         str(f)
-        for srv, _ in servers.values()
+        for srv in started_servers
         if srv.proc is not None
         for f in Path("/dev/shm").glob(f"shoal-{srv.proc.pid}-*")
     )
@@ -375,8 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.measurement_interval} ms windows, max {args.max_trials} trials, "
         f"stable within {args.stability_percentage}%)",
         "onnxruntime": onnxruntime.__version__,
-        "mlp_large placement": "; ".join(f"{k}: {v}" for k, v in placement.items()) or "—",
-        "triton": "triton-peer (mlp_large, shipped config)" if "peer" in servers else "not run",
+        "placement": "; ".join(f"{k}: {v}" for k, v in placement.items()) or "—",
+        "triton": "triton-peer (mlp_large, shipped config)"
+        if any(x.name == "triton" for x in started_servers)
+        else "not run",
         "wall time": f"{time.monotonic() - started:.0f} s",
         "left behind": ", ".join(leftovers) or "nothing in /dev/shm",
         "raw": str(raw.relative_to(REPO_ROOT) if raw.is_relative_to(REPO_ROOT) else raw),

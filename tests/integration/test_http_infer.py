@@ -108,13 +108,14 @@ def _sample(datatype: str, n: int) -> np.ndarray:
     return rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
 
 
-@pytest.mark.parametrize("datatype", ALL_DATATYPES)
-@pytest.mark.parametrize("binary", [True, False])
+# tritonclient sends BF16 only as binary (Triton requires it), so BF16 has no JSON case.
+@pytest.mark.parametrize(
+    ("datatype", "binary"),
+    [(d, b) for d in ALL_DATATYPES for b in (True, False) if b or d != "BF16"],
+)
 def test_every_datatype_round_trips(
     client: httpclient.InferenceServerClient, datatype: str, binary: bool
 ) -> None:
-    if not binary and datatype == "BF16":
-        pytest.skip("tritonclient sends BF16 only as binary (as Triton requires)")
     if datatype == "BYTES" and not binary:
         data = np.array(
             [b"", b"plain", "h\u00e9llo".encode(), b'tab\tand"quote', b"a\x00b", b"6"],
