@@ -82,11 +82,13 @@ class DynamicBatcher:
     # -- admission -------------------------------------------------------------------
 
     def _level(self, priority: int) -> int:
-        """Queue index for a request's ``priority`` (0 = the default level)."""
+        """Queue index for a request's ``priority``: 0 or a level that does not exist
+        means the default level (as Triton's SetPriority)."""
         if self.levels == 1:
             return 0
-        level = priority or self.c.default_priority_level or self.levels
-        return min(max(level, 1), self.levels) - 1
+        if 1 <= priority <= self.levels:
+            return priority - 1
+        return (self.c.default_priority_level or self.levels) - 1
 
     def _policy(self, index: int) -> QueuePolicy:
         return self.c.priority_policies.get(index + 1, self.c.default_policy)

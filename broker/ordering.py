@@ -25,7 +25,8 @@ class OrderedRelease:
         """Record the answer of ``seq``; returns the answers that may leave now, in order."""
         if seq < self._next:
             return []
-        self._held[seq] = (frontend, payload)
+        # The first answer stands (a worker may answer, then die before reporting done).
+        self._held.setdefault(seq, (frontend, payload))
         out: list[Answer] = []
         while self._next in self._held:
             out.append(self._held.pop(self._next))

@@ -330,8 +330,9 @@ class BrokerProc:
         msg = m.decode(kind, frames[2])
         inst = self.table.by_ident.get(ident)
         if isinstance(msg, m.BatchDone):
-            if inst is not None:
-                for item in inst.in_flight.items if inst.in_flight else []:
+            current = inst.in_flight if inst is not None else None
+            if inst is not None and current is not None and current.batch_id == msg.batch_id:
+                for item in current.items:
                     self._finished(item)
                 self._dispatch(self.router.batch_done(inst, msg, time.monotonic()))
         elif isinstance(msg, m.WorkerHello):
@@ -427,6 +428,7 @@ class BrokerProc:
         inst = self.table.by_ident.pop(ident, None)
         if inst is None:
             return
+        self._killed.discard(inst.pid)
         log.error(
             "instance %d of %s/%d (pid %d) exited", inst.index, inst.model, inst.version, inst.pid
         )

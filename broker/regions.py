@@ -85,7 +85,8 @@ class RegionTable:
         if offset < 0 or byte_size <= 0:
             raise invalid
         try:
-            fd = os.open(SHM_DIR / bare, os.O_RDONLY | os.O_NOFOLLOW)
+            # Non-blocking: a FIFO planted in /dev/shm must not hang the broker.
+            fd = os.open(SHM_DIR / bare, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
         except OSError:
             raise invalid_arg(f"Unable to open shared memory region: '{key}'") from None
         try:

@@ -26,6 +26,7 @@ class Router:
         self.table = table
         self._next_batch = 1
         self._arrived: dict[tuple[bytes, int], float] = {}
+        self._queued_ns: dict[tuple[bytes, int], int] = {}
 
     def submit(self, mv: ModelVersion, item: m.WorkItem, now: float) -> list[Dispatch]:
         """Queue ``item``; raises Rejected (already counted as a failure) when refused."""
@@ -51,17 +52,24 @@ class Router:
         return self._dispatch(mv, now)
 
     def batch_done(self, inst: Instance, done: m.BatchDone, now: float) -> list[Dispatch]:
-        batch, inst.in_flight = inst.in_flight, None
+        """The instance finished its batch. A stale report (not its current batch) is
+        ignored: the batch it holds is still running."""
+        batch = inst.in_flight
+        if batch is None or batch.batch_id != done.batch_id:
+            return []
+        inst.in_flight = None
         mv = self.table.version(inst.model, inst.version)
-        if batch is not None and mv is not None and batch.batch_id == done.batch_id:
+        if mv is not None:
             failed = set(done.failed)
             ok_ns: list[int] = []
             samples = 0
             for item in batch.items:
                 elapsed = int((now - self._arrived.pop(_key(item), now)) * 1e9)
+                waited = self._queued_ns.pop(_key(item), 0)
                 if item.request.req_id in failed:
                     mv.stats.failed(elapsed)
                 else:
+                    mv.stats.queued(waited)  # Triton counts queue time of successes only
                     ok_ns.append(elapsed)
                     samples += max(item.request.batch_size, 1)
             if ok_ns:
@@ -125,6 +133,7 @@ class Router:
         versions must still release their sequence numbers)."""
         dropped: list[tuple[ModelVersion, m.WorkItem]] = []
         for mv in self.table.all_versions():
+            dropped += [(mv, it) for it in mv.queue if it.frontend == frontend]
             kept = [it for it in mv.queue if it.frontend != frontend]
             mv.queue.clear()
             mv.queue.extend(kept)
@@ -132,9 +141,11 @@ class Router:
                 dropped += [(mv, it) for it in mv.batcher.drop_frontend(frontend)]
         for key in [k for k in self._arrived if k[0] == frontend]:
             del self._arrived[key]
+            self._queued_ns.pop(key, None)
         return dropped
 
     def _fail(self, mv: ModelVersion, item: m.WorkItem, now: float) -> None:
+        self._queued_ns.pop(_key(item), None)
         arrived = self._arrived.pop(_key(item), now)
         mv.stats.failed(int((now - arrived) * 1e9))
 
@@ -151,7 +162,8 @@ class Router:
                 break
             inst = mv.instances[mv.idle.popleft()]
             for item in items:
-                mv.stats.queued(int((now - self._arrived.get(_key(item), now)) * 1e9))
+                waited = int((now - self._arrived.get(_key(item), now)) * 1e9)
+                self._queued_ns[_key(item)] = waited
             batch = m.ExecuteBatch(self._next_batch, items)
             self._next_batch += 1
             inst.in_flight = batch

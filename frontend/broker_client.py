@@ -77,18 +77,33 @@ class BrokerClient:
     def next_id(self) -> int:
         return next(self._ids)
 
-    async def infer(self, req: m.InferRequest) -> m.InferResponse:
-        """Send one request; the answer may carry an error (never raises for it)."""
+    async def infer(self, req: m.InferRequest, on_abandoned: Callable[[], None]) -> m.InferResponse:
+        """Send one request; the answer may carry an error (never raises for it).
+
+        If the caller is cancelled (a client's deadline, a closed stream) once the request
+        is out, a worker may still read its inputs and write its outputs: the request
+        stays pending, and ``on_abandoned`` runs only when its answer finally arrives (or
+        the broker is lost). Until then the caller must not reuse the request's memory.
+        """
         if not self.connected:
             raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
         fut = self._expect(req.req_id)
+        self._send(m.encode(req))
         try:
-            self._send(m.encode(req))
-            resp = await fut
-        finally:
+            resp = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(lambda _: self._abandoned(req.req_id, on_abandoned))
+            raise
+        except BaseException:
             self._pending.pop(req.req_id, None)
+            raise
+        self._pending.pop(req.req_id, None)
         assert isinstance(resp, m.InferResponse)
         return resp
+
+    def _abandoned(self, req_id: int, on_abandoned: Callable[[], None]) -> None:
+        self._pending.pop(req_id, None)
+        on_abandoned()
 
     async def query(self, msg: msgspec.Struct, reply_type: type[T], timeout: float = 5.0) -> T:
         """A control-plane round trip (model info, server state)."""

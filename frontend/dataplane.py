@@ -9,6 +9,7 @@ written the response.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -189,14 +190,26 @@ class DataPlane:
         slots: list[Slot] = []
         try:
             msg = self._build(req, model, batch, slots)
-            resp = await self.broker.infer(msg)
+        except BaseException:
+            self._free(slots)
+            raise
+        pool = self.pool
+        try:
+            # Cancelled after sending: the slots stay reserved until the answer comes back.
+            resp = await self.broker.infer(msg, lambda: self._free(slots, pool))
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._free(slots, pool)
+            raise
+        try:
             if resp.error is not None:
                 if resp.error.message.startswith("Request for unknown model"):
                     self._models.pop((req.model, parse_version(req.version)), None)
                 raise ServingError(Code(resp.error.code), resp.error.message)
             outputs = self._outputs(resp, slots)
         except BaseException:
-            self._free(slots)
+            self._free(slots, pool)
             raise
         self.requests_handled += 1
         return InferenceResult(
@@ -204,7 +217,7 @@ class DataPlane:
             model_version=str(resp.model_version or model.version),
             id=req.id,
             outputs=outputs,
-            release=lambda: self._free(slots),
+            release=lambda: self._free(slots, pool),
         )
 
     def _build(
@@ -280,7 +293,8 @@ class DataPlane:
         except ShmFull as exc:
             raise ServingError(Code.UNAVAILABLE, str(exc)) from None
 
-    def _free(self, slots: list[Slot]) -> None:
+    def _free(self, slots: list[Slot], pool: SlabPool | None = None) -> None:
+        target = pool or self.pool
         for s in slots:
-            self.pool.free(s)
+            target.free(s)
         slots.clear()

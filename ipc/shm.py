@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import fcntl
 import logging
 import mmap
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -54,6 +56,11 @@ class ShmSegment:
         self.name = f"{PREFIX}{os.getpid()}-{role}-{secrets.token_hex(8)}"
         path = SHM_DIR / self.name
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        # The owner holds an exclusive lock on the segment for as long as it lives; the
+        # kernel drops it when the process dies, however it dies. That, not the pid
+        # in the name, is what tells a sweeper the segment is stale: it works across pid
+        # namespaces sharing /dev/shm, with zombies, and with reused pids.
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
             os.ftruncate(fd, size)
             try:
@@ -69,9 +76,9 @@ class ShmSegment:
             self._mmap = mmap.mmap(fd, size, flags=flags)
         except BaseException:
             os.unlink(path)
-            raise
-        finally:
             os.close(fd)
+            raise
+        self._fd = fd
         self.buf = memoryview(self._mmap)
 
     def close(self) -> None:
@@ -81,6 +88,7 @@ class ShmSegment:
             self._mmap.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(SHM_DIR / self.name)
+        os.close(self._fd)
 
 
 @dataclass(slots=True)
@@ -252,8 +260,13 @@ class RegionMap:
         bare = key.lstrip("/")
         if not bare or "/" in bare or bare.startswith(PREFIX):
             raise ValueError("invalid shared memory key")
-        fd = os.open(SHM_DIR / bare, os.O_RDWR | os.O_NOFOLLOW)
+        fd = os.open(SHM_DIR / bare, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
         try:
+            st = os.fstat(fd)
+            # The file may have changed since it was registered: map only a regular file
+            # that still holds the whole region (a shorter one would SIGBUS on access).
+            if not stat.S_ISREG(st.st_mode) or st.st_size < start + size:
+                raise ValueError("the shared memory region no longer matches its registration")
             page = mmap.ALLOCATIONGRANULARITY
             base = start - start % page
             mm = mmap.mmap(fd, size + (start - base), flags=mmap.MAP_SHARED, offset=base)
@@ -293,29 +306,19 @@ class RegionMap:
         self.release_clients(list(self._clients))
 
 
-def _boot_time() -> float:
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    return 0.0
-
-
-def _owner_alive(pid: int, created: float) -> bool:
-    """Whether the process that created a segment at ``created`` is still running.
-
-    A zombie counts as dead (in a container, nobody may ever reap it), and so does a
-    process that started after the segment was made (its pid was reused).
-    """
+def _owner_gone(path: Path) -> bool:
+    """Whether the process that created this segment has exited (its lock is free)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return False
-    if fields[0] in ("Z", "X"):
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return False
-    started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    return started <= created + 1.0
+    finally:
+        os.close(fd)
+    return True
 
 
 def owner_pid(name: str) -> int | None:
@@ -324,10 +327,8 @@ def owner_pid(name: str) -> int | None:
 
 
 def sweep_stale(only_pids: set[int] | None = None) -> list[str]:
-    """Unlink shoal segments whose owner is dead (or, given ``only_pids``, owned by those).
-
-    Returns the names removed. Safe to run at any time: a live owner's slabs stay.
-    """
+    """Unlink shoal segments whose owner has exited (among those of ``only_pids``, when
+    given). Returns the names removed. Safe at any time: a live owner's slabs stay."""
     removed: list[str] = []
     try:
         entries = list(SHM_DIR.iterdir())
@@ -337,14 +338,7 @@ def sweep_stale(only_pids: set[int] | None = None) -> list[str]:
         pid = owner_pid(path.name)
         if pid is None:
             continue
-        if only_pids is not None:
-            stale = pid in only_pids
-        else:
-            try:
-                stale = not _owner_alive(pid, path.stat().st_ctime)
-            except FileNotFoundError:
-                continue
-        if stale:
+        if (only_pids is None or pid in only_pids) and _owner_gone(path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(path.name)

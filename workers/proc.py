@@ -238,9 +238,9 @@ class WorkerProc:
             names = sorted({o.name for it, _ in live for o in it.request.outputs})
             sizes = [max(it.request.batch_size, 1) for it, _ in live]
             samples = sum(sizes) if self.max_batch_size > 0 else len(live)
-            feeds = self._gather([f for _, f in live])
-            t1 = time.perf_counter_ns()
             try:
+                feeds = self._gather([f for _, f in live])
+                t1 = time.perf_counter_ns()
                 assert self.backend is not None
                 arrays = self.backend.execute(feeds, names)
             except Exception as exc:
@@ -264,14 +264,14 @@ class WorkerProc:
         done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed)
         self.sock.send_multipart(m.encode(done))
 
-    def _gather(self, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    def _gather(self, feeds: list[dict[str, Any]]) -> dict[str, Any]:
         if len(feeds) == 1:
             return feeds[0]
         # Ragged inputs cannot stack along the batch dimension: they go in flattened.
         return {
-            k: np.concatenate([f[k].reshape(-1) for f in feeds])
+            k: _concat([f[k].reshape(-1) for f in feeds])
             if k in self.ragged
-            else np.concatenate([f[k] for f in feeds])
+            else _concat([f[k] for f in feeds])
             for k in feeds[0]
         }
 
@@ -343,11 +343,14 @@ class WorkerProc:
 
 
 def _concat(parts: list[Any]) -> Any:
-    """One batch tensor from the requests' tensors (host or device), one copy."""
-    if hasattr(parts[0], "__cuda_array_interface__"):
+    """One batch tensor from the requests' tensors, one copy. If any lives on the GPU
+    (client CUDA shared memory) the batch is built there, and complete before use."""
+    if any(hasattr(p, "__cuda_array_interface__") for p in parts):
         import cupy
 
-        return cupy.concatenate(parts)
+        batch = cupy.concatenate([cupy.asarray(p) for p in parts])
+        cupy.cuda.get_current_stream().synchronize()
+        return batch
     return np.concatenate(parts)
 
 

@@ -301,3 +301,18 @@ def test_cuda_registration_without_a_gpu(shm_server: ShoalServer) -> None:
     assert e.value.status() == "501"
     assert "this server has no GPU" in e.value.message()
     assert http.get_cuda_shared_memory_status() == []
+
+
+def test_a_fifo_planted_as_a_key_is_refused_without_hanging(shm_server: ShoalServer) -> None:
+    fifo = Path(f"/dev/shm/test_fifo_{os.getpid()}")
+    os.mkfifo(fifo)
+    try:
+        http = httpclient.InferenceServerClient(shm_server.url, network_timeout=10)
+        t0 = time.monotonic()
+        with pytest.raises(InferenceServerException) as e:
+            http.register_system_shared_memory("fifo", f"/{fifo.name}", 64)
+        assert time.monotonic() - t0 < 5
+        assert e.value.message() == "failed to register shared memory region 'fifo': invalid args"
+        assert http.is_server_ready()
+    finally:
+        fifo.unlink()

@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import queue
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -293,3 +294,31 @@ def test_concurrent_clients_from_threads(url: str) -> None:
     for t in threads:
         t.join(30)
     assert not errors
+
+
+def test_a_cancelled_request_never_corrupts_the_next(server: ShoalServer, url: str) -> None:
+    import os
+    import signal
+
+    client = grpcclient.InferenceServerClient(url)
+    worker = server.worker_pid("identity_fp32")
+    os.kill(worker, signal.SIGSTOP)  # A will still be waiting when its deadline passes
+    done: queue.Queue[object] = queue.Queue()
+    try:
+        a = grpcclient.InferInput("INPUT0", [1, 8192], "FP32")
+        a.set_data_from_numpy(np.full((1, 8192), -1.0, dtype=np.float32))
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("identity_fp32", [a], client_timeout=0.3)
+        assert "Deadline" in str(e.value) or "DEADLINE" in str(e.value)
+        # C is bigger: had A's slots been freed, C's input would sit where A's output
+        # is about to be written.
+        expected = np.arange(16384, dtype=np.float32).reshape(1, 16384)
+        c = grpcclient.InferInput("INPUT0", [1, 16384], "FP32")
+        c.set_data_from_numpy(expected)
+        client.async_infer("identity_fp32", [c], lambda result, error: done.put(error or result))
+        time.sleep(0.3)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    result = done.get(timeout=20)
+    assert not isinstance(result, Exception), result
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected)

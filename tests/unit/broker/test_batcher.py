@@ -190,3 +190,12 @@ def test_drop_frontend_and_drain() -> None:
     b.drop_frontend(b"f-0-1")
     assert b.drain() == [kept]
     assert len(b) == 0
+
+
+def test_priority_outside_the_levels_means_the_default_level() -> None:
+    b = DynamicBatcher(BatcherConfig(1, priority_levels=3, default_priority_level=1))
+    lowest, odd = item(priority=3), item(priority=99)
+    b.enqueue(lowest, now=0.0)
+    b.enqueue(odd, now=0.0)  # level 99 does not exist: the default (1), ahead of level 3
+    assert b.take_batch(now=0.0) == [odd]
+    assert b.take_batch(now=0.0) == [lowest]

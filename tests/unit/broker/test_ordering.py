@@ -20,3 +20,11 @@ def test_a_skip_unblocks_the_sequence() -> None:
     assert o.answer(b, b"f", b"B") == []
     assert o.answer(a, b"gone", None) == [(b"gone", None), (b"f", b"B")]
     assert o.answer(a, b"f", b"late") == []  # a duplicate of a released number is ignored
+
+
+def test_the_first_answer_of_a_sequence_number_stands() -> None:
+    o = OrderedRelease()
+    a, b = o.assign(), o.assign()
+    assert o.answer(b, b"f", b"success") == []
+    assert o.answer(b, b"f", b"late error") == []
+    assert o.answer(a, b"f", b"A") == [(b"f", b"A"), (b"f", b"success")]

@@ -166,3 +166,24 @@ def _config_with_batching() -> bytes:
     cfg = mc.ModelConfig(name="simple", max_batch_size=8)
     cfg.dynamic_batching.max_queue_delay_microseconds = 100_000
     return cfg.SerializeToString()
+
+
+def test_a_stale_batch_done_is_ignored() -> None:
+    table, router, (a,) = _table(1)
+    _ready(table, router, a)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    ((_, batch),) = router.submit(mv, _item(1), 0.0)
+    assert router.batch_done(a, m.BatchDone(batch.batch_id + 99, 1), 1.0) == []
+    assert a.in_flight is batch  # still running
+
+
+def test_forget_frontend_returns_its_queued_requests() -> None:
+    table, router, _ = _table(1)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    router.submit(mv, _item(1, frontend=b"f-0-1"), 0.0)  # no instance ready: queued
+    router.submit(mv, _item(2, frontend=b"f-1-2"), 0.0)
+    dropped = router.forget_frontend(b"f-0-1")
+    assert [it.request.req_id for _, it in dropped] == [1]
+    assert [it.request.req_id for it in mv.queue] == [2]
