@@ -23,8 +23,8 @@ from pathlib import Path
 import zmq
 
 from broker.batcher import Rejected
+from broker.client_regions import ClientRegions
 from broker.models import Instance, ModelTable, ModelVersion
-from broker.regions import Kind, RegionTable
 from broker.router import Dispatch, Router
 from configs import repository
 from configs.devices import gpu_count
@@ -60,7 +60,7 @@ class BrokerProc:
         )
         self.table = ModelTable()
         self.router = Router(self.table)
-        self.regions = RegionTable()
+        self.client_regions = ClientRegions()
         self._killed: set[int] = set()
         self.poller = zmq.Poller()
         self.poller.register(self.fsock, zmq.POLLIN)
@@ -233,7 +233,7 @@ class BrokerProc:
             self._reply_error(ident, req.req_id, err)
             return
         try:
-            clients = self._resolve_client_regions(req)
+            clients = self.client_regions.resolve(req)
         except ServingError as err:
             self._reply_error(ident, req.req_id, err)
             return
@@ -243,60 +243,24 @@ class BrokerProc:
         except Rejected as exc:
             self._reply_error(ident, req.req_id, ServingError(Code.UNAVAILABLE, exc.message))
             return
-        self.regions.acquire([self.regions.by_id[c.reg_id] for c in clients])
+        self.client_regions.acquire(clients)
         self._dispatch(dispatches)
-
-    def _resolve_client_regions(self, req: m.InferRequest) -> list[m.ClientRegion]:
-        """Check every reference into a client region and point it at the registration."""
-        used: dict[int, m.ClientRegion] = {}
-        refs: list[m.TensorRef | m.OutputSpec] = [*req.inputs, *req.outputs]
-        for ref in refs:
-            if not ref.region.startswith(m.CLIENT_SHM):
-                continue
-            r = self.regions.resolve(ref.region[len(m.CLIENT_SHM) :], ref.offset, ref.nbytes)
-            ref.region = f"{m.CLIENT_REGION}{r.reg_id}"
-            used[r.reg_id] = m.ClientRegion(
-                r.reg_id, r.kind, r.key, r.offset, r.byte_size, r.device_id, r.raw_handle
-            )
-        return list(used.values())
 
     def _finished(self, item: m.WorkItem) -> None:
         """A request ended: its hold on client regions goes (unmapped once unused)."""
-        if item.regions:
-            freed = self.regions.release([c.reg_id for c in item.regions])
-            if freed:
-                self._broadcast_released(freed)
+        self._broadcast_released(self.client_regions.finished(item))
 
     def _broadcast_released(self, reg_ids: list[int]) -> None:
+        if not reg_ids:
+            return
         frames = m.encode(m.RegionsReleased(reg_ids))
         for worker in list(self.table.by_ident):
             self._send(self.wsock, [worker, *frames])
 
     def _on_shm(self, q: m.ShmRequest) -> m.ShmReply:
-        kind: Kind = "cuda" if q.kind == "cuda" else "system"
-        try:
-            if q.op == "register" and kind == "system":
-                self.regions.register_system(q.name, q.key, q.offset, q.byte_size)
-            elif q.op == "register":
-                self.regions.register_cuda(
-                    q.name, q.raw_handle, q.device_id, q.byte_size, gpu_count()
-                )
-            elif q.op == "unregister":
-                freed = self.regions.unregister(q.name, kind)
-                if freed:
-                    self._broadcast_released(freed)
-            else:
-                return m.ShmReply(
-                    q.query_id,
-                    None,
-                    [
-                        m.RegionStatus(r.name, r.key, r.offset, r.byte_size, r.device_id)
-                        for r in self.regions.status(q.name, kind)
-                    ],
-                )
-        except ServingError as err:
-            return m.ShmReply(q.query_id, m.ErrorInfo(int(err.code), err.message))
-        return m.ShmReply(q.query_id)
+        reply, freed = self.client_regions.handle(q)
+        self._broadcast_released(freed)
+        return reply
 
     def _model_info(self, q: m.ModelQuery) -> m.ModelInfo:
         try:

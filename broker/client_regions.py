@@ -1,0 +1,66 @@
+"""The broker's side of client shared memory: the shared-memory extension's requests, and
+the references inference requests make into registered regions (pure: no sockets).
+
+Each method that can end a registration's life returns the registration ids that are now
+free everywhere; the caller tells the workers to unmap them.
+"""
+
+from __future__ import annotations
+
+from broker.regions import Kind, RegionTable
+from configs.devices import gpu_count
+from ipc import messages as m
+from ipc.errors import ServingError
+
+
+class ClientRegions:
+    def __init__(self) -> None:
+        self.table = RegionTable()
+
+    def handle(self, q: m.ShmRequest) -> tuple[m.ShmReply, list[int]]:
+        """Register, unregister or report regions; returns the reply and the freed ids."""
+        kind: Kind = "cuda" if q.kind == "cuda" else "system"
+        freed: list[int] = []
+        try:
+            if q.op == "register" and kind == "system":
+                self.table.register_system(q.name, q.key, q.offset, q.byte_size)
+            elif q.op == "register":
+                self.table.register_cuda(
+                    q.name, q.raw_handle, q.device_id, q.byte_size, gpu_count()
+                )
+            elif q.op == "unregister":
+                freed = self.table.unregister(q.name, kind)
+            else:
+                regions = [
+                    m.RegionStatus(r.name, r.key, r.offset, r.byte_size, r.device_id)
+                    for r in self.table.status(q.name, kind)
+                ]
+                return m.ShmReply(q.query_id, None, regions), freed
+        except ServingError as err:
+            return m.ShmReply(q.query_id, m.ErrorInfo(int(err.code), err.message)), freed
+        return m.ShmReply(q.query_id), freed
+
+    def resolve(self, req: m.InferRequest) -> list[m.ClientRegion]:
+        """Check every reference into a client region and point it at the registration
+        (raises ServingError with Triton's message). Nothing is held yet: see acquire."""
+        used: dict[int, m.ClientRegion] = {}
+        refs: list[m.TensorRef | m.OutputSpec] = [*req.inputs, *req.outputs]
+        for ref in refs:
+            if not ref.region.startswith(m.CLIENT_SHM):
+                continue
+            r = self.table.resolve(ref.region[len(m.CLIENT_SHM) :], ref.offset, ref.nbytes)
+            ref.region = f"{m.CLIENT_REGION}{r.reg_id}"
+            used[r.reg_id] = m.ClientRegion(
+                r.reg_id, r.kind, r.key, r.offset, r.byte_size, r.device_id, r.raw_handle
+            )
+        return list(used.values())
+
+    def acquire(self, clients: list[m.ClientRegion]) -> None:
+        """The request was admitted: its registrations stay alive until it ends."""
+        self.table.acquire([self.table.by_id[c.reg_id] for c in clients])
+
+    def finished(self, item: m.WorkItem) -> list[int]:
+        """A request ended; returns the registrations nothing uses any more."""
+        if not item.regions:
+            return []
+        return self.table.release([c.reg_id for c in item.regions])
