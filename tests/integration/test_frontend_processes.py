@@ -45,20 +45,25 @@ def _body() -> tuple[bytes, int]:
     return body, json_len
 
 
-def _infer_on_new_connection(url: str) -> str:
+def _post_simple(conn: http.client.HTTPConnection) -> str:
+    """One inference of `simple` on ``conn``; returns the frontend that answered."""
     body, json_len = _body()
+    conn.request(
+        "POST",
+        "/v2/models/simple/infer",
+        body=body,
+        headers={"Inference-Header-Content-Length": str(json_len)},
+    )
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status == 200
+    return str(resp.getheader("Shoal-Frontend"))
+
+
+def _infer_on_new_connection(url: str) -> str:
     conn = http.client.HTTPConnection(url, timeout=10)
     try:
-        conn.request(
-            "POST",
-            "/v2/models/simple/infer",
-            body=body,
-            headers={"Inference-Header-Content-Length": str(json_len)},
-        )
-        resp = conn.getresponse()
-        resp.read()
-        assert resp.status == 200
-        return str(resp.getheader("Shoal-Frontend"))
+        return _post_simple(conn)
     finally:
         conn.close()
 
@@ -104,7 +109,6 @@ def test_one_frontend_dies_the_other_keeps_serving(two_frontends: ShoalServer) -
     conn.request("GET", "/v2/shoal/frontend")
     owner = json.loads(conn.getresponse().read())
     victim = next(p for p in two_frontends.pids("frontend") if p != owner["pid"])
-    body, json_len = _body()
     stop = threading.Event()
     failures: list[BaseException] = []
     served = [0]
@@ -112,16 +116,7 @@ def test_one_frontend_dies_the_other_keeps_serving(two_frontends: ShoalServer) -
     def keep_sending() -> None:
         try:
             while not stop.is_set():
-                conn.request(
-                    "POST",
-                    "/v2/models/simple/infer",
-                    body=body,
-                    headers={"Inference-Header-Content-Length": str(json_len)},
-                )
-                resp = conn.getresponse()
-                resp.read()
-                assert resp.status == 200
-                assert resp.getheader("Shoal-Frontend") == str(owner["index"])
+                assert _post_simple(conn) == str(owner["index"])
                 served[0] += 1
         except BaseException as exc:  # collected and asserted below
             failures.append(exc)
