@@ -64,6 +64,9 @@ class OnnxRuntimeBackend:
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
+        # Idle intra-op threads must not spin: the cores are shared with the frontend,
+        # the broker and other instances, which need them between executions.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.log_severity_level = 3
         providers = ["CPUExecutionProvider"]
         if gpu:
