@@ -8,18 +8,17 @@ conversions go through numpy; only BYTES walks its elements one by one.
 
 from __future__ import annotations
 
-import struct
 from itertools import chain
 from typing import Any, Final
 
 import numpy as np
 
+from ipc import datatypes
 from ipc.datatypes import DataType
 from ipc.errors import Code, ServingError, invalid_arg
 
 INT64_MAX: Final = 2**63 - 1
 
-_U32: Final = struct.Struct("<I")
 # JSON levels around an input's "data" array: document, "inputs" array, input object.
 _DATA_NESTING: Final = 3
 
@@ -89,7 +88,7 @@ def tensor_from_json(
                 f"expected {element_count} string elements for inference input '{name}' "
                 f"for model '{model}', got {len(flat)}"
             )
-        return memoryview(serialize_strings([s.encode() for s in flat]))
+        return memoryview(datatypes.serialize_bytes(s.encode() for s in flat))
     if len(flat) != element_count:
         raise invalid_arg(
             "Unable to parse 'data': Shape does not match true shape of 'data' field "
@@ -147,38 +146,10 @@ def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def serialize_strings(items: list[bytes]) -> bytes:
-    """Length-prefixed BYTES serialization of already-encoded elements."""
-    if not items:
-        return b""
-    prefixes = map(_U32.pack, map(len, items))
-    return b"".join(chain.from_iterable(zip(prefixes, items, strict=True)))
-
-
-def split_strings(buf: memoryview) -> list[memoryview]:
-    """Elements of a length-prefixed BYTES buffer, as views into it.
-
-    Raises ValueError when a length prefix or an element runs past the end.
-    """
-    out: list[memoryview] = []
-    pos, end = 0, len(buf)
-    unpack = _U32.unpack_from
-    while pos < end:
-        if end - pos < 4:
-            raise ValueError("element byte size indicator exceeds the end of the buffer")
-        (n,) = unpack(buf, pos)
-        pos += 4
-        if n > end - pos:
-            raise ValueError("element byte size indicator exceeds the end of the buffer")
-        out.append(buf[pos : pos + n])
-        pos += n
-    return out
-
-
 def check_bytes_elements(name: str, buf: memoryview, element_count: int, model: str) -> None:
     """Validate that a binary BYTES input holds exactly ``element_count`` elements."""
     try:
-        got = len(split_strings(buf))
+        got = len(datatypes.split_bytes(buf))
     except ValueError as exc:
         raise invalid_arg(f"{exc} for inference input '{name}' for model '{model}'") from None
     if got < element_count:
@@ -202,7 +173,7 @@ def tensor_to_json(name: str, dt: DataType, count: int, data: memoryview) -> lis
     """
     if dt.name == "BYTES":
         try:
-            items = split_strings(data)
+            items = datatypes.split_bytes(data)
         except ValueError:
             items = []
             count = -1

@@ -12,10 +12,11 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from configs.model_config import config_to_json, model_metadata
+from configs.model_config import config_to_json, model_metadata, v2_datatype
+from frontend.json_tensors import check_bytes_elements
 from frontend.types import InferenceRequest, InputTensor
 from ipc import datatypes
-from ipc.errors import Code, ServingError, invalid_arg
+from ipc.errors import invalid_arg
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +33,10 @@ def _dims_str(dims: list[int] | tuple[int, ...]) -> str:
 
 
 def _spec(t: Any, is_input: bool) -> TensorSpec:
-    dt = datatypes.from_config_name(mc.DataType.Name(t.data_type))
     reshape = tuple(t.reshape.shape) if t.HasField("reshape") else None
     return TensorSpec(
         t.name,
-        dt.name if dt else "",
+        v2_datatype(t.data_type),
         tuple(t.dims),
         reshape,
         bool(getattr(t, "optional", False)) if is_input else False,
@@ -159,21 +159,4 @@ def check_byte_size(t: InputTensor, model: str) -> None:
                 f"Expected {expected}, got {len(t.data)}"
             )
         return
-    try:
-        datatypes.deserialize_bytes(t.data, count)
-    except ValueError:
-        got = _count_strings(t.data)
-        raise ServingError(
-            Code.INVALID_ARG,
-            f"expected {count} string elements for inference input '{t.name}' for model "
-            f"'{model}', got {got}"
-            if got >= 0
-            else f"malformed length-prefixed BYTES data for inference input '{t.name}'",
-        ) from None
-
-
-def _count_strings(buf: memoryview) -> int:
-    try:
-        return len(datatypes.deserialize_bytes(buf))
-    except ValueError:
-        return -1
+    check_bytes_elements(t.name, t.data, count, model)

@@ -8,7 +8,10 @@ by that many bytes. BF16 has no numpy dtype; it travels as raw uint16 bits.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Final
 
 import numpy as np
@@ -48,10 +51,6 @@ DATATYPES: Final[dict[str, DataType]] = {
 
 BY_CONFIG_NAME: Final[dict[str, DataType]] = {d.config_name: d for d in DATATYPES.values()}
 
-_BY_NUMPY: Final[dict[np.dtype, str]] = {
-    d.numpy: d.name for d in DATATYPES.values() if d.numpy is not None and d.name != "BF16"
-}
-
 
 def datatype(name: str) -> DataType | None:
     """The datatype named `name` in v2 spelling, or None if there is none."""
@@ -63,16 +62,6 @@ def from_config_name(config_name: str) -> DataType | None:
     return BY_CONFIG_NAME.get(config_name)
 
 
-def from_numpy(dtype: np.dtype) -> str:
-    """The v2 name for a numpy dtype; object and string dtypes map to BYTES."""
-    if dtype.kind in "OSU":
-        return "BYTES"
-    name = _BY_NUMPY.get(dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype)
-    if name is None:
-        raise ValueError(f"no Triton datatype for numpy dtype {dtype}")
-    return name
-
-
 def element_count(shape: tuple[int, ...] | list[int]) -> int:
     n = 1
     for d in shape:
@@ -80,34 +69,45 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
     return n
 
 
-def serialize_bytes(values: np.ndarray) -> bytes:
-    """Length-prefixed serialization of a BYTES tensor (row-major, uint32 LE lengths)."""
-    parts: list[bytes] = []
-    for item in values.reshape(-1):
-        b = item if isinstance(item, bytes) else str(item).encode()
-        parts.append(len(b).to_bytes(4, "little"))
-        parts.append(b)
-    return b"".join(parts)
+_U32: Final = struct.Struct("<I")
 
 
-def deserialize_bytes(buf: memoryview | bytes, count: int | None = None) -> list[bytes]:
-    """Split a length-prefixed BYTES buffer into its elements.
+def serialize_bytes(values: Iterable[bytes | str | object]) -> bytes:
+    """Length-prefixed serialization of BYTES elements (uint32 LE lengths, row-major);
+    ``str`` (and anything else) is encoded as UTF-8 text."""
+    items = [v if isinstance(v, bytes) else str(v).encode() for v in values]
+    if not items:
+        return b""
+    return b"".join(chain.from_iterable(zip(map(_U32.pack, map(len, items)), items, strict=True)))
 
-    Raises ValueError when the buffer is truncated or, with `count`, when it holds a
-    different number of elements.
+
+def split_bytes(buf: memoryview | bytes) -> list[memoryview]:
+    """The elements of a length-prefixed BYTES buffer, as views into it (no copy).
+
+    Raises ValueError when a length prefix or an element runs past the end.
     """
-    mv = memoryview(buf).cast("B")
-    out: list[bytes] = []
+    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
+    out: list[memoryview] = []
     pos, end = 0, len(mv)
     while pos < end:
         if end - pos < 4:
-            raise ValueError("truncated length prefix in BYTES tensor")
-        n = int.from_bytes(mv[pos : pos + 4], "little")
+            raise ValueError("element byte size indicator exceeds the end of the buffer")
+        (n,) = _U32.unpack_from(mv, pos)
         pos += 4
         if n > end - pos:
-            raise ValueError("BYTES element extends past the end of its buffer")
-        out.append(bytes(mv[pos : pos + n]))
+            raise ValueError("element byte size indicator exceeds the end of the buffer")
+        out.append(mv[pos : pos + n])
         pos += n
+    return out
+
+
+def deserialize_bytes(buf: memoryview | bytes, count: int | None = None) -> list[bytes]:
+    """The elements of a length-prefixed BYTES buffer as ``bytes``.
+
+    Raises ValueError when the buffer is truncated or, with ``count``, when it holds a
+    different number of elements.
+    """
+    out = [bytes(v) for v in split_bytes(buf)]
     if count is not None and len(out) != count:
         raise ValueError(f"expected {count} string elements, got {len(out)}")
     return out

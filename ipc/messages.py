@@ -128,10 +128,6 @@ class WorkerFailed(msgspec.Struct, array_like=True):
     message: str
 
 
-class Heartbeat(msgspec.Struct, array_like=True):
-    pid: int
-
-
 class FrontendHello(msgspec.Struct, array_like=True):
     pid: int
     index: int
@@ -290,7 +286,6 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     WorkerHello: b"H",
     WorkerReady: b"Y",
     WorkerFailed: b"F",
-    Heartbeat: b"B",
     FrontendHello: b"h",
     Welcome: b"W",
     ModelQuery: b"q",

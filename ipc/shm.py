@@ -43,11 +43,6 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
-def is_internal_key(key: str) -> bool:
-    """True for names in shoal's reserved namespace (leading slashes ignored)."""
-    return key.lstrip("/").startswith(PREFIX)
-
-
 class ShmSegment:
     """A named segment owned (created, pre-faulted, unlinked) by this process."""
 

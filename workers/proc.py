@@ -24,10 +24,9 @@ import zmq
 from configs import autocomplete as ac
 from configs import repository
 from configs.devices import gpu_count
-from configs.model_config import ConfigError, validate_io
+from configs.model_config import ConfigError, v2_datatype, validate_io
 from ipc import messages as m
 from ipc import sockets
-from ipc.datatypes import from_config_name
 from ipc.errors import Code, ServingError
 from ipc.lifecycle import EXIT_FATAL
 from ipc.shm import RegionMap
@@ -114,11 +113,7 @@ class WorkerProc:
         self.backend = backend
         self.max_batch_size = config.max_batch_size
         self.ragged = {i.name for i in config.input if i.allow_ragged_batch}
-        self.output_types = {
-            o.name: dt.name
-            for o in config.output
-            if (dt := from_config_name(model_config_pb2_name(o.data_type))) is not None
-        }
+        self.output_types = {o.name: v2_datatype(o.data_type) for o in config.output}
         self.config_bytes = config.SerializeToString()
         log.info(
             "loaded '%s' version %d instance %d (%d threads) on %s",
@@ -352,12 +347,6 @@ def _concat(parts: list[Any]) -> Any:
         cupy.cuda.get_current_stream().synchronize()
         return batch
     return np.concatenate(parts)
-
-
-def model_config_pb2_name(data_type: int) -> str:
-    from tritonclient.grpc import model_config_pb2
-
-    return model_config_pb2.DataType.Name(data_type)
 
 
 def _thread_count(config: object, cores: list[int]) -> int:

@@ -440,25 +440,35 @@ def test_binary_sizes_must_cover_the_body_exactly() -> None:
     assert "Infer-Header-Content-Length" in bad(body[:hl], None).message
 
 
-def test_binary_bytes_input_is_validated() -> None:
+def test_binary_bytes_input_is_validated_by_the_data_plane() -> None:
+    # The codec only slices the bytes; the element count is checked once, for every
+    # transport, by frontend.model_handle.check_byte_size.
+    from frontend.model_handle import check_byte_size
+
     arr = np.array([b"ab", b"cd"], dtype=object)
     inp = make_input("S", arr, "BYTES", True)
     inp.set_shape([3])
-    err = bad(*body_for([inp]))
+    req, _ = decode(*body_for([inp]))
+    with pytest.raises(ServingError) as e:
+        check_byte_size(req.inputs[0], "m")
     assert "expected 3 string elements for inference input 'S' for model 'm', got 2" in (
-        err.message
+        e.value.message
     )
     inp.set_shape([1])
-    err = bad(*body_for([inp]))
-    assert "unexpected number of string elements 2 for inference input 'S'" in err.message
+    req, _ = decode(*body_for([inp]))
+    with pytest.raises(ServingError) as e:
+        check_byte_size(req.inputs[0], "m")
+    assert "unexpected number of string elements 2 for inference input 'S'" in e.value.message
     truncated = {
         "inputs": [
             {"name": "S", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 6}}
         ]
     }
     header = json.dumps(truncated).encode()
-    err = bad(header + b"\x09\x00\x00\x00ab", len(header))
-    assert "element byte size indicator exceeds the end of the buffer" in err.message
+    req, _ = decode(header + b"\x09\x00\x00\x00ab", len(header))
+    with pytest.raises(ServingError) as e:
+        check_byte_size(req.inputs[0], "m")
+    assert "element byte size indicator exceeds the end of the buffer" in e.value.message
 
 
 def nested(depth: int, leaf: str) -> Any:

@@ -34,4 +34,4 @@ def test_unknown_kind_and_malformed_payload_are_refused() -> None:
     with pytest.raises(ValueError, match="malformed"):
         m.decode(kind, payload[:-2])
     with pytest.raises(ValueError, match="malformed"):
-        m.decode(m.KINDS[m.Heartbeat], m.encode_payload(m.WorkerFailed("not a heartbeat")))
+        m.decode(m.KINDS[m.Welcome], m.encode_payload(m.WorkerFailed("not a welcome")))

@@ -64,12 +64,6 @@ def test_region_map_reads_what_the_owner_wrote(pool: shm.SlabPool) -> None:
         pool.free(slot)
 
 
-def test_internal_key_namespace() -> None:
-    assert shm.is_internal_key("/shoal-1-front-0123456789abcdef")
-    assert shm.is_internal_key("///shoal-x")
-    assert not shm.is_internal_key("/input_simple")
-
-
 def test_sweep_removes_only_dead_owners(pool: shm.SlabPool) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
