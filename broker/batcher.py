@@ -172,14 +172,19 @@ class DynamicBatcher:
             return self._pop(chosen)
         return []
 
-    def next_wakeup(self) -> float | None:
-        """When a queued request's delay or timeout next runs out (absolute), if any."""
+    def next_wakeup(self, can_dispatch: bool = True) -> float | None:
+        """When the caller must next ask (absolute), if ever: a queued request's timeout
+        runs out, or, when an instance could take a batch (``can_dispatch``), the oldest
+        request's queue delay does. While every instance is busy a delay that ran out
+        changes nothing: the next batch forms when an instance reports done, so waking
+        for it would only spin."""
         times = [
             p.deadline for q in self.queues for p in q if p.deadline is not None and not p.delayed
         ]
-        order = self._candidates()
-        if order and self.c.max_queue_delay_us:
-            times.append(order[0].arrived + self.c.max_queue_delay_us / 1e6)
+        if can_dispatch and self.c.max_queue_delay_us:
+            head = next((p for q in self.queues for p in q), None)
+            if head is not None:
+                times.append(head.arrived + self.c.max_queue_delay_us / 1e6)
         return min(times) if times else None
 
     def _pop(self, chosen: list[Pending]) -> list[m.WorkItem]:

@@ -121,10 +121,13 @@ class Router:
         ]  # fmt: skip
 
     def next_wakeup(self) -> float | None:
+        """When ``tick`` next has work: a queue timeout, or a queue delay of a version
+        with an idle instance (a busy version's next batch waits for its batch_done)."""
         times = [
             t
             for mv in self.table.batching_versions()
-            if mv.batcher is not None and (t := mv.batcher.next_wakeup()) is not None
+            if mv.batcher is not None
+            and (t := mv.batcher.next_wakeup(can_dispatch=bool(mv.idle))) is not None
         ]
         return min(times) if times else None
 

@@ -187,3 +187,22 @@ def test_forget_frontend_returns_its_queued_requests() -> None:
     dropped = router.forget_frontend(b"f-0-1")
     assert [it.request.req_id for _, it in dropped] == [1]
     assert [it.request.req_id for it in mv.queue] == [2]
+
+
+def test_a_busy_version_does_not_wake_the_broker_for_its_queue_delay() -> None:
+    """Only an idle instance can take a batch: while all are busy, a queue delay that ran
+    out must not make the broker's poll return at once (it would spin until batch_done)."""
+    table, router, (a,) = _table(1)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(_config_with_batching())  # delay 100 ms
+    _ready(table, router, a)
+    router.submit(mv, _item(1), 0.0)
+    assert router.next_wakeup() == 0.1  # idle instance: wake when the delay runs out
+    ((_, first),) = router.tick(0.1)[0]
+    router.submit(mv, _item(2), 0.2)
+    assert a.in_flight is first
+    assert router.next_wakeup() is None  # busy: the delay at 0.3 is of no use
+    assert router.tick(0.5) == ([], [])
+    ((_, second),) = router.batch_done(a, m.BatchDone(first.batch_id, 1), 0.6)
+    assert [it.request.req_id for it in second.items] == [2]  # delay long gone: sent at once
