@@ -20,3 +20,15 @@ def gpu_count() -> int:
         return present
     ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
     return min(len(ids), present)
+
+
+def visible_device(gpu: int) -> str:
+    """The CUDA_VISIBLE_DEVICES value that shows a process server GPU ``gpu`` alone (as its
+    device 0): server GPU ids index the CUDA_VISIBLE_DEVICES the server was started with."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(gpu)
+    ids = [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+    if not 0 <= gpu < len(ids):
+        raise ValueError(f"GPU {gpu} is not one of CUDA_VISIBLE_DEVICES={visible!r}")
+    return ids[gpu]

@@ -37,9 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     cores = [int(c) for c in args.cores.split(",") if c.strip()]
     if cores:
         os.sched_setaffinity(0, cores)
+    gpus = None
     if args.gpu is not None:
-        # Before any CUDA import: the instance sees its GPU alone, as device 0.
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
+        from configs.devices import gpu_count, visible_device
+
+        # Before any CUDA import: the instance sees its GPU alone, as device 0. The config
+        # is still checked against the server's GPUs (counted before the narrowing).
+        gpus = gpu_count()
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_device(args.gpu)
     from workers.proc import WorkerProc, WorkerSettings
 
     proc = WorkerProc(
@@ -54,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             default_max_batch_size=args.default_max_batch_size,
             cores=cores,
             gpu=args.gpu,
+            gpu_count=gpus,
             instance_name=args.instance_name or f"{args.model}_0_{args.instance}",
         )
     )

@@ -1,27 +1,37 @@
 """Client CUDA shared memory in a GPU worker: Triton's CUDA shared-memory extension.
 
 A client registers a ``cudaIpcMemHandle_t`` (64 bytes) for memory on one of its GPUs. A
-worker whose instance runs on that GPU opens the handle once per registration (cupy's
-``ipcOpenMemHandle``; a handle opened twice in one process fails, so it is cached) and
-hands the model device arrays over the client's memory: no host copy on the way in or
-out. The handle is closed when the broker says the registration is released.
+worker whose instance runs on that GPU opens the handle once (cupy's
+``runtime.ipcOpenMemHandle``) and hands the model device arrays over the client's
+memory: no host copy on the way in or out. CUDA does not let one process open the same
+handle twice, so an opened handle is shared by every registration that names it and
+closed (``runtime.ipcCloseMemHandle``) when the broker says the last of them is released.
 
+Registration ids are the broker's: a restarted broker numbers from 1 again, so a cached
+id is trusted only while it still names the same handle.
+
+Copies in and out are plain memcpys (no cupy kernel, so no NVRTC compile on this path).
 Only GPU workers import cupy, and only when a CUDA region is used.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 from typing import Any
 
 import numpy as np
 
 from ipc.messages import ClientRegion
 
+log = logging.getLogger("shoal.worker")
+
 
 class CudaRegions:
     def __init__(self, gpu: int | None) -> None:
-        self.gpu = gpu  # the physical GPU this worker sees (as its device 0)
-        self._ptrs: dict[int, int] = {}
+        self.gpu = gpu  # the server's id of the one GPU this worker sees (as its device 0)
+        self._handle_of: dict[int, bytes] = {}  # registration id -> its raw handle
+        self._opened: dict[bytes, list[int]] = {}  # raw handle -> [pointer, registrations]
 
     def _cupy(self) -> Any:
         import cupy
@@ -29,6 +39,7 @@ class CudaRegions:
         return cupy
 
     def pointer(self, region: ClientRegion) -> int:
+        """The base of the region's device memory in this process (opened on first use)."""
         if self.gpu is None:
             raise ValueError(
                 "CUDA shared memory needs a KIND_GPU instance; this instance runs on the CPU"
@@ -38,37 +49,75 @@ class CudaRegions:
                 f"CUDA shared memory region is on GPU {region.device_id}, this instance on "
                 f"GPU {self.gpu}"
             )
-        ptr = self._ptrs.get(region.reg_id)
-        if ptr is None:
-            cp = self._cupy()
-            ptr = int(cp.cuda.runtime.ipcOpenMemHandle(region.raw_handle))
-            self._ptrs[region.reg_id] = ptr
-        return ptr
+        handle = bytes(region.raw_handle)
+        known = self._handle_of.get(region.reg_id)
+        if known is not None and known != handle:
+            self.release([region.reg_id])  # an id an earlier broker gave another region
+            known = None
+        if known is None:
+            entry = self._opened.get(handle)
+            if entry is None:
+                ptr = int(self._cupy().cuda.runtime.ipcOpenMemHandle(handle))
+                entry = self._opened[handle] = [ptr, 0]
+            entry[1] += 1
+            self._handle_of[region.reg_id] = handle
+        return self._opened[handle][0]
+
+    def _memptr(self, region: ClientRegion, offset: int, nbytes: int) -> Any:
+        """A cupy MemoryPointer to ``nbytes`` at ``offset`` of the client's device memory."""
+        if offset < 0 or nbytes < 0 or offset + nbytes > region.byte_size:
+            raise ValueError(f"reference [{offset}, {offset + nbytes}) outside its region")
+        base = self.pointer(region)  # before cupy is touched: a CPU instance stops here
+        cp = self._cupy()
+        device = cp.cuda.runtime.getDevice()
+        mem = cp.cuda.UnownedMemory(base + offset, nbytes, owner=self, device_id=device)
+        return cp.cuda.MemoryPointer(mem, 0)
 
     def array(
         self, region: ClientRegion, offset: int, nbytes: int, dtype: np.dtype, shape: list[int]
     ) -> Any:
         """A cupy array over ``nbytes`` at ``offset`` of the client's device memory."""
-        if offset < 0 or nbytes < 0 or offset + nbytes > region.byte_size:
-            raise ValueError(f"reference [{offset}, {offset + nbytes}) outside its region")
-        cp = self._cupy()
-        mem = cp.cuda.UnownedMemory(self.pointer(region) + offset, nbytes, owner=self)
-        return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if count * dtype.itemsize != nbytes:
+            raise ValueError(f"{nbytes} bytes cannot hold a {dtype} tensor of shape {shape}")
+        memptr = self._memptr(region, offset, nbytes)
+        return self._cupy().ndarray(shape, dtype=dtype, memptr=memptr)
 
     def write(self, region: ClientRegion, offset: int, value: Any) -> int:
-        """Copy an output (cupy or numpy array) into the client's device memory."""
+        """Copy an output (cupy or numpy array) into the client's device memory; the bytes
+        have landed when this returns."""
+        if getattr(getattr(value, "dtype", None), "kind", "") == "O":
+            raise ValueError("a BYTES tensor cannot be written to CUDA shared memory")
+        nbytes = int(value.nbytes)
+        dest = self._memptr(region, offset, nbytes)
         cp = self._cupy()
-        src = value if isinstance(value, cp.ndarray) else cp.asarray(value)
-        dest = self.array(region, offset, src.nbytes, src.dtype, list(src.shape))
-        dest[...] = src
+        if nbytes == 0:
+            return 0
+        if isinstance(value, cp.ndarray):
+            src = cp.ascontiguousarray(value)  # a kernel only for a strided view
+            dest.copy_from_device(src.data, nbytes)
+        else:
+            host = np.ascontiguousarray(value)
+            dest.copy_from_host(host.ctypes.data_as(ctypes.c_void_p), nbytes)
         cp.cuda.runtime.deviceSynchronize()  # the answer leaves only once the bytes landed
-        return int(src.nbytes)
+        return nbytes
 
     def release(self, reg_ids: list[int]) -> None:
+        """The broker released these registrations: close handles nothing names any more."""
         for reg_id in reg_ids:
-            ptr = self._ptrs.pop(reg_id, None)
-            if ptr is not None:
-                self._cupy().cuda.runtime.ipcCloseMemHandle(ptr)
+            handle = self._handle_of.pop(reg_id, None)
+            entry = self._opened.get(handle) if handle is not None else None
+            if handle is None or entry is None:
+                continue
+            entry[1] -= 1
+            if entry[1] > 0:
+                continue
+            del self._opened[handle]
+            try:
+                self._cupy().cuda.runtime.ipcCloseMemHandle(entry[0])
+            except Exception as exc:  # a failed close must not take the worker down
+                log.warning("closing a CUDA shared memory handle failed: %s", exc)
 
     def close(self) -> None:
-        self.release(list(self._ptrs))
+        self.release(list(self._handle_of))

@@ -41,6 +41,7 @@ _NUMPY_OF_ORT: Final[dict[str, str]] = {
     "tensor(int16)": "<i2", "tensor(int32)": "<i4", "tensor(int64)": "<i8",
     "tensor(float16)": "<f2", "tensor(float)": "<f4", "tensor(double)": "<f8",
 }  # fmt: skip
+_NUMPY_OF_ORT_DEVICE: Final[dict[str, str]] = {**_NUMPY_OF_ORT, "tensor(bfloat16)": "<u2"}
 
 
 def _spec(arg: ort.NodeArg) -> IOSpec:
@@ -75,8 +76,17 @@ class OnnxRuntimeBackend:
                     "KIND_GPU instance, but this onnxruntime has no CUDAExecutionProvider "
                     "(install onnxruntime-gpu)"
                 )
+            if hasattr(ort, "preload_dlls"):  # ORT >= 1.21: CUDA/cuDNN from nvidia-* wheels
+                ort.preload_dlls()
             providers.insert(0, "CUDAExecutionProvider")
         self._sess = ort.InferenceSession(str(model_file), so, providers=providers)
+        if gpu and "CUDAExecutionProvider" not in self._sess.get_providers():
+            # ONNX Runtime falls back to the CPU, with only a log line, when the CUDA
+            # provider cannot load (CUDA or cuDNN libraries missing).
+            raise RuntimeError(
+                "KIND_GPU instance, but ONNX Runtime could not create its "
+                "CUDAExecutionProvider (are the CUDA and cuDNN libraries it needs installed?)"
+            )
         ins, outs = self.io_spec()
         self._bf16_in = {s.name for s in ins if s.datatype == "BF16"}
         self._bf16_out = {s.name for s in outs if s.datatype == "BF16"}
@@ -129,8 +139,15 @@ class OnnxRuntimeBackend:
         assert self._sess is not None
         io = self._sess.io_binding()
         for name, arr in inputs.items():
+            bf16 = name in self._bf16_in  # bound by ONNX type: numpy has no bfloat16
             if hasattr(arr, "__cuda_array_interface__"):
-                io.bind_input(name, "cuda", 0, arr.dtype, list(arr.shape), arr.data.ptr)
+                etype = _ONNX_BFLOAT16 if bf16 else arr.dtype
+                io.bind_input(name, "cuda", 0, etype, list(arr.shape), arr.data.ptr)
+            elif bf16:
+                value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(arr), _ONNX_BFLOAT16
+                )
+                io.bind_ortvalue_input(name, value)
             else:
                 io.bind_cpu_input(name, np.ascontiguousarray(arr))
         for name in outputs:
@@ -138,11 +155,14 @@ class OnnxRuntimeBackend:
         self._sess.run_with_iobinding(io)
         out = []
         for value in io.get_outputs():
-            dtype = np.dtype(_NUMPY_OF_ORT[value.data_type()])
-            nbytes = int(np.prod(value.shape())) * dtype.itemsize
-            mem = cp.cuda.UnownedMemory(value.data_ptr(), nbytes, owner=value)
-            view = cp.ndarray(value.shape(), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
-            out.append(view.copy())  # owned by cupy: the OrtValue may go
+            # Copied out (a memcpy, no kernel): the OrtValue's memory goes back to ONNX
+            # Runtime's arena when the binding goes.
+            dest = cp.empty(value.shape(), dtype=np.dtype(_NUMPY_OF_ORT_DEVICE[value.data_type()]))
+            if dest.nbytes:
+                mem = cp.cuda.UnownedMemory(value.data_ptr(), dest.nbytes, value, 0)
+                dest.data.copy_from_device(cp.cuda.MemoryPointer(mem, 0), dest.nbytes)
+            out.append(dest)
+        cp.cuda.runtime.deviceSynchronize()  # done before ONNX Runtime may reuse that memory
         return out
 
     def unload(self) -> None:

@@ -11,6 +11,7 @@ same endpoint, so a broker restart does not need worker restarts.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -32,7 +33,7 @@ from ipc.lifecycle import EXIT_FATAL
 from ipc.shm import RegionMap
 from workers import backend as backends
 from workers.cuda_regions import CudaRegions
-from workers.tensors import OutputTooLarge, input_array, output_ref
+from workers.tensors import input_array, output_ref
 
 log = logging.getLogger("shoal.worker")
 
@@ -52,6 +53,7 @@ class WorkerSettings:
     default_max_batch_size: int = 4
     cores: list[int] = field(default_factory=list)
     gpu: int | None = None
+    gpu_count: int | None = None  # the server's GPUs (this process sees only its own)
     instance_name: str = ""
 
 
@@ -90,7 +92,7 @@ class WorkerProc:
                 s.model,
                 model_config_name=s.model_config_name,
                 autocomplete_enabled=s.autocomplete,
-                gpu_count=gpu_count(),
+                gpu_count=s.gpu_count if s.gpu_count is not None else gpu_count(),
             )
             if entry is None or entry.error or entry.config is None:
                 reason = entry.error if entry is not None else "no such model directory"
@@ -206,6 +208,7 @@ class WorkerProc:
         os.close(self.broker_pidfd)
         self.broker_pidfd = None
         self.regions.close()
+        self.cuda.close()  # the next broker numbers its registrations afresh
 
     # -- execution -------------------------------------------------------------------
 
@@ -276,7 +279,7 @@ class WorkerProc:
     ) -> list[dict[str, np.ndarray]]:
         if len(sizes) == 1:
             return [dict(zip(names, arrays, strict=True))]
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        bounds = [0, *itertools.accumulate(sizes)]  # a short list: numpy would cost more
         return [
             {n: a[bounds[i] : bounds[i + 1]] for n, a in zip(names, arrays, strict=True)}
             for i in range(len(sizes))
@@ -292,7 +295,7 @@ class WorkerProc:
                 refs.append(
                     output_ref(spec.name, dtype, arr, spec, self.regions, clients, self.cuda)
                 )
-        except OutputTooLarge as exc:
+        except ValueError as exc:  # OutputTooLarge, or a reference this instance cannot serve
             self._send_error(item, Code.INVALID_ARG, str(exc))
             return False
         except Exception as exc:
@@ -343,8 +346,16 @@ def _concat(parts: list[Any]) -> Any:
     if any(hasattr(p, "__cuda_array_interface__") for p in parts):
         import cupy
 
-        batch = cupy.concatenate([cupy.asarray(p) for p in parts])
-        cupy.cuda.get_current_stream().synchronize()
+        # memcpys along the first axis (no cupy kernel: no NVRTC compile on this path)
+        parts = [cupy.ascontiguousarray(cupy.asarray(p)) for p in parts]
+        shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+        batch = cupy.empty(shape, dtype=parts[0].dtype)
+        at = 0
+        for p in parts:
+            if p.nbytes:
+                (batch.data + at).copy_from_device(p.data, p.nbytes)
+            at += p.nbytes
+        cupy.cuda.runtime.deviceSynchronize()  # complete before ONNX Runtime's stream reads it
         return batch
     return np.concatenate(parts)
 

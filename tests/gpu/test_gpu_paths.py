@@ -26,17 +26,18 @@ N = 1024
 @pytest.fixture(scope="module")
 def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("gpu-repo")
-    for name, kind in (("identity_gpu", "KIND_GPU"), ("identity_cpu", "KIND_CPU")):
+    # Both kinds are explicit: on a GPU host a model without an instance_group gets
+    # KIND_AUTO, which resolves to KIND_GPU (Triton's rule), not to a CPU instance.
+    for name, group in (
+        ("identity_gpu", "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }"),
+        ("identity_cpu", "{ count: 1 kind: KIND_CPU }"),
+    ):
         modelgen.write_model(
             repo, name, modelgen.identity_model("FP32", [-1], batch=True),
             f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
             'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
             'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-            f"instance_group [ {{ count: 1 kind: {kind} gpus: [ 0 ] }} ]\n"
-            if kind == "KIND_GPU" else
-            f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n',
+            f"instance_group [ {group} ]\n",
         )  # fmt: skip
     srv = ShoalServer(repo, "--allow-client-shm=true")
     yield srv
@@ -97,6 +98,36 @@ def test_cuda_shared_memory_round_trip(gpu_server: ShoalServer, protocol: str) -
         cudashm.destroy_shared_memory_region(out_h)
 
 
+def test_cuda_shared_memory_one_way(gpu_server: ShoalServer) -> None:
+    """Input in CUDA shared memory with the output inline (device -> host), then input
+    inline with the output in CUDA shared memory (host -> device), at an offset."""
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    client = httpclient.InferenceServerClient(gpu_server.url)
+    x = np.arange(N, dtype=np.float32).reshape(1, N) - 7.5
+    h = cudashm.create_shared_memory_region("oneway", 3 * x.nbytes, 0)
+    try:
+        cudashm.set_shared_memory_region(h, [x])
+        client.register_cuda_shared_memory("oneway", cudashm.get_raw_handle(h), 0, 3 * x.nbytes)
+        inp = httpclient.InferInput("INPUT0", [1, N], "FP32")
+        inp.set_shared_memory("oneway", x.nbytes)
+        got = client.infer("identity_gpu", [inp]).as_numpy("OUTPUT0")
+        np.testing.assert_array_equal(got, x)
+
+        y = -x
+        inp = httpclient.InferInput("INPUT0", [1, N], "FP32")
+        inp.set_data_from_numpy(y)
+        out = httpclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("oneway", x.nbytes, offset=2 * x.nbytes)
+        client.infer("identity_gpu", [inp], outputs=[out])
+        region = cudashm.get_contents_as_numpy(h, np.float32, [3, N])
+        np.testing.assert_array_equal(region[0], x[0])  # the input, untouched
+        np.testing.assert_array_equal(region[2], y[0])
+    finally:
+        client.unregister_cuda_shared_memory("oneway")
+        cudashm.destroy_shared_memory_region(h)
+
+
 def test_cuda_region_on_a_cpu_instance_is_a_clear_error(gpu_server: ShoalServer) -> None:
     import tritonclient.utils.cuda_shared_memory as cudashm
 
@@ -106,8 +137,17 @@ def test_cuda_region_on_a_cpu_instance_is_a_clear_error(gpu_server: ShoalServer)
         client.register_cuda_shared_memory("cpu_in", cudashm.get_raw_handle(h), 0, 4 * N)
         inp = httpclient.InferInput("INPUT0", [1, N], "FP32")
         inp.set_shared_memory("cpu_in", 4 * N)
-        with pytest.raises(InferenceServerException, match="KIND_GPU instance"):
+        with pytest.raises(InferenceServerException, match="KIND_GPU instance") as e:
             client.infer("identity_cpu", [inp])
+        assert e.value.status() == "400"
+        inp = httpclient.InferInput("INPUT0", [1, N], "FP32")
+        inp.set_data_from_numpy(np.ones((1, N), dtype=np.float32))
+        out = httpclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("cpu_in", 4 * N)
+        with pytest.raises(InferenceServerException, match="KIND_GPU instance") as e:
+            client.infer("identity_cpu", [inp], outputs=[out])
+        assert e.value.status() == "400"
+        assert client.is_server_live()
     finally:
         client.unregister_cuda_shared_memory("cpu_in")
         cudashm.destroy_shared_memory_region(h)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from configs.placement import plan_instances
@@ -35,3 +36,17 @@ def test_more_instances_than_cores_share_round_robin() -> None:
 def test_gpu_groups_place_count_instances_on_each_listed_gpu() -> None:
     plans = plan_instances([("g", [1], _config("g", (GPU, 2, [0, 1]), (CPU, 1, [])))], cpus=[0, 1])
     assert [(p.gpu, p.cores) for p in plans] == [(0, ()), (0, ()), (1, ()), (1, ()), (None, (0, 1))]
+
+
+def test_a_gpu_instance_sees_the_server_gpu_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Server GPU ids index the CUDA_VISIBLE_DEVICES the server started with."""
+    from configs.devices import visible_device
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_device(1) == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert [visible_device(0), visible_device(1)] == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5a1c")
+    assert visible_device(0) == "GPU-5a1c"
+    with pytest.raises(ValueError, match="not one of"):
+        visible_device(1)
