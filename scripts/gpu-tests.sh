@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run the GPU-marked tests (KIND_GPU instances, CUDA shared memory) on a host with an
-# NVIDIA GPU and its driver (no CUDA toolkit needed). Set-up as scripts/setup.sh, then the
+# NVIDIA GPU and its driver. Two modes:
+#
+# Networked (the default): set-up as scripts/setup.sh (no CUDA toolkit needed), then the
 # GPU extras into the same .venv:
 # - onnxruntime-gpu in place of onnxruntime (both install the same `onnxruntime` package,
 #   so the CPU one must not stay next to it), with its [cuda,cudnn] extras: the CUDA and
@@ -11,16 +13,53 @@
 #   as `cuda.bindings.runtime`; below 13 because tritonclient releases before the
 #   cuda-bindings 13 fix read the handle through `cudaIpcMemHandle_t.reserved`, which 13
 #   dropped. 12.x bindings work with newer drivers.
-# Before the tests: checks that shoal sees the GPU, that ONNX Runtime really creates its
-# CUDA execution provider, and that cupy and the test client work, each with a clear error.
+#
+# Offline (when .whl/ exists, or SHOAL_GPU_OFFLINE=1; SHOAL_GPU_OFFLINE=0 forces networked):
+# for a machine with no package index whose python3 already holds torch, cupy,
+# cuda-bindings, onnxruntime, numpy, aiohttp, uvloop, pytest... (this project's lent H200).
+# No setup.sh, no .venv, no network: the wheels scripts/gpu-wheels.sh put in .whl/ go to
+# /tmp/site (SHOAL_GPU_SITE), and PYTHONPATH is that plus the repo root (shoal's packages are
+# plain folders there; the server's children inherit it). ONNX Runtime's CUDA execution
+# provider is not required there (only reported): the image's onnxruntime is CPU-only,
+# and onnxruntime-gpu is too large to carry and built for CUDA 12; the tests that need it
+# skip themselves.
+#
+# Before the tests: prints the versions in use, checks that shoal sees the GPU, that ONNX
+# Runtime creates its CUDA execution provider (networked mode), that torch sees CUDA, and
+# that cupy and the test client's CUDA shared memory work, each with a clear error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-nvidia-smi -L
-PY=.venv/bin/python
 
-gpu_extras_ok() {
-  "$PY" - <<'EOF'
+offline=${SHOAL_GPU_OFFLINE:-}
+if [ -z "$offline" ]; then
+  if [ -d .whl ]; then offline=1; else offline=0; fi
+fi
+
+nvidia-smi -L
+export SHOAL_GPU_OFFLINE=$offline  # the preflight reads it
+
+if [ "$offline" = 1 ]; then
+  echo "gpu-tests: offline mode (no set-up, no package index)"
+  PY=${PYTHON:-python3}
+  site=${SHOAL_GPU_SITE:-/tmp/site}
+  shopt -s nullglob
+  wheels=(.whl/*.whl)
+  shopt -u nullglob
+  if [ "${#wheels[@]}" -gt 0 ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --disable-pip-version-check --target "$site" "${wheels[@]}"
+    echo "gpu-tests: installed ${#wheels[@]} wheels from .whl/ into $site"
+  else
+    echo "gpu-tests: no wheels in .whl/ (run scripts/gpu-wheels.sh where there is network);" \
+         "using what $PY has"
+  fi
+  export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+  scripts/setup.sh
+  PY=.venv/bin/python
+
+  gpu_extras_ok() {
+    "$PY" - <<'EOF'
 import importlib.metadata as md
 import sys
 
@@ -38,20 +77,20 @@ assert "CUDAExecutionProvider" in ort.get_available_providers()
 major = (ort.cuda_version or "12").split(".")[0]
 md.version(f"cupy-cuda{major}x")  # cupy for the CUDA major onnxruntime-gpu was built for
 EOF
-}
+  }
 
-if ! gpu_extras_ok 2>/dev/null; then
-  "$PY" -m pip uninstall -y -q onnxruntime onnxruntime-gpu || true
-  "$PY" -m pip install -q 'onnxruntime-gpu[cuda,cudnn]'
-  major=$("$PY" -c 'import onnxruntime as o; print((o.cuda_version or "12").split(".")[0])')
-  "$PY" -m pip install -q "cupy-cuda${major}x[ctk]" 'cuda-python<13'
-  gpu_extras_ok
-fi
+  if ! gpu_extras_ok 2>/dev/null; then
+    "$PY" -m pip uninstall -y -q onnxruntime onnxruntime-gpu || true
+    "$PY" -m pip install -q 'onnxruntime-gpu[cuda,cudnn]'
+    major=$("$PY" -c 'import onnxruntime as o; print((o.cuda_version or "12").split(".")[0])')
+    "$PY" -m pip install -q "cupy-cuda${major}x[ctk]" 'cuda-python<13'
+    gpu_extras_ok
+  fi
 
-# onnxruntime-gpu finds the CUDA/cuDNN wheels only when told where they are (it does not
-# look in site-packages by itself unless onnxruntime.preload_dlls() is called); the
-# server's worker processes inherit this.
-nvidia_libs=$("$PY" - <<'EOF'
+  # onnxruntime-gpu finds the CUDA/cuDNN wheels only when told where they are (it does not
+  # look in site-packages by itself unless onnxruntime.preload_dlls() is called); the
+  # server's worker processes inherit this.
+  nvidia_libs=$("$PY" - <<'EOF'
 import glob
 import os
 import site
@@ -61,10 +100,52 @@ for root in site.getsitepackages():
     dirs += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib")))
 print(":".join(d for d in dirs if os.path.isdir(d)))
 EOF
-)
-export LD_LIBRARY_PATH="${nvidia_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  )
+  export LD_LIBRARY_PATH="${nvidia_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+# The versions in use, and where grpc and protobuf come from (in offline mode the carried
+# ones in the site folder must win over the image's).
+"$PY" - <<'EOF'
+import importlib
+import importlib.metadata as md
+import sys
+
+print(f"python {sys.version.split()[0]} ({sys.executable})")
+for dist, mod in (
+    ("torch", "torch"),
+    ("cupy-cuda13x", "cupy"),
+    ("cupy-cuda12x", "cupy"),
+    ("onnxruntime", "onnxruntime"),
+    ("onnxruntime-gpu", "onnxruntime"),
+    ("cuda-bindings", "cuda.bindings"),
+    ("cuda-python", "cuda.bindings"),
+    ("numpy", "numpy"),
+    ("grpcio", "grpc"),
+    ("protobuf", "google.protobuf"),
+    ("grpcio-health-checking", "grpc_health"),
+    ("tritonclient", "tritonclient"),
+):
+    try:
+        version = md.version(dist)
+    except md.PackageNotFoundError:
+        continue
+    try:
+        where = importlib.import_module(mod).__file__
+    except Exception as e:  # reported here; the preflight below fails clearly
+        where = f"IMPORT FAILED: {type(e).__name__}: {e}"
+    print(f"{dist} {version} ({where})")
+import google.protobuf
+import grpc
+
+for dist, got in (("grpcio", grpc.__version__), ("protobuf", google.protobuf.__version__)):
+    if got != md.version(dist):
+        sys.exit(f"{dist} {got} is imported but {md.version(dist)} is the installed one "
+                 "first on sys.path: another copy shadows it")
+EOF
 
 "$PY" - <<'EOF'
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -76,36 +157,66 @@ import tritonclient.utils.cuda_shared_memory as cudashm
 from configs.devices import gpu_count
 from shoal import modelgen
 
+# Networked, onnxruntime-gpu was installed above and must work; offline (CPU-only
+# onnxruntime) the ONNX Runtime GPU tests skip themselves.
+offline = os.environ.get("SHOAL_GPU_OFFLINE") == "1"
+require_ort_cuda = not offline
 n = gpu_count()
 print(f"preflight: shoal sees {n} GPU(s)")
 if n == 0:
     sys.exit("preflight: configs.devices finds no GPU (/proc/driver/nvidia/gpus): "
              "every KIND_GPU model would fail to load")
-with tempfile.TemporaryDirectory() as tmp:
-    model = Path(tmp) / "identity.onnx"
-    model.write_bytes(modelgen.identity_model("FP32", [-1], batch=True))
-    sess = ort.InferenceSession(
-        str(model), providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
-    )
-    print(f"preflight: onnxruntime {ort.__version__} (CUDA {ort.cuda_version}):",
-          sess.get_providers())
-    if "CUDAExecutionProvider" not in sess.get_providers():
-        sys.exit("preflight: onnxruntime-gpu could not create its CUDA execution provider "
-                 "(its CUDA/cuDNN libraries did not load; see the messages above)")
+available = ort.get_available_providers()
+if "CUDAExecutionProvider" not in available:
+    if require_ort_cuda:
+        sys.exit(f"preflight: onnxruntime {ort.__version__} has no CUDA execution provider")
+    print(f"preflight: onnxruntime {ort.__version__} has no CUDA execution provider "
+          f"({available}): the ONNX Runtime GPU tests will skip")
+else:
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "identity.onnx"
+        model.write_bytes(modelgen.identity_model("FP32", [-1], batch=True))
+        sess = ort.InferenceSession(
+            str(model), providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+        )
+        print(f"preflight: onnxruntime {ort.__version__} (CUDA {ort.cuda_version}):",
+              sess.get_providers())
+        if "CUDAExecutionProvider" not in sess.get_providers():
+            msg = ("onnxruntime-gpu could not create its CUDA execution provider "
+                   "(its CUDA/cuDNN libraries did not load; see the messages above)")
+            if require_ort_cuda:
+                sys.exit(f"preflight: {msg}")
+            print(f"preflight: warning: {msg}")
+# The TorchScript tests run KIND_GPU instances on torch: it must be a CUDA build.
+fix = ("the image's python3 should hold it" if offline else
+       "install a CUDA build of torch into .venv (scripts/setup.sh takes SHOAL_TORCH)")
+try:
+    import torch
+except ImportError:
+    sys.exit(f"preflight: torch is not installed: {fix}")
+if not torch.cuda.is_available():
+    sys.exit(f"preflight: torch {torch.__version__} does not see CUDA "
+             f"(built for CUDA {torch.version.cuda}): {fix}")
+y = torch.arange(8, dtype=torch.float32, device="cuda") * 2
+assert float(y.sum()) == 56.0
+print(f"preflight: torch {torch.__version__} (CUDA {torch.version.cuda}) works on "
+      f"{torch.cuda.get_device_name(0)}")
 x = cupy.arange(8, dtype=cupy.float32)
 assert float((x * 2).sum()) == 56.0  # a compiled kernel: NVRTC works
 print(f"preflight: cupy {cupy.__version__} (CUDA runtime "
       f"{cupy.cuda.runtime.runtimeGetVersion()}) works")
 h = cudashm.create_shared_memory_region("preflight", 64, 0)
 try:
-    assert len(cudashm.get_raw_handle(h)) == 88  # base64 of a 64-byte cudaIpcMemHandle_t
+    handle = cudashm.get_raw_handle(h)
+    # base64 of a 64-byte cudaIpcMemHandle_t
+    assert len(handle) == 88, f"raw handle is {len(handle)} characters, not 88"
 finally:
     cudashm.destroy_shared_memory_region(h)
 print("preflight: tritonclient CUDA shared memory works")
 EOF
 
 set +e
-"$PY" -m pytest -q -m gpu -o addopts="" tests/gpu "$@"
+"$PY" -m pytest -q -m gpu -o addopts="" -p no:cacheprovider tests/gpu "$@"
 rc=$?
 set -e
 [ "$rc" -eq 5 ] && { echo "no GPU tests collected"; exit 1; }

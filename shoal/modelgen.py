@@ -319,16 +319,22 @@ instance_group [
 
 
 def write_model(
-    repo: Path, name: str, onnx_bytes: bytes, config_text: str | None, version: int = 1
+    repo: Path,
+    name: str,
+    model_bytes: bytes,
+    config_text: str | None,
+    version: int = 1,
+    filename: str = "model.onnx",
 ) -> Path:
-    """Write ``<repo>/<name>/<version>/model.onnx`` and, if given, ``<repo>/<name>/config.pbtxt``.
+    """Write ``<repo>/<name>/<version>/<filename>`` and, if given,
+    ``<repo>/<name>/config.pbtxt``.
 
     Returns the model directory. Existing files are overwritten.
     """
     model_dir = Path(repo) / name
     version_dir = model_dir / str(version)
     version_dir.mkdir(parents=True, exist_ok=True)
-    (version_dir / "model.onnx").write_bytes(onnx_bytes)
+    (version_dir / filename).write_bytes(model_bytes)
     if config_text is not None:
         (model_dir / "config.pbtxt").write_text(config_text)
     return model_dir

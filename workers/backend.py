@@ -22,8 +22,9 @@ class Backend(Protocol):
         """Load the model (on the process's one visible GPU when ``gpu``); raises on
         failure (the message reaches the operator)."""
 
-    def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]]:
-        """The model's own inputs and outputs, for config auto-complete and checks."""
+    def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]] | None:
+        """The model's own inputs and outputs, for config auto-complete and checks; None
+        when the model file does not describe them (TorchScript: the config must)."""
 
     def execute(self, inputs: Mapping[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
         """Run one batch. Arrays are in wire layout; BYTES inputs are object arrays of
@@ -35,6 +36,7 @@ class Backend(Protocol):
 # backend name -> "module:Class"; platforms map to backends in configs.model_config.
 _BACKENDS: dict[str, str] = {
     "onnxruntime": "workers.onnx_backend:OnnxRuntimeBackend",
+    "pytorch": "workers.torch_backend:TorchBackend",
 }
 
 

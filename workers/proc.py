@@ -101,12 +101,14 @@ class WorkerProc:
             threads = _thread_count(config, s.cores)
             backend = backends.create(config.backend or "onnxruntime")
             backend.load(entry.model_file(s.version), config, threads, s.gpu is not None)
-            ins, outs = backend.io_spec()
-            if s.autocomplete:
-                config = ac.autocomplete(
-                    config, ins, outs, default_max_batch_size=s.default_max_batch_size
-                )
-            ac.check_against_model(config, ins, outs)
+            specs = backend.io_spec()
+            if specs is not None:
+                ins, outs = specs
+                if s.autocomplete:
+                    config = ac.autocomplete(
+                        config, ins, outs, default_max_batch_size=s.default_max_batch_size
+                    )
+                ac.check_against_model(config, ins, outs)
             validate_io(config)
         except Exception as exc:  # any load failure is reported, never raised past here
             msg = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"

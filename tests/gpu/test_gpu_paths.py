@@ -1,5 +1,10 @@
-"""KIND_GPU instances and CUDA shared memory. They need an NVIDIA GPU, onnxruntime-gpu,
-cupy and cuda-python: scripts/gpu-tests.sh installs those and runs this folder."""
+"""KIND_GPU instances and CUDA shared memory, through the real server and tritonclient.
+
+They need an NVIDIA GPU, cupy, torch with CUDA and cuda-python (tritonclient's CUDA
+shared-memory utilities); scripts/gpu-tests.sh checks for them and runs this folder.
+ONNX Runtime's KIND_GPU path also needs onnxruntime-gpu: where the installed onnxruntime
+has no CUDAExecutionProvider those tests skip, and the TorchScript ones cover KIND_GPU.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,12 @@ import json
 import shutil
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import onnxruntime
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -21,45 +30,159 @@ from tests.serverctl import ShoalServer
 pytestmark = pytest.mark.gpu
 
 N = 1024
+ORT_CUDA = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+needs_ort_cuda = pytest.mark.skipif(
+    not ORT_CUDA, reason="this onnxruntime has no CUDAExecutionProvider (not onnxruntime-gpu)"
+)
+
+
+def _identity(repo: Path, name: str, group: str) -> None:
+    modelgen.write_model(
+        repo, name, modelgen.identity_model("FP32", [-1], batch=True),
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        f"instance_group [ {group} ]\n",
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+    from shoal import torchgen
+
     repo = tmp_path_factory.mktemp("gpu-repo")
     # Both kinds are explicit: on a GPU host a model without an instance_group gets
     # KIND_AUTO, which resolves to KIND_GPU (Triton's rule), not to a CPU instance.
-    for name, group in (
-        ("identity_gpu", "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }"),
-        ("identity_cpu", "{ count: 1 kind: KIND_CPU }"),
-    ):
-        modelgen.write_model(
-            repo, name, modelgen.identity_model("FP32", [-1], batch=True),
-            f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-            f"instance_group [ {group} ]\n",
-        )  # fmt: skip
+    _identity(repo, "identity_cpu", "{ count: 1 kind: KIND_CPU }")
+    if ORT_CUDA:
+        _identity(repo, "identity_gpu", "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }")
+    modelgen.write_model(
+        repo, "addsub_gpu", torchgen.add_sub_model(),
+        'name: "addsub_gpu"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },'
+        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] },'
+        ' { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]\n"
+        "dynamic_batching { max_queue_delay_microseconds: 300000 }\n",
+        filename="model.pt",
+    )  # fmt: skip
     srv = ShoalServer(repo, "--allow-client-shm=true")
     yield srv
     assert srv.stop() == 0
     shutil.rmtree(srv.runtime_dir, ignore_errors=True)
 
 
-def test_kind_gpu_instance_serves(gpu_server: ShoalServer) -> None:
+def _client(srv: ShoalServer, protocol: str) -> Any:
+    if protocol == "http":
+        return httpclient.InferenceServerClient(srv.url)
+    return grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+
+
+def _instance(srv: ShoalServer, model: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{srv.url}/v2/shoal/models/{model}", timeout=5) as r:
+        (instance,) = json.loads(r.read())["versions"][0]["instances"]
+    return dict(instance)
+
+
+@needs_ort_cuda
+def test_kind_gpu_onnx_instance_serves(gpu_server: ShoalServer) -> None:
     client = httpclient.InferenceServerClient(gpu_server.url)
     assert client.get_model_config("identity_gpu")["instance_group"][0]["kind"] == "KIND_GPU"
     x = np.random.default_rng(0).standard_normal((2, N)).astype(np.float32)
     inp = httpclient.InferInput("INPUT0", [2, N], "FP32")
     inp.set_data_from_numpy(x)
     np.testing.assert_array_equal(client.infer("identity_gpu", [inp]).as_numpy("OUTPUT0"), x)
-    with urllib.request.urlopen(
-        f"http://{gpu_server.url}/v2/shoal/models/identity_gpu", timeout=5
-    ) as r:
-        (instance,) = json.loads(r.read())["versions"][0]["instances"]
+    instance = _instance(gpu_server, "identity_gpu")
     assert instance["state"] == "READY"
     assert instance["cores"] == []  # a GPU instance, not pinned to cores
 
 
+def test_kind_gpu_torch_instance_serves(gpu_server: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(gpu_server.url)
+    assert client.get_model_config("addsub_gpu")["instance_group"][0]["kind"] == "KIND_GPU"
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal((3, N)).astype(np.float32) for _ in range(2))
+    inputs = []
+    for name, arr in (("INPUT0", a), ("INPUT1", b)):
+        inp = httpclient.InferInput(name, [3, N], "FP32")
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    result = client.infer("addsub_gpu", inputs)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT__0"), a + b, rtol=1e-6)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT__1"), a - b, rtol=1e-6)
+    assert _instance(gpu_server, "addsub_gpu")["cores"] == []
+    assert "GPU 0" in gpu_server.log()  # the worker logged where it loaded
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_torch_cuda_shared_memory_in_and_out(gpu_server: ShoalServer, protocol: str) -> None:
+    """INPUT0 from a CUDA region, INPUT1 inline; OUTPUT__0 into the region at an offset,
+    OUTPUT__1 inline: DLPack in, device copy out, nothing through the host for the region."""
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    mod = httpclient if protocol == "http" else grpcclient
+    client = _client(gpu_server, protocol)
+    a = np.arange(2 * N, dtype=np.float32).reshape(2, N)
+    b = np.full((2, N), 0.5, dtype=np.float32)
+    region = f"torch_{protocol}"
+    h = cudashm.create_shared_memory_region(region, 2 * a.nbytes, 0)
+    try:
+        cudashm.set_shared_memory_region(h, [a])
+        client.register_cuda_shared_memory(region, cudashm.get_raw_handle(h), 0, 2 * a.nbytes)
+        in0 = mod.InferInput("INPUT0", [2, N], "FP32")
+        in0.set_shared_memory(region, a.nbytes)
+        in1 = mod.InferInput("INPUT1", [2, N], "FP32")
+        in1.set_data_from_numpy(b)
+        out0 = mod.InferRequestedOutput("OUTPUT__0")
+        out0.set_shared_memory(region, a.nbytes, offset=a.nbytes)
+        out1 = mod.InferRequestedOutput("OUTPUT__1")
+        result = client.infer("addsub_gpu", [in0, in1], outputs=[out0, out1])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
+        contents = cudashm.get_contents_as_numpy(h, np.float32, [4, N])
+        np.testing.assert_array_equal(contents[:2], a)  # the input, untouched
+        np.testing.assert_array_equal(contents[2:], a + b)
+    finally:
+        client.unregister_cuda_shared_memory(region)
+        cudashm.destroy_shared_memory_region(h)
+
+
+def test_cuda_shared_memory_inputs_are_batched_on_the_device(gpu_server: ShoalServer) -> None:
+    """Concurrent requests whose INPUT0 lie at different offsets of one CUDA region form
+    one batch (gathered on the device); each gets its own rows back."""
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    rows = np.arange(4 * N, dtype=np.float32).reshape(4, N)
+    h = cudashm.create_shared_memory_region("batched", rows.nbytes, 0)
+    client = httpclient.InferenceServerClient(gpu_server.url)
+    try:
+        cudashm.set_shared_memory_region(h, [rows])
+        client.register_cuda_shared_memory("batched", cudashm.get_raw_handle(h), 0, rows.nbytes)
+        before = client.get_inference_statistics("addsub_gpu")["model_stats"][0]
+
+        def one(i: int) -> np.ndarray:
+            c = httpclient.InferenceServerClient(gpu_server.url)
+            in0 = httpclient.InferInput("INPUT0", [1, N], "FP32")
+            in0.set_shared_memory("batched", 4 * N, offset=i * 4 * N)
+            in1 = httpclient.InferInput("INPUT1", [1, N], "FP32")
+            in1.set_data_from_numpy(np.full((1, N), i, dtype=np.float32))
+            return c.infer("addsub_gpu", [in0, in1]).as_numpy("OUTPUT__0")  # type: ignore[no-any-return]
+
+        with ThreadPoolExecutor(4) as pool:
+            sums = list(pool.map(one, range(4)))
+        for i, got in enumerate(sums):
+            np.testing.assert_array_equal(got[0], rows[i] + i)
+        after = client.get_inference_statistics("addsub_gpu")["model_stats"][0]
+        requests = after["inference_count"] - before["inference_count"]
+        executions = after["execution_count"] - before["execution_count"]
+        assert requests == 4
+        assert executions < 4  # at least two of them ran as one batch
+    finally:
+        client.unregister_cuda_shared_memory("batched")
+        cudashm.destroy_shared_memory_region(h)
+
+
+@needs_ort_cuda
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_cuda_shared_memory_round_trip(gpu_server: ShoalServer, protocol: str) -> None:
     import tritonclient.utils.cuda_shared_memory as cudashm
@@ -98,6 +221,7 @@ def test_cuda_shared_memory_round_trip(gpu_server: ShoalServer, protocol: str) -
         cudashm.destroy_shared_memory_region(out_h)
 
 
+@needs_ort_cuda
 def test_cuda_shared_memory_one_way(gpu_server: ShoalServer) -> None:
     """Input in CUDA shared memory with the output inline (device -> host), then input
     inline with the output in CUDA shared memory (host -> device), at an offset."""

@@ -1,0 +1,47 @@
+"""TorchScript models for tests and examples (needs torch; the server imports this never).
+
+``add_sub_model()``: ``forward(INPUT0, INPUT1) -> (INPUT0 + INPUT1, INPUT0 - INPUT1)``,
+any shape and dtype that torch adds. Written as ``<repo>/<name>/<version>/model.pt``
+with ``shoal.modelgen.write_model(..., filename="model.pt")``.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import torch
+
+
+class AddSub(torch.nn.Module):
+    def forward(
+        self, INPUT0: torch.Tensor, INPUT1: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return INPUT0 + INPUT1, INPUT0 - INPUT1
+
+
+class Crash(torch.nn.Module):
+    """Raises inside forward when any input element is negative (a model-side error)."""
+
+    def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+        if bool((INPUT0 < 0).any()):
+            raise RuntimeError("negative input")
+        return INPUT0 * 2
+
+
+def _save(module: torch.nn.Module) -> bytes:
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        # torch deprecates TorchScript in favour of torch.export; Triton's pytorch_libtorch
+        # platform serves TorchScript, so that is what these models are.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(torch.jit.script(module), buf)
+    return buf.getvalue()
+
+
+def add_sub_model() -> bytes:
+    return _save(AddSub())
+
+
+def crash_model() -> bytes:
+    return _save(Crash())

@@ -1,0 +1,186 @@
+"""The PyTorch backend (TorchScript, platform pytorch_libtorch) through the real server
+and tritonclient: Triton's three ways of matching config tensors to forward(), data
+types, dynamic batching, and the errors a TorchScript model brings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from shoal import modelgen, torchgen
+from tests.serverctl import ShoalServer
+
+
+def _write(repo: Path, name: str, model: bytes, config: str) -> None:
+    modelgen.write_model(repo, name, model, config, filename="model.pt")
+
+
+def _add_sub(
+    repo: Path, name: str, ins: tuple[str, str], outs: tuple[str, str], dtype: str, extra: str = ""
+) -> None:
+    tensors = lambda kind, names: ", ".join(  # noqa: E731
+        f'{{ name: "{n}" data_type: TYPE_{dtype} dims: [ -1 ] }}' for n in names
+    )
+    _write(
+        repo, name, torchgen.add_sub_model(),
+        f'name: "{name}"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+        f"input [ {tensors('input', ins)} ]\noutput [ {tensors('output', outs)} ]\n{extra}",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+    repo = tmp_path_factory.mktemp("torch-repo")
+    # forward(INPUT0, INPUT1): config names are forward's argument names, listed in the
+    # other order; outputs by <name>__<index>.
+    _add_sub(
+        repo, "by_argument", ("INPUT1", "INPUT0"), ("OUTPUT__0", "OUTPUT__1"), "FP32",
+        "dynamic_batching { max_queue_delay_microseconds: 300000 }",
+    )  # fmt: skip
+    # <name>__<index> picks the argument position whatever the config order.
+    _add_sub(repo, "by_index", ("B__1", "A__0"), ("DIFF__1", "SUM__0"), "INT64")
+    # Neither: config order, for inputs and outputs.
+    _add_sub(repo, "by_order", ("X", "Y"), ("S", "D"), "FP16")
+    _add_sub(repo, "bf16", ("INPUT0", "INPUT1"), ("OUTPUT__0", "OUTPUT__1"), "BF16")
+    _write(
+        repo, "crash", torchgen.crash_model(),
+        'name: "crash"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n',
+    )  # fmt: skip
+    _write(  # a TorchScript model cannot complete its own config
+        repo, "no_io", torchgen.add_sub_model(),
+        'name: "no_io"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n',
+    )  # fmt: skip
+    srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
+    try:
+        deadline = time.monotonic() + 60  # not strict: ready before the models are
+        while time.monotonic() < deadline:
+            states = [_version(srv, m)["state"] for m in MODELS]
+            if all(state in ("READY", "UNAVAILABLE") for state in states):
+                break
+            time.sleep(0.1)
+    except BaseException:
+        srv.stop()
+        raise
+    yield srv
+    assert srv.stop() == 0
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+MODELS = ("by_argument", "by_index", "by_order", "bf16", "crash", "no_io")
+
+
+def _version(srv: ShoalServer, model: str) -> dict:
+    """shoal's extension: the model's (one) version with its state and reason."""
+    with urllib.request.urlopen(f"http://{srv.url}/v2/shoal/models/{model}", timeout=5) as r:
+        return dict(json.loads(r.read())["versions"][0])
+
+
+def _infer_http(
+    srv: ShoalServer, model: str, arrays: dict[str, np.ndarray], dtype: str
+) -> dict[str, np.ndarray]:
+    client = httpclient.InferenceServerClient(srv.url)
+    inputs = []
+    for name, arr in arrays.items():
+        inp = httpclient.InferInput(name, list(arr.shape), dtype)
+        inp.set_data_from_numpy(arr, binary_data=True)
+        inputs.append(inp)
+    result = client.infer(model, inputs)
+    return {o["name"]: result.as_numpy(o["name"]) for o in result.get_response()["outputs"]}
+
+
+def test_inputs_matched_by_forward_argument_name(torch_server: ShoalServer) -> None:
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.full((2, 3), 10, dtype=np.float32)
+    out = _infer_http(torch_server, "by_argument", {"INPUT0": a, "INPUT1": b}, "FP32")
+    np.testing.assert_array_equal(out["OUTPUT__0"], a + b)
+    np.testing.assert_array_equal(out["OUTPUT__1"], a - b)  # INPUT0 - INPUT1, not reversed
+
+
+def test_inputs_and_outputs_matched_by_index(torch_server: ShoalServer) -> None:
+    a = np.array([[5, 7, 9]], dtype=np.int64)
+    b = np.array([[1, 2, 3]], dtype=np.int64)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{torch_server.grpc_port}")
+    inputs = []
+    for name, arr in (("A__0", a), ("B__1", b)):
+        inp = grpcclient.InferInput(name, list(arr.shape), "INT64")
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    result = client.infer("by_index", inputs)
+    np.testing.assert_array_equal(result.as_numpy("SUM__0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("DIFF__1"), a - b)
+
+
+def test_config_order_when_names_follow_no_convention(torch_server: ShoalServer) -> None:
+    x = np.array([[1.5, -2.0]], dtype=np.float16)
+    y = np.array([[0.25, 4.0]], dtype=np.float16)
+    out = _infer_http(torch_server, "by_order", {"X": x, "Y": y}, "FP16")
+    np.testing.assert_array_equal(out["S"], x + y)
+    np.testing.assert_array_equal(out["D"], x - y)
+    assert out["S"].dtype == np.float16
+
+
+def test_bf16_round_trip(torch_server: ShoalServer) -> None:
+    a = np.array([[1.5, -3.0, 0.125]], dtype=ml_dtypes.bfloat16)
+    b = np.array([[0.5, 1.0, 2.0]], dtype=ml_dtypes.bfloat16)
+    out = _infer_http(torch_server, "bf16", {"INPUT0": a, "INPUT1": b}, "BF16")
+    got = np.asarray(out["OUTPUT__0"]).view(np.uint16).view(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(got.astype(np.float32), (a + b).astype(np.float32))
+
+
+def test_concurrent_requests_are_batched_and_answered_each_their_own(
+    torch_server: ShoalServer,
+) -> None:
+    def one(i: int) -> tuple[int, dict[str, np.ndarray]]:
+        a = np.full((1, 4), i, dtype=np.float32)
+        return i, _infer_http(
+            torch_server, "by_argument", {"INPUT0": a, "INPUT1": np.ones_like(a)}, "FP32"
+        )
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(one, range(6)))
+    for i, out in results:
+        np.testing.assert_array_equal(out["OUTPUT__0"], np.full((1, 4), i + 1, np.float32))
+        np.testing.assert_array_equal(out["OUTPUT__1"], np.full((1, 4), i - 1, np.float32))
+    with urllib.request.urlopen(
+        f"http://{torch_server.url}/v2/models/by_argument/stats", timeout=5
+    ) as r:
+        stats = json.loads(r.read())["model_stats"][0]
+    assert stats["inference_count"] >= 6
+    assert stats["execution_count"] < stats["inference_count"]  # some ran together
+
+
+def test_an_exception_in_forward_fails_that_request_only(torch_server: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(torch_server.url)
+    bad = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    bad.set_data_from_numpy(np.array([[1.0, -1.0]], dtype=np.float32))
+    with pytest.raises(InferenceServerException, match="negative input") as e:
+        client.infer("crash", [bad])
+    assert e.value.status() == "500"
+    good = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    good.set_data_from_numpy(np.array([[1.0, 3.0]], dtype=np.float32))
+    np.testing.assert_array_equal(client.infer("crash", [good]).as_numpy("OUTPUT__0"), [[2.0, 6.0]])
+
+
+def test_a_config_without_tensors_fails_to_load_with_the_reason(
+    torch_server: ShoalServer,
+) -> None:
+    client = httpclient.InferenceServerClient(torch_server.url)
+    assert not client.is_model_ready("no_io")
+    version = _version(torch_server, "no_io")
+    assert version["state"] == "UNAVAILABLE"
+    assert "must list every input and output" in version["reason"]
+    assert client.is_model_ready("by_order")  # the others are unaffected
