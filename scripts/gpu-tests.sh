@@ -131,17 +131,15 @@ for dist, mod in (
     except md.PackageNotFoundError:
         continue
     try:
-        where = importlib.import_module(mod).__file__
+        module = importlib.import_module(mod)
     except Exception as e:  # reported here; the preflight below fails clearly
-        where = f"IMPORT FAILED: {type(e).__name__}: {e}"
-    print(f"{dist} {version} ({where})")
-import google.protobuf
-import grpc
-
-for dist, got in (("grpcio", grpc.__version__), ("protobuf", google.protobuf.__version__)):
-    if got != md.version(dist):
-        sys.exit(f"{dist} {got} is imported but {md.version(dist)} is the installed one "
-                 "first on sys.path: another copy shadows it")
+        print(f"{dist} {version} (IMPORT FAILED: {type(e).__name__}: {e})")
+        continue
+    print(f"{dist} {version} ({module.__file__})")
+    imported = getattr(module, "__version__", version)
+    if dist in ("grpcio", "protobuf") and imported != version:
+        sys.exit(f"{dist} {imported} is imported but {version} is the one first on "
+                 "sys.path: another copy shadows it")
 EOF
 
 "$PY" - <<'EOF'
