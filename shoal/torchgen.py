@@ -1,8 +1,12 @@
 """TorchScript models for tests and examples (needs torch; the server imports this never).
 
 ``add_sub_model()``: ``forward(INPUT0, INPUT1) -> (INPUT0 + INPUT1, INPUT0 - INPUT1)``,
-any shape and dtype that torch adds. Written as ``<repo>/<name>/<version>/model.pt``
-with ``shoal.modelgen.write_model(..., filename="model.pt")``.
+any shape and dtype that torch adds. ``crash_model()``: ``forward(INPUT0) -> INPUT0 * 2``
+(one tensor), raising on a negative element. ``dict_add_model()``: ``forward(inputs)`` with
+``inputs: Dict[str, Tensor]`` -> ``inputs["A"] + inputs["B"]``. ``sum_rows_model()``:
+``forward(INPUT0) -> INPUT0.sum(0, keepdim=True)`` (a batch of n gives one row). Written as
+``<repo>/<name>/<version>/model.pt`` with ``shoal.modelgen.write_model(...,
+filename="model.pt")``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,20 @@ class Crash(torch.nn.Module):
         return INPUT0 * 2
 
 
+class DictAdd(torch.nn.Module):
+    """Takes its inputs as one Dict[str, Tensor] (Triton passes every input by name)."""
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return inputs["A"] + inputs["B"]
+
+
+class SumRows(torch.nn.Module):
+    """Sums over the batch dimension: an output that cannot be split among requests."""
+
+    def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+        return INPUT0.sum(0, keepdim=True)
+
+
 def _save(module: torch.nn.Module) -> bytes:
     buf = io.BytesIO()
     with warnings.catch_warnings():
@@ -45,3 +63,11 @@ def add_sub_model() -> bytes:
 
 def crash_model() -> bytes:
     return _save(Crash())
+
+
+def dict_add_model() -> bytes:
+    return _save(DictAdd())
+
+
+def sum_rows_model() -> bytes:
+    return _save(SumRows())

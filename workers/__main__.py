@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     cores = [int(c) for c in args.cores.split(",") if c.strip()]
     if cores:
         os.sched_setaffinity(0, cores)
+    # torch's CPU threads are OpenMP's: idle ones must sleep, not spin, on cores the
+    # frontend, the broker and other instances share (ONNX Runtime is told so itself).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     gpus = None
     if args.gpu is not None:
         from configs.devices import gpu_count, visible_device

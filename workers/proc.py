@@ -243,6 +243,7 @@ class WorkerProc:
                 t1 = time.perf_counter_ns()
                 assert self.backend is not None
                 arrays = self.backend.execute(feeds, names)
+                per_request = self._scatter(names, arrays, sizes)
             except Exception as exc:
                 code, message = (
                     (exc.code, exc.message)
@@ -257,7 +258,7 @@ class WorkerProc:
                 live = []
             t2 = time.perf_counter_ns()
             if live:
-                for (it, _), outs in zip(live, self._scatter(names, arrays, sizes), strict=True):
+                for (it, _), outs in zip(live, per_request, strict=True):
                     if not self._send_result(it, outs):
                         failed.append(it.request.req_id)
         t3 = time.perf_counter_ns()
@@ -282,6 +283,13 @@ class WorkerProc:
         if len(sizes) == 1:
             return [dict(zip(names, arrays, strict=True))]
         bounds = [0, *itertools.accumulate(sizes)]  # a short list: numpy would cost more
+        for n, a in zip(names, arrays, strict=True):
+            if not a.shape or a.shape[0] != bounds[-1]:
+                raise ServingError(
+                    Code.INTERNAL,
+                    f"output '{n}' has shape {list(a.shape)}, but the batch holds "
+                    f"{bounds[-1]} samples: it cannot be split among the requests",
+                )
         return [
             {n: a[bounds[i] : bounds[i + 1]] for n, a in zip(names, arrays, strict=True)}
             for i in range(len(sizes))

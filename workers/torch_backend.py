@@ -6,9 +6,13 @@ As Triton's PyTorch backend:
   input and output with its data_type and dims (there is no auto-complete).
 * Config inputs reach ``forward`` by the first rule that fits all of them: their names
   are ``forward``'s argument names; or they follow ``<name>__<index>`` (the index is the
-  argument position); or config order. Outputs: ``<name>__<index>`` picks from the
-  returned tuple, otherwise config order; a model returning one tensor has one output,
-  and a model returning a dict is read by output name.
+  argument position); or config order. The config lists as many inputs as ``forward``
+  takes, unless ``forward`` takes one ``Dict[str, Tensor]``: then it gets every input by
+  name. Outputs: ``<name>__<index>`` picks from the returned tuple, otherwise config
+  order; a model returning one tensor has one output, and a model returning a dict is
+  read by output name (a shoal extension). An output must have its config data type and
+  at least one dimension, and an exception in ``forward`` fails the batch's requests
+  with "PyTorch execute failure: ...", as in Triton.
 
 Inputs are wrapped, not copied: numpy views over shared memory become CPU tensors with
 ``torch.from_numpy``, and device arrays (client CUDA shared memory) become CUDA tensors
@@ -18,30 +22,37 @@ its outputs stay on the device, handed back as cupy arrays (DLPack again).
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import torch
 
 from configs.model_config import io_specs
-from ipc.errors import invalid_arg
+from ipc.errors import Code, ServingError, invalid_arg
 
-_NAMED_INDEX = re.compile(r"^.+__(\d+)$")
+_TORCH_DTYPE: Final[dict[str, torch.dtype]] = {
+    "BOOL": torch.bool, "UINT8": torch.uint8, "UINT16": torch.uint16,
+    "UINT32": torch.uint32, "UINT64": torch.uint64, "INT8": torch.int8,
+    "INT16": torch.int16, "INT32": torch.int32, "INT64": torch.int64,
+    "FP16": torch.float16, "FP32": torch.float32, "FP64": torch.float64,
+    "BF16": torch.bfloat16,
+}  # fmt: skip
+_TRITON_DTYPE: Final[dict[torch.dtype, str]] = {v: k for k, v in _TORCH_DTYPE.items()}
 # torch.from_numpy of a read-only view (shared memory a frontend filled) warns once per
 # process that writes would be undefined: the model only reads its inputs.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
 def _indices(names: list[str]) -> list[int] | None:
-    """Each name's ``__<index>``, or None when not all follow the convention."""
-    found = [_NAMED_INDEX.match(n) for n in names]
-    if not all(found):
+    """Each name's ``__<index>``, or None when not all follow the convention (Triton's
+    rule: what follows the first ``__`` is all digits)."""
+    parts = [n.partition("__") for n in names]
+    if not all(sep and tail.isascii() and tail.isdigit() for _, sep, tail in parts):
         return None
-    return [int(f.group(1)) for f in found if f is not None]
+    return [int(tail) for _, _, tail in parts]
 
 
 class TorchBackend:
@@ -49,7 +60,9 @@ class TorchBackend:
         self._module: Any = None
         self._device = torch.device("cpu")
         self._arg_of: dict[str, int | str] = {}  # config input -> position or keyword
+        self._dict_input = False  # forward(self, inputs: Dict[str, Tensor])
         self._out_index: dict[str, int] = {}  # config output -> position in the result
+        self._out_dtype: dict[str, str] = {}  # config output -> its data type
         self._bf16: set[str] = set()
 
     def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
@@ -92,10 +105,20 @@ class TorchBackend:
                     "backend does not support"
                 )
         self._bf16 = {spec.name for spec in [*ins, *outs] if spec.datatype == "BF16"}
+        self._out_dtype = {spec.name: spec.datatype for spec in outs}
 
     def _map_inputs(self, config: Any, module: Any) -> None:
         names = [io.name for io in config.input]
-        args = [a.name for a in module.forward.schema.arguments][1:]  # without self
+        params = module.forward.schema.arguments[1:]  # without self
+        if len(params) == 1 and params[0].type.kind() == "DictType":
+            self._dict_input = True
+            return
+        if len(params) != len(names):
+            raise ValueError(
+                f"unable to load model '{config.name}', configuration expects {len(names)} "
+                f"inputs, model provides {len(params)}"
+            )
+        args = [a.name for a in params]
         if all(n in args for n in names):
             self._arg_of = {n: n for n in names}
             return
@@ -123,15 +146,20 @@ class TorchBackend:
         assert self._module is not None
         args: list[Any] = [None] * sum(1 for v in self._arg_of.values() if isinstance(v, int))
         kwargs: dict[str, Any] = {}
-        for name, arr in inputs.items():
-            tensor = self._tensor(name, arr)
+        tensors = {name: self._tensor(name, arr) for name, arr in inputs.items()}
+        if self._dict_input:
+            args = [tensors]
+        for name, tensor in tensors.items():
             where = self._arg_of.get(name)
             if isinstance(where, str):
                 kwargs[where] = tensor
             elif where is not None:
                 args[where] = tensor
-        with torch.inference_mode():
-            result = self._module(*args, **kwargs)
+        try:
+            with torch.inference_mode():
+                result = self._module(*args, **kwargs)
+        except Exception as exc:
+            raise ServingError(Code.INTERNAL, f"PyTorch execute failure: {exc}") from exc
         return [self._array(name, self._pick(result, name)) for name in outputs]
 
     def _tensor(self, name: str, arr: Any) -> torch.Tensor:
@@ -140,7 +168,8 @@ class TorchBackend:
         if hasattr(arr, "__cuda_array_interface__"):
             t = torch.from_dlpack(arr)  # the client's device memory itself
         else:
-            t = torch.from_numpy(np.ascontiguousarray(arr))
+            # (np.ascontiguousarray would turn a 0-d input into a 1-d one)
+            t = torch.from_numpy(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr))
         if name in self._bf16:
             t = t.view(torch.bfloat16)
         return t.to(self._device)
@@ -150,17 +179,26 @@ class TorchBackend:
             if name not in result:
                 raise invalid_arg(f"the model returned no output '{name}'")
             value = result[name]
-        elif isinstance(result, list | tuple):
-            index = self._out_index[name]
-            if index >= len(result):
-                raise invalid_arg(
-                    f"output '{name}' is result {index}, but the model returned {len(result)}"
-                )
-            value = result[index]
         else:
-            value = result
+            results = result if isinstance(result, list | tuple) else [result]
+            index = self._out_index[name]
+            if index >= len(results):
+                raise invalid_arg(
+                    f"The output {name} in the model configuration refers to an output index "
+                    f"which doesn't exist. This model has {len(results)} outputs"
+                )
+            value = results[index]
         if not isinstance(value, torch.Tensor):
             raise invalid_arg(f"output '{name}' is a {type(value).__name__}, not a tensor")
+        if value.dim() == 0:
+            raise invalid_arg(f"output '{name}' is a scalar which is not supported.")
+        want = self._out_dtype[name]
+        if value.dtype != _TORCH_DTYPE[want]:
+            got = _TRITON_DTYPE.get(value.dtype, str(value.dtype).removeprefix("torch."))
+            raise invalid_arg(
+                f"configuration expects datatype TYPE_{want} for output '{name}', model "
+                f"provides TYPE_{got}"
+            )
         return value
 
     def _array(self, name: str, t: torch.Tensor) -> Any:

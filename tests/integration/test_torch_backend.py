@@ -64,6 +64,33 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServ
         repo, "no_io", torchgen.add_sub_model(),
         'name: "no_io"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n',
     )  # fmt: skip
+    _write(  # forward takes two tensors, the config lists one
+        repo, "one_input", torchgen.add_sub_model(),
+        'name: "one_input"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n',
+    )  # fmt: skip
+    _write(  # forward returns one FP32 tensor: the config's two outputs are both wrong
+        repo, "one_tensor", torchgen.crash_model(),
+        'name: "one_tensor"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP64 dims: [ 2 ] },'
+        ' { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ 2 ] } ]\n',
+    )  # fmt: skip
+    _write(
+        repo, "dict_input", torchgen.dict_add_model(),
+        'name: "dict_input"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+        'input [ { name: "B" data_type: TYPE_INT32 dims: [ 2 ] },'
+        ' { name: "A" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
+        'output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 2 ] } ]\n',
+    )  # fmt: skip
+    _write(  # one output row per batch, whatever its size
+        repo, "sum_rows", torchgen.sum_rows_model(),
+        'name: "sum_rows"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        "dynamic_batching { max_queue_delay_microseconds: 300000 }\n",
+    )  # fmt: skip
     srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
     try:
         deadline = time.monotonic() + 60  # not strict: ready before the models are
@@ -80,7 +107,10 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServ
     shutil.rmtree(srv.runtime_dir, ignore_errors=True)
 
 
-MODELS = ("by_argument", "by_index", "by_order", "bf16", "crash", "no_io")
+MODELS = (
+    "by_argument", "by_index", "by_order", "bf16", "crash", "no_io", "one_input",
+    "one_tensor", "dict_input", "sum_rows",
+)  # fmt: skip
 
 
 def _version(srv: ShoalServer, model: str) -> dict:
@@ -170,6 +200,7 @@ def test_an_exception_in_forward_fails_that_request_only(torch_server: ShoalServ
     with pytest.raises(InferenceServerException, match="negative input") as e:
         client.infer("crash", [bad])
     assert e.value.status() == "500"
+    assert "PyTorch execute failure" in e.value.message()
     good = httpclient.InferInput("INPUT0", [1, 2], "FP32")
     good.set_data_from_numpy(np.array([[1.0, 3.0]], dtype=np.float32))
     np.testing.assert_array_equal(client.infer("crash", [good]).as_numpy("OUTPUT__0"), [[2.0, 6.0]])
@@ -184,3 +215,62 @@ def test_a_config_without_tensors_fails_to_load_with_the_reason(
     assert version["state"] == "UNAVAILABLE"
     assert "must list every input and output" in version["reason"]
     assert client.is_model_ready("by_order")  # the others are unaffected
+
+
+def test_a_config_with_fewer_inputs_than_forward_fails_to_load(
+    torch_server: ShoalServer,
+) -> None:
+    version = _version(torch_server, "one_input")
+    assert version["state"] == "UNAVAILABLE"
+    assert "configuration expects 1 inputs, model provides 2" in version["reason"]
+
+
+def test_outputs_must_exist_and_have_their_config_datatype(torch_server: ShoalServer) -> None:
+    """A lone tensor is output 0 only (not every output), and its dtype is checked."""
+    client = httpclient.InferenceServerClient(torch_server.url)
+    inp = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    inp.set_data_from_numpy(np.array([[1.0, 3.0]], dtype=np.float32))
+    for output, message in (
+        ("OUTPUT__1", "refers to an output index which doesn't exist. This model has 1 outputs"),
+        (
+            "OUTPUT__0",
+            "expects datatype TYPE_FP64 for output 'OUTPUT__0', model provides TYPE_FP32",
+        ),
+    ):
+        out = httpclient.InferRequestedOutput(output)
+        with pytest.raises(InferenceServerException, match=message) as e:
+            client.infer("one_tensor", [inp], outputs=[out])
+        assert e.value.status() == "400"
+
+
+def test_a_dict_argument_gets_every_input_by_name(torch_server: ShoalServer) -> None:
+    a = np.array([[1, 2], [3, 4]], dtype=np.int32)
+    b = np.array([[10, 20], [30, 40]], dtype=np.int32)
+    out = _infer_http(torch_server, "dict_input", {"A": a, "B": b}, "INT32")
+    np.testing.assert_array_equal(out["SUM"], a + b)
+
+
+def test_an_output_that_cannot_be_split_fails_its_batch_and_the_worker_lives(
+    torch_server: ShoalServer,
+) -> None:
+    """Two requests batched together, but the model answers one row for both: each gets
+    an error naming the output, and the instance goes on serving."""
+
+    def one(i: int) -> str:
+        client = httpclient.InferenceServerClient(torch_server.url)
+        inp = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+        inp.set_data_from_numpy(np.full((1, 2), i, dtype=np.float32))
+        try:
+            client.infer("sum_rows", [inp])
+        except InferenceServerException as exc:
+            return f"{exc.status()} {exc.message()}"
+        return "ok"
+
+    pid = torch_server.worker_pid("sum_rows")
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(one, range(2)))
+    for answer in answers:
+        assert answer.startswith("500 "), answers
+        assert "output 'OUTPUT__0' has shape [1, 2], but the batch holds 2 samples" in answer
+    assert one(3) == "ok"  # alone, its one row is its own
+    assert torch_server.worker_pid("sum_rows") == pid
