@@ -282,3 +282,19 @@ def test_wrong_handle_sizes_are_refused(gpu_server: ShoalServer, size: int) -> N
     client = httpclient.InferenceServerClient(gpu_server.url)
     with pytest.raises(InferenceServerException, match="raw handle must be 64 bytes"):
         client.register_cuda_shared_memory("bad", base64.b64encode(b"x" * size), 0, 64)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_device_the_server_lacks_is_refused(gpu_server: ShoalServer, protocol: str) -> None:
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    client = _client(gpu_server, protocol)
+    h = cudashm.create_shared_memory_region(f"dev_{protocol}", 64, 0)
+    try:
+        with pytest.raises(InferenceServerException, match="invalid args"):
+            client.register_cuda_shared_memory(f"dev_{protocol}", cudashm.get_raw_handle(h), 99, 64)
+        status = client.get_cuda_shared_memory_status()
+        names = [s["name"] for s in status] if protocol == "http" else list(status.regions)
+        assert f"dev_{protocol}" not in names
+    finally:
+        cudashm.destroy_shared_memory_region(h)

@@ -55,3 +55,17 @@ def test_cuda_and_system_share_one_namespace(key: str) -> None:
     assert t.status("", "cuda") == []
     assert t.unregister("r", "cuda") == []  # a system region is not touched
     assert [x.name for x in t.status("", "system")] == ["r"]
+
+
+def test_cuda_registration_checks_handle_device_and_gpu() -> None:
+    t = RegionTable()
+    with pytest.raises(ServingError, match="raw handle must be 64 bytes, got 63") as e:
+        t.register_cuda("r", b"x" * 63, 0, 64, gpu_count=1)
+    assert e.value.code.name == "INVALID_ARG"
+    with pytest.raises(ServingError, match="invalid args"):
+        t.register_cuda("r", b"x" * 64, 1, 64, gpu_count=1)  # device 1 of a 1-GPU server
+    with pytest.raises(ServingError, match="this server has no GPU") as e:
+        t.register_cuda("r", b"x" * 64, 0, 64, gpu_count=0)
+    assert e.value.code.name == "UNSUPPORTED"
+    assert t.status("", "cuda") == []
+    assert t.register_cuda("r", b"x" * 64, 0, 64, gpu_count=2).device_id == 0
