@@ -64,7 +64,7 @@ def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer
         'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] },'
         ' { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
         "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]\n"
-        "dynamic_batching { max_queue_delay_microseconds: 300000 }\n",
+        "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1000000 }\n",
         filename="model.pt",
     )  # fmt: skip
     srv = ShoalServer(repo, "--allow-client-shm=true")

@@ -46,8 +46,13 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServ
     # forward(INPUT0, INPUT1): config names are forward's argument names, listed in the
     # other order; outputs by <name>__<index>.
     _add_sub(
-        repo, "by_argument", ("INPUT1", "INPUT0"), ("OUTPUT__0", "OUTPUT__1"), "FP32",
-        "dynamic_batching { max_queue_delay_microseconds: 300000 }",
+        repo, "by_argument", ("INPUT1", "INPUT0"), ("OUTPUT__0", "OUTPUT__1"), "FP32"
+    )  # fmt: skip
+    # Six requests make the preferred size: one execution as soon as all six are queued
+    # (the long delay only matters if they are not).
+    _add_sub(
+        repo, "batched", ("INPUT0", "INPUT1"), ("OUTPUT__0", "OUTPUT__1"), "FP32",
+        "dynamic_batching { preferred_batch_size: [ 6 ] max_queue_delay_microseconds: 10000000 }",
     )  # fmt: skip
     # <name>__<index> picks the argument position whatever the config order.
     _add_sub(repo, "by_index", ("B__1", "A__0"), ("DIFF__1", "SUM__0"), "INT64")
@@ -84,12 +89,12 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServ
         ' { name: "A" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
         'output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 2 ] } ]\n',
     )  # fmt: skip
-    _write(  # one output row per batch, whatever its size
+    _write(  # one output row per batch, whatever its size; a pair is a full batch
         repo, "sum_rows", torchgen.sum_rows_model(),
-        'name: "sum_rows"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+        'name: "sum_rows"\nplatform: "pytorch_libtorch"\nmax_batch_size: 2\n'
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
         'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
-        "dynamic_batching { max_queue_delay_microseconds: 300000 }\n",
+        "dynamic_batching { max_queue_delay_microseconds: 10000000 }\n",
     )  # fmt: skip
     srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
     try:
@@ -108,7 +113,7 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServ
 
 
 MODELS = (
-    "by_argument", "by_index", "by_order", "bf16", "crash", "no_io", "one_input",
+    "by_argument", "batched", "by_index", "by_order", "bf16", "crash", "no_io", "one_input",
     "one_tensor", "dict_input", "sum_rows",
 )  # fmt: skip
 
@@ -177,7 +182,7 @@ def test_concurrent_requests_are_batched_and_answered_each_their_own(
     def one(i: int) -> tuple[int, dict[str, np.ndarray]]:
         a = np.full((1, 4), i, dtype=np.float32)
         return i, _infer_http(
-            torch_server, "by_argument", {"INPUT0": a, "INPUT1": np.ones_like(a)}, "FP32"
+            torch_server, "batched", {"INPUT0": a, "INPUT1": np.ones_like(a)}, "FP32"
         )
 
     with ThreadPoolExecutor(6) as pool:
@@ -186,11 +191,11 @@ def test_concurrent_requests_are_batched_and_answered_each_their_own(
         np.testing.assert_array_equal(out["OUTPUT__0"], np.full((1, 4), i + 1, np.float32))
         np.testing.assert_array_equal(out["OUTPUT__1"], np.full((1, 4), i - 1, np.float32))
     with urllib.request.urlopen(
-        f"http://{torch_server.url}/v2/models/by_argument/stats", timeout=5
+        f"http://{torch_server.url}/v2/models/batched/stats", timeout=5
     ) as r:
         stats = json.loads(r.read())["model_stats"][0]
-    assert stats["inference_count"] >= 6
-    assert stats["execution_count"] < stats["inference_count"]  # some ran together
+    assert stats["inference_count"] == 6
+    assert stats["execution_count"] == 1  # all six in one batch
 
 
 def test_an_exception_in_forward_fails_that_request_only(torch_server: ShoalServer) -> None:
@@ -272,5 +277,5 @@ def test_an_output_that_cannot_be_split_fails_its_batch_and_the_worker_lives(
     for answer in answers:
         assert answer.startswith("500 "), answers
         assert "output 'OUTPUT__0' has shape [1, 2], but the batch holds 2 samples" in answer
-    assert one(3) == "ok"  # alone, its one row is its own
-    assert torch_server.worker_pid("sum_rows") == pid
+    assert torch_server.worker_pid("sum_rows") == pid  # the same process serves on
+    assert httpclient.InferenceServerClient(torch_server.url).is_model_ready("sum_rows")
