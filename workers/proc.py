@@ -216,10 +216,12 @@ class WorkerProc:
 
     def execute(self, batch: m.ExecuteBatch) -> None:
         """Run one batch: gather the requests' inputs (one copy when there are several),
-        execute once, split the outputs back per request (views), answer each request,
-        then report the batch's timings to the broker."""
+        execute once, split the outputs back per request (views) and write them, report
+        the batch to the broker, then answer each request. The report goes first: the
+        broker can dispatch this instance's next batch while the answers leave."""
         t0 = time.perf_counter_ns()
         failed: list[int] = []
+        answers: list[tuple[m.WorkItem, m.InferResponse]] = []
         live: list[tuple[m.WorkItem, dict[str, np.ndarray]]] = []
         for item in batch.items:
             clients = {c.reg_id: c for c in item.regions}
@@ -231,7 +233,9 @@ class WorkerProc:
                 live.append((item, tensors))
             except Exception as exc:
                 failed.append(item.request.req_id)
-                self._send_error(item, Code.INVALID_ARG, f"bad input reference: {exc}")
+                answers.append(
+                    (item, _error(item, Code.INVALID_ARG, f"bad input reference: {exc}"))
+                )
         t1 = t2 = t0
         samples = 0
         if live:
@@ -254,16 +258,20 @@ class WorkerProc:
                     log.exception("execution failed")
                 for it, _ in live:
                     failed.append(it.request.req_id)
-                    self._send_error(it, code, message)
+                    answers.append((it, _error(it, code, message)))
                 live = []
             t2 = time.perf_counter_ns()
             if live:
                 for (it, _), outs in zip(live, per_request, strict=True):
-                    if not self._send_result(it, outs):
+                    resp = self._result(it, outs)
+                    if resp.error is not None:
                         failed.append(it.request.req_id)
+                    answers.append((it, resp))
         t3 = time.perf_counter_ns()
         done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed)
         self.sock.send_multipart(m.encode(done))
+        for item, resp in answers:
+            self._answer(item, resp)
 
     def _gather(self, feeds: list[dict[str, Any]]) -> dict[str, Any]:
         if len(feeds) == 1:
@@ -295,7 +303,8 @@ class WorkerProc:
             for i in range(len(sizes))
         ]
 
-    def _send_result(self, item: m.WorkItem, outs: dict[str, np.ndarray]) -> bool:
+    def _result(self, item: m.WorkItem, outs: dict[str, np.ndarray]) -> m.InferResponse:
+        """Write the request's outputs where it asked; its answer (or why not)."""
         refs = []
         clients = {c.reg_id: c for c in item.regions}
         try:
@@ -306,18 +315,10 @@ class WorkerProc:
                     output_ref(spec.name, dtype, arr, spec, self.regions, clients, self.cuda)
                 )
         except ValueError as exc:  # OutputTooLarge, or a reference this instance cannot serve
-            self._send_error(item, Code.INVALID_ARG, str(exc))
-            return False
+            return _error(item, Code.INVALID_ARG, str(exc))
         except Exception as exc:
-            self._send_error(item, Code.INTERNAL, f"failed to write output: {exc}")
-            return False
-        resp = m.InferResponse(item.request.req_id, refs, None, self.s.version)
-        self._answer(item, resp)
-        return True
-
-    def _send_error(self, item: m.WorkItem, code: Code, message: str) -> None:
-        resp = m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(code), message))
-        self._answer(item, resp)
+            return _error(item, Code.INTERNAL, f"failed to write output: {exc}")
+        return m.InferResponse(item.request.req_id, refs, None, self.s.version)
 
     def _answer(self, item: m.WorkItem, resp: m.InferResponse) -> None:
         """Straight to the frontend that asked; through the broker when the model
@@ -348,6 +349,10 @@ class WorkerProc:
             self.backend.unload()
         self.regions.close()
         self.sock.close(0)
+
+
+def _error(item: m.WorkItem, code: Code, message: str) -> m.InferResponse:
+    return m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(code), message))
 
 
 def _concat(parts: list[Any]) -> Any:
