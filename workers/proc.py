@@ -216,9 +216,10 @@ class WorkerProc:
 
     def execute(self, batch: m.ExecuteBatch) -> None:
         """Run one batch: gather the requests' inputs (one copy when there are several),
-        execute once, split the outputs back per request (views) and write them, report
-        the batch to the broker, then answer each request. The report goes first: the
-        broker can dispatch this instance's next batch while the answers leave."""
+        execute once, split the outputs back per request (views) and write them, answer
+        each request, then report the batch to the broker. The answers go first: once
+        the broker has the report it no longer answers the batch's requests itself if
+        this process dies, so a death in between must not leave them unanswered."""
         t0 = time.perf_counter_ns()
         failed: list[int] = []
         answers: list[tuple[m.WorkItem, m.InferResponse]] = []
@@ -268,10 +269,10 @@ class WorkerProc:
                         failed.append(it.request.req_id)
                     answers.append((it, resp))
         t3 = time.perf_counter_ns()
-        done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed)
-        self.sock.send_multipart(m.encode(done))
         for item, resp in answers:
             self._answer(item, resp)
+        done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed)
+        self.sock.send_multipart(m.encode(done))
 
     def _gather(self, feeds: list[dict[str, Any]]) -> dict[str, Any]:
         if len(feeds) == 1:
