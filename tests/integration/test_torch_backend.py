@@ -30,13 +30,13 @@ def _write(repo: Path, name: str, model: bytes, config: str) -> None:
 def _add_sub(
     repo: Path, name: str, ins: tuple[str, str], outs: tuple[str, str], dtype: str, extra: str = ""
 ) -> None:
-    tensors = lambda kind, names: ", ".join(  # noqa: E731
-        f'{{ name: "{n}" data_type: TYPE_{dtype} dims: [ -1 ] }}' for n in names
-    )
+    def tensors(names: tuple[str, str]) -> str:
+        return ", ".join(f'{{ name: "{n}" data_type: TYPE_{dtype} dims: [ -1 ] }}' for n in names)
+
     _write(
         repo, name, torchgen.add_sub_model(),
         f'name: "{name}"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
-        f"input [ {tensors('input', ins)} ]\noutput [ {tensors('output', outs)} ]\n{extra}",
+        f"input [ {tensors(ins)} ]\noutput [ {tensors(outs)} ]\n{extra}",
     )  # fmt: skip
 
 
