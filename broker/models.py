@@ -33,6 +33,9 @@ class Instance:
     in_flight: m.ExecuteBatch | None = None
     dispatched_at: float = 0.0  # when in_flight was sent (monotonic)
     cores: list[int] = field(default_factory=list)
+    # (when reported, [(frontend, req_id)]): requests it answered straight to their
+    # frontends lately; if it dies, those answers may not have left it (router.py).
+    answered: deque[tuple[float, list[tuple[bytes, int]]]] = field(default_factory=deque)
 
 
 @dataclass

@@ -410,6 +410,9 @@ class BrokerProc:
         )
         for item in failed:
             self._fail_item(item, err)
+        error = m.ErrorInfo(int(err.code), err.message)
+        for frontend, req_ids in self.router.unconfirmed(inst, time.monotonic()).items():
+            self._send(self.fsock, [frontend, *m.encode(m.Unconfirmed(req_ids, error))])
         self._dispatch(dispatches)
 
     def _shutdown_workers(self) -> None:

@@ -13,6 +13,12 @@ from broker.batcher import TIMEOUT_EXPIRED, Rejected
 from broker.models import Instance, ModelTable, ModelVersion
 from ipc import messages as m
 
+#: How long the broker remembers which requests an instance reported answered. A worker
+#: sends its answers, then its report; both sit in its ZeroMQ queues until its I/O thread
+#: writes them, so a worker killed right after the report may take answers with it. The
+#: real risk lasts microseconds; seconds leave room for a starved or stopped process.
+UNCONFIRMED_WINDOW_S = 2.0
+
 Dispatch = tuple[Instance, m.ExecuteBatch]
 Failure = tuple[m.WorkItem, str]  # an item to answer with an error, and the message
 
@@ -58,6 +64,7 @@ class Router:
         if batch is None or batch.batch_id != done.batch_id:
             return []
         inst.in_flight = None
+        self._remember_answered(inst, batch, now)
         mv = self.table.version(inst.model, inst.version)
         if mv is not None:
             failed = set(done.failed)
@@ -77,6 +84,25 @@ class Router:
         if inst.state != "READY":
             return []
         return self.instance_ready(inst, now)
+
+    def _remember_answered(self, inst: Instance, batch: m.ExecuteBatch, now: float) -> None:
+        # Ordered answers travel with the report, through the broker: never unconfirmed.
+        direct = [_key(item) for item in batch.items if not item.seq]
+        if direct:
+            inst.answered.append((now, direct))
+        while inst.answered and now - inst.answered[0][0] > UNCONFIRMED_WINDOW_S:
+            inst.answered.popleft()
+
+    def unconfirmed(self, inst: Instance, now: float) -> dict[bytes, list[int]]:
+        """The requests ``inst`` reported answered within the window, by frontend (for
+        an instance that died: their answers may have died with it)."""
+        by_frontend: dict[bytes, list[int]] = {}
+        for when, keys in inst.answered:
+            if now - when <= UNCONFIRMED_WINDOW_S:
+                for frontend, req_id in keys:
+                    by_frontend.setdefault(frontend, []).append(req_id)
+        inst.answered.clear()
+        return by_frontend
 
     def instance_lost(self, inst: Instance, now: float) -> tuple[list[m.WorkItem], list[Dispatch]]:
         """Mark ``inst`` dead. Returns the items it was running (they failed) and, if

@@ -10,6 +10,10 @@ callback drains them, which costs one callback per wake-up instead of a future p
 message. ZMQ_FD is edge-triggered, so every drain reads until nothing is left, and a
 send on the DEALER re-checks for input it may have absorbed.
 
+A worker that dies just after reporting a batch answered may take the answers with it;
+the broker names those requests (``Unconfirmed``) and the ones still waiting here after a
+short grace fail as the dead worker's other requests do.
+
 The broker's pid (from its Welcome) is watched through a pidfd: when the broker dies,
 every waiting request fails at once with UNAVAILABLE, and the client greets whichever
 broker binds the endpoint next.
@@ -36,6 +40,9 @@ from ipc.errors import Code, ServingError
 log = logging.getLogger("shoal.frontend.broker")
 
 _HELLO_RETRY_S = 0.5
+#: How long an answer a dead worker did send gets to arrive before the requests it may
+#: not have answered are failed (it was written before the death the broker announces).
+_UNCONFIRMED_GRACE_S = 0.25
 T = TypeVar("T", bound=msgspec.Struct)
 
 
@@ -177,10 +184,26 @@ class BrokerClient:
             self._watch_broker(msg.broker_pid)
             self._welcomed.set()
             return
+        if isinstance(msg, m.Unconfirmed):
+            assert self._loop is not None
+            self._loop.call_later(_UNCONFIRMED_GRACE_S, self._settle_unconfirmed, msg)
+            return
         qid = getattr(msg, "query_id", None)
         fut = self._pending.get(qid) if qid is not None else None
         if fut is not None and not fut.done():
             fut.set_result(msg)
+
+    def _settle_unconfirmed(self, msg: m.Unconfirmed) -> None:
+        """Fail the requests a dead worker reported answered whose answers never came."""
+        self._drain_results()
+        lost = 0
+        for req_id in msg.req_ids:
+            fut = self._pending.get(req_id)
+            if fut is not None and not fut.done():
+                fut.set_result(m.InferResponse(req_id, [], msg.error))
+                lost += 1
+        if lost:
+            log.error("%d answer(s) died with their worker: %s", lost, msg.error.message)
 
     def _watch_broker(self, pid: int) -> None:
         self._unwatch()

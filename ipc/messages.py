@@ -12,7 +12,8 @@ ROUTER sockets of the broker. A worker answers each request of a batch straight 
 frontend that sent it (a PUSH to that frontend's bound PULL socket: three hops per
 request, not four), then tells the broker the batch is done. The broker itself answers
 only the requests it refuses or that a dead worker held, with ``RESULT`` frames on the
-frontend's DEALER.
+frontend's DEALER, and names those a worker reported answered just before it died
+(``Unconfirmed``): their answers may have died with it.
 """
 
 from __future__ import annotations
@@ -187,6 +188,15 @@ class FrontendGone(msgspec.Struct, array_like=True):
     frontend: bytes
 
 
+class Unconfirmed(msgspec.Struct, array_like=True):
+    """Broker -> frontend: a worker died soon after reporting these requests answered,
+    so their answers may have died in its send queue. The frontend fails those it is
+    still waiting for once any answer already on its way has had time to arrive."""
+
+    req_ids: list[int]
+    error: ErrorInfo
+
+
 class StatsQuery(msgspec.Struct, array_like=True):
     query_id: int
     model: str = ""  # "" = every model
@@ -299,6 +309,7 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     ShmRequest: b"k",
     ShmReply: b"K",
     RegionsReleased: b"L",
+    Unconfirmed: b"U",
 }
 RESULT: Final[bytes] = b"r"
 

@@ -53,7 +53,13 @@ def shm_segments_of(pids: set[int]) -> list[str]:
 
 
 class ShoalServer:
-    def __init__(self, repo: Path, *args: str, wait_ready: bool = True) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        *args: str,
+        wait_ready: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.repo = repo
         self.http_port = free_port()
         self.grpc_port = free_port()
@@ -80,6 +86,7 @@ class ShoalServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
         self.seen_pids: set[int] = {self.proc.pid}
         if wait_ready:

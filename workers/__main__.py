@@ -2,6 +2,11 @@
 
 Runs one model instance. Started by ``shoal serve`` or by supervisord (one program per
 instance); it finds the broker through the runtime directory.
+
+``SHOAL_TEST_FAULT=<action>:<model>`` injects a fault into the instances of one model,
+for the fault tests (as Triton's QA uses ``TRITONSERVER_DELAY_SCHEDULER``). The one
+action, ``die-after-report``: report the first batch done without sending its answers,
+then die by SIGKILL.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--instance-name", default="")
     add_process_flags(p)
     return p.parse_args(argv)
+
+
+def _fault(model: str) -> str:
+    action, _, target = os.environ.get("SHOAL_TEST_FAULT", "").partition(":")
+    return action if target == model else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu=args.gpu,
             gpu_count=gpus,
             instance_name=args.instance_name or f"{args.model}_0_{args.instance}",
+            fault=_fault(args.model),
         )
     )
     return run_until_stopped(proc)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ class WorkerSettings:
     gpu: int | None = None
     gpu_count: int | None = None  # the server's GPUs (this process sees only its own)
     instance_name: str = ""
+    fault: str = ""  # SHOAL_TEST_FAULT's action, for tests only (see workers/__main__.py)
 
 
 class WorkerProc:
@@ -269,10 +271,20 @@ class WorkerProc:
                         failed.append(it.request.req_id)
                     answers.append((it, resp))
         t3 = time.perf_counter_ns()
+        done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed)
+        if self.s.fault == "die-after-report":
+            self._die_after_report(done)
         for item, resp in answers:
             self._answer(item, resp)
-        done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed)
         self.sock.send_multipart(m.encode(done))
+
+    def _die_after_report(self, done: m.BatchDone) -> None:
+        """Fault injection for tests: the report reaches the broker, the answers never
+        leave, then SIGKILL, as when a kill lands before the I/O thread wrote them."""
+        log.warning("fault injection: reporting batch %d done, then dying", done.batch_id)
+        self.sock.send_multipart(m.encode(done))
+        time.sleep(0.2)  # the report leaves
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def _gather(self, feeds: list[dict[str, Any]]) -> dict[str, Any]:
         if len(feeds) == 1:

@@ -96,6 +96,33 @@ def test_worker_killed_mid_request_fails_that_request_only(fresh_server: ShoalSe
     assert fresh_server.worker_pid("simple") != pid
 
 
+def test_answers_lost_with_a_worker_killed_after_its_report_fail_not_hang(
+    small_repo: Path,
+) -> None:
+    """The window between a worker's report and its answers leaving it: the broker has
+    let the batch go, the answers died with the process, and the request must still get
+    an error (SHOAL_TEST_FAULT reproduces the window: report, no answers, SIGKILL)."""
+    srv = ShoalServer(small_repo, env={"SHOAL_TEST_FAULT": "die-after-report:simple"})
+    try:
+        client = httpclient.InferenceServerClient(srv.url, network_timeout=30)
+        pid = srv.worker_pid("simple")
+        t0 = time.monotonic()
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("simple", simple_inputs())
+        assert time.monotonic() - t0 < 5, "the request waited for an answer that had died"
+        assert e.value.status() == "503"
+        assert "Failed to process the request(s) for model instance 'simple_0'" in (
+            e.value.message()
+        )
+        assert f"(pid {pid}) exited" in e.value.message()
+        assert "1 answer(s) died with their worker" in srv.log()
+        # The other model never noticed.
+        assert client.infer("mlp", mlp_input()).as_numpy("OUTPUT0").shape == (1, 256)
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
 def test_frontend_killed_is_restarted_and_its_slab_swept(fresh_server: ShoalServer) -> None:
     (old,) = fresh_server.pids("frontend")
     assert any(p.name.startswith(f"shoal-{old}-") for p in SHM_DIR.iterdir())

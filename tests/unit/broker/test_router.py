@@ -206,3 +206,34 @@ def test_a_busy_version_does_not_wake_the_broker_for_its_queue_delay() -> None:
     assert router.tick(0.5) == ([], [])
     ((_, second),) = router.batch_done(a, m.BatchDone(first.batch_id, 1), 0.6)
     assert [it.request.req_id for it in second.items] == [2]  # delay long gone: sent at once
+
+
+def test_requests_reported_answered_just_before_a_death_are_unconfirmed() -> None:
+    table, router, (a,) = _table(1)
+    _ready(table, router, a)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    router.submit(mv, _item(1, b"f0"), 0.0)
+    router.submit(mv, _item(2, b"f1"), 0.0)
+    router.submit(mv, _item(3, b"f0"), 0.0)
+    ordered = _item(4, b"f1")
+    ordered.seq = 7  # its answer travels with the report, through the broker
+    router.submit(mv, ordered, 0.0)
+    for t in (1.0, 2.0, 4.0, 4.5):
+        assert a.in_flight is not None
+        router.batch_done(a, m.BatchDone(a.in_flight.batch_id, 1), t)
+    # At 5.0 only the batches reported within the window (2 s) may have lost answers.
+    assert router.unconfirmed(a, 5.0) == {b"f0": [3]}
+    assert router.unconfirmed(a, 5.0) == {}  # handed out once
+
+
+def test_the_answered_record_of_a_live_instance_stays_bounded() -> None:
+    table, router, (a,) = _table(1)
+    _ready(table, router, a)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    for i in range(1, 101):
+        router.submit(mv, _item(i), float(i))
+        assert a.in_flight is not None
+        router.batch_done(a, m.BatchDone(a.in_flight.batch_id, 1), float(i))
+    assert [keys for _, keys in a.answered] == [[(b"f0", 98)], [(b"f0", 99)], [(b"f0", 100)]]
