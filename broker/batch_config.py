@@ -22,11 +22,13 @@ def _policy(p: Any) -> QueuePolicy:
 def batcher_config(config_bytes: bytes) -> BatcherConfig | None:
     cfg = mc.ModelConfig()
     cfg.ParseFromString(config_bytes)
-    if not cfg.HasField("dynamic_batching") or cfg.max_batch_size <= 0:
+    if not cfg.HasField("dynamic_batching"):
         return None
     db = cfg.dynamic_batching
     return BatcherConfig(
-        max_batch_size=cfg.max_batch_size,
+        # A model that does not batch still gets the queue: priorities, policies and
+        # ordering apply to it, one request per execution (Triton: max(1, 0)).
+        max_batch_size=max(cfg.max_batch_size, 1),
         preferred_batch_sizes=tuple(db.preferred_batch_size),
         max_queue_delay_us=db.max_queue_delay_microseconds,
         preserve_ordering=db.preserve_ordering,

@@ -5,21 +5,29 @@ a fake clock. One ``DynamicBatcher`` per model version:
 
 * ``enqueue`` admits a request into its priority level's queue, or refuses it
   ("Exceeds maximum queue size").
-* ``take_batch`` forms the next batch for an idle instance: at once when the queued
-  requests add up to a preferred size (the largest one reachable) or else to
-  ``max_batch_size``; otherwise once the oldest request has waited ``max_queue_delay``;
-  otherwise nothing, and ``next_wakeup`` says when to ask again.
-* ``expire`` removes requests whose queue timeout passed (REJECT) or demotes them behind
-  the others (DELAY).
+* ``take_batch`` forms the next batch for an idle instance the way Triton's
+  ``GetDynamicBatch`` does. It walks the queue in scheduling order and stops at the
+  first request that cannot join: one that would pass ``max_batch_size``, or whose
+  non-batch shapes differ from the batch's (inputs that allow ragged batching are
+  exempt); such a request means the batch can grow no more, so it goes at once.
+  Otherwise a batch goes at once when it makes a preferred size (the largest one
+  reachable), when it reaches the largest preferred size (``max_batch_size`` when none
+  is configured), when the delay is 0, or once its oldest request has waited
+  ``max_queue_delay``; else nothing, and ``next_wakeup`` says when to ask again. Once
+  the delay has run out, a batch takes everything that fits, preferred size or not.
+* ``expire`` hands back the requests whose queue timeout passed under REJECT; under DELAY
+  they move to their level's delayed queue, behind every request that has not timed out,
+  later arrivals included (Triton's ``delayed_queue_``).
 
-Requests join a batch only if their non-batch shapes match (inputs that allow ragged
-batching are exempt), and a batch never exceeds ``max_batch_size``. Priority level 1 is
-the highest; within a level, arrival order.
+Scheduling order: priority level 1 first; within a level, arrival order, delayed last.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -52,14 +60,15 @@ class BatcherConfig:
     ragged_inputs: frozenset[str] = frozenset()
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a queue removes exactly this request
 class Pending:
     item: m.WorkItem
     arrived: float
-    deadline: float | None  # queue timeout, absolute
+    deadline: float | None  # queue timeout, absolute; None once delayed
     signature: tuple[tuple[str, tuple[int, ...]], ...]
     size: int
-    delayed: bool = False
+    level: int
+    queued: bool = True  # False once it left the queue (a batch, a rejection, a drop)
 
 
 class Rejected(Exception):
@@ -70,140 +79,192 @@ class Rejected(Exception):
         self.message = message
 
 
+@dataclass
+class _Level:
+    policy: QueuePolicy
+    queue: deque[Pending] = field(default_factory=deque)  # not timed out, arrival order
+    delayed: deque[Pending] = field(default_factory=deque)  # timed out under DELAY
+
+    def __len__(self) -> int:
+        return len(self.queue) + len(self.delayed)
+
+
+@dataclass
+class _Formed:
+    """The batch ``take_batch`` would send: its requests in order and whether to go now."""
+
+    chosen: list[Pending]
+    best: int  # how many of `chosen` make the best batch (a preferred size); 0: none
+    full: bool  # the next request cannot join: the batch can grow no more
+    total: int  # samples in `chosen`
+
+
 class DynamicBatcher:
     def __init__(self, config: BatcherConfig) -> None:
         self.c = config
-        self.levels = max(config.priority_levels, 1)
-        self.queues: list[deque[Pending]] = [deque() for _ in range(self.levels)]
+        levels = max(config.priority_levels, 1)
+        self.levels = [_Level(self._policy(index)) for index in range(levels)]
+        self._preferred = frozenset(config.preferred_batch_sizes)
+        self._max_preferred = max(config.preferred_batch_sizes, default=config.max_batch_size)
+        self._deadlines: list[tuple[float, int, Pending]] = []  # a heap; stale entries skipped
+        self._tiebreak = itertools.count()
+        self._rejected: list[m.WorkItem] = []  # timed out under REJECT, for the next expire
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self.queues)
+        return sum(len(level) for level in self.levels)
 
     # -- admission -------------------------------------------------------------------
 
     def _level(self, priority: int) -> int:
         """Queue index for a request's ``priority``: 0 or a level that does not exist
         means the default level (as Triton's SetPriority)."""
-        if self.levels == 1:
+        if len(self.levels) == 1:
             return 0
-        if 1 <= priority <= self.levels:
+        if 1 <= priority <= len(self.levels):
             return priority - 1
-        return (self.c.default_priority_level or self.levels) - 1
+        return (self.c.default_priority_level or len(self.levels)) - 1
 
     def _policy(self, index: int) -> QueuePolicy:
+        if not self.c.priority_levels:  # one level: Triton uses the default policy alone
+            return self.c.default_policy
         return self.c.priority_policies.get(index + 1, self.c.default_policy)
 
     def enqueue(self, item: m.WorkItem, now: float) -> None:
         req = item.request
         index = self._level(req.priority)
-        policy = self._policy(index)
-        queue = self.queues[index]
-        if policy.max_queue_size and len(queue) >= policy.max_queue_size:
+        level = self.levels[index]
+        policy = level.policy
+        if policy.max_queue_size and len(level) >= policy.max_queue_size:
             raise Rejected(QUEUE_FULL)
         timeout_us = policy.default_timeout_us
-        # A request may shorten the default timeout, never lengthen it (0 = none).
-        shorter = req.timeout_us and (not timeout_us or req.timeout_us < timeout_us)
-        if policy.allow_timeout_override and shorter:
+        # A request may only shorten the default timeout; with no default (0) it has none.
+        if policy.allow_timeout_override and 0 < req.timeout_us < timeout_us:
             timeout_us = req.timeout_us
         deadline = now + timeout_us / 1e6 if timeout_us else None
+        # By input name: the order a client lists its inputs in does not matter.
         signature = tuple(
-            (t.name, tuple(t.shape[1:])) for t in req.inputs if t.name not in self.c.ragged_inputs
+            sorted(
+                (t.name, tuple(t.shape[1:]))
+                for t in req.inputs
+                if t.name not in self.c.ragged_inputs
+            )
         )
-        queue.append(Pending(item, now, deadline, signature, max(req.batch_size, 1)))
+        p = Pending(item, now, deadline, signature, max(req.batch_size, 1), index)
+        level.queue.append(p)
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), p))
 
     # -- timeouts --------------------------------------------------------------------
 
     def expire(self, now: float) -> list[m.WorkItem]:
         """Requests whose queue timeout passed with action REJECT (answer them with
         TIMEOUT_EXPIRED). DELAY requests move behind the others of their level."""
-        rejected: list[m.WorkItem] = []
-        for index, queue in enumerate(self.queues):
-            policy = self._policy(index)
-            if not any(p.deadline is not None and p.deadline <= now for p in queue):
-                continue
-            keep: deque[Pending] = deque()
-            late: list[Pending] = []
-            for p in queue:
-                if p.deadline is not None and p.deadline <= now and not p.delayed:
-                    if policy.timeout_action == "REJECT":
-                        rejected.append(p.item)
-                    else:
-                        p.delayed = True
-                        late.append(p)
-                else:
-                    keep.append(p)
-            keep.extend(late)
-            self.queues[index] = keep
+        self._apply_timeouts(now)
+        rejected, self._rejected = self._rejected, []
         return rejected
+
+    def _apply_timeouts(self, now: float) -> None:
+        heap = self._deadlines
+        while heap and (heap[0][0] <= now or not heap[0][2].queued):
+            deadline, _, p = heapq.heappop(heap)
+            if not p.queued or deadline > now:
+                continue  # it left the queue before its timeout
+            level = self.levels[p.level]
+            level.queue.remove(p)  # linear, but only for a request that timed out
+            if level.policy.timeout_action == "REJECT":
+                p.queued = False
+                self._rejected.append(p.item)
+            else:
+                p.deadline = None
+                level.delayed.append(p)
 
     # -- batch formation -------------------------------------------------------------
 
-    def _candidates(self) -> list[Pending]:
+    def _order(self) -> Iterator[Pending]:
         """Queued requests in scheduling order: priority, then arrival (delayed last)."""
-        return [p for q in self.queues for p in q]
+        for level in self.levels:
+            yield from level.queue
+            yield from level.delayed
+
+    def _form(self) -> _Formed:
+        chosen: list[Pending] = []
+        total = best = 0
+        full = False
+        for p in self._order():
+            if chosen:
+                if total + p.size > self._max_preferred and not best:
+                    best = len(chosen)  # past every preferred size: what we have is best
+                if total + p.size > self.c.max_batch_size or p.signature != chosen[0].signature:
+                    full = True
+                    break
+            chosen.append(p)
+            total += p.size
+            if total in self._preferred:
+                best = len(chosen)
+        return _Formed(chosen, best, full, total)
 
     def take_batch(self, now: float) -> list[m.WorkItem]:
         """The batch to run now on an idle instance, or [] to wait (see next_wakeup)."""
-        order = self._candidates()
-        if not order:
+        self._apply_timeouts(now)
+        f = self._form()
+        if not f.chosen:
             return []
-        head = order[0]
-        chosen: list[Pending] = []
-        total = 0
-        best_preferred = 0  # how many of `chosen` make the largest preferred size
-        for p in order:
-            if p.signature != head.signature:
-                continue
-            if total + p.size > self.c.max_batch_size:
-                break
-            chosen.append(p)
-            total += p.size
-            if total in self.c.preferred_batch_sizes:
-                best_preferred = len(chosen)
-            if total == self.c.max_batch_size:
-                break
-        # A reachable preferred size wins over a full batch (Triton's QA: 12 requests,
-        # max 8, preferred 6 -> two batches of 6).
-        if best_preferred:
-            return self._pop(chosen[:best_preferred])
-        if total == self.c.max_batch_size:
-            return self._pop(chosen)
-        if self.c.max_queue_delay_us == 0 or now - head.arrived >= self.c.max_queue_delay_us / 1e6:
-            return self._pop(chosen)
+        delay = self.c.max_queue_delay_us / 1e6
+        oldest = min(p.arrived for p in f.chosen)
+        exceeded = delay > 0 and now - oldest >= delay
+        if f.best and not exceeded:
+            return self._pop(f.chosen[: f.best])
+        if f.full or f.total >= self._max_preferred or exceeded or delay == 0:
+            return self._pop(f.chosen)
         return []
 
     def next_wakeup(self, can_dispatch: bool = True) -> float | None:
         """When the caller must next ask (absolute), if ever: a queued request's timeout
-        runs out, or, when an instance could take a batch (``can_dispatch``), the oldest
-        request's queue delay does. While every instance is busy a delay that ran out
-        changes nothing: the next batch forms when an instance reports done, so waking
-        for it would only spin."""
-        times = [
-            p.deadline for q in self.queues for p in q if p.deadline is not None and not p.delayed
-        ]
+        runs out, or, when an instance could take a batch (``can_dispatch``), the queue
+        delay of the batch ``take_batch`` would form does. While every instance is busy a
+        delay that ran out changes nothing: the next batch forms when an instance reports
+        done, so waking for it would only spin."""
+        heap = self._deadlines
+        while heap and not heap[0][2].queued:
+            heapq.heappop(heap)
+        times = [heap[0][0]] if heap else []
         if can_dispatch and self.c.max_queue_delay_us:
-            head = next((p for q in self.queues for p in q), None)
-            if head is not None:
-                times.append(head.arrived + self.c.max_queue_delay_us / 1e6)
+            chosen = self._form().chosen
+            if chosen:
+                oldest = min(p.arrived for p in chosen)
+                times.append(oldest + self.c.max_queue_delay_us / 1e6)
         return min(times) if times else None
 
     def _pop(self, chosen: list[Pending]) -> list[m.WorkItem]:
-        ids = {id(p) for p in chosen}
-        for index, queue in enumerate(self.queues):
-            if any(id(p) in ids for p in queue):
-                self.queues[index] = deque(p for p in queue if id(p) not in ids)
+        """Remove ``chosen``, a prefix of the scheduling order, from the queues."""
+        for p in chosen:
+            level = self.levels[p.level]
+            (level.queue if level.queue and level.queue[0] is p else level.delayed).popleft()
+            p.queued = False
         return [p.item for p in chosen]
 
     def drain(self) -> list[m.WorkItem]:
-        """Remove and return everything queued (the version lost its last instance)."""
-        items = [p.item for p in self._candidates()]
-        for q in self.queues:
-            q.clear()
+        """Remove and return everything queued (the version lost its last instance),
+        rejected requests not yet handed out included."""
+        items = self._rejected + [p.item for p in self._order()]
+        self._rejected = []
+        for p in self._order():
+            p.queued = False
+        for level in self.levels:
+            level.queue.clear()
+            level.delayed.clear()
         return items
 
     def drop_frontend(self, frontend: bytes) -> list[m.WorkItem]:
-        dropped: list[m.WorkItem] = []
-        for index, queue in enumerate(self.queues):
-            dropped += [p.item for p in queue if p.item.frontend == frontend]
-            self.queues[index] = deque(p for p in queue if p.item.frontend != frontend)
+        dropped = [it for it in self._rejected if it.frontend == frontend]
+        self._rejected = [it for it in self._rejected if it.frontend != frontend]
+        for level in self.levels:
+            for name in ("queue", "delayed"):
+                queue: deque[Pending] = getattr(level, name)
+                gone = [p for p in queue if p.item.frontend == frontend]
+                if gone:
+                    for p in gone:
+                        p.queued = False
+                    dropped += [p.item for p in gone]
+                    setattr(level, name, deque(p for p in queue if p.item.frontend != frontend))
         return dropped

@@ -381,9 +381,8 @@ class BrokerProc:
         """A peer exited: drop its queued work, answer what it held, tell the others."""
         if role == "frontend":
             self.frontend_fds.pop(ident, None)
-            for _, item in self.router.forget_frontend(ident):
-                self._finished(item)
-                self._answer_item(item, ident, None)  # releases its place in the order
+            for _, item in self.router.forget_frontend(ident, time.monotonic()):
+                self._finished(item)  # queued: no place in any order yet
             log.warning("frontend %r exited", ident)
             gone = m.encode(m.FrontendGone(ident))
             for worker in list(self.table.by_ident):

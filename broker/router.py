@@ -42,8 +42,6 @@ class Router:
             except Rejected:
                 mv.stats.failed(0)
                 raise
-            if mv.ordering is not None:
-                item.seq = mv.ordering.assign()
         else:
             mv.queue.append(item)
         self._arrived[_key(item)] = now
@@ -157,9 +155,9 @@ class Router:
         ]
         return min(times) if times else None
 
-    def forget_frontend(self, frontend: bytes) -> list[tuple[ModelVersion, m.WorkItem]]:
-        """Drop the queued requests of a frontend that exited; returns them (ordered
-        versions must still release their sequence numbers)."""
+    def forget_frontend(self, frontend: bytes, now: float) -> list[tuple[ModelVersion, m.WorkItem]]:
+        """Drop the queued requests of a frontend that exited (failures, in the
+        statistics); returns them."""
         dropped: list[tuple[ModelVersion, m.WorkItem]] = []
         for mv in self.table.all_versions():
             dropped += [(mv, it) for it in mv.queue if it.frontend == frontend]
@@ -168,9 +166,8 @@ class Router:
             mv.queue.extend(kept)
             if mv.batcher is not None:
                 dropped += [(mv, it) for it in mv.batcher.drop_frontend(frontend)]
-        for key in [k for k in self._arrived if k[0] == frontend]:
-            del self._arrived[key]
-            self._queued_ns.pop(key, None)
+        for mv, item in dropped:
+            self._fail(mv, item, now)  # Triton counts a cancelled request as failed
         return dropped
 
     def _fail(self, mv: ModelVersion, item: m.WorkItem, now: float) -> None:
@@ -191,6 +188,10 @@ class Router:
                 break
             inst = mv.instances[mv.idle.popleft()]
             for item in items:
+                # preserve_ordering orders the requests taken into batches, as Triton's
+                # completion queue does: a refusal from the queue is answered at once.
+                if mv.ordering is not None:
+                    item.seq = mv.ordering.assign()
                 waited = int((now - self._arrived.get(_key(item), now)) * 1e9)
                 self._queued_ns[_key(item)] = waited
             batch = m.ExecuteBatch(self._next_batch, items)

@@ -139,13 +139,18 @@ def fill_defaults(config: pb.ModelConfig, model_name: str, *, gpu_count: int = 0
       gets a name "<model>_<index>", KIND_AUTO resolved to KIND_GPU (all of GPUs
       0..gpu_count-1) or KIND_CPU when there is no GPU, KIND_GPU without ids gets all
       GPUs, and count 0 becomes 1.
-    Scheduling settings (dynamic_batching, sequence_batching) are left as given.
+    - `dynamic_batching.preferred_batch_size` [max_batch_size] when none is given (a
+      model that batches).
+    Other scheduling settings are left as given.
     """
     if not config.name:
         config.name = model_name
     _fill_backend_fields(config)
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
+    db = config.dynamic_batching
+    if config.HasField("dynamic_batching") and not db.preferred_batch_size:
+        db.preferred_batch_size.extend([config.max_batch_size] if config.max_batch_size else [])
     if not config.HasField("ensemble_scheduling") and config.platform != ENSEMBLE_PLATFORM:
         _fill_instance_groups(config, gpu_count)
     return config

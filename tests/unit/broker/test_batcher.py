@@ -61,13 +61,46 @@ def test_largest_reachable_preferred_size_wins() -> None:
 
 def test_max_batch_size_sends_immediately_and_is_never_exceeded() -> None:
     b = DynamicBatcher(BatcherConfig(8, (), max_queue_delay_us=10**9))
+    for n in (4, 4, 1):
+        b.enqueue(item(batch=n), now=0.0)
+    assert sizes(b.take_batch(now=0.0)) == [4, 4]
+
+
+def test_a_request_that_would_overflow_the_batch_sends_it_at_once() -> None:
+    # Triton's GetDynamicBatch: the batch can grow no more, so waiting gains nothing.
+    b = DynamicBatcher(BatcherConfig(8, (), max_queue_delay_us=10**9))
     for n in (3, 3, 3):
         b.enqueue(item(batch=n), now=0.0)
-    assert b.take_batch(now=0.0) == []  # 6 queued-able, 9 > 8: waits
+    assert sizes(b.take_batch(now=0.0)) == [3, 3]
+    assert b.take_batch(now=0.0) == []  # the last 3 waits for company or the delay
     b2 = DynamicBatcher(BatcherConfig(8, (), max_queue_delay_us=10**9))
-    for n in (4, 4, 1):
-        b2.enqueue(item(batch=n), now=0.0)
-    assert sizes(b2.take_batch(now=0.0)) == [4, 4]
+    b2.enqueue(item(batch=5), now=0.0)
+    b2.enqueue(item(batch=5), now=0.0)
+    assert sizes(b2.take_batch(now=0.0)) == [5]
+
+
+def test_past_the_largest_preferred_size_what_is_queued_goes_at_once() -> None:
+    b = DynamicBatcher(BatcherConfig(8, (4,), max_queue_delay_us=10**9))
+    b.enqueue(item(batch=3), now=0.0)
+    b.enqueue(item(batch=3), now=0.0)
+    assert sizes(b.take_batch(now=0.0)) == [3]
+
+
+def test_once_the_delay_ran_out_a_batch_takes_all_that_fits() -> None:
+    b = DynamicBatcher(BatcherConfig(8, (2,), max_queue_delay_us=1_000))
+    for _ in range(3):
+        b.enqueue(item(), now=0.0)
+    assert len(b.take_batch(now=1.0)) == 3  # not the preferred 2
+
+
+def test_the_delay_counts_from_the_oldest_request_of_the_batch() -> None:
+    cfg = BatcherConfig(8, (), max_queue_delay_us=10_000, priority_levels=2)
+    b = DynamicBatcher(cfg)
+    b.enqueue(item(priority=2), now=0.0)
+    b.enqueue(item(priority=1), now=0.005)  # first in order, not the oldest
+    assert b.next_wakeup() == pytest.approx(0.010)
+    assert b.take_batch(now=0.009) == []
+    assert len(b.take_batch(now=0.010)) == 2
 
 
 def test_delay_expiry_sends_what_is_queued() -> None:
@@ -95,14 +128,27 @@ def test_zero_delay_sends_whatever_is_queued() -> None:
     assert b.next_wakeup() is None
 
 
-def test_different_shapes_do_not_share_a_batch() -> None:
-    b = DynamicBatcher(BatcherConfig(8))
+def test_different_shapes_do_not_share_a_batch_and_keep_their_order() -> None:
+    b = DynamicBatcher(BatcherConfig(8, max_queue_delay_us=10**9))
     b.enqueue(item(dims=(16,)), now=0.0)
     b.enqueue(item(dims=(8,)), now=0.0)
     b.enqueue(item(dims=(16,)), now=0.0)
-    first = b.take_batch(now=0.0)
-    assert [it.request.inputs[0].shape for it in first] == [[1, 16], [1, 16]]
+    # The head's batch can grow no more: it goes now, and nothing overtakes the [8].
+    assert [it.request.inputs[0].shape for it in b.take_batch(now=0.0)] == [[1, 16]]
     assert [it.request.inputs[0].shape for it in b.take_batch(now=0.0)] == [[1, 8]]
+    assert b.take_batch(now=0.0) == []
+    assert [it.request.inputs[0].shape for it in b.take_batch(now=1e3)] == [[1, 16]]
+
+
+def test_shapes_are_compared_by_input_name_not_by_listing_order() -> None:
+    def two_inputs(names: tuple[str, str]) -> m.WorkItem:
+        refs = [m.TensorRef(n, "FP32", [1, 4], 16) for n in names]
+        return m.WorkItem(b"f-0-1", m.InferRequest(next(_ids), "model", 1, refs, []))
+
+    b = DynamicBatcher(BatcherConfig(8))
+    b.enqueue(two_inputs(("A", "B")), now=0.0)
+    b.enqueue(two_inputs(("B", "A")), now=0.0)
+    assert len(b.take_batch(now=0.0)) == 2
 
 
 def test_ragged_inputs_batch_despite_different_shapes() -> None:
@@ -156,6 +202,29 @@ def test_timeout_delay_moves_behind_the_others() -> None:
     assert b.take_batch(now=0.002) == [late]
 
 
+def test_timed_out_delay_requests_stay_behind_later_arrivals() -> None:
+    policy = QueuePolicy(timeout_action="DELAY", default_timeout_us=1_000)
+    b = DynamicBatcher(BatcherConfig(1, default_policy=policy))
+    late = item()
+    b.enqueue(late, now=0.0)
+    assert b.expire(now=0.002) == []
+    fresh = item()
+    b.enqueue(fresh, now=0.003)  # arrives after `late` was delayed: still goes first
+    assert b.take_batch(now=0.003) == [fresh]
+    assert b.take_batch(now=0.003) == [late]
+
+
+def test_an_expired_reject_request_is_never_batched() -> None:
+    policy = QueuePolicy(timeout_action="REJECT", default_timeout_us=1_000)
+    b = DynamicBatcher(BatcherConfig(8, default_policy=policy))
+    a, c = item(), item()
+    b.enqueue(a, now=0.0)
+    b.enqueue(c, now=0.0015)
+    assert b.take_batch(now=0.002) == [c]  # before the caller's next expire()
+    assert b.expire(now=0.002) == [a]
+    assert len(b) == 0 and b.next_wakeup() is None
+
+
 def test_timeout_override_may_only_shorten() -> None:
     policy = QueuePolicy(default_timeout_us=10_000, allow_timeout_override=True)
     b = DynamicBatcher(BatcherConfig(8, max_queue_delay_us=10**6, default_policy=policy))
@@ -207,3 +276,20 @@ def test_priority_outside_the_levels_means_the_default_level() -> None:
     b.enqueue(odd, now=0.0)  # level 99 does not exist: the default (1), ahead of level 3
     assert b.take_batch(now=0.0) == [odd]
     assert b.take_batch(now=0.0) == [lowest]
+
+
+def test_a_request_timeout_needs_a_default_timeout_to_shorten() -> None:
+    policy = QueuePolicy(allow_timeout_override=True)  # no default timeout
+    b = DynamicBatcher(BatcherConfig(8, max_queue_delay_us=10**9, default_policy=policy))
+    b.enqueue(item(timeout_us=1_000), now=0.0)
+    assert b.expire(now=1.0) == []  # Triton: override only if 0 < timeout < default
+    assert len(b) == 1
+
+
+def test_without_priority_levels_only_the_default_policy_applies() -> None:
+    level_1 = {1: QueuePolicy(max_queue_size=1)}
+    cfg = BatcherConfig(8, max_queue_delay_us=10**9, priority_policies=level_1)
+    b = DynamicBatcher(cfg)
+    b.enqueue(item(), now=0.0)
+    b.enqueue(item(), now=0.0)  # level 1's max_queue_size of 1 does not apply
+    assert len(b) == 2

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from broker.batcher import Rejected
 from broker.models import Instance, ModelTable
 from broker.router import Router
 from ipc import messages as m
@@ -184,9 +187,11 @@ def test_forget_frontend_returns_its_queued_requests() -> None:
     assert mv is not None
     router.submit(mv, _item(1, frontend=b"f-0-1"), 0.0)  # no instance ready: queued
     router.submit(mv, _item(2, frontend=b"f-1-2"), 0.0)
-    dropped = router.forget_frontend(b"f-0-1")
+    dropped = router.forget_frontend(b"f-0-1", 1.0)
     assert [it.request.req_id for _, it in dropped] == [1]
     assert [it.request.req_id for it in mv.queue] == [2]
+    (stats,) = table.stats("simple", -1)
+    assert stats.inference_stats.fail.count == 1  # cancelled: a failure, as in Triton
 
 
 def test_a_busy_version_does_not_wake_the_broker_for_its_queue_delay() -> None:
@@ -237,3 +242,40 @@ def test_the_answered_record_of_a_live_instance_stays_bounded() -> None:
         assert a.in_flight is not None
         router.batch_done(a, m.BatchDone(a.in_flight.batch_id, 1), float(i))
     assert [keys for _, keys in a.answered] == [[(b"f0", 98)], [(b"f0", 99)], [(b"f0", 100)]]
+
+
+def _batching_config(text: str) -> bytes:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    return text_format.Parse(text, mc.ModelConfig()).SerializeToString()
+
+
+def test_preserve_ordering_orders_only_the_requests_taken_into_batches() -> None:
+    table, router, (a,) = _table(1)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(_batching_config("max_batch_size: 1 dynamic_batching { preserve_ordering: 1 }"))
+    _ready(table, router, a)
+    ((_, first),) = router.submit(mv, _item(1), 0.0)
+    router.submit(mv, _item(2), 0.0)  # queued behind: no sequence number yet
+    assert [it.seq for it in first.items] == [1]
+    assert [it.seq for it in mv.batcher.drain()] == [0]  # type: ignore[union-attr]
+
+
+def test_a_model_without_batching_still_gets_its_queue_policies() -> None:
+    table, router, (a,) = _table(1)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(
+        _batching_config(
+            "max_batch_size: 0 dynamic_batching { default_queue_policy { max_queue_size: 1 } }"
+        )
+    )
+    _ready(table, router, a)
+    router.submit(mv, _item(1), 0.0)  # runs
+    router.submit(mv, _item(2), 0.0)  # queued
+    with pytest.raises(Rejected):
+        router.submit(mv, _item(3), 0.0)
+    ((_, batch),) = _done(router, a)
+    assert [it.request.req_id for it in batch.items] == [2]  # one request per execution

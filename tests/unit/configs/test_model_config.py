@@ -291,3 +291,13 @@ def test_io_specs_include_batch_dim() -> None:
     inputs, outputs = io_specs(config)
     assert inputs[0] == IOSpec("INPUT0", "INT32", [-1, 16])
     assert outputs[0] == IOSpec("OUTPUT0", "BYTES", [-1, -1])
+
+
+def test_dynamic_batching_without_preferred_sizes_prefers_max_batch_size() -> None:
+    batching = fill_defaults(parse_config_text("max_batch_size: 16 dynamic_batching {}", "m"), "m")
+    assert list(batching.dynamic_batching.preferred_batch_size) == [16]
+    text = "max_batch_size: 16 dynamic_batching { preferred_batch_size: 4 }"
+    given = fill_defaults(parse_config_text(text, "m"), "m")
+    assert list(given.dynamic_batching.preferred_batch_size) == [4]
+    no_batch = fill_defaults(parse_config_text("max_batch_size: 0 dynamic_batching {}", "m"), "m")
+    assert list(no_batch.dynamic_batching.preferred_batch_size) == []
