@@ -51,9 +51,11 @@ def parse_version(version: str) -> int:
 
 def _uint_param(req: InferenceRequest, key: str) -> int:
     value = req.parameters.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise invalid_arg(f"parameter '{key}' must be a non-negative integer, got {value!r}")
-    return value
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**64:
+        raise invalid_arg(f"parameter '{key}' must be a 64-bit integer, got {value!r}")
+    # Triton stores a gRPC int64_param in a uint64: a negative priority becomes a level
+    # that does not exist (the default one), a negative timeout one too long to matter.
+    return value % 2**64
 
 
 class DataPlane:

@@ -199,6 +199,24 @@ def test_parameters_are_accepted(client: grpcclient.InferenceServerClient) -> No
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
 
 
+def _simple_request(**params: int) -> service_pb2.ModelInferRequest:
+    req = service_pb2.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        req.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        req.raw_input_contents.append(np.ones(16, dtype=np.int32).tobytes())
+    for key, value in params.items():
+        req.parameters[key].int64_param = value
+    return req
+
+
+def test_negative_int64_priority_and_timeout_mean_the_defaults(url: str) -> None:
+    # Triton reads them into uint64s: -1 is a level that does not exist (the default
+    # level) and a timeout too long to shorten anything.
+    reply = _raw_stub(url).ModelInfer(_simple_request(priority=-1, timeout=-1))
+    out = np.frombuffer(reply.raw_output_contents[0], dtype=np.int32)
+    np.testing.assert_array_equal(out, np.full(16, 2))
+
+
 @pytest.mark.parametrize(
     ("model", "version", "code", "message"),
     [
