@@ -10,6 +10,11 @@ closed (``runtime.ipcCloseMemHandle``) when the broker says the last of them is 
 Registration ids are the broker's: a restarted broker numbers from 1 again, so a cached
 id is trusted only while it still names the same handle.
 
+When it first opens a handle the worker asks the driver how large the allocation behind
+it is (``cuMemGetAddressRange``): a registration whose byte_size runs past it is refused,
+or the client's word alone would let a request read or write another allocation's
+device memory.
+
 Copies in and out are plain memcpys (no cupy kernel, so no NVRTC compile on this path).
 Only GPU workers import cupy, and only when a CUDA region is used.
 """
@@ -27,11 +32,32 @@ from ipc.messages import ClientRegion
 log = logging.getLogger("shoal.worker")
 
 
+def _bytes_after(ptr: int) -> int | None:
+    """How many bytes of its allocation lie at and after device pointer ``ptr`` (the
+    driver's cuMemGetAddressRange), or None when the driver cannot say."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    query = driver.cuMemGetAddressRange_v2
+    query.argtypes = [
+        ctypes.POINTER(ctypes.c_ulonglong),
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_ulonglong,
+    ]
+    query.restype = ctypes.c_int
+    base, size = ctypes.c_ulonglong(), ctypes.c_size_t()
+    if query(ctypes.byref(base), ctypes.byref(size), ctypes.c_ulonglong(ptr)) != 0:
+        return None
+    return int(base.value + size.value - ptr)
+
+
 class CudaRegions:
     def __init__(self, gpu: int | None) -> None:
         self.gpu = gpu  # the server's id of the one GPU this worker sees (as its device 0)
         self._handle_of: dict[int, bytes] = {}  # registration id -> its raw handle
-        self._opened: dict[bytes, list[int]] = {}  # raw handle -> [pointer, registrations]
+        # raw handle -> [pointer, registrations, bytes of its allocation (0: unknown)]
+        self._opened: dict[bytes, list[int]] = {}
 
     def _cupy(self) -> Any:
         import cupy
@@ -58,7 +84,14 @@ class CudaRegions:
             entry = self._opened.get(handle)
             if entry is None:
                 ptr = int(self._cupy().cuda.runtime.ipcOpenMemHandle(handle))
-                entry = self._opened[handle] = [ptr, 0]
+                entry = self._opened[handle] = [ptr, 0, _bytes_after(ptr) or 0]
+            if entry[2] and region.byte_size > entry[2]:
+                if not entry[1]:
+                    self._close(handle)
+                raise ValueError(
+                    f"CUDA shared memory region of {region.byte_size} bytes is larger than "
+                    f"the device allocation its handle names ({entry[2]} bytes)"
+                )
             entry[1] += 1
             self._handle_of[region.reg_id] = handle
         return self._opened[handle][0]
@@ -111,13 +144,15 @@ class CudaRegions:
             if handle is None or entry is None:
                 continue
             entry[1] -= 1
-            if entry[1] > 0:
-                continue
-            del self._opened[handle]
-            try:
-                self._cupy().cuda.runtime.ipcCloseMemHandle(entry[0])
-            except Exception as exc:  # a failed close must not take the worker down
-                log.warning("closing a CUDA shared memory handle failed: %s", exc)
+            if entry[1] <= 0:
+                self._close(handle)
+
+    def _close(self, handle: bytes) -> None:
+        ptr = self._opened.pop(handle)[0]
+        try:
+            self._cupy().cuda.runtime.ipcCloseMemHandle(ptr)
+        except Exception as exc:  # a failed close must not take the worker down
+            log.warning("closing a CUDA shared memory handle failed: %s", exc)
 
     def close(self) -> None:
         self.release(list(self._handle_of))

@@ -277,6 +277,29 @@ def test_cuda_region_on_a_cpu_instance_is_a_clear_error(gpu_server: ShoalServer)
         cudashm.destroy_shared_memory_region(h)
 
 
+def test_a_region_larger_than_its_device_allocation_is_refused(gpu_server: ShoalServer) -> None:
+    """The client says 64 MiB over a 64-byte allocation: the worker asks the driver and
+    refuses, rather than reading past the allocation; it stays up for the next request."""
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    client = httpclient.InferenceServerClient(gpu_server.url)
+    h = cudashm.create_shared_memory_region("tiny", 64, 0)
+    try:
+        client.register_cuda_shared_memory("tiny", cudashm.get_raw_handle(h), 0, 64 << 20)
+        a = httpclient.InferInput("INPUT0", [2, N], "FP32")
+        a.set_shared_memory("tiny", 8 * N)
+        b = httpclient.InferInput("INPUT1", [2, N], "FP32")
+        b.set_data_from_numpy(np.ones((2, N), dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="larger than the device allocation"):
+            client.infer("addsub_gpu", [a, b])
+        a.set_data_from_numpy(np.ones((2, N), dtype=np.float32))
+        result = client.infer("addsub_gpu", [a, b])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), np.full((2, N), 2.0))
+    finally:
+        client.unregister_cuda_shared_memory("tiny")
+        cudashm.destroy_shared_memory_region(h)
+
+
 @pytest.mark.parametrize("size", [63, 65])
 def test_wrong_handle_sizes_are_refused(gpu_server: ShoalServer, size: int) -> None:
     client = httpclient.InferenceServerClient(gpu_server.url)
