@@ -5,9 +5,13 @@ Triton's system (and CUDA) shared-memory extension: a client registers a region 
 bounds-checked here, with overflow-safe arithmetic, before any worker touches a byte.
 
 Lifetime: each registration gets a fresh id; requests in flight hold a reference count on
-it. Unregistering removes the name at once (new requests fail) but the registration lives
-until its last request ends; then ``release`` hands its id back so workers unmap it.
+it. Unregistering a region no request holds removes it at once. Unregistering one in use
+succeeds but, as in Triton's UnregisterHelper, only marks it: it stays registered (status
+lists it, new requests may still use it, its name cannot be registered again) until its
+last request ends; then ``release`` removes it and hands its id back so workers unmap it.
 System and CUDA regions share one namespace, as in Triton.
+
+Messages and codes are Triton's (src/shared_memory_manager.cc).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ SHM_DIR: Final = Path("/dev/shm")
 TRITON_RESERVED_PREFIX: Final = "triton_python_backend_shm_region_"
 _KEY_NAME: Final = re.compile(r"^[^/\0]+$")
 CUDA_HANDLE_BYTES: Final = 64
+SIZE_MAX: Final = 2**64 - 1  # Triton's offsets and sizes are size_t
 
 Kind = Literal["system", "cuda"]
+_SPELLED: Final[dict[str, str]] = {"system": "system", "cuda": "CUDA"}  # as Triton writes them
 
 
 @dataclass
@@ -41,7 +47,7 @@ class Region:
     device_id: int = 0  # cuda
     raw_handle: bytes = b""  # cuda: cudaIpcMemHandle_t
     users: int = 0  # requests in flight that reference it
-    unregistered: bool = False
+    unregistered: bool = False  # awaiting its last request (Triton's awaiting_unregister_)
 
 
 def _check_key(name: str, key: str) -> str:
@@ -60,6 +66,27 @@ def _check_key(name: str, key: str) -> str:
     return bare
 
 
+def _already_registered(name: str) -> ServingError:
+    return ServingError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+
+
+def _file_size(key: str, bare: str) -> int | None:
+    """The size of the shm object ``key``, None when it is not a regular file.
+
+    Opened read-write, as Triton's shm_open(O_RDWR) does: a file the server could only
+    read would register fine and then fail when a worker maps it to write an output."""
+    try:
+        # Non-blocking: a FIFO planted in /dev/shm must not hang the broker.
+        fd = os.open(SHM_DIR / bare, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        raise ServingError(Code.INTERNAL, f"Unable to open shared memory region: '{key}'") from None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
 class RegionTable:
     def __init__(self) -> None:
         self.by_name: dict[str, Region] = {}
@@ -68,32 +95,20 @@ class RegionTable:
 
     def _new(self, region: Region) -> None:
         if region.name in self.by_name:
-            raise ServingError(
-                Code.ALREADY_EXISTS, f"shared memory region '{region.name}' already in manager"
-            )
+            raise _already_registered(region.name)
         self.by_name[region.name] = region
         self.by_id[region.reg_id] = region
         self._next_id += 1
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> Region:
-        if name in self.by_name:
-            raise ServingError(
-                Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager"
-            )
         bare = _check_key(name, key)
+        if name in self.by_name:
+            raise _already_registered(name)
         invalid = invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         if offset < 0 or byte_size <= 0:
             raise invalid
-        try:
-            # Non-blocking: a FIFO planted in /dev/shm must not hang the broker.
-            fd = os.open(SHM_DIR / bare, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
-        except OSError:
-            raise invalid_arg(f"Unable to open shared memory region: '{key}'") from None
-        try:
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
-        if not stat.S_ISREG(st.st_mode) or offset + byte_size > st.st_size:
+        size = _file_size(key, bare)
+        if size is None or offset + byte_size > size:
             raise invalid
         region = Region(self._next_id, name, "system", key, offset, byte_size)
         self._new(region)
@@ -102,20 +117,15 @@ class RegionTable:
     def register_cuda(
         self, name: str, raw_handle: bytes, device_id: int, byte_size: int, gpu_count: int
     ) -> Region:
-        if name in self.by_name:
-            raise ServingError(
-                Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager"
-            )
-        if len(raw_handle) != CUDA_HANDLE_BYTES:
-            raise invalid_arg(
-                f"failed to register CUDA shared memory region '{name}': invalid args (the raw "
-                f"handle must be {CUDA_HANDLE_BYTES} bytes, got {len(raw_handle)})"
-            )
         if gpu_count == 0:
-            raise ServingError(
-                Code.UNSUPPORTED,
-                f"failed to register CUDA shared memory region '{name}': this server has no GPU",
+            # What a Triton built without GPU support answers, before looking at anything.
+            raise invalid_arg(
+                f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
             )
+        if name in self.by_name:
+            raise _already_registered(name)
+        if len(raw_handle) != CUDA_HANDLE_BYTES:
+            raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
         if not 0 <= device_id < gpu_count or byte_size <= 0:
             raise invalid_arg(
                 f"failed to register CUDA shared memory region '{name}': invalid args"
@@ -133,42 +143,57 @@ class RegionTable:
 
     def unregister(self, name: str, kind: Kind) -> list[int]:
         """Unregister ``name`` (every region of ``kind`` when ""); returns the ids that
-        can be released at once (no request in flight holds them)."""
+        can be released at once (no request in flight holds them). A region in use is
+        only marked; ``release`` removes it when its last request ends."""
         names = [name] if name else [n for n, r in self.by_name.items() if r.kind == kind]
         released = []
         for n in names:
             region = self.by_name.get(n)
             if region is None or region.kind != kind:
                 continue
-            del self.by_name[n]
             region.unregistered = True
             if region.users == 0:
-                del self.by_id[region.reg_id]
+                self._remove(region)
                 released.append(region.reg_id)
         return released
 
-    def status(self, name: str, kind: Kind) -> list[Region]:
-        if name:
-            region = self.by_name.get(name)
-            if region is None or region.kind != kind:
-                what = "system" if kind == "system" else "CUDA"
-                raise invalid_arg(f"Unable to find {what} shared memory region: '{name}'")
-            return [region]
-        return sorted((r for r in self.by_name.values() if r.kind == kind), key=lambda r: r.name)
+    def _remove(self, region: Region) -> None:
+        del self.by_name[region.name]
+        del self.by_id[region.reg_id]
 
-    def resolve(self, name: str, offset: int, nbytes: int) -> Region:
-        """The region a tensor references, checked: the span must lie inside it."""
+    def status(self, name: str, kind: Kind) -> list[Region]:
+        if not name:
+            return sorted(
+                (r for r in self.by_name.values() if r.kind == kind), key=lambda r: r.name
+            )
         region = self.by_name.get(name)
         if region is None:
-            raise invalid_arg(f"Unable to find system shared memory region: '{name}'")
-        if offset < 0 or offset >= region.byte_size:
+            raise ServingError(
+                Code.NOT_FOUND, f"Unable to find {kind} shared memory region: '{name}'"
+            )
+        if region.kind != kind:
+            raise ServingError(
+                Code.NOT_FOUND,
+                f"The region named '{name}' is registered as {_SPELLED[region.kind]} shared "
+                f"memory, not {_SPELLED[kind]} shared memory",
+            )
+        return [region]
+
+    def resolve(self, name: str, offset: int, nbytes: int) -> Region:
+        """The region a tensor references, checked as Triton's GetMemoryInfo does and in
+        its order: the offset first, then overflow, then the end of the span. ``offset``
+        and ``nbytes`` are unsigned (size_t in Triton)."""
+        region = self.by_name.get(name)
+        if region is None:
+            raise ServingError(Code.NOT_FOUND, f"Unable to find shared memory region: '{name}'")
+        if offset >= region.byte_size:
             raise invalid_arg(f"Invalid offset for shared memory region: '{name}'")
-        if nbytes < 0 or nbytes > region.byte_size - offset:
-            if nbytes > 2**63 - 1 - offset:
-                raise invalid_arg(
-                    f"Integer overflow detected: byte_size {nbytes} with offset "
-                    f"{offset} for shared memory region: '{name}'"
-                )
+        if nbytes > SIZE_MAX - offset:
+            raise invalid_arg(
+                f"Integer overflow detected: byte_size ({nbytes}) + offset ({offset}) "
+                f"exceeds maximum value ({SIZE_MAX}) for region '{name}'"
+            )
+        if offset + nbytes > region.byte_size:
             raise invalid_arg(f"Invalid offset + byte size for shared memory region: '{name}'")
         return region
 
@@ -185,6 +210,6 @@ class RegionTable:
                 continue
             region.users -= 1
             if region.users <= 0 and region.unregistered:
-                del self.by_id[reg_id]
+                self._remove(region)
                 freed.append(reg_id)
         return freed

@@ -1,9 +1,10 @@
 """Tensors in client-registered shared memory, as the frontend sees them.
 
 The frontend never reads those bytes: it checks the request's own numbers (the byte
-size against datatype and shape, integers in range) and sends a reference
-``shm:<region>`` that the broker checks against the registered region and a worker
-maps. The shared-memory parameters and their errors follow Triton.
+size against datatype and shape) and sends a reference ``shm:<region>`` that the broker
+checks against the registered region (offset, overflow, end) and a worker maps. The
+shared-memory parameters and their errors follow Triton. Each transport's codec has
+already checked the parameters' presence and types with its own Triton messages.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ipc.errors import Code, ServingError, invalid_arg
 SHM_DISABLED: Final = (
     "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 )
-_INT64_MAX: Final = 2**63 - 1
+_UINT64: Final = 2**64
 
 
 def disabled() -> ServingError:
@@ -26,23 +27,24 @@ def disabled() -> ServingError:
 
 
 def _params(params: dict[str, ParamValue], what: str) -> tuple[str, int, int] | None:
+    """(region, offset, byte size), or None when the tensor names no region.
+
+    Offset and size are unsigned, as Triton's size_t: a gRPC int64 below zero wraps to a
+    huge value, so it meets the same bounds checks (and messages) as an HTTP one."""
     region = params.get("shared_memory_region")
     if region is None:
         return None
     offset = params.get("shared_memory_offset", 0)
     size = params.get("shared_memory_byte_size")
-    if not isinstance(region, str) or not region:
-        raise invalid_arg(f"{what}: 'shared_memory_region' must be a non-empty string")
+    if not isinstance(region, str):
+        raise invalid_arg(f"{what}: 'shared_memory_region' must be a string")
     for key, value in (("shared_memory_offset", offset), ("shared_memory_byte_size", size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise invalid_arg(f"{what}: '{key}' must be a non-negative integer")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise invalid_arg(f"{what}: '{key}' must be an integer")
     assert isinstance(offset, int) and isinstance(size, int)
-    if offset > _INT64_MAX or size > _INT64_MAX - offset:
-        raise invalid_arg(
-            f"Integer overflow detected: byte_size {size} with offset {offset} for shared "
-            f"memory region: '{region}'"
-        )
-    return region, offset, size
+    # The bounds (offset, overflow, end) are checked by the broker against the region,
+    # in Triton's order: an offset past the region is reported before an overflow.
+    return region, offset % _UINT64, size % _UINT64
 
 
 def input_ref(t: InputTensor, shape: list[int], model: str) -> m.TensorRef:

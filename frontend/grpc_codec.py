@@ -25,7 +25,7 @@ from frontend.types import (
 from ipc import datatypes
 from ipc.errors import invalid_arg
 
-_SHM_KEYS: Final = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+_SHM_REGION: Final = "shared_memory_region"
 
 # datatype -> (InferTensorContents field, numpy dtype the field's values convert through)
 _TYPED: Final[dict[str, tuple[str, str]]] = {
@@ -65,6 +65,38 @@ def _params(src: Any) -> dict[str, ParamValue]:
     return {k: param_value(v) for k, v in src.items()}
 
 
+def _check_shm_params(t: Any) -> bool:
+    """Whether tensor ``t`` (an input or a requested output) lives in a client region;
+    raises on a malformed shared-memory parameter with Triton's message, in the order of
+    its ParseSharedMemoryParams (src/grpc/infer_handler.h)."""
+    params = t.parameters
+    has_region = _SHM_REGION in params
+    if has_region and params[_SHM_REGION].WhichOneof("parameter_choice") != "string_param":
+        raise invalid_arg(
+            f"invalid value type for '{_SHM_REGION}' parameter for tensor '{t.name}', "
+            "expected string_param."
+        )
+    for key in ("shared_memory_offset", "shared_memory_byte_size"):
+        if key not in params:
+            continue
+        if not has_region:
+            raise invalid_arg(
+                f"'{key}' can not be specified without '{_SHM_REGION}' parameter for tensor "
+                f"'{t.name}'"
+            )
+        if params[key].WhichOneof("parameter_choice") != "int64_param":
+            raise invalid_arg(
+                f"invalid value type for '{key}' parameter for tensor '{t.name}', "
+                "expected int64_param."
+            )
+    if has_region and "shared_memory_byte_size" not in params:
+        raise invalid_arg(
+            f"'shared_memory_byte_size' must be specified along with '{_SHM_REGION}' "
+            f"parameter for tensor '{t.name}'"
+        )
+    return has_region
+
+
 def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
     """A ModelInferRequest as an InferenceRequest (tensor data in wire layout)."""
     raw = req.raw_input_contents
@@ -78,11 +110,11 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
         if any(d < 0 for d in shape):
             raise invalid_arg(f"input '{t.name}' has a negative dimension in its shape {shape}")
         has_contents = t.HasField("contents")
-        if any(k in params for k in _SHM_KEYS):
+        if _check_shm_params(t):
             if has_contents:
                 raise invalid_arg(
-                    f"contents field must not be specified for shared memory input '{t.name}' "
-                    f"for model '{req.model_name}'"
+                    "unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{t.name}' for model '{req.model_name}'"
                 )
             inputs.append(InputTensor(t.name, t.datatype, shape, None, params))
             continue
@@ -113,6 +145,7 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
         if o.name in seen:
             raise invalid_arg(f"output '{o.name}' already exists in request")
         seen.add(o.name)
+        _check_shm_params(o)
         outputs.append(RequestedOutput(o.name, _params(o.parameters)))
     return InferenceRequest(
         model=req.model_name,

@@ -244,6 +244,9 @@ def _tensor_params(tensor: dict[str, Any], io: str, name: str) -> dict[str, Any]
 
 
 def _check_shm(params: dict[str, Any], io: str, name: str) -> None:
+    """Parse checks of the shared-memory parameters. As in Triton's CheckSharedMemoryData,
+    only 'shared_memory_region' puts a tensor in shared memory: an offset without a
+    region is parsed and otherwise ignored."""
     region, size = _SHM_REGION in params, _SHM_SIZE in params
     if not region and not size and _SHM_OFFSET not in params:
         return
@@ -252,7 +255,7 @@ def _check_shm(params: dict[str, Any], io: str, name: str) -> None:
             f"{io} '{name}' must specify both '{_SHM_REGION}' and '{_SHM_SIZE}' to use "
             "shared memory"
         )
-    if not isinstance(params[_SHM_REGION], str):
+    if region and not isinstance(params[_SHM_REGION], str):
         raise invalid_arg(f"Unable to parse '{_SHM_REGION}'")
     for key in (_SHM_OFFSET, _SHM_SIZE):
         if key in params and not _is_uint(params[key]):
@@ -298,8 +301,6 @@ def _input(
     if kind == _SHM_REGION:
         tensor.parameters = dict(params)
         return tensor, 0
-    if any(k in params for k in (_SHM_OFFSET, _SHM_SIZE)):
-        raise invalid_arg(f"input '{name}' sets shared-memory parameters without a region")
     tensor.parameters = {k: v for k, v in params.items() if k != "binary_data_size"}
     if kind == "data":
         data = item["data"]

@@ -1,5 +1,6 @@
 """Triton's system and CUDA shared-memory extensions over HTTP (register, unregister,
-status): thin handlers over DataPlane.shared_memory."""
+status): thin handlers over DataPlane.shared_memory. Body errors are those of Triton's
+HandleSystemSharedMemory and HandleCudaSharedMemory (src/http_server.cc)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from configs.devices import gpu_count
 from frontend.dataplane import DataPlane
-from ipc.errors import invalid_arg
+from ipc.errors import Code, ServingError, invalid_arg
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -34,6 +36,19 @@ def _uint(doc: dict[str, Any], key: str, default: int | None = None) -> int:
     return value
 
 
+def _required(doc: dict[str, Any], key: str) -> None:
+    if key not in doc:
+        raise invalid_arg(f"Shared memory register request has no '{key}' field")
+
+
+def _member_uint(doc: dict[str, Any], key: str) -> int:
+    """A required member read as Triton's JSON layer reads it (MemberAsUInt): a missing
+    one is its INTERNAL error, not a register-request message."""
+    if key not in doc:
+        raise ServingError(Code.INTERNAL, f"attempt to access non-existing object member '{key}'")
+    return _uint(doc, key)
+
+
 def routes(dp_of: Any) -> list[web.RouteDef]:
     """The routes; ``dp_of(request)`` gives the DataPlane."""
 
@@ -53,15 +68,18 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
 
     async def system_register(request: web.Request) -> web.Response:
         doc = await _body(request)
-        key = doc.get("key")
+        _required(doc, "key")
+        key = doc["key"]
         if not isinstance(key, str):
             raise invalid_arg("Unable to parse 'key': expected a string")
+        offset = _uint(doc, "offset", 0)
+        _required(doc, "byte_size")
         await dp(request).shared_memory(
             "register",
             "system",
             region(request),
             key=key,
-            offset=_uint(doc, "offset", 0),
+            offset=offset,
             byte_size=_uint(doc, "byte_size"),
         )
         return web.Response(status=200)
@@ -74,11 +92,20 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
         return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
     async def cuda_register(request: web.Request) -> web.Response:
+        if gpu_count() == 0:
+            # Triton built without GPU support answers this before reading the body.
+            raise invalid_arg(
+                f"failed to register CUDA shared memory region: '{region(request)}', "
+                "GPUs not supported"
+            )
         doc = await _body(request)
-        raw = doc.get("raw_handle")
+        _required(doc, "raw_handle")
+        raw = doc["raw_handle"]
         b64 = raw.get("b64") if isinstance(raw, dict) else None
         if not isinstance(b64, str):
             raise invalid_arg("Unable to parse 'raw_handle': expected {\"b64\": <base64>}")
+        byte_size = _member_uint(doc, "byte_size")
+        device_id = _member_uint(doc, "device_id")
         try:
             handle = base64.b64decode(b64, validate=True)
         except (binascii.Error, ValueError):
@@ -88,8 +115,8 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
             "cuda",
             region(request),
             raw_handle=handle,
-            device_id=_uint(doc, "device_id", 0),
-            byte_size=_uint(doc, "byte_size"),
+            device_id=device_id,
+            byte_size=byte_size,
         )
         return web.Response(status=200)
 

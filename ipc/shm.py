@@ -203,6 +203,24 @@ class SlabPool:
         self._order.clear()
 
 
+@dataclass(slots=True)
+class _ClientMapping:
+    """A worker's mapping of one client registration, with the descriptor it came from:
+    kept open so every access can first check the file still holds the bytes."""
+
+    fd: int
+    key: str
+    start: int  # where the registered region starts inside the shm object
+    mm: mmap.mmap
+    mv: memoryview  # the registered region alone
+
+    def close(self) -> None:
+        self.mv.release()
+        with contextlib.suppress(BufferError):
+            self.mm.close()
+        os.close(self.fd)
+
+
 class RegionMap:
     """Read-write mappings of other processes' slabs, by name, cached. Not thread-safe.
 
@@ -212,7 +230,7 @@ class RegionMap:
 
     def __init__(self) -> None:
         self._maps: dict[str, tuple[mmap.mmap, memoryview]] = {}
-        self._clients: dict[int, tuple[mmap.mmap, memoryview]] = {}
+        self._clients: dict[int, _ClientMapping] = {}
 
     def view(self, region: str, offset: int, nbytes: int) -> memoryview:
         """A view of ``nbytes`` at ``offset`` of ``region``; raises ValueError if out of range."""
@@ -241,43 +259,57 @@ class RegionMap:
     ) -> memoryview:
         """A view into a client-registered region (registration ``reg_id``: ``size`` bytes
         at ``start`` of the shm object ``key``), mapped once per registration. The broker
-        checked the span already; it is checked again here, where the bytes are."""
-        entry = self._clients.get(reg_id)
-        if entry is None:
-            entry = self._clients[reg_id] = self._open_client(key, start, size)
-        mv = entry[1]
-        if offset < 0 or nbytes < 0 or offset + nbytes > len(mv):
+        checked the span against the registration; here it is checked against the file.
+
+        The client owns the file and may shrink it at any time; touching a mapped page
+        past its end kills this process with SIGBUS. So every access first fstat()s the
+        file and refuses a span it no longer holds. A client that shrinks the file
+        between this check and the access (or while the model reads the view) can still
+        fault the worker: Triton maps client regions the same way and has the same
+        exposure."""
+        c = self._clients.get(reg_id)
+        if c is None:
+            c = self._clients[reg_id] = self._open_client(key, start, size)
+        if offset < 0 or nbytes < 0 or offset + nbytes > len(c.mv):
             raise ValueError(f"reference [{offset}, {offset + nbytes}) outside its region")
-        return mv[offset : offset + nbytes]
+        file_size = os.fstat(c.fd).st_size
+        if c.start + offset + nbytes > file_size:
+            raise ValueError(
+                f"shared memory region with key '{c.key}' is smaller than its registration: "
+                f"the file holds {file_size} bytes, the request needs bytes "
+                f"[{c.start + offset}, {c.start + offset + nbytes})"
+            )
+        return c.mv[offset : offset + nbytes]
 
     @staticmethod
-    def _open_client(key: str, start: int, size: int) -> tuple[mmap.mmap, memoryview]:
+    def _open_client(key: str, start: int, size: int) -> _ClientMapping:
         bare = key.lstrip("/")
         if not bare or "/" in bare or bare.startswith(PREFIX):
             raise ValueError("invalid shared memory key")
         fd = os.open(SHM_DIR / bare, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
         try:
             st = os.fstat(fd)
-            # The file may have changed since it was registered: map only a regular file
-            # that still holds the whole region (a shorter one would SIGBUS on access).
+            # The file may have been replaced since it was registered: map only a regular
+            # file, and only while it still holds the whole region (mmap itself would
+            # accept a shorter one).
             if not stat.S_ISREG(st.st_mode) or st.st_size < start + size:
-                raise ValueError("the shared memory region no longer matches its registration")
+                raise ValueError(
+                    f"shared memory region with key '{key}' no longer matches its registration"
+                )
             page = mmap.ALLOCATIONGRANULARITY
             base = start - start % page
             mm = mmap.mmap(fd, size + (start - base), flags=mmap.MAP_SHARED, offset=base)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
         mv = memoryview(mm)[start - base : start - base + size]
-        return mm, mv
+        return _ClientMapping(fd, key, start, mm, mv)
 
     def release_clients(self, reg_ids: list[int]) -> None:
         for reg_id in reg_ids:
-            entry = self._clients.pop(reg_id, None)
-            if entry is not None:
-                mm, mv = entry
-                mv.release()
-                with contextlib.suppress(BufferError):
-                    mm.close()
+            c = self._clients.pop(reg_id, None)
+            if c is not None:
+                c.close()
 
     def drop_unlinked(self) -> None:
         """Drop mappings of slabs whose owner unlinked them (their pages can then go)."""

@@ -34,7 +34,7 @@ from ipc.lifecycle import EXIT_FATAL
 from ipc.shm import RegionMap
 from workers import backend as backends
 from workers.cuda_regions import CudaRegions
-from workers.tensors import input_array, output_ref
+from workers.tensors import OutputTooLarge, input_array, output_ref
 
 log = logging.getLogger("shoal.worker")
 
@@ -327,7 +327,9 @@ class WorkerProc:
                 refs.append(
                     output_ref(spec.name, dtype, arr, spec, self.regions, clients, self.cuda)
                 )
-        except ValueError as exc:  # OutputTooLarge, or a reference this instance cannot serve
+        except OutputTooLarge as exc:  # Triton's response allocator: INTERNAL
+            return _error(item, Code.INTERNAL, str(exc))
+        except ValueError as exc:  # a reference this instance cannot serve
             return _error(item, Code.INVALID_ARG, str(exc))
         except Exception as exc:
             return _error(item, Code.INTERNAL, f"failed to write output: {exc}")

@@ -303,7 +303,9 @@ def test_a_region_larger_than_its_device_allocation_is_refused(gpu_server: Shoal
 @pytest.mark.parametrize("size", [63, 65])
 def test_wrong_handle_sizes_are_refused(gpu_server: ShoalServer, size: int) -> None:
     client = httpclient.InferenceServerClient(gpu_server.url)
-    with pytest.raises(InferenceServerException, match="raw handle must be 64 bytes"):
+    with pytest.raises(
+        InferenceServerException, match="must be a valid base64 encoded cudaIpcMemHandle_t"
+    ):
         client.register_cuda_shared_memory("bad", base64.b64encode(b"x" * size), 0, 64)
 
 

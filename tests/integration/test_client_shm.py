@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import http.client
+import json
 import os
 import secrets
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +23,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
+from configs.devices import gpu_count
 from tests.conftest import ALL_DATATYPES
 from tests.integration.test_http_infer import _sample
 from tests.serverctl import ShoalServer
@@ -64,13 +70,13 @@ def regions(shm_server: ShoalServer) -> Iterator[Regions]:
 
 
 @pytest.fixture(params=["http", "grpc"])
-def client(request: pytest.FixtureRequest, shm_server: ShoalServer) -> object:
+def client(request: pytest.FixtureRequest, shm_server: ShoalServer) -> Any:
     if request.param == "http":
         return httpclient.InferenceServerClient(shm_server.url)
     return grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
 
 
-def _mod(client: object) -> object:
+def _mod(client: Any) -> Any:
     return httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
 
 
@@ -97,7 +103,7 @@ def test_disabled_by_default(server: ShoalServer) -> None:
 
 
 @pytest.mark.parametrize("datatype", ALL_DATATYPES)
-def test_round_trip_of_every_datatype(client: object, regions: Regions, datatype: str) -> None:
+def test_round_trip_of_every_datatype(client: Any, regions: Regions, datatype: str) -> None:
     mod = _mod(client)
     data = _sample(datatype, 8).reshape(2, 4)
     payload = _wire(data, datatype)
@@ -124,7 +130,7 @@ def test_round_trip_of_every_datatype(client: object, regions: Regions, datatype
         assert got.tobytes() == data.tobytes()
 
 
-def test_mixed_shm_and_inline_tensors(client: object, regions: Regions) -> None:
+def test_mixed_shm_and_inline_tensors(client: Any, regions: Regions) -> None:
     mod = _mod(client)
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.full((1, 16), 7, dtype=np.int32)
@@ -139,6 +145,25 @@ def test_mixed_shm_and_inline_tensors(client: object, regions: Regions) -> None:
     result = client.infer("simple", ins, outputs=outs)
     np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.int32, [1, 16]), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_an_output_region_too_small_is_triton_s_internal_error(
+    client: Any, regions: Regions
+) -> None:
+    mod = _mod(client)
+    _, out_region, _ = regions.make("small", 32)
+    ins = [mod.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    for i in ins:
+        i.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    out = mod.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory(out_region, 32)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple", ins, outputs=[out])
+    assert e.value.status() in ("500", "StatusCode.INTERNAL")
+    assert e.value.message().endswith(
+        "shared memory size specified with the request for output 'OUTPUT0' (32 bytes) "
+        "should be at least 64 bytes to hold the results"
+    )
 
 
 def test_worker_maps_the_client_region_and_the_frontend_does_not(
@@ -173,7 +198,6 @@ def test_worker_maps_the_client_region_and_the_frontend_does_not(
             "cannot register shared memory region '{n}' with key "
             "'//shoal-1-front-0123456789abcdef' as the key contains the reserved prefix 'shoal-'",
         ),
-        ("/no_such_key_at_all", "Unable to open shared memory region: '/no_such_key_at_all'"),
     ],
 )
 def test_register_refuses_bad_keys(shm_server: ShoalServer, key: str, message: str) -> None:
@@ -182,6 +206,77 @@ def test_register_refuses_bad_keys(shm_server: ShoalServer, key: str, message: s
         http.register_system_shared_memory("badkey", key, 64)
     assert e.value.message() == message.format(n="badkey")
     assert e.value.status() == "400"
+
+
+def test_a_key_that_cannot_be_opened_is_an_internal_error(shm_server: ShoalServer) -> None:
+    """Triton's shm_open failure is INTERNAL (500 / gRPC INTERNAL)."""
+    http = httpclient.InferenceServerClient(shm_server.url)
+    with pytest.raises(InferenceServerException) as e:
+        http.register_system_shared_memory("nokey", "/no_such_key_at_all", 64)
+    assert (e.value.status(), e.value.message()) == (
+        "500",
+        "Unable to open shared memory region: '/no_such_key_at_all'",
+    )
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    with pytest.raises(InferenceServerException) as e:
+        g.register_system_shared_memory("nokey", "/no_such_key_at_all", 64)
+    assert e.value.status() == "StatusCode.INTERNAL"
+
+
+def _make_read_only(path: Path) -> bool:
+    """Whether ``path`` could be made unwritable for this user (root ignores modes)."""
+    if os.geteuid() != 0:
+        path.chmod(0o444)
+        return True
+    return subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+
+
+def test_a_key_the_server_cannot_write_is_refused_at_registration(
+    shm_server: ShoalServer,
+) -> None:
+    """Triton opens the key read-write when registering: a read-only file fails there,
+    not later when an output is written into it."""
+    path = Path(f"/dev/shm/test_ro_{secrets.token_hex(4)}")
+    path.write_bytes(bytes(64))
+    try:
+        if not _make_read_only(path):
+            pytest.skip("cannot make a /dev/shm file read-only here")
+        http = httpclient.InferenceServerClient(shm_server.url)
+        with pytest.raises(InferenceServerException) as e:
+            http.register_system_shared_memory("ro", f"/{path.name}", 64)
+        assert (e.value.status(), e.value.message()) == (
+            "500",
+            f"Unable to open shared memory region: '/{path.name}'",
+        )
+        assert all(r["name"] != "ro" for r in http.get_system_shared_memory_status())
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+        path.unlink()
+
+
+def _post(srv: ShoalServer, path: str, body: dict[str, object]) -> tuple[int, str]:
+    """A raw POST, for bodies tritonclient never sends (it always fills every field)."""
+    conn = http.client.HTTPConnection(srv.url, timeout=10)
+    try:
+        conn.request("POST", path, body=json.dumps(body))
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())["error"]
+    finally:
+        conn.close()
+
+
+def test_register_requests_missing_a_field(shm_server: ShoalServer, regions: Regions) -> None:
+    _, _, key = regions.make("fields", 64, register=False)
+    base = "/v2/systemsharedmemory/region/fields/register"
+    assert _post(shm_server, base, {"byte_size": 64}) == (
+        400,
+        "Shared memory register request has no 'key' field",
+    )
+    assert _post(shm_server, base, {"key": key, "offset": 0}) == (
+        400,
+        "Shared memory register request has no 'byte_size' field",
+    )
 
 
 def test_register_twice_and_out_of_bounds(shm_server: ShoalServer, regions: Regions) -> None:
@@ -205,11 +300,11 @@ def test_register_twice_and_out_of_bounds(shm_server: ShoalServer, regions: Regi
     [
         (64, 64, "Invalid offset for shared memory region: '{r}'"),
         (32, 64, "Invalid offset + byte size for shared memory region: '{r}'"),
-        (2**63 - 8, 64, "Integer overflow detected"),
+        (2**63 - 8, 64, "Invalid offset for shared memory region: '{r}'"),
     ],
 )
 def test_inference_references_are_bounds_checked(
-    client: object, regions: Regions, offset: int, size: int, message: str
+    client: Any, regions: Regions, offset: int, size: int, message: str
 ) -> None:
     mod = _mod(client)
     _, region, _ = regions.make("bounds", 64)
@@ -217,16 +312,153 @@ def test_inference_references_are_bounds_checked(
     inp.set_shared_memory(region, size, offset=offset)
     with pytest.raises(InferenceServerException) as e:
         client.infer("identity_fp32", [inp])
-    assert message.format(r=region) in e.value.message()
+    assert e.value.message() == message.format(r=region)
 
 
-def test_unknown_region_and_byte_size_mismatch(client: object, regions: Regions) -> None:
+def _output_into(region: str, size: int, offset: int) -> list[httpclient.InferRequestedOutput]:
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+    out.set_shared_memory(region, size, offset=offset)
+    return [out]
+
+
+def _simple_inputs(mod: Any) -> list[Any]:
+    ins = [mod.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    for i in ins:
+        i.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    return ins
+
+
+def test_an_offset_past_the_region_is_reported_before_an_overflow(
+    shm_server: ShoalServer, regions: Regions
+) -> None:
+    """Triton's test_infer_offset_out_of_bound (HTTP, offset 2**64 - 32) and
+    test_infer_integer_overflow (offset 32, byte size 2**64 - 32)."""
+    http = httpclient.InferenceServerClient(shm_server.url)
+    _, region, _ = regions.make("oob", 64)
+    with pytest.raises(InferenceServerException) as e:
+        http.infer(
+            "simple", _simple_inputs(httpclient), outputs=_output_into(region, 64, 2**64 - 32)
+        )
+    assert (e.value.status(), e.value.message()) == (
+        "400",
+        f"Invalid offset for shared memory region: '{region}'",
+    )
+    with pytest.raises(InferenceServerException) as e:
+        http.infer(
+            "simple", _simple_inputs(httpclient), outputs=_output_into(region, 2**64 - 32, 32)
+        )
+    assert e.value.message() == (
+        "Integer overflow detected: byte_size (18446744073709551584) + offset (32) exceeds "
+        f"maximum value (18446744073709551615) for region '{region}'"
+    )
+
+
+def test_an_offset_without_a_region_is_ignored_over_http(shm_server: ShoalServer) -> None:
+    """Triton's HTTP CheckSharedMemoryData: only 'shared_memory_region' selects shared
+    memory; a lone offset is parsed and ignored (it used to be a 500)."""
+    http = httpclient.InferenceServerClient(shm_server.url)
+    ins = _simple_inputs(httpclient)
+    ins[0]._parameters["shared_memory_offset"] = 8
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+    out._parameters["shared_memory_offset"] = 8
+    result = http.infer("simple", ins, outputs=[out])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 16), 2, np.int32))
+
+
+def _grpc_params(t: Any) -> Any:
+    """The protobuf parameter map of a tritonclient gRPC input or requested output."""
+    return t._input.parameters if hasattr(t, "_input") else t._output.parameters
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        (
+            "input_offset_alone",
+            "'shared_memory_offset' can not be specified without 'shared_memory_region' "
+            "parameter for tensor 'INPUT0'",
+        ),
+        (
+            "output_size_alone",
+            "'shared_memory_byte_size' can not be specified without 'shared_memory_region' "
+            "parameter for tensor 'OUTPUT0'",
+        ),
+        (
+            "region_without_size",
+            "'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
+            "parameter for tensor 'INPUT0'",
+        ),
+        (
+            "offset_as_string",
+            "invalid value type for 'shared_memory_offset' parameter for tensor 'INPUT0', "
+            "expected int64_param.",
+        ),
+        (
+            "region_as_int",
+            "invalid value type for 'shared_memory_region' parameter for tensor 'OUTPUT0', "
+            "expected string_param.",
+        ),
+    ],
+)
+def test_grpc_shared_memory_parameters_are_checked(
+    shm_server: ShoalServer, case: str, message: str
+) -> None:
+    """Triton's ParseSharedMemoryParams (src/grpc/infer_handler.h)."""
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    ins = _simple_inputs(grpcclient)
+    out = grpcclient.InferRequestedOutput("OUTPUT0")
+    if case == "input_offset_alone":
+        _grpc_params(ins[0])["shared_memory_offset"].int64_param = 8
+    elif case == "output_size_alone":
+        _grpc_params(out)["shared_memory_byte_size"].int64_param = 64
+    elif case == "region_without_size":
+        ins[0]._input.ClearField("contents")
+        ins[0]._raw_content = None
+        _grpc_params(ins[0])["shared_memory_region"].string_param = "r"
+    elif case == "offset_as_string":
+        ins[0].set_shared_memory("r", 64)
+        _grpc_params(ins[0])["shared_memory_offset"].string_param = "8"
+    else:
+        _grpc_params(out)["shared_memory_region"].int64_param = 1
+        _grpc_params(out)["shared_memory_byte_size"].int64_param = 64
+    with pytest.raises(InferenceServerException) as e:
+        g.infer("simple", ins, outputs=[out])
+    assert (e.value.status(), e.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+
+
+def test_status_of_unknown_regions_is_not_found(shm_server: ShoalServer, regions: Regions) -> None:
+    http = httpclient.InferenceServerClient(shm_server.url)
+    with pytest.raises(InferenceServerException) as e:
+        http.get_system_shared_memory_status("nope")
+    assert (e.value.status(), e.value.message()) == (
+        "404",
+        "Unable to find system shared memory region: 'nope'",
+    )
+    with pytest.raises(InferenceServerException) as e:
+        http.get_cuda_shared_memory_status("nope")
+    assert e.value.message() == "Unable to find cuda shared memory region: 'nope'"
+    _, region, _ = regions.make("kind", 64)
+    with pytest.raises(InferenceServerException) as e:
+        http.get_cuda_shared_memory_status(region)
+    assert (e.value.status(), e.value.message()) == (
+        "404",
+        f"The region named '{region}' is registered as system shared memory, not CUDA "
+        "shared memory",
+    )
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    with pytest.raises(InferenceServerException) as e:
+        g.get_system_shared_memory_status("nope")
+    assert e.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_unknown_region_and_byte_size_mismatch(client: Any, regions: Regions) -> None:
     mod = _mod(client)
     inp = mod.InferInput("INPUT0", [1, 16], "FP32")
     inp.set_shared_memory("never_registered", 64)
     with pytest.raises(InferenceServerException) as e:
         client.infer("identity_fp32", [inp])
-    assert "Unable to find system shared memory region: 'never_registered'" in e.value.message()
+    assert e.value.message() == "Unable to find shared memory region: 'never_registered'"
+    assert e.value.status() in ("404", "StatusCode.NOT_FOUND")
     _, region, _ = regions.make("mismatch", 128)
     ins = [mod.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
     ins[0].set_shared_memory(region, 64)
@@ -239,14 +471,16 @@ def test_unknown_region_and_byte_size_mismatch(client: object, regions: Regions)
 
 
 def test_unregister_during_inference_is_deferred(shm_server: ShoalServer, regions: Regions) -> None:
+    """Triton's test_unregister_shm_during_inference_*: unregistering regions a request
+    uses succeeds, but they stay registered (listed, usable by new requests, their names
+    taken) until the last request using them ends; then they go without another call."""
     http = httpclient.InferenceServerClient(shm_server.url, network_timeout=30)
     data = np.arange(8, dtype=np.float32).reshape(2, 4)
-    in_handle, in_region, _ = regions.make("inflight_in", data.nbytes)
+    in_handle, in_region, in_key = regions.make("inflight_in", data.nbytes)
     out_handle, out_region, _ = regions.make("inflight_out", data.nbytes)
     shm.set_shared_memory_region(in_handle, [data])
     worker = shm_server.worker_pid("identity_fp32")
-    os.kill(worker, signal.SIGSTOP)
-    outcome: dict[str, object] = {}
+    outcomes: list[object] = []
 
     def call() -> None:
         inp = httpclient.InferInput("INPUT0", [2, 4], "FP32")
@@ -255,27 +489,78 @@ def test_unregister_during_inference_is_deferred(shm_server: ShoalServer, region
         out.set_shared_memory(out_region, data.nbytes)
         own = httpclient.InferenceServerClient(shm_server.url, network_timeout=30)  # per thread
         try:
-            outcome["result"] = own.infer("identity_fp32", [inp], outputs=[out])
+            outcomes.append(own.infer("identity_fp32", [inp], outputs=[out]))
         except Exception as exc:  # asserted below
-            outcome["result"] = exc
+            outcomes.append(exc)
 
-    t = threading.Thread(target=call)
-    t.start()
+    threads = [threading.Thread(target=call)]
+    os.kill(worker, signal.SIGSTOP)
     try:
+        threads[0].start()
         time.sleep(0.5)
         http.unregister_system_shared_memory(in_region)  # succeeds while in use
-        http.unregister_system_shared_memory(out_region)
+        http.unregister_system_shared_memory()  # and so does unregister-all
         names = [r["name"] for r in http.get_system_shared_memory_status()]
-        assert in_region not in names and out_region not in names
+        assert in_region in names and out_region in names
+        with pytest.raises(InferenceServerException, match="already in manager"):
+            http.register_system_shared_memory(in_region, in_key, data.nbytes)
+        threads.append(threading.Thread(target=call))  # a new request may still use them
+        threads[1].start()
+        time.sleep(0.3)
     finally:
         os.kill(worker, signal.SIGCONT)
-    t.join(20)
-    assert not isinstance(outcome["result"], Exception), outcome["result"]
+    for t in threads:
+        t.join(20)
+    assert len(outcomes) == 2
+    assert not any(isinstance(o, Exception) for o in outcomes), outcomes
     np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [2, 4]), data)
+    deadline = time.monotonic() + 5
+    while in_region in [r["name"] for r in http.get_system_shared_memory_status()]:
+        assert time.monotonic() < deadline, "the regions were never released"
+        time.sleep(0.05)
+    assert out_region not in [r["name"] for r in http.get_system_shared_memory_status()]
     inp = httpclient.InferInput("INPUT0", [2, 4], "FP32")
     inp.set_shared_memory(in_region, data.nbytes)
-    with pytest.raises(InferenceServerException, match="Unable to find system shared memory"):
+    with pytest.raises(InferenceServerException, match="Unable to find shared memory region"):
         http.infer("identity_fp32", [inp])
+
+
+def test_a_truncated_region_is_refused_and_the_worker_survives(
+    shm_server: ShoalServer, regions: Regions
+) -> None:
+    """A client shrinks its shm file after the worker mapped it: touching the mapping
+    would kill the worker with SIGBUS. The worker checks the file first and refuses."""
+    http = httpclient.InferenceServerClient(shm_server.url)
+    a, b = np.arange(16, dtype=np.int32).reshape(1, 16), np.full((1, 16), 3, dtype=np.int32)
+    handle, region, key = regions.make("trunc", 16384)
+    shm.set_shared_memory_region(handle, [a], offset=12288)
+    shm.set_shared_memory_region(handle, [b], offset=12352)
+
+    def infer(outputs: list[httpclient.InferRequestedOutput] | None = None) -> Any:
+        ins = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        ins[0].set_shared_memory(region, 64, offset=12288)
+        ins[1].set_shared_memory(region, 64, offset=12352)
+        return http.infer("simple", ins, outputs=outputs)
+
+    np.testing.assert_array_equal(infer().as_numpy("OUTPUT0"), a + b)  # the worker maps it
+    worker = shm_server.worker_pid("simple")
+    os.truncate(f"/dev/shm{key}", 0)  # the client's own handle must not be touched now
+    with pytest.raises(InferenceServerException) as e:
+        infer()
+    assert e.value.status() == "400"
+    assert f"shared memory region with key '{key}' is smaller than its registration" in (
+        e.value.message()
+    )
+    with pytest.raises(InferenceServerException, match="smaller than its registration"):
+        http.infer("simple", _simple_inputs(httpclient), outputs=_output_into(region, 64, 12416))
+    assert shm_server.worker_pid("simple") == worker
+    assert "exited with code" not in shm_server.log()
+    in_handle, in_region, _ = regions.make("after_trunc", 128)
+    shm.set_shared_memory_region(in_handle, [a, b])
+    ins = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    ins[0].set_shared_memory(in_region, 64)
+    ins[1].set_shared_memory(in_region, 64, offset=64)
+    np.testing.assert_array_equal(http.infer("simple", ins).as_numpy("OUTPUT1"), a - b)
 
 
 def test_status_and_unregister_all_over_grpc(shm_server: ShoalServer, regions: Regions) -> None:
@@ -289,17 +574,24 @@ def test_status_and_unregister_all_over_grpc(shm_server: ShoalServer, regions: R
     assert region not in g.get_system_shared_memory_status().regions
 
 
+@pytest.mark.skipif(gpu_count() > 0, reason="the host has a GPU")
 def test_cuda_registration_without_a_gpu(shm_server: ShoalServer) -> None:
+    """What Triton built without GPU support answers, whatever the body holds."""
     http = httpclient.InferenceServerClient(shm_server.url)
-    import base64
-
+    for handle in (b"x" * 10, b"x" * 64):
+        with pytest.raises(InferenceServerException) as e:
+            http.register_cuda_shared_memory("c", base64.b64encode(handle), 0, 64)
+        assert (e.value.status(), e.value.message()) == (
+            "400",
+            "failed to register CUDA shared memory region: 'c', GPUs not supported",
+        )
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
     with pytest.raises(InferenceServerException) as e:
-        http.register_cuda_shared_memory("c", base64.b64encode(b"x" * 10), 0, 64)
-    assert "the raw handle must be 64 bytes, got 10" in e.value.message()
-    with pytest.raises(InferenceServerException) as e:
-        http.register_cuda_shared_memory("c", base64.b64encode(b"x" * 64), 0, 64)
-    assert e.value.status() == "501"
-    assert "this server has no GPU" in e.value.message()
+        g.register_cuda_shared_memory("c", base64.b64encode(b"x" * 64), 0, 64)
+    assert (e.value.status(), e.value.message()) == (
+        "StatusCode.INVALID_ARGUMENT",
+        "failed to register CUDA shared memory region: 'c', GPUs not supported",
+    )
     assert http.get_cuda_shared_memory_status() == []
 
 
