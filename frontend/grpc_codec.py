@@ -65,6 +65,20 @@ def _params(src: Any) -> dict[str, ParamValue]:
     return {k: param_value(v) for k, v in src.items()}
 
 
+#: The request parameters Triton reads itself, and the kinds it accepts for each.
+_SCHEDULING_PARAMS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
+    "priority": (("int64_param", "uint64_param"), "int64_param or uint64_param"),
+    "timeout": (("int64_param",), "int64_param"),
+}
+
+
+def _request_params(src: Any) -> dict[str, ParamValue]:
+    for key, (kinds, expected) in _SCHEDULING_PARAMS.items():
+        if key in src and src[key].WhichOneof("parameter_choice") not in kinds:
+            raise invalid_arg(f"invalid value type for '{key}' parameter, expected {expected}.")
+    return _params(src)
+
+
 def _check_shm_params(t: Any) -> bool:
     """Whether tensor ``t`` (an input or a requested output) lives in a client region;
     raises on a malformed shared-memory parameter with Triton's message, in the order of
@@ -151,7 +165,7 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
         model=req.model_name,
         version=req.model_version,
         id=req.id,
-        parameters=_params(req.parameters),
+        parameters=_request_params(req.parameters),
         inputs=inputs,
         outputs=outputs,
     )

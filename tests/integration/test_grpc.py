@@ -218,6 +218,24 @@ def test_negative_int64_priority_and_timeout_mean_the_defaults(url: str) -> None
 
 
 @pytest.mark.parametrize(
+    ("key", "kind", "expected"),
+    [
+        ("priority", "string_param", "int64_param or uint64_param"),
+        ("timeout", "uint64_param", "int64_param"),
+    ],
+)
+def test_scheduling_parameters_of_the_wrong_kind_are_refused(
+    url: str, key: str, kind: str, expected: str
+) -> None:
+    req = _simple_request()
+    setattr(req.parameters[key], kind, "1" if kind == "string_param" else 1)
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_stub(url).ModelInfer(req)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == f"invalid value type for '{key}' parameter, expected {expected}."
+
+
+@pytest.mark.parametrize(
     ("model", "version", "code", "message"),
     [
         (
