@@ -191,27 +191,15 @@ def test_timeout_reject() -> None:
     assert len(b) == 0
 
 
-def test_timeout_delay_moves_behind_the_others() -> None:
+def test_timed_out_delay_requests_go_behind_the_others_later_arrivals_too() -> None:
     policy = QueuePolicy(timeout_action="DELAY", default_timeout_us=1_000)
     b = DynamicBatcher(BatcherConfig(1, default_policy=policy))
-    late, fresh = item(), item()
+    late, before, after = item(), item(), item()
     b.enqueue(late, now=0.0)
-    b.enqueue(fresh, now=0.0015)
-    assert b.expire(now=0.002) == []
-    assert b.take_batch(now=0.002) == [fresh]
-    assert b.take_batch(now=0.002) == [late]
-
-
-def test_timed_out_delay_requests_stay_behind_later_arrivals() -> None:
-    policy = QueuePolicy(timeout_action="DELAY", default_timeout_us=1_000)
-    b = DynamicBatcher(BatcherConfig(1, default_policy=policy))
-    late = item()
-    b.enqueue(late, now=0.0)
-    assert b.expire(now=0.002) == []
-    fresh = item()
-    b.enqueue(fresh, now=0.003)  # arrives after `late` was delayed: still goes first
-    assert b.take_batch(now=0.003) == [fresh]
-    assert b.take_batch(now=0.003) == [late]
+    b.enqueue(before, now=0.0015)
+    assert b.expire(now=0.002) == []  # `late` timed out: delayed, not rejected
+    b.enqueue(after, now=0.0022)  # arrives once `late` was delayed: still goes first
+    assert [b.take_batch(now=0.0022) for _ in range(3)] == [[before], [after], [late]]
 
 
 def test_an_expired_reject_request_is_never_batched() -> None:
