@@ -243,23 +243,18 @@ def _tensor_params(tensor: dict[str, Any], io: str, name: str) -> dict[str, Any]
     return params
 
 
-def _check_shm(params: dict[str, Any], io: str, name: str) -> None:
-    """Parse checks of the shared-memory parameters. As in Triton's CheckSharedMemoryData,
-    only 'shared_memory_region' puts a tensor in shared memory: an offset without a
-    region is parsed and otherwise ignored."""
-    region, size = _SHM_REGION in params, _SHM_SIZE in params
-    if not region and not size and _SHM_OFFSET not in params:
-        return
-    if region != size:
-        raise invalid_arg(
-            f"{io} '{name}' must specify both '{_SHM_REGION}' and '{_SHM_SIZE}' to use "
-            "shared memory"
-        )
-    if region and not isinstance(params[_SHM_REGION], str):
+def _check_shm(params: dict[str, Any]) -> None:
+    """Parse checks of the shared-memory parameters, as Triton's CheckSharedMemoryData:
+    only 'shared_memory_region' puts a tensor in shared memory; an offset or a byte size
+    without it is parsed and otherwise ignored, and a region without a byte size has 0
+    bytes (which then fails the tensor's own size check)."""
+    if _SHM_REGION in params and not isinstance(params[_SHM_REGION], str):
         raise invalid_arg(f"Unable to parse '{_SHM_REGION}'")
     for key in (_SHM_OFFSET, _SHM_SIZE):
         if key in params and not _is_uint(params[key]):
             raise invalid_arg(f"Unable to parse '{key}'")
+    if _SHM_REGION in params:
+        params.setdefault(_SHM_SIZE, 0)
 
 
 def _inputs(
@@ -297,7 +292,7 @@ def _input(
     params = _tensor_params(item, "input", name)
     kind = _content_kind(item, params)
     tensor = InputTensor(name=name, datatype=type_name, shape=shape, data=None)
-    _check_shm(params, "input", name)
+    _check_shm(params)
     if kind == _SHM_REGION:
         tensor.parameters = dict(params)
         return tensor, 0
@@ -362,7 +357,7 @@ def _output_encoding(
             raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
         if binary:
             raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
-    _check_shm(params, "output", name)
+    _check_shm(params)
     if classes and not allow_classification:
         raise ServingError(
             Code.UNSUPPORTED,

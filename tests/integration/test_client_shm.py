@@ -353,16 +353,30 @@ def test_an_offset_past_the_region_is_reported_before_an_overflow(
     )
 
 
-def test_an_offset_without_a_region_is_ignored_over_http(shm_server: ShoalServer) -> None:
+def test_http_shared_memory_parameters_without_a_region_are_ignored(
+    shm_server: ShoalServer, regions: Regions
+) -> None:
     """Triton's HTTP CheckSharedMemoryData: only 'shared_memory_region' selects shared
-    memory; a lone offset is parsed and ignored (it used to be a 500)."""
+    memory; a lone offset or byte size is parsed and ignored (an offset used to be a 500),
+    and a region without a byte size has 0 bytes."""
     http = httpclient.InferenceServerClient(shm_server.url)
     ins = _simple_inputs(httpclient)
     ins[0]._parameters["shared_memory_offset"] = 8
+    ins[1]._parameters["shared_memory_byte_size"] = 64
     out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
     out._parameters["shared_memory_offset"] = 8
     result = http.infer("simple", ins, outputs=[out])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 16), 2, np.int32))
+    _, region, _ = regions.make("nosize", 64)
+    ins = _simple_inputs(httpclient)
+    ins[0] = httpclient.InferInput("INPUT0", [1, 16], "INT32")
+    ins[0]._parameters["shared_memory_region"] = region
+    with pytest.raises(InferenceServerException) as e:
+        http.infer("simple", ins)
+    assert e.value.status() == "400"
+    assert e.value.message() == (
+        "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 0"
+    )
 
 
 def _grpc_params(t: Any) -> Any:

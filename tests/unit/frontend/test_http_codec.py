@@ -346,14 +346,9 @@ def one_input(**fields: Any) -> dict[str, Any]:
             "But set 'data' 'shared_memory_region'",
         ),
         (
-            one_input(data=None, parameters={"shared_memory_region": "r"}),
+            one_input(data=None, parameters={"shared_memory_byte_size": 4}),
             Code.INVALID_ARG,
-            "must specify both 'shared_memory_region' and 'shared_memory_byte_size'",
-        ),
-        (
-            one_input(parameters={"shared_memory_byte_size": 4}),
-            Code.INVALID_ARG,
-            "must specify both 'shared_memory_region' and 'shared_memory_byte_size'",
+            "But no field is set",
         ),
         (
             {**one_input(), "outputs": [{"name": "O"}, {"name": "O"}]},
@@ -590,3 +585,13 @@ def test_ragged_nesting_depth_is_counted() -> None:
     assert err.message == "JSON nesting depth exceeds maximum allowed limit (100)"
     req, _ = decode(json_input([1, nested(40, "2")], [2]))
     assert bytes(req.inputs[0].data) == np.array([1, 2], dtype=np.int32).tobytes()
+
+
+def test_shared_memory_parameters_follow_the_region_as_in_triton() -> None:
+    # A byte size without a region is ignored: the tensor's own data is used.
+    req, _ = decode(json.dumps(one_input(parameters={"shared_memory_byte_size": 4})))
+    assert req.inputs[0].data is not None
+    # A region without a byte size has 0 bytes (the size check then refuses it).
+    req, _ = decode(json.dumps(one_input(data=None, parameters={"shared_memory_region": "r"})))
+    assert req.inputs[0].data is None
+    assert req.inputs[0].parameters["shared_memory_byte_size"] == 0
