@@ -37,8 +37,10 @@ def _port_free(port: int) -> bool:
         return True
 
 
-def free_port_block(count: int = 3, start: int = 20000, stop: int = 60000) -> int:
-    """A base port such that ``base .. base+count-1`` are all free now (racy, good enough)."""
+def free_port_block(count: int = 3, start: int = 10000, stop: int = 32768) -> int:
+    """A base port such that ``base .. base+count-1`` are all free now. Below the kernel's
+    usual ephemeral range (32768+), so no client connection takes one before the server
+    binds it."""
     rng = int.from_bytes(os.urandom(2), "little")
     for i in range(2000):
         base = start + (rng + i * 7) % (stop - start - count)

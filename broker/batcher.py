@@ -153,6 +153,8 @@ class DynamicBatcher:
         level.queue.append(p)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), p))
+            if len(self._deadlines) > 2 * len(self) + 64:
+                self._compact_deadlines()
 
     # -- timeouts --------------------------------------------------------------------
 
@@ -162,6 +164,13 @@ class DynamicBatcher:
         self._apply_timeouts(now)
         rejected, self._rejected = self._rejected, []
         return rejected
+
+    def _compact_deadlines(self) -> None:
+        """Drop the entries of requests that left the queue. They go lazily, when they
+        reach the top; a long timeout at the top would keep every later one (and its
+        request) alive until it runs out."""
+        self._deadlines = [e for e in self._deadlines if e[2].queued and e[2].deadline is not None]
+        heapq.heapify(self._deadlines)
 
     def _apply_timeouts(self, now: float) -> None:
         heap = self._deadlines
@@ -210,8 +219,8 @@ class DynamicBatcher:
         if not f.chosen:
             return []
         delay = self.c.max_queue_delay_us / 1e6
-        oldest = min(p.arrived for p in f.chosen)
-        exceeded = delay > 0 and now - oldest >= delay
+        # The same sum next_wakeup returns, so waking at that time always finds it due.
+        exceeded = delay > 0 and now >= min(p.arrived for p in f.chosen) + delay
         if f.best and not exceeded:
             return self._pop(f.chosen[: f.best])
         if f.full or f.total >= self._max_preferred or exceeded or delay == 0:

@@ -205,20 +205,21 @@ class SlabPool:
 
 @dataclass(slots=True)
 class _ClientMapping:
-    """A worker's mapping of one client registration, with the descriptor it came from:
-    kept open so every access can first check the file still holds the bytes."""
+    """A worker's mapping of one client registration. The mmap keeps its own duplicate
+    of the file's descriptor, so ``mm.size()`` reads the size of that same file (not of
+    whatever now has its name): every access checks the file still holds the bytes."""
 
-    fd: int
     key: str
     start: int  # where the registered region starts inside the shm object
     mm: mmap.mmap
     mv: memoryview  # the registered region alone
 
     def close(self) -> None:
-        self.mv.release()
-        with contextlib.suppress(BufferError):
-            self.mm.close()
-        os.close(self.fd)
+        try:
+            self.mv.release()
+        finally:
+            with contextlib.suppress(BufferError):
+                self.mm.close()
 
 
 class RegionMap:
@@ -263,7 +264,7 @@ class RegionMap:
 
         The client owns the file and may shrink it at any time; touching a mapped page
         past its end kills this process with SIGBUS. So every access first fstat()s the
-        file and refuses a span it no longer holds. A client that shrinks the file
+        file (``mm.size()``) and refuses a span it no longer holds. A client that shrinks the file
         between this check and the access (or while the model reads the view) can still
         fault the worker: Triton maps client regions the same way and has the same
         exposure."""
@@ -272,7 +273,7 @@ class RegionMap:
             c = self._clients[reg_id] = self._open_client(key, start, size)
         if offset < 0 or nbytes < 0 or offset + nbytes > len(c.mv):
             raise ValueError(f"reference [{offset}, {offset + nbytes}) outside its region")
-        file_size = os.fstat(c.fd).st_size
+        file_size = c.mm.size()
         if c.start + offset + nbytes > file_size:
             raise ValueError(
                 f"shared memory region with key '{c.key}' is smaller than its registration: "
@@ -299,11 +300,10 @@ class RegionMap:
             page = mmap.ALLOCATIONGRANULARITY
             base = start - start % page
             mm = mmap.mmap(fd, size + (start - base), flags=mmap.MAP_SHARED, offset=base)
-        except BaseException:
-            os.close(fd)
-            raise
+        finally:
+            os.close(fd)  # the mmap holds its own duplicate: one descriptor per mapping
         mv = memoryview(mm)[start - base : start - base + size]
-        return _ClientMapping(fd, key, start, mm, mv)
+        return _ClientMapping(key, start, mm, mv)
 
     def release_clients(self, reg_ids: list[int]) -> None:
         for reg_id in reg_ids:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,10 +24,32 @@ from pathlib import Path
 SHM_DIR = Path("/dev/shm")
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free now. Picked below the kernel's ephemeral range: a
+    port the kernel hands to ``bind(0)`` is one it may hand out again at once (two servers
+    got the same one for HTTP and gRPC) or give to a client connection before the server
+    binds it; below that range only a server that binds on purpose can take it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    start, stop = 10000, max(low, 20000)
+    rng = random.SystemRandom()
+    held: list[socket.socket] = []
+    try:
+        while len(held) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("0.0.0.0", rng.randrange(start, stop)))  # gRPC listens on every address
+            except OSError:
+                s.close()
+                continue
+            held.append(s)  # held until all are chosen: they are distinct
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def processes_with(marker: str) -> dict[int, str]:
@@ -61,9 +84,7 @@ class ShoalServer:
         env: dict[str, str] | None = None,
     ) -> None:
         self.repo = repo
-        self.http_port = free_port()
-        self.grpc_port = free_port()
-        self.metrics_port = free_port()
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.runtime_dir = tempfile.mkdtemp(prefix="shoal-test-run-")
         self.log_path = Path(self.runtime_dir + ".log")
         self.args = args

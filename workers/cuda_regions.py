@@ -36,10 +36,9 @@ def _bytes_after(ptr: int) -> int | None:
     """How many bytes of its allocation lie at and after device pointer ``ptr`` (the
     driver's cuMemGetAddressRange), or None when the driver cannot say."""
     try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+        query = ctypes.CDLL("libcuda.so.1").cuMemGetAddressRange_v2
+    except (OSError, AttributeError):
         return None
-    query = driver.cuMemGetAddressRange_v2
     query.argtypes = [
         ctypes.POINTER(ctypes.c_ulonglong),
         ctypes.POINTER(ctypes.c_size_t),
@@ -56,7 +55,7 @@ class CudaRegions:
     def __init__(self, gpu: int | None) -> None:
         self.gpu = gpu  # the server's id of the one GPU this worker sees (as its device 0)
         self._handle_of: dict[int, bytes] = {}  # registration id -> its raw handle
-        # raw handle -> [pointer, registrations, bytes of its allocation (0: unknown)]
+        # raw handle -> [pointer, registrations, bytes of its allocation from the pointer]
         self._opened: dict[bytes, list[int]] = {}
 
     def _cupy(self) -> Any:
@@ -84,8 +83,19 @@ class CudaRegions:
             entry = self._opened.get(handle)
             if entry is None:
                 ptr = int(self._cupy().cuda.runtime.ipcOpenMemHandle(handle))
-                entry = self._opened[handle] = [ptr, 0, _bytes_after(ptr) or 0]
-            if entry[2] and region.byte_size > entry[2]:
+                try:
+                    size = _bytes_after(ptr)
+                except BaseException:
+                    self._close_pointer(ptr)
+                    raise
+                if not size:  # an allocation of unknown size is refused, as by Triton
+                    self._close_pointer(ptr)
+                    raise ValueError(
+                        "cannot tell the size of the device allocation behind the CUDA "
+                        "shared memory handle"
+                    )
+                entry = self._opened[handle] = [ptr, 0, size]
+            if region.byte_size > entry[2]:
                 if not entry[1]:
                     self._close(handle)
                 raise ValueError(
@@ -148,7 +158,9 @@ class CudaRegions:
                 self._close(handle)
 
     def _close(self, handle: bytes) -> None:
-        ptr = self._opened.pop(handle)[0]
+        self._close_pointer(self._opened.pop(handle)[0])
+
+    def _close_pointer(self, ptr: int) -> None:
         try:
             self._cupy().cuda.runtime.ipcCloseMemHandle(ptr)
         except Exception as exc:  # a failed close must not take the worker down

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from broker.batcher import (
@@ -13,7 +15,7 @@ from broker.batcher import (
 )
 from ipc import messages as m
 
-_ids = iter(range(1, 10_000))
+_ids = itertools.count(1)
 
 
 def item(
@@ -281,3 +283,24 @@ def test_without_priority_levels_only_the_default_policy_applies() -> None:
     b.enqueue(item(), now=0.0)
     b.enqueue(item(), now=0.0)  # level 1's max_queue_size of 1 does not apply
     assert len(b) == 2
+
+
+def test_requests_gone_from_the_queue_do_not_pile_up_behind_a_long_timeout() -> None:
+    long_wait = QueuePolicy(default_timeout_us=60_000_000)
+    b = DynamicBatcher(
+        BatcherConfig(1, priority_levels=2, default_priority_level=1, default_policy=long_wait)
+    )
+    b.enqueue(item(priority=2), now=0.0)  # waits behind everything, its timeout on top
+    for i in range(10_000):
+        b.enqueue(item(priority=1), now=i * 1e-6)
+        assert len(b.take_batch(now=i * 1e-6)) == 1
+    assert len(b) == 1
+    assert len(b._deadlines) <= 2 * len(b) + 64
+
+
+def test_waking_at_next_wakeup_always_finds_the_batch_due() -> None:
+    for arrived in (0.1, 0.3, 1 / 3, 12345.678901):
+        b = DynamicBatcher(BatcherConfig(8, max_queue_delay_us=700))
+        b.enqueue(item(), now=arrived)
+        wake = b.next_wakeup()
+        assert wake is not None and len(b.take_batch(now=wake)) == 1
