@@ -30,7 +30,7 @@ from configs import repository
 from configs.devices import gpu_count
 from configs.placement import instance_count
 from ipc import messages as m
-from ipc import sockets
+from ipc import shm, sockets
 from ipc.errors import Code, ServingError, unknown_model
 
 log = logging.getLogger("shoal.broker")
@@ -384,6 +384,11 @@ class BrokerProc:
             for _, item in self.router.forget_frontend(ident, time.monotonic()):
                 self._finished(item)  # queued: no place in any order yet
             log.warning("frontend %r exited", ident)
+            # Its slabs, if it could not unlink them (SIGKILL). Under shoal serve the
+            # launcher does this too; under supervisord nobody else would.
+            pid = sockets.frontend_pid(ident)
+            if pid is not None and (removed := shm.sweep_stale({pid})):
+                log.info("removed %d shared-memory slab(s) of the exited frontend", len(removed))
             gone = m.encode(m.FrontendGone(ident))
             for worker in list(self.table.by_ident):
                 self._send(self.wsock, [worker, *gone])

@@ -22,7 +22,7 @@ from frontend.dataplane import DataPlane
 from frontend.grpc_server import build_server as build_grpc_server
 from frontend.http_server import build_app
 from ipc.lifecycle import EXIT_FATAL
-from ipc.shm import ShmFull, SlabPool
+from ipc.shm import ShmFull, SlabPool, sweep_stale
 
 log = logging.getLogger("shoal.frontend")
 
@@ -80,6 +80,10 @@ async def serve(s: FrontendSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # What an earlier frontend killed without a chance to unlink left behind (the
+    # launcher sweeps too; under supervisord this is where it happens).
+    if stale := sweep_stale():
+        log.info("removed %d stale shared-memory segment(s)", len(stale))
     try:
         pool = SlabPool("front", s.shm_pool_bytes)
     except ShmFull as exc:

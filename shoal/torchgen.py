@@ -4,7 +4,9 @@
 any shape and dtype that torch adds. ``crash_model()``: ``forward(INPUT0) -> INPUT0 * 2``
 (one tensor), raising on a negative element. ``dict_add_model()``: ``forward(inputs)`` with
 ``inputs: Dict[str, Tensor]`` -> ``inputs["A"] + inputs["B"]``. ``sum_rows_model()``:
-``forward(INPUT0) -> INPUT0.sum(0, keepdim=True)`` (a batch of n gives one row). Written as
+``forward(INPUT0) -> INPUT0.sum(0, keepdim=True)`` (a batch of n gives one row).
+``spin_model()``: ``forward(INPUT0) -> INPUT0``, but loops forever inside TorchScript (native
+code, where no Python signal handler runs) while any element is positive. Written as
 ``<repo>/<name>/<version>/model.pt`` with ``shoal.modelgen.write_model(...,
 filename="model.pt")``.
 """
@@ -47,6 +49,16 @@ class SumRows(torch.nn.Module):
         return INPUT0.sum(0, keepdim=True)
 
 
+class Spin(torch.nn.Module):
+    """Hangs in native code on a positive element: a model stuck where signals wait."""
+
+    def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+        x = INPUT0
+        while bool((x > 0).any()):
+            x = x * 1
+        return x
+
+
 def _save(module: torch.nn.Module) -> bytes:
     buf = io.BytesIO()
     with warnings.catch_warnings():
@@ -71,3 +83,7 @@ def dict_add_model() -> bytes:
 
 def sum_rows_model() -> bytes:
     return _save(SumRows())
+
+
+def spin_model() -> bytes:
+    return _save(Spin())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -42,7 +43,10 @@ def _fault(model: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    die_with_parent(args.parent_pid)
+    # SIGKILL, not SIGTERM: a worker stuck in a model's native code never runs a Python
+    # handler, and would outlive its parent (and the broker whose execution timeout would
+    # have killed it). It owns no shared-memory segment, so dying hard leaves nothing.
+    die_with_parent(args.parent_pid, signal.SIGKILL)
     setup_logging(f"worker:{args.model}/{args.version}#{args.instance}", args.log_verbose)
     cores = [int(c) for c in args.cores.split(",") if c.strip()]
     if cores:

@@ -116,3 +116,25 @@ def test_frontend_and_worker_rejoin_a_restarted_broker(roles: Roles) -> None:
     roles.start("broker")
     assert roles.ready(), "the restarted broker was not rejoined"
     np.testing.assert_array_equal(_infer(roles.port), np.full((1, 16), 2))
+
+
+def test_a_killed_frontend_s_slab_is_removed_without_a_launcher(roles: Roles) -> None:
+    """Under supervisord no launcher sweeps /dev/shm: the broker removes the slab of a
+    frontend it sees die, and a frontend starting removes any a dead owner left."""
+    for role in ("broker", "worker", "frontend"):
+        roles.start(role)
+    assert roles.ready(), "server did not become ready"
+    killed = roles.procs["frontend"]
+    assert any(p.name.startswith(f"shoal-{killed.pid}-") for p in SHM_DIR.iterdir())
+    killed.kill()
+    killed.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not any(p.name.startswith(f"shoal-{killed.pid}-") for p in SHM_DIR.iterdir()):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the killed frontend's slab is still in /dev/shm")
+    roles.start("frontend")
+    assert roles.ready(), "the restarted frontend did not serve"
+    np.testing.assert_array_equal(_infer(roles.port), np.full((1, 16), 2))

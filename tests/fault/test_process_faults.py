@@ -167,6 +167,51 @@ def test_launcher_killed_takes_every_child_with_it(small_repo: Path) -> None:
     shutil.rmtree(srv.runtime_dir, ignore_errors=True)
 
 
+def test_launcher_killed_takes_even_a_worker_stuck_in_native_code(tmp_path: Path) -> None:
+    """A worker spinning inside TorchScript never runs a Python signal handler, so the
+    SIGTERM its parent's death used to send left it running, an orphan, with the broker
+    (whose execution timeout would have killed it) gone too."""
+    from shoal import torchgen
+
+    modelgen.write_model(
+        tmp_path, "spin", torchgen.spin_model(),
+        'platform: "pytorch_libtorch"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        "instance_group [ { kind: KIND_CPU } ]\n",
+        filename="model.pt",
+    )  # fmt: skip
+    srv = ShoalServer(tmp_path)
+    worker = srv.worker_pid("spin")
+    client = httpclient.InferenceServerClient(srv.url, network_timeout=30)
+    inp = httpclient.InferInput("INPUT0", [1], "FP32")
+    inp.set_data_from_numpy(np.ones(1, dtype=np.float32))
+    hung = client.async_infer("spin", [inp])
+    deadline = time.monotonic() + 10
+    while _cpu_ticks(worker) < 20 and time.monotonic() < deadline:
+        time.sleep(0.1)  # until the worker is spinning inside forward
+    assert _cpu_ticks(worker) >= 20, "the spin model never started"
+    os.kill(srv.proc.pid, signal.SIGKILL)
+    srv.proc.wait()
+    deadline = time.monotonic() + 15
+    while processes_with(srv.runtime_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_with(srv.runtime_dir)
+    with pytest.raises(InferenceServerException):
+        hung.get_result()
+    assert not srv.leftovers()
+    srv._log.close()
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
 def test_stale_segments_of_dead_owners_are_swept_at_startup(small_repo: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
