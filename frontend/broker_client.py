@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -40,6 +41,12 @@ from ipc.errors import Code, ServingError
 log = logging.getLogger("shoal.frontend.broker")
 
 _HELLO_RETRY_S = 0.5
+#: A connected broker is pinged when it has said nothing for this long...
+_PING_AFTER_S = 1.0
+#: ...and given up on (as if it had exited) when it stays silent this long: stopped or
+#: stuck, it would otherwise keep every request waiting. Its loop answers in
+#: milliseconds even under load, so seconds of silence mean it is not running.
+_SILENT_BROKER_S = 10.0
 #: How long an answer a dead worker did send gets to arrive before the requests it may
 #: not have answered are failed (it was written before the death the broker announces).
 _UNCONFIRMED_GRACE_S = 0.25
@@ -62,6 +69,8 @@ class BrokerClient:
         self._broker_pidfd: int | None = None
         self._greeter: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_heard = 0.0  # monotonic time of the broker's last message
+        self.silent_broker_s = _SILENT_BROKER_S
 
     @property
     def connected(self) -> bool:
@@ -141,10 +150,18 @@ class BrokerClient:
             self._loop.call_soon(self._drain_broker)
 
     async def _greet(self) -> None:
+        """Greet until welcomed; then keep the connected broker under watch: ping it when
+        it is quiet, and give it up when it stays silent."""
         hello = m.encode(m.FrontendHello(os.getpid(), self.index))
         while True:
             if not self._welcomed.is_set():
                 self._send(hello)
+            else:
+                silent = time.monotonic() - self._last_heard
+                if silent > self.silent_broker_s:
+                    self._broker_lost(f"the server's broker did not answer for {silent:.0f}s")
+                elif silent > _PING_AFTER_S:
+                    self._send(m.encode(m.ServerQuery(self.next_id())))  # any answer will do
             await asyncio.sleep(_HELLO_RETRY_S)
 
     def _drain_results(self) -> None:
@@ -164,6 +181,7 @@ class BrokerClient:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self._last_heard = time.monotonic()
             try:
                 self._dispatch(frames)
             except Exception as exc:  # one bad message must not stall the edge-triggered fd
@@ -221,10 +239,15 @@ class BrokerClient:
             self._broker_pidfd = None
 
     def _broker_died(self) -> None:
-        log.error("broker exited; failing %d waiting request(s)", len(self._pending))
+        self._broker_lost("the server's broker process exited")
+
+    def _broker_lost(self, reason: str) -> None:
+        """The broker exited or went silent: fail every waiting request, and start over
+        with whichever broker greets next (the same one, should a silent one wake up)."""
+        log.error("%s; failing %d waiting request(s)", reason, len(self._pending))
         self._unwatch()
         self._welcomed.clear()
-        err = ServingError(Code.UNAVAILABLE, "the server's broker process exited")
+        err = ServingError(Code.UNAVAILABLE, reason)
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(err)

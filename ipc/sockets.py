@@ -79,6 +79,10 @@ def push(ctx: zmq.Context, addr: str) -> zmq.Socket:
 def router(ctx: zmq.Context, addr: str) -> zmq.Socket:
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    # A peer that reconnects under its identity (a frontend giving up on a broker that
+    # went silent, then greeting it again) takes over from its old connection; without
+    # this the new one is ignored while the old one lingers, and the peer never gets in.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)

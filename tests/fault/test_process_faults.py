@@ -151,6 +151,37 @@ def test_broker_killed_stops_the_server_cleanly(fresh_server: ShoalServer) -> No
     assert "broker exited" in fresh_server.log()
 
 
+def test_a_stopped_broker_fails_waiting_requests_and_is_rejoined_when_it_resumes(
+    fresh_server: ShoalServer,
+) -> None:
+    """A broker that stops answering (SIGSTOP here; stuck, in life) is not watched by a
+    pidfd: it has not exited. The frontend gives it up after 10 s of silence, so no
+    request waits forever, and greets it again when it answers."""
+    (broker,) = fresh_server.pids("broker")
+    client = httpclient.InferenceServerClient(fresh_server.url, network_timeout=60)
+    client.infer("simple", simple_inputs())  # the model is known: the next one goes out
+    os.kill(broker, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("simple", simple_inputs())
+        waited = time.monotonic() - t0
+        assert e.value.status() == "503"
+        assert "the server's broker did not answer for" in e.value.message()
+        assert waited < 20
+        with pytest.raises(InferenceServerException) as e:  # refused at once meanwhile
+            client.infer("simple", simple_inputs())
+        assert e.value.status() == "503"
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    deadline = time.monotonic() + 20
+    while fresh_server.http_status("/v2/health/ready") != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    np.testing.assert_array_equal(
+        client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
+    )
+
+
 def test_launcher_killed_takes_every_child_with_it(small_repo: Path) -> None:
     srv = ShoalServer(small_repo)
     children = srv.pids()

@@ -52,7 +52,7 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalS
         "default_timeout_microseconds: 200000 } }",
     )
     _identity(
-        repo, "shapes", "dynamic_batching { max_queue_delay_microseconds: 500000 }", dims="[ -1 ]"
+        repo, "shapes", "dynamic_batching { max_queue_delay_microseconds: 1000000 }", dims="[ -1 ]"
     )
     _identity(repo, "nobatcher", "instance_group [ { count: 2 kind: KIND_CPU } ]")
     _identity(repo, "auto_kind", "instance_group [ { kind: KIND_AUTO } ]")
@@ -131,16 +131,20 @@ def test_queue_timeout_over_grpc_is_unavailable(batching_server: ShoalServer) ->
 
 
 def test_different_shapes_run_in_separate_executions(batching_server: ShoalServer) -> None:
+    """Two [1, 4] requests wait for the 1 s delay; the first [1, 7] cannot join them, so
+    their batch goes at once (Triton's GetDynamicBatch), and the [1, 7]s make their own."""
     with ThreadPoolExecutor(4) as pool:
-        jobs = [
-            pool.submit(_infer, batching_server.url, "shapes", i, 4 if i < 2 else 7)
-            for i in range(4)
-        ]
-        shapes = [j.result().shape for j in jobs]
+        fours = [pool.submit(_infer, batching_server.url, "shapes", i, 4) for i in range(2)]
+        time.sleep(0.3)  # both queued, well inside the delay
+        sevens = [pool.submit(_infer, batching_server.url, "shapes", i, 7) for i in range(2)]
+        shapes = [j.result().shape for j in fours + sevens]
     assert shapes == [(1, 4), (1, 4), (1, 7), (1, 7)]
     stats = _stats(batching_server.url, "shapes")
     assert stats["inference_count"] == 4
     assert stats["execution_count"] == 2
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (2, 2)
+    ]
 
 
 def test_two_instances_both_receive_work(batching_server: ShoalServer) -> None:
