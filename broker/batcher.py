@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -264,16 +264,18 @@ class DynamicBatcher:
             level.delayed.clear()
         return items
 
-    def drop_frontend(self, frontend: bytes) -> list[m.WorkItem]:
-        dropped = [it for it in self._rejected if it.frontend == frontend]
-        self._rejected = [it for it in self._rejected if it.frontend != frontend]
+    def remove(self, match: Callable[[m.WorkItem], bool]) -> list[m.WorkItem]:
+        """Take out every queued request ``match`` selects (a frontend that exited, a
+        request its client gave up on), rejected ones not yet handed out included."""
+        removed = [it for it in self._rejected if match(it)]
+        self._rejected = [it for it in self._rejected if not match(it)]
         for level in self.levels:
             for name in ("queue", "delayed"):
                 queue: deque[Pending] = getattr(level, name)
-                gone = [p for p in queue if p.item.frontend == frontend]
+                gone = [p for p in queue if match(p.item)]
                 if gone:
                     for p in gone:
                         p.queued = False
-                    dropped += [p.item for p in gone]
-                    setattr(level, name, deque(p for p in queue if p.item.frontend != frontend))
-        return dropped
+                    removed += [p.item for p in gone]
+                    setattr(level, name, deque(p for p in queue if p.queued))
+        return removed

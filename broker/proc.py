@@ -200,6 +200,10 @@ class BrokerProc:
             ready = self.table.all_ready() if self.s.strict_readiness else True
             state = m.ServerState(msg.query_id, True, ready, self.table.states())
             self._send(self.fsock, [ident, *m.encode(state)])
+        elif isinstance(msg, m.Cancel):
+            item = self.router.cancel(ident, msg.req_id, time.monotonic())
+            if item is not None:  # still queued: its answer frees the frontend's slots
+                self._fail_item(item, ServingError(Code.CANCELLED, "Request was cancelled"))
         elif isinstance(msg, m.FrontendHello):
             self._watch(ident, msg.pid, "frontend")
             self._send(self.fsock, [ident, *m.encode(m.Welcome(os.getpid()))])
@@ -381,7 +385,7 @@ class BrokerProc:
         """A peer exited: drop its queued work, answer what it held, tell the others."""
         if role == "frontend":
             self.frontend_fds.pop(ident, None)
-            for _, item in self.router.forget_frontend(ident, time.monotonic()):
+            for item in self.router.forget_frontend(ident, time.monotonic()):
                 self._finished(item)  # queued: no place in any order yet
             log.warning("frontend %r exited", ident)
             # Its slabs, if it could not unlink them (SIGKILL). Under shoal serve the

@@ -9,6 +9,8 @@ here because this is where arrival, dispatch and completion meet.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker.batcher import TIMEOUT_EXPIRED, Rejected
 from broker.models import Instance, ModelTable, ModelVersion
 from ipc import messages as m
@@ -155,20 +157,32 @@ class Router:
         ]
         return min(times) if times else None
 
-    def forget_frontend(self, frontend: bytes, now: float) -> list[tuple[ModelVersion, m.WorkItem]]:
+    def forget_frontend(self, frontend: bytes, now: float) -> list[m.WorkItem]:
         """Drop the queued requests of a frontend that exited (failures, in the
         statistics); returns them."""
-        dropped: list[tuple[ModelVersion, m.WorkItem]] = []
+        return self._take_queued(lambda it: it.frontend == frontend, now)
+
+    def cancel(self, frontend: bytes, req_id: int, now: float) -> m.WorkItem | None:
+        """Drop a request its client gave up on, if it is still queued (a failure, in the
+        statistics, as Triton counts a cancelled request); None once it is running."""
+        key = (frontend, req_id)
+        taken = self._take_queued(lambda it: _key(it) == key, now)
+        return taken[0] if taken else None
+
+    def _take_queued(self, match: Callable[[m.WorkItem], bool], now: float) -> list[m.WorkItem]:
+        taken: list[m.WorkItem] = []
         for mv in self.table.all_versions():
-            dropped += [(mv, it) for it in mv.queue if it.frontend == frontend]
-            kept = [it for it in mv.queue if it.frontend != frontend]
-            mv.queue.clear()
-            mv.queue.extend(kept)
+            gone = [it for it in mv.queue if match(it)]
+            if gone:
+                kept = [it for it in mv.queue if not match(it)]
+                mv.queue.clear()
+                mv.queue.extend(kept)
             if mv.batcher is not None:
-                dropped += [(mv, it) for it in mv.batcher.drop_frontend(frontend)]
-        for mv, item in dropped:
-            self._fail(mv, item, now)  # Triton counts a cancelled request as failed
-        return dropped
+                gone += mv.batcher.remove(match)
+            for item in gone:
+                self._fail(mv, item, now)
+            taken += gone
+        return taken
 
     def _fail(self, mv: ModelVersion, item: m.WorkItem, now: float) -> None:
         self._queued_ns.pop(_key(item), None)

@@ -73,6 +73,11 @@ class BrokerClient:
         self.silent_broker_s = _SILENT_BROKER_S
 
     @property
+    def waiting(self) -> int:
+        """Requests and queries sent and not answered yet (abandoned ones included)."""
+        return len(self._pending)
+
+    @property
     def connected(self) -> bool:
         return self._welcomed.is_set()
 
@@ -100,6 +105,8 @@ class BrokerClient:
         is out, a worker may still read its inputs and write its outputs: the request
         stays pending, and ``on_abandoned`` runs only when its answer finally arrives (or
         the broker is lost). Until then the caller must not reuse the request's memory.
+        The broker is told, so a request still queued is answered (CANCELLED) at once
+        rather than when it would have run, behind a slow or hung model.
         """
         if not self.connected:
             raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
@@ -109,6 +116,8 @@ class BrokerClient:
             resp = await asyncio.shield(fut)
         except asyncio.CancelledError:
             fut.add_done_callback(lambda _: self._abandoned(req.req_id, on_abandoned))
+            if not fut.done() and self.connected:
+                self._send(m.encode(m.Cancel(req.req_id)))  # dropped if still queued
             raise
         except BaseException:
             self._pending.pop(req.req_id, None)

@@ -85,12 +85,15 @@ class DataPlane:
     # -- control plane ---------------------------------------------------------------
 
     def frontend_status(self) -> dict[str, int]:
-        """Which frontend process this is and how many inferences it has served
-        (shoal's extension: with several frontends, shows how the kernel spreads load)."""
+        """Which frontend process this is, how many inferences it has served (shoal's
+        extension: with several frontends, shows how the kernel spreads load), how many
+        wait for an answer and the shared memory its pool holds."""
         return {
             "index": self.broker.index,
             "pid": os.getpid(),
             "inference_requests": self.requests_handled,
+            "requests_waiting": self.broker.waiting,
+            "shm_pool_bytes": self.pool.total_bytes,
         }
 
     def server_metadata(self) -> dict[str, Any]:

@@ -188,6 +188,14 @@ class FrontendGone(msgspec.Struct, array_like=True):
     frontend: bytes
 
 
+class Cancel(msgspec.Struct, array_like=True):
+    """Frontend -> broker: the client gave up on this request (a gRPC deadline or cancel).
+    If it is still queued the broker drops it and answers CANCELLED, which frees what the
+    frontend holds for it; once it runs, the worker's answer does that."""
+
+    req_id: int
+
+
 class Unconfirmed(msgspec.Struct, array_like=True):
     """Broker -> frontend: a worker died soon after reporting these requests answered,
     so their answers may have died in its send queue. The frontend fails those it is
@@ -310,6 +318,7 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     ShmReply: b"K",
     RegionsReleased: b"L",
     Unconfirmed: b"U",
+    Cancel: b"C",
 }
 RESULT: Final[bytes] = b"r"
 

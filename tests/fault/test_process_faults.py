@@ -3,6 +3,7 @@ process or /dev/shm segment is left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -11,11 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -180,6 +183,46 @@ def test_a_stopped_broker_fails_waiting_requests_and_is_rejoined_when_it_resumes
     np.testing.assert_array_equal(
         client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
     )
+
+
+def _frontend_status(srv: ShoalServer) -> dict[str, int]:
+    with urllib.request.urlopen(f"http://{srv.url}/v2/shoal/frontend", timeout=5) as r:
+        return dict(json.loads(r.read()))
+
+
+def test_requests_given_up_by_their_clients_leave_the_queue_of_a_stuck_model(
+    fresh_server: ShoalServer,
+) -> None:
+    """Behind a stuck instance, requests whose gRPC deadline passed would hold their
+    shared memory until the instance ran them (or was killed): the frontend tells the
+    broker, which drops them from the queue and answers them CANCELLED at once."""
+    grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{fresh_server.grpc_port}")
+    big = grpcclient.InferInput("INPUT0", [1, 256], "FP32")
+    big.set_data_from_numpy(np.ones((1, 256), dtype=np.float32))  # 1 KiB: inline
+    grpc_client.infer("mlp", [big])
+    worker = fresh_server.worker_pid("mlp")
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        for _ in range(20):
+            with pytest.raises(InferenceServerException, match="Deadline"):
+                grpc_client.infer("mlp", [big], client_timeout=0.2)
+        deadline = time.monotonic() + 5
+        while _frontend_status(fresh_server)["requests_waiting"] > 1:
+            assert time.monotonic() < deadline, _frontend_status(fresh_server)
+            time.sleep(0.1)
+        # Only the first is left: it was running when the instance stopped.
+        assert _frontend_status(fresh_server)["requests_waiting"] == 1
+        stats = grpc_client.get_inference_statistics("mlp").model_stats[0]
+        assert stats.inference_stats.fail.count == 19
+        http = httpclient.InferenceServerClient(fresh_server.url)
+        assert http.infer("simple", simple_inputs()).as_numpy("OUTPUT0").shape == (1, 16)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    deadline = time.monotonic() + 5
+    while _frontend_status(fresh_server)["requests_waiting"]:
+        assert time.monotonic() < deadline, "the running request never finished"
+        time.sleep(0.1)
+    assert grpc_client.infer("mlp", [big]).as_numpy("OUTPUT0").shape == (1, 256)
 
 
 def test_launcher_killed_takes_every_child_with_it(small_repo: Path) -> None:

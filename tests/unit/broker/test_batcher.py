@@ -249,12 +249,12 @@ def test_per_priority_policies() -> None:
     assert len(b) == 3
 
 
-def test_drop_frontend_and_drain() -> None:
+def test_remove_and_drain() -> None:
     b = DynamicBatcher(BatcherConfig(8, max_queue_delay_us=10**6))
     gone, kept = item(frontend=b"f-0-1"), item(frontend=b"f-1-2")
     b.enqueue(gone, now=0.0)
     b.enqueue(kept, now=0.0)
-    b.drop_frontend(b"f-0-1")
+    assert b.remove(lambda it: it.frontend == b"f-0-1") == [gone]
     assert b.drain() == [kept]
     assert len(b) == 0
 

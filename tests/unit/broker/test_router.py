@@ -188,7 +188,7 @@ def test_forget_frontend_returns_its_queued_requests() -> None:
     router.submit(mv, _item(1, frontend=b"f-0-1"), 0.0)  # no instance ready: queued
     router.submit(mv, _item(2, frontend=b"f-1-2"), 0.0)
     dropped = router.forget_frontend(b"f-0-1", 1.0)
-    assert [it.request.req_id for _, it in dropped] == [1]
+    assert [it.request.req_id for it in dropped] == [1]
     assert [it.request.req_id for it in mv.queue] == [2]
     (stats,) = table.stats("simple", -1)
     assert stats.inference_stats.fail.count == 1  # cancelled: a failure, as in Triton
@@ -279,3 +279,19 @@ def test_a_model_without_batching_still_gets_its_queue_policies() -> None:
         router.submit(mv, _item(3), 0.0)
     ((_, batch),) = _done(router, a)
     assert [it.request.req_id for it in batch.items] == [2]  # one request per execution
+
+
+def test_a_cancelled_request_leaves_the_queue_but_not_a_running_batch() -> None:
+    table, router, (a,) = _table(1)
+    _ready(table, router, a)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    router.submit(mv, _item(1), 0.0)  # running on `a`
+    router.submit(mv, _item(2), 0.0)  # queued behind it
+    assert router.cancel(b"f0", 1, 0.5) is None  # running: its worker will answer
+    cancelled = router.cancel(b"f0", 2, 0.5)
+    assert cancelled is not None and cancelled.request.req_id == 2
+    assert not mv.queue and router.cancel(b"f0", 2, 0.5) is None
+    (stats,) = table.stats("simple", -1)
+    assert stats.inference_stats.fail.count == 1
+    assert _done(router, a) == []  # nothing left to run
