@@ -126,15 +126,18 @@ def test_a_killed_frontend_s_slab_is_removed_without_a_launcher(roles: Roles) ->
     assert roles.ready(), "server did not become ready"
     killed = roles.procs["frontend"]
     assert any(p.name.startswith(f"shoal-{killed.pid}-") for p in SHM_DIR.iterdir())
+    results = Path(roles.runtime) / f"results-f-0-{killed.pid}.sock"
+    assert results.exists()
     killed.kill()
     killed.wait()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if not any(p.name.startswith(f"shoal-{killed.pid}-") for p in SHM_DIR.iterdir()):
+        slab = any(p.name.startswith(f"shoal-{killed.pid}-") for p in SHM_DIR.iterdir())
+        if not slab and not results.exists():
             break
         time.sleep(0.1)
     else:
-        pytest.fail("the killed frontend's slab is still in /dev/shm")
+        pytest.fail("the killed frontend's slab or result socket is still there")
     roles.start("frontend")
     assert roles.ready(), "the restarted frontend did not serve"
     np.testing.assert_array_equal(_infer(roles.port), np.full((1, 16), 2))
