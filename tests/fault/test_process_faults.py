@@ -225,16 +225,20 @@ def test_requests_given_up_by_their_clients_leave_the_queue_of_a_stuck_model(
     assert grpc_client.infer("mlp", [big]).as_numpy("OUTPUT0").shape == (1, 256)
 
 
-def test_launcher_killed_takes_every_child_with_it(small_repo: Path) -> None:
-    srv = ShoalServer(small_repo)
-    children = srv.pids()
-    assert len(children) == 4  # broker, frontend, two workers
+def _kill_launcher_and_expect_no_child(srv: ShoalServer) -> None:
     os.kill(srv.proc.pid, signal.SIGKILL)
     srv.proc.wait()
     deadline = time.monotonic() + 15
     while processes_with(srv.runtime_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not processes_with(srv.runtime_dir)
+
+
+def test_launcher_killed_takes_every_child_with_it(small_repo: Path) -> None:
+    srv = ShoalServer(small_repo)
+    children = srv.pids()
+    assert len(children) == 4  # broker, frontend, two workers
+    _kill_launcher_and_expect_no_child(srv)
     # The frontend got SIGTERM from the kernel and unlinked its own slab.
     assert not srv.leftovers()
     srv._log.close()
@@ -265,12 +269,7 @@ def test_launcher_killed_takes_even_a_worker_stuck_in_native_code(tmp_path: Path
     while _cpu_ticks(worker) < 20 and time.monotonic() < deadline:
         time.sleep(0.1)  # until the worker is spinning inside forward
     assert _cpu_ticks(worker) >= 20, "the spin model never started"
-    os.kill(srv.proc.pid, signal.SIGKILL)
-    srv.proc.wait()
-    deadline = time.monotonic() + 15
-    while processes_with(srv.runtime_dir) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not processes_with(srv.runtime_dir)
+    _kill_launcher_and_expect_no_child(srv)
     with pytest.raises(InferenceServerException):
         hung.get_result()
     assert not srv.leftovers()
