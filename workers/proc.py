@@ -219,9 +219,10 @@ class WorkerProc:
     def execute(self, batch: m.ExecuteBatch) -> None:
         """Run one batch: gather the requests' inputs (one copy when there are several),
         execute once, split the outputs back per request (views) and write them, answer
-        each request, then report the batch to the broker. The answers go first: once
-        the broker has the report it no longer answers the batch's requests itself if
-        this process dies, so a death in between must not leave them unanswered."""
+        each request, then report the batch to the broker. The answers go first, so that
+        a death in between rarely costs one; if it does, the broker, which stops
+        answering a batch's requests itself once it has the report, names them to their
+        frontends (``Unconfirmed``) and the ones still waiting fail there."""
         t0 = time.perf_counter_ns()
         failed: list[int] = []
         answers: list[tuple[m.WorkItem, m.InferResponse]] = []
