@@ -38,6 +38,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cpu
 import ort_baseline
 from perf_analyzer import Measurement, perf_analyzer_path, perf_analyzer_version
 from perf_analyzer import run_perf_analyzer as _run_pa
@@ -60,6 +61,7 @@ class Point:
     sizes: list[tuple[int, int]] = field(default_factory=list)  # (batch size, executions)
     queue_us: float | None = None
     infer_us: float | None = None  # compute_infer per execution
+    cores: cpu.Usage | None = None  # shoal only: the model's workers vs everything else
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +237,8 @@ def _measure(
 ) -> Point:
     wait_ready(srv.http_url, 10)
     before = _stats(srv.http_url, model)
+    workers = cpu.worker_pids(srv.proc.pid) if server == "shoal" and srv.proc else []
+    cpu_before = cpu.Snapshot.take(workers)
     m = _run_pa(
         pa,
         server=server,
@@ -248,7 +252,9 @@ def _measure(
         stability_pct=args.stability_percentage,
         timeout_s=(args.max_trials + 2) * args.measurement_interval / 1e3 + 30,
     )
-    return Point(m, config, **_formed(before, _stats(srv.http_url, model)))  # type: ignore[arg-type]
+    cores = cpu.usage(cpu_before, cpu.Snapshot.take(workers)) if workers else None
+    formed = _formed(before, _stats(srv.http_url, model))
+    return Point(m, config, cores=cores, **formed)  # type: ignore[arg-type]
 
 
 def _point(
@@ -277,13 +283,25 @@ def _point(
     return p
 
 
-def _ort(repo: Path, results: list[Point], args: argparse.Namespace) -> dict[tuple, Measurement]:
-    """In-process ORT at 1, 8, 32, 64 (up to max_batch_size) and every formed average.
+def _side_load(p: Point) -> float | None:
+    """The cores a shoal ``batching`` point's model shared with the rest, to 0.1 core."""
+    if p.m.server != "shoal" or p.config != "batching" or p.cores is None:
+        return None
+    return round(p.cores.side_cores, 1)
 
-    Each (batch, threads) is timed ``--ort-repeats`` times, the passes interleaved, and the
-    fastest pass kept: a ceiling, so a pass slowed by other work on the CPUs should not count.
+
+def _ort(
+    repo: Path, results: list[Point], args: argparse.Namespace
+) -> tuple[dict[tuple, Measurement], dict[tuple, Measurement]]:
+    """In-process ORT at 1, 8, 32, 64 (up to max_batch_size) and every formed average; then,
+    for each shoal ``batching`` point, ORT at its batch with its side load running beside
+    (``cpu.CpuLoad``): keys ``(model, batch, threads)`` and ``(model, batch, threads, load)``.
+
+    Each loop is timed ``--ort-repeats`` times, the passes interleaved, and the fastest pass
+    kept: a ceiling, so a pass slowed by other work on the CPUs should not count.
     """
     out: dict[tuple, Measurement] = {}
+    shared: dict[tuple, Measurement] = {}
     for model in args.models:
         text = (repo / model / "config.pbtxt").read_text()
         found = re.search(r"max_batch_size:\s*(\d+)", text)
@@ -298,10 +316,26 @@ def _ort(repo: Path, results: list[Point], args: argparse.Namespace) -> dict[tup
             for b in sorted(sizes):
                 for t in (2, 1):
                     o = ort_baseline.measure(path, model, t, b, args.ort_seconds)
-                    prev = out.get((model, b, t))
-                    if prev is None or o.throughput > prev.throughput:
-                        out[(model, b, t)] = o
-    return out
+                    _keep_best(out, (model, b, t), o)
+        loads = sorted(
+            {(_round_batch(p.avg_batch), load) for p in results
+             if p.m.model == model and (load := _side_load(p)) is not None}
+        )  # fmt: skip
+        if loads:
+            print(f"[bench] in-process ORT {model} sharing the cores: (batch, cores) {loads}")
+        for _ in range(args.ort_repeats):
+            for b, load in loads:
+                with cpu.CpuLoad(load):
+                    for t in (2, 1):
+                        o = ort_baseline.measure(path, model, t, b, args.ort_seconds)
+                        _keep_best(shared, (model, b, t, load), o)
+    return out, shared
+
+
+def _keep_best(into: dict[tuple, Measurement], key: tuple, o: Measurement) -> None:
+    prev = into.get(key)
+    if prev is None or o.throughput > prev.throughput:
+        into[key] = o
 
 
 def _round_batch(avg: float | None) -> int:
@@ -335,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped: list[str] = []
     placement: dict[str, str] = {}
     ort: dict[tuple, Measurement] = {}
+    shared: dict[tuple, Measurement] = {}
     started_servers: list[ServerProcess] = []
     try:
         for model in args.models:
@@ -379,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in Path("/dev/shm").glob(f"shoal-{srv.proc.pid}-*")
     )
     try:
-        ort = _ort(args.repo, points, args)
+        ort, shared = _ort(args.repo, points, args)
     except KeyboardInterrupt:
         skipped.append("interrupted during the ONNX Runtime baseline")
 
@@ -403,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         "left behind": ", ".join(leftovers) or "nothing in /dev/shm",
         "raw": str(raw.relative_to(REPO_ROOT) if raw.is_relative_to(REPO_ROOT) else raw),
     }
-    report = render(points, ort, meta, skipped)
+    report = render(points, ort, meta, skipped, shared)
     out = args.out_dir / f"{stamp}-batching.md"
     out.write_text(report)
     print(report)
@@ -428,7 +463,9 @@ def render(
     ort: dict[tuple, Measurement],
     meta: dict[str, str],
     skipped: list[str] | None = None,
+    shared: dict[tuple, Measurement] | None = None,
 ) -> str:
+    shared = shared or {}
     order = {c: i for i, c in enumerate(CONFIGS)}
     points = sorted(
         points,
@@ -496,6 +533,40 @@ def render(
             f"| {_fmt(_ratio(p.m.throughput, best), '.2f')} |"
         )
 
+    rows = []
+    for p in points:
+        load = _side_load(p)
+        if load is None or p.cores is None:
+            continue
+        b = _round_batch(p.avg_batch)
+        s2, s1 = shared.get((p.m.model, b, 2, load)), shared.get((p.m.model, b, 1, load))
+        best_shared = max((o.throughput for o in (s1, s2) if o), default=None)
+        best_idle = max(
+            (o.throughput for t in (1, 2) if (o := ort.get((p.m.model, b, t)))), default=None
+        )
+        rows.append(
+            f"| {p.m.model} | {p.m.concurrency} | {p.m.protocol} | {b} "
+            f"| {p.m.throughput:,.0f} | {p.cores.model_cores:.2f} | {p.cores.side_cores:.2f} "
+            f"| {_fmt(s2 and s2.throughput, ',.0f')} | {_fmt(s1 and s1.throughput, ',.0f')} "
+            f"| {_fmt(_ratio(p.m.throughput, best_shared), '.2f')} "
+            f"| {_fmt(_ratio(p.m.throughput, best_idle), '.2f')} |"
+        )
+    if rows:
+        lines += ["", "## Sharing the cores: shoal / in-process ORT beside the same load", ""]
+        lines += [
+            "`model cores`: CPU time of shoal's model workers during the point; `side cores`: "
+            "the rest of the machine's busy time (perf_analyzer, shoal's frontend and broker), "
+            "both averaged over the perf_analyzer run. The `shared` ORT loops ran at the "
+            "point's batch with `side cores` of spinning load beside them (`bench/cpu.py`, "
+            "an emulation): the ceiling for a model that leaves the client and the protocol "
+            "that much of the machine. `/idle` repeats `/best` from the table above.",
+            "",
+            "| model | c | protocol | avg batch | infer/s | model cores | side cores "
+            "| ORT-2t shared | ORT-1t shared | /shared | /idle |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += rows
+
     def pair_table(title: str, num: str, den: str, models: tuple[str, ...]) -> None:
         rows = []
         for p in points:
@@ -554,6 +625,15 @@ def render(
             f"(batch {b}, {best.server}): {r:.2f} of it, target {share:.2f}: "
             f"{'met' if r >= share else 'NOT met'}"
         )
+        load = _side_load(p)
+        outs = [o for t in (1, 2) if (o := shared.get((model, b, t, load)))]
+        if outs:
+            best = max(outs, key=lambda o: o.throughput)
+            lines.append(
+                f"  - beside {load:.1f} cores of load, as the model had in that run: "
+                f"in-process {best.throughput:,.0f} samples/s ({best.server}); shoal "
+                f"served {p.m.throughput / best.throughput:.2f} of it"
+            )
     lines += [
         "",
         "Throughput ratios above 1: the numerator is faster; latency ratios below 1: it answers "
