@@ -20,14 +20,19 @@ a fake clock. One ``DynamicBatcher`` per model version:
   later arrivals included (Triton's ``delayed_queue_``).
 
 Scheduling order: priority level 1 first; within a level, arrival order, delayed last.
+
+A level's queues exist only while it holds a request (Triton's ``PriorityQueue`` creates a
+level on its first request and erases it once empty), so ``priority_levels`` may be any
+uint64 and costs nothing until used; batch formation walks only the non-empty levels.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -102,8 +107,9 @@ class _Formed:
 class DynamicBatcher:
     def __init__(self, config: BatcherConfig) -> None:
         self.c = config
-        levels = max(config.priority_levels, 1)
-        self.levels = [_Level(self._policy(index)) for index in range(levels)]
+        self._level_count = max(config.priority_levels, 1)
+        self._levels: dict[int, _Level] = {}  # by index (priority - 1); only non-empty ones
+        self._active: list[int] = []  # the keys of _levels, ascending: scheduling order
         self._preferred = frozenset(config.preferred_batch_sizes)
         self._max_preferred = max(config.preferred_batch_sizes, default=config.max_batch_size)
         self._deadlines: list[tuple[float, int, Pending]] = []  # a heap; stale entries skipped
@@ -111,18 +117,18 @@ class DynamicBatcher:
         self._rejected: list[m.WorkItem] = []  # timed out under REJECT, for the next expire
 
     def __len__(self) -> int:
-        return sum(len(level) for level in self.levels)
+        return sum(len(level) for level in self._levels.values())
 
     # -- admission -------------------------------------------------------------------
 
     def _level(self, priority: int) -> int:
         """Queue index for a request's ``priority``: 0 or a level that does not exist
         means the default level (as Triton's SetPriority)."""
-        if len(self.levels) == 1:
+        if self._level_count == 1:
             return 0
-        if 1 <= priority <= len(self.levels):
+        if 1 <= priority <= self._level_count:
             return priority - 1
-        return (self.c.default_priority_level or len(self.levels)) - 1
+        return (self.c.default_priority_level or self._level_count) - 1
 
     def _policy(self, index: int) -> QueuePolicy:
         if not self.c.priority_levels:  # one level: Triton uses the default policy alone
@@ -132,9 +138,9 @@ class DynamicBatcher:
     def enqueue(self, item: m.WorkItem, now: float) -> None:
         req = item.request
         index = self._level(req.priority)
-        level = self.levels[index]
-        policy = level.policy
-        if policy.max_queue_size and len(level) >= policy.max_queue_size:
+        level = self._levels.get(index)
+        policy = self._policy(index) if level is None else level.policy
+        if policy.max_queue_size and level is not None and len(level) >= policy.max_queue_size:
             raise Rejected(QUEUE_FULL)
         timeout_us = policy.default_timeout_us
         # A request may only shorten the default timeout; with no default (0) it has none.
@@ -150,11 +156,25 @@ class DynamicBatcher:
             )
         )
         p = Pending(item, now, deadline, signature, max(req.batch_size, 1), index)
+        if level is None:
+            level = self._levels[index] = _Level(policy)
+            bisect.insort(self._active, index)
         level.queue.append(p)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), p))
             if len(self._deadlines) > 2 * len(self) + 64:
                 self._compact_deadlines()
+
+    def _drop_empty(self, touched: Iterable[int]) -> None:
+        """Forget the levels among ``touched`` (indices) that no longer hold a request."""
+        emptied = {index for index in touched if len(self._levels[index]) == 0}
+        for index in emptied:
+            del self._levels[index]
+        if len(emptied) == 1:
+            (index,) = emptied
+            del self._active[bisect.bisect_left(self._active, index)]
+        elif emptied:  # one pass, not one list deletion per level
+            self._active = [index for index in self._active if index not in emptied]
 
     # -- timeouts --------------------------------------------------------------------
 
@@ -174,24 +194,28 @@ class DynamicBatcher:
 
     def _apply_timeouts(self, now: float) -> None:
         heap = self._deadlines
+        touched: set[int] = set()
         while heap and (heap[0][0] <= now or not heap[0][2].queued):
             deadline, _, p = heapq.heappop(heap)
             if not p.queued or deadline > now:
                 continue  # it left the queue before its timeout
-            level = self.levels[p.level]
+            level = self._levels[p.level]
             level.queue.remove(p)  # linear, but only for a request that timed out
             if level.policy.timeout_action == "REJECT":
                 p.queued = False
                 self._rejected.append(p.item)
+                touched.add(p.level)
             else:
                 p.deadline = None
                 level.delayed.append(p)
+        self._drop_empty(touched)
 
     # -- batch formation -------------------------------------------------------------
 
     def _order(self) -> Iterator[Pending]:
         """Queued requests in scheduling order: priority, then arrival (delayed last)."""
-        for level in self.levels:
+        for index in self._active:
+            level = self._levels[index]
             yield from level.queue
             yield from level.delayed
 
@@ -247,9 +271,10 @@ class DynamicBatcher:
     def _pop(self, chosen: list[Pending]) -> list[m.WorkItem]:
         """Remove ``chosen``, a prefix of the scheduling order, from the queues."""
         for p in chosen:
-            level = self.levels[p.level]
+            level = self._levels[p.level]
             (level.queue if level.queue and level.queue[0] is p else level.delayed).popleft()
             p.queued = False
+        self._drop_empty({p.level for p in chosen})
         return [p.item for p in chosen]
 
     def drain(self) -> list[m.WorkItem]:
@@ -259,9 +284,8 @@ class DynamicBatcher:
         self._rejected = []
         for p in self._order():
             p.queued = False
-        for level in self.levels:
-            level.queue.clear()
-            level.delayed.clear()
+        self._levels.clear()
+        self._active.clear()
         return items
 
     def remove(self, match: Callable[[m.WorkItem], bool]) -> list[m.WorkItem]:
@@ -269,7 +293,9 @@ class DynamicBatcher:
         request its client gave up on), rejected ones not yet handed out included."""
         removed = [it for it in self._rejected if match(it)]
         self._rejected = [it for it in self._rejected if not match(it)]
-        for level in self.levels:
+        touched: list[int] = []
+        for index in self._active:
+            level = self._levels[index]
             for name in ("queue", "delayed"):
                 queue: deque[Pending] = getattr(level, name)
                 gone = [p for p in queue if match(p.item)]
@@ -278,4 +304,6 @@ class DynamicBatcher:
                         p.queued = False
                     removed += [p.item for p in gone]
                     setattr(level, name, deque(p for p in queue if p.queued))
+                    touched.append(index)
+        self._drop_empty(touched)
         return removed

@@ -304,3 +304,114 @@ def test_waking_at_next_wakeup_always_finds_the_batch_due() -> None:
         b.enqueue(item(), now=arrived)
         wake = b.next_wakeup()
         assert wake is not None and len(b.take_batch(now=wake)) == 1
+
+
+def open_levels(b: DynamicBatcher) -> list[int]:
+    """The priority levels that hold queues now (internal: nothing public shows them)."""
+    assert b._active == sorted(b._levels)
+    return [index + 1 for index in b._active]
+
+
+def test_huge_priority_levels_cost_nothing_until_used() -> None:
+    # priority_levels is a uint64 in Triton's model config: levels exist only once used.
+    top = 2**63
+    cfg = BatcherConfig(
+        8,
+        max_queue_delay_us=10_000,
+        priority_levels=top,
+        default_priority_level=top,
+        priority_policies={2**40: QueuePolicy(max_queue_size=1)},
+    )
+    b = DynamicBatcher(cfg)
+    low, default, beyond, high = (
+        item(priority=top),
+        item(),
+        item(priority=2**64 - 1),
+        item(priority=1),
+    )
+    for it in (low, default, beyond):
+        b.enqueue(it, now=0.0)
+    b.enqueue(high, now=0.005)
+    assert open_levels(b) == [1, top]
+    assert b.next_wakeup() == pytest.approx(0.010)  # the oldest of the batch: `low`
+    assert b.take_batch(now=0.009) == []
+    assert b.take_batch(now=0.010) == [high, low, default, beyond]
+    assert len(b) == 0 and open_levels(b) == []
+    b.enqueue(item(priority=2**40), now=0.0)
+    with pytest.raises(Rejected):  # the policy of a level named in priority_queue_policy
+        b.enqueue(item(priority=2**40), now=0.0)
+
+
+def test_a_level_is_dropped_once_empty_and_keeps_its_policy_when_used_again() -> None:
+    cfg = BatcherConfig(
+        1,
+        priority_levels=3,
+        default_priority_level=2,
+        priority_policies={1: QueuePolicy(max_queue_size=1)},
+    )
+    b = DynamicBatcher(cfg)
+    first, default = item(priority=1), item()
+    b.enqueue(default, now=0.0)
+    b.enqueue(first, now=0.0)
+    assert open_levels(b) == [1, 2]
+    assert b.take_batch(now=0.0) == [first]
+    assert open_levels(b) == [2]
+    again = item(priority=1)
+    b.enqueue(again, now=0.0)
+    with pytest.raises(Rejected):
+        b.enqueue(item(priority=1), now=0.0)
+    assert open_levels(b) == [1, 2]
+    assert [b.take_batch(now=0.0) for _ in range(2)] == [[again], [default]]
+    assert open_levels(b) == []
+
+
+def test_remove_drops_the_levels_it_empties_and_keeps_priority_order() -> None:
+    b = DynamicBatcher(BatcherConfig(1, priority_levels=3, default_priority_level=2))
+    low, kept, high = item(priority=3), item(frontend=b"f-1-2"), item(priority=1)
+    for it in (low, kept, high):
+        b.enqueue(it, now=0.0)
+    assert b.remove(lambda it: it.frontend == b"f-0-1") == [high, low]
+    assert open_levels(b) == [2]
+    assert b.remove(lambda it: False) == [] and open_levels(b) == [2]
+    assert b.take_batch(now=0.0) == [kept]
+    assert open_levels(b) == [] and len(b) == 0
+    b.enqueue(item(priority=3), now=0.0)
+    b.enqueue(item(priority=1), now=0.0)
+    assert len(b.drain()) == 2 and open_levels(b) == []
+
+
+def test_a_delayed_request_keeps_its_level_until_it_leaves() -> None:
+    delay = QueuePolicy(timeout_action="DELAY", default_timeout_us=1_000)
+    cfg = BatcherConfig(
+        1, priority_levels=2, default_priority_level=2, priority_policies={1: delay}
+    )
+    b = DynamicBatcher(cfg)
+    late, low = item(priority=1), item(priority=2)
+    b.enqueue(late, now=0.0)
+    b.enqueue(low, now=0.0)
+    assert b.expire(now=0.002) == []  # `late` is delayed: its level stays
+    assert open_levels(b) == [1, 2]
+    after = item(priority=1)
+    b.enqueue(after, now=0.003)
+    assert [b.take_batch(now=0.003) for _ in range(2)] == [[after], [late]]
+    assert open_levels(b) == [2]
+    assert b.take_batch(now=0.003) == [low]
+    assert open_levels(b) == []
+
+
+def test_a_level_emptied_by_rejected_timeouts_is_dropped() -> None:
+    reject = QueuePolicy(timeout_action="REJECT", default_timeout_us=1_000)
+    cfg = BatcherConfig(
+        8,
+        max_queue_delay_us=10**9,
+        priority_levels=3,
+        default_priority_level=3,
+        priority_policies={1: reject, 2: reject},
+    )
+    b = DynamicBatcher(cfg)
+    one, two, three = item(priority=1), item(priority=2), item(priority=3)
+    for it in (one, two, three):
+        b.enqueue(it, now=0.0)
+    assert b.expire(now=0.002) == [one, two]
+    assert open_levels(b) == [3] and len(b) == 1
+    assert b.next_wakeup() == pytest.approx(1000.0)  # the delay of `three` alone
