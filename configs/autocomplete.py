@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from configs.model_config import fill_preferred_batch_size
 from configs.schema import ConfigError, IOSpec, shape_str
 from configs.sequence_rules import control_input_names
 from ipc.datatypes import datatype
@@ -36,7 +37,8 @@ def autocomplete(
     - If every model tensor has a dynamic first dimension the model can batch: a
       max_batch_size of 0 becomes `default_max_batch_size`, and when the result is > 1
       and no scheduler is set an empty `dynamic_batching {}` is added. A model that
-      cannot batch with max_batch_size > 0 is an error.
+      cannot batch with max_batch_size > 0 is an error. An empty preferred_batch_size
+      then becomes [max_batch_size] (Triton's NormalizeModelConfig, run again).
     - No inputs listed: all come from the model. Some listed: their missing data_type
       and dims are filled and unlisted model inputs appended. Outputs likewise, except
       that a listed subset of outputs is kept as the subset.
@@ -49,6 +51,8 @@ def autocomplete(
     if _is_complete(out):
         return out
     _complete_max_batch(out, inputs, outputs, default_max_batch_size)
+    # Triton normalizes the config again after a backend auto-completes it.
+    fill_preferred_batch_size(out)
     _complete_ios(out, out.input, inputs, "input", add_unlisted=True)
     _complete_ios(out, out.output, outputs, "output", add_unlisted=len(out.output) == 0)
     return out

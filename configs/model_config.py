@@ -38,6 +38,7 @@ __all__ = [
     "ModelConfig",
     "config_to_json",
     "fill_defaults",
+    "fill_preferred_batch_size",
     "model_metadata",
     "parse_config_json",
     "parse_config_text",
@@ -135,12 +136,13 @@ def fill_defaults(config: pb.ModelConfig, model_name: str, *, gpu_count: int = 0
       <-> pytorch, tensorrt_plan <-> tensorrt; model.py -> python) and
       `default_model_filename` (model.onnx, model.pt, model.plan, model.py);
     - `version_policy` latest { num_versions: 1 };
-    - instance groups (not for ensembles): one group when none is given; every group
-      gets a name "<model>_<index>", KIND_AUTO resolved to KIND_GPU (all of GPUs
-      0..gpu_count-1) or KIND_CPU when there is no GPU, KIND_GPU without ids gets all
-      GPUs, and count 0 becomes 1.
-    - `dynamic_batching.preferred_batch_size` [max_batch_size] when none is given (a
-      model that batches).
+    - `dynamic_batching.preferred_batch_size` (see `fill_preferred_batch_size`);
+    - for every model but an ensemble (Triton rejects both fields on ensembles):
+      - instance groups: when none is given, one group named after the model; a listed
+        group without a name gets "<model>_<index>"; KIND_AUTO resolved to KIND_GPU
+        (all of GPUs 0..gpu_count-1) or KIND_CPU when there is no GPU, KIND_GPU without
+        ids gets all GPUs, and a count < 1 becomes DEFAULT_INSTANCE_COUNT;
+      - `optimization.input_pinned_memory` / `output_pinned_memory` enabled when unset.
     Other scheduling settings are left as given.
     """
     if not config.name:
@@ -148,12 +150,25 @@ def fill_defaults(config: pb.ModelConfig, model_name: str, *, gpu_count: int = 0
     _fill_backend_fields(config)
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
-    db = config.dynamic_batching
-    if config.HasField("dynamic_batching") and not db.preferred_batch_size:
-        db.preferred_batch_size.extend([config.max_batch_size] if config.max_batch_size else [])
+    fill_preferred_batch_size(config)
     if not config.HasField("ensemble_scheduling") and config.platform != ENSEMBLE_PLATFORM:
         _fill_instance_groups(config, gpu_count)
+        _fill_pinned_memory(config)
     return config
+
+
+def fill_preferred_batch_size(config: pb.ModelConfig) -> None:
+    """Set `dynamic_batching.preferred_batch_size` to [max_batch_size] when it is empty.
+
+    Only for a model with `dynamic_batching` and max_batch_size > 0. Triton's
+    NormalizeModelConfig rule; Triton runs it again after a backend's auto-complete
+    (UpdateModelConfig), so `autocomplete` calls it too once it has set max_batch_size.
+    """
+    if not config.HasField("dynamic_batching") or config.max_batch_size <= 0:
+        return
+    db = config.dynamic_batching
+    if not db.preferred_batch_size:
+        db.preferred_batch_size.append(config.max_batch_size)
 
 
 def _fill_backend_fields(config: pb.ModelConfig) -> None:
@@ -170,7 +185,8 @@ def _fill_backend_fields(config: pb.ModelConfig) -> None:
 
 def _fill_instance_groups(config: pb.ModelConfig, gpu_count: int) -> None:
     if len(config.instance_group) == 0:
-        config.instance_group.add(kind=pb.ModelInstanceGroup.KIND_AUTO)
+        # Triton's NormalizeInstanceGroup names the group it adds after the model.
+        config.instance_group.add(name=config.name, kind=pb.ModelInstanceGroup.KIND_AUTO)
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"
@@ -179,10 +195,22 @@ def _fill_instance_groups(config: pb.ModelConfig, gpu_count: int) -> None:
             group.kind = (
                 pb.ModelInstanceGroup.KIND_GPU if on_gpu else pb.ModelInstanceGroup.KIND_CPU
             )
-        if group.count == 0:
+        if group.count < 1:  # Triton: count() < 1 -> SetDefaultInstanceCount
             group.count = DEFAULT_INSTANCE_COUNT
         if group.kind == pb.ModelInstanceGroup.KIND_GPU and len(group.gpus) == 0:
             group.gpus.extend(range(gpu_count))
+
+
+def _fill_pinned_memory(config: pb.ModelConfig) -> None:
+    """Enable pinned input/output memory when unset, as Triton's NormalizeModelConfig.
+
+    shoal does not use the setting; it is filled so that `/config` matches Triton's.
+    """
+    optimization = config.optimization
+    if not optimization.HasField("input_pinned_memory"):
+        optimization.input_pinned_memory.enable = True
+    if not optimization.HasField("output_pinned_memory"):
+        optimization.output_pinned_memory.enable = True
 
 
 def config_to_json(config: pb.ModelConfig) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def plan_instances(models: list[tuple[str, list[int], Any]], cpus: list[int]) ->
     for name, versions, config in models:
         for version in versions:
             index = 0
-            for group in config.instance_group or [mc.ModelInstanceGroup(name=f"{name}_0")]:
+            for group in config.instance_group or [mc.ModelInstanceGroup(name=name)]:
                 count = max(group.count, 1)
                 gpus = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else [None]
                 for gpu in gpus:
@@ -54,10 +54,25 @@ def plan_instances(models: list[tuple[str, list[int], Any]], cpus: list[int]) ->
     return plans
 
 
+def _group_size(group: Any) -> int:
+    """Instances a group makes (KIND_GPU: ``count`` per listed GPU)."""
+    per = len(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else 1
+    return max(group.count, 1) * max(per, 1)
+
+
 def instance_count(config: Any) -> int:
-    """How many instances a model version gets (KIND_GPU: ``count`` per listed GPU)."""
-    total = 0
+    """How many instances a model version gets."""
+    return sum(_group_size(g) for g in config.instance_group) or 1
+
+
+def passive_instances(config: Any) -> frozenset[int]:
+    """The instance numbers (as ``plan_instances`` numbers them) of ``passive`` groups:
+    Triton loads them but never schedules requests on them."""
+    out: set[int] = set()
+    index = 0
     for group in config.instance_group:
-        per = len(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else 1
-        total += max(group.count, 1) * max(per, 1)
-    return total or 1
+        n = _group_size(group)
+        if group.passive:
+            out.update(range(index, index + n))
+        index += n
+    return frozenset(out)

@@ -202,8 +202,6 @@ def validate_instance_groups(config: pb.ModelConfig, *, gpu_count: int = 0) -> N
         raise ConfigError(name, f"must specify one or more 'instance group's for {name}")
     for group in config.instance_group:
         prefix = f"instance group {group.name} of model {name}"
-        if group.count < 1:
-            raise ConfigError(name, f"{prefix} must specify a 'count' >= 1, got {group.count}")
         kind = group.kind
         if kind == pb.ModelInstanceGroup.KIND_GPU:
             _validate_gpu_ids(name, prefix, list(group.gpus), gpu_count)
@@ -216,9 +214,10 @@ def validate_instance_groups(config: pb.ModelConfig, *, gpu_count: int = 0) -> N
         else:
             raise ConfigError(name, f"{prefix} has unexpected kind KIND_AUTO")
         if config.platform != _TENSORRT_PLATFORM and len(group.profile) > 0:
+            # No space before "specifies": Triton's message lacks it too.
             raise ConfigError(
                 name,
-                f"{prefix} and platform {config.platform} specifies profile field which is "
+                f"{prefix} and platform {config.platform}specifies profile field which is "
                 "only supported for TensorRT models",
             )
 

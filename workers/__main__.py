@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             cores=cores,
             gpu=args.gpu,
             gpu_count=gpus,
-            instance_name=args.instance_name or f"{args.model}_0_{args.instance}",
+            instance_name=args.instance_name or f"{args.model}_{args.instance}",
             fault=_fault(args.model),
         )
     )

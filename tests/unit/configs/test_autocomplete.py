@@ -36,6 +36,28 @@ def test_no_config_batching_model() -> None:
     check_against_model(done, BATCH_IN, BATCH_OUT)
 
 
+def test_autocomplete_fills_preferred_batch_size_like_triton() -> None:
+    # Triton qa/L0_model_config/autofill_noplatform_success/onnx/no_config/expected:
+    #   max_batch_size: 4 ... dynamic_batching { preferred_batch_size: 4 }
+    done = autocomplete(base(), BATCH_IN, BATCH_OUT)
+    assert list(done.dynamic_batching.preferred_batch_size) == [4]
+
+
+def test_autocomplete_fills_preferred_for_user_empty_dynamic_batching() -> None:
+    done = autocomplete(base("dynamic_batching { }"), BATCH_IN, BATCH_OUT)
+    assert done.max_batch_size == 4
+    assert list(done.dynamic_batching.preferred_batch_size) == [4]
+
+
+def test_autocomplete_keeps_user_preferred_sizes() -> None:
+    done = autocomplete(
+        base("max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 2 ] }"),
+        BATCH_IN,
+        BATCH_OUT,
+    )
+    assert list(done.dynamic_batching.preferred_batch_size) == [2]
+
+
 def test_default_max_batch_size_is_configurable() -> None:
     done = autocomplete(base(), BATCH_IN, BATCH_OUT, default_max_batch_size=1)
     assert done.max_batch_size == 1

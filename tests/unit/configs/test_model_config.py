@@ -8,6 +8,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.model_config import (
+    DEFAULT_INSTANCE_COUNT,
     ConfigError,
     config_to_json,
     fill_defaults,
@@ -189,7 +190,7 @@ def test_json_rendering_prints_defaults_of_a_minimal_config() -> None:
     assert doc["version_policy"] == {"latest": {"num_versions": 1}}
     assert doc["instance_group"] == [
         {
-            "name": "m_0",
+            "name": "m",
             "kind": "KIND_CPU",
             "count": 1,
             "gpus": [],
@@ -199,6 +200,13 @@ def test_json_rendering_prints_defaults_of_a_minimal_config() -> None:
             "host_policy": "",
         }
     ]
+    assert doc["optimization"] == {
+        "priority": "PRIORITY_DEFAULT",
+        "input_pinned_memory": {"enable": True},
+        "output_pinned_memory": {"enable": True},
+        "gather_kernel_buffer_threshold": 0,
+        "eager_batching": False,
+    }
     assert "dynamic_batching" not in doc
 
 
@@ -246,6 +254,41 @@ def test_fill_defaults_instance_groups() -> None:
     assert groups[2].kind == pb.ModelInstanceGroup.KIND_CPU
 
 
+def test_default_instance_group_is_named_after_the_model() -> None:
+    # Triton: group->set_name(config->name()); qa .../onnx/no_config/expected: name: "no_config"
+    config = fill_defaults(pb.ModelConfig(platform="onnxruntime_onnx"), "no_config")
+    assert [g.name for g in config.instance_group] == ["no_config"]
+
+
+def test_unnamed_explicit_groups_still_get_an_index() -> None:
+    config = pb.ModelConfig(name="m", platform="onnxruntime_onnx")
+    config.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU)
+    fill_defaults(config, "m")
+    assert [g.name for g in config.instance_group] == ["m_0"]
+
+
+@pytest.mark.parametrize("count", [0, -1])
+def test_count_below_one_becomes_the_default(count: int) -> None:
+    # Triton's NormalizeInstanceGroup: count() < 1 -> SetDefaultInstanceCount.
+    config = pb.ModelConfig(name="m", platform="onnxruntime_onnx")
+    config.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=count)
+    fill_defaults(config, "m")
+    assert config.instance_group[0].count == DEFAULT_INSTANCE_COUNT
+
+
+def test_fill_defaults_enables_pinned_memory_like_triton() -> None:
+    doc = config_to_json(fill_defaults(pb.ModelConfig(platform="onnxruntime_onnx"), "m"))
+    assert doc["optimization"]["input_pinned_memory"] == {"enable": True}
+    assert doc["optimization"]["output_pinned_memory"] == {"enable": True}
+
+
+def test_fill_defaults_keeps_the_pinned_memory_a_config_sets() -> None:
+    text = 'platform: "onnxruntime_onnx" optimization { input_pinned_memory { enable: false } }'
+    config = fill_defaults(parse_config_text(text, "m"), "m")
+    assert config.optimization.input_pinned_memory.enable is False
+    assert config.optimization.output_pinned_memory.enable is True
+
+
 def test_fill_defaults_default_group_uses_gpus_when_present() -> None:
     config = fill_defaults(pb.ModelConfig(backend="onnxruntime"), "m", gpu_count=2)
     (group,) = config.instance_group
@@ -258,6 +301,7 @@ def test_fill_defaults_leaves_scheduling_and_ensembles_alone() -> None:
     config.ensemble_scheduling.step.add(model_name="a")
     fill_defaults(config, "e")
     assert len(config.instance_group) == 0
+    assert not config.HasField("optimization")  # Triton rejects it on an ensemble
     assert not config.HasField("dynamic_batching")
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from configs.placement import plan_instances
+from configs.model_config import fill_defaults
+from configs.placement import passive_instances, plan_instances
 
 
 def _config(name: str, *groups: tuple[int, int, list[int]]) -> mc.ModelConfig:
@@ -23,6 +24,13 @@ def test_cpu_instances_get_their_own_cores() -> None:
     assert [p.cores for p in plans] == [(0, 1), (2, 3)]
     assert [p.name for p in plans] == ["a_0_0", "a_0_1"]
     assert [p.index for p in plans] == [0, 1]
+
+
+def test_default_group_instance_name_is_model_underscore_k() -> None:
+    # Triton names the group it adds after the model; its instances are "<group>_<k>".
+    config = fill_defaults(mc.ModelConfig(platform="onnxruntime_onnx"), "a")
+    plans = plan_instances([("a", [1], config)], cpus=[0, 1])
+    assert [p.name for p in plans] == ["a_0"]
 
 
 def test_more_instances_than_cores_share_round_robin() -> None:
@@ -50,3 +58,12 @@ def test_a_gpu_instance_sees_the_server_gpu_it_was_given(monkeypatch: pytest.Mon
     assert visible_device(0) == "GPU-5a1c"
     with pytest.raises(ValueError, match="not one of"):
         visible_device(1)
+
+
+def test_passive_instances_are_numbered_as_plan_instances_numbers_them() -> None:
+    cfg = _config("p", (GPU, 1, [0, 1]), (CPU, 2, []), (CPU, 1, []))
+    cfg.instance_group[1].passive = True
+    plans = plan_instances([("p", [1], cfg)], cpus=[0, 1])
+    assert [p.index for p in plans if p.gpu is None][:2] == [2, 3]
+    assert passive_instances(cfg) == frozenset({2, 3})
+    assert passive_instances(_config("q", (CPU, 2, []))) == frozenset()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from configs.model_config import (
+    DEFAULT_INSTANCE_COUNT,
     ConfigError,
     fill_defaults,
     parse_config_text,
@@ -98,20 +99,12 @@ def test_valid_minimal_config_passes() -> None:
             "Queue policy can not have DELAY as timeout action when 'preserve_ordering'",
         ),
         (
-            'platform: "onnxruntime_onnx" instance_group [ { kind: KIND_CPU count: -1 } ]',
-            "instance group m_0 of model m must specify a 'count' >= 1, got -1",
-        ),
-        (
             'platform: "onnxruntime_onnx" instance_group [ { kind: KIND_GPU } ]',
             "instance group m_0 of model m has kind KIND_GPU but no GPUs are available",
         ),
         (
             'platform: "onnxruntime_onnx" instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]',
             "instance group m_0 of model m has kind KIND_CPU but specifies one or more GPUs",
-        ),
-        (
-            'platform: "onnxruntime_onnx" instance_group [ { kind: KIND_CPU profile: "0" } ]',
-            "specifies profile field which is only supported for TensorRT models",
         ),
         (
             'platform: "onnxruntime_onnx" response_cache { enable: true } '
@@ -141,6 +134,28 @@ def test_invalid_gpu_id_uses_triton_wording() -> None:
         "instance group g of model m specifies invalid or unsupported gpu id 42. GPUs with "
         "at least the minimum required CUDA compute compatibility of 6.000000 are: 0, 1"
     )
+
+
+def test_profile_message_is_triton_verbatim() -> None:
+    text = (
+        'platform: "onnxruntime_onnx" instance_group [ { name: "g" kind: KIND_CPU profile: "0" } ]'
+    )
+    with pytest.raises(ConfigError) as info:
+        check(text)
+    # Triton's message has no space between the platform and "specifies".
+    assert info.value.message == (
+        "instance group g of model m and platform onnxruntime_onnxspecifies profile field "
+        "which is only supported for TensorRT models"
+    )
+
+
+def test_negative_count_becomes_the_default_like_triton() -> None:
+    config = parse_config_text(
+        IO + 'platform: "onnxruntime_onnx" instance_group [ { kind: KIND_CPU count: -1 } ]', "m"
+    )
+    fill_defaults(config, "m")
+    validate(config, "m")  # Triton accepts it: ValidateInstanceGroup has no count rule
+    assert config.instance_group[0].count == DEFAULT_INSTANCE_COUNT
 
 
 def test_valid_gpu_group_passes() -> None:
