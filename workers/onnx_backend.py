@@ -15,6 +15,7 @@ from typing import Any, Final
 import numpy as np
 import onnxruntime as ort
 
+from configs.ort_params import ort_session_params
 from configs.schema import IOSpec
 from ipc.errors import invalid_arg
 
@@ -52,6 +53,25 @@ def _spec(arg: ort.NodeArg) -> IOSpec:
     return IOSpec(name=arg.name, datatype=dtype, shape=shape)
 
 
+def _session_options(config: object, threads: int) -> ort.SessionOptions:
+    """Session options for `threads` intra-op threads (0: ONNX Runtime's default) and the
+    config's execution_mode / inter_op_thread_count; raises ConfigError for bad values."""
+    params = ort_session_params(config)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    # Idle pool threads must not spin: the cores are shared with the frontend, the
+    # broker and other instances, which need them between executions.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if params.parallel:
+        so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        so.inter_op_num_threads = params.inter_op_threads
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    else:
+        so.inter_op_num_threads = 1  # a sequential session has no inter-op pool to size
+    so.log_severity_level = 3
+    return so
+
+
 class OnnxRuntimeBackend:
     def __init__(self) -> None:
         self._sess: ort.InferenceSession | None = None
@@ -62,13 +82,7 @@ class OnnxRuntimeBackend:
     def load(self, model_file: Path, config: object, threads: int, gpu: bool) -> None:
         if model_file.is_dir():
             model_file = model_file / "model.onnx"
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        # Idle intra-op threads must not spin: the cores are shared with the frontend,
-        # the broker and other instances, which need them between executions.
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.log_severity_level = 3
+        so = _session_options(config, threads)
         providers = ["CPUExecutionProvider"]
         if gpu:
             if "CUDAExecutionProvider" not in ort.get_available_providers():

@@ -11,6 +11,7 @@ same endpoint, so a broker restart does not need worker restarts.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -26,7 +27,8 @@ import zmq
 from configs import autocomplete as ac
 from configs import repository
 from configs.devices import gpu_count
-from configs.model_config import ConfigError, v2_datatype, validate_io
+from configs.model_config import ConfigError, ModelConfig, v2_datatype, validate_io
+from configs.ort_params import intra_op_threads
 from ipc import messages as m
 from ipc import sockets
 from ipc.errors import Code, ServingError
@@ -40,6 +42,7 @@ log = logging.getLogger("shoal.worker")
 
 _HELLO_RETRY_S = 1.0
 _SWEEP_MAPPINGS_S = 5.0
+_FAILED_REPORT_WAIT_S = 10.0
 
 
 @dataclass
@@ -131,6 +134,23 @@ class WorkerProc:
         )
         return m.WorkerReady(self.config_bytes, list(s.cores))
 
+    def _await_welcome(self) -> None:
+        """Stay until a broker has read this worker's hello, and so the failure queued
+        behind it (at most _FAILED_REPORT_WAIT_S, or until told to stop).
+
+        The socket drops unsent messages when it closes: a worker that fails before the
+        broker binds (a loaded host, or supervisord starting it first) would otherwise
+        leave its model LOADING for good, with the reason lost.
+        """
+        deadline = time.monotonic() + _FAILED_REPORT_WAIT_S
+        while not self.stop and time.monotonic() < deadline:
+            if not self.sock.poll(100, zmq.POLLIN):
+                continue
+            frames = self.sock.recv_multipart(copy=True)
+            with contextlib.suppress(ValueError, IndexError):
+                if isinstance(m.decode(frames[0], frames[1]), m.Welcome):
+                    return
+
     # -- loop ------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -138,7 +158,8 @@ class WorkerProc:
         outcome = self.load()
         self.sock.send_multipart(m.encode(outcome))
         if isinstance(outcome, m.WorkerFailed):
-            time.sleep(0.2)  # let the message leave before the socket closes
+            self._await_welcome()
+            time.sleep(0.2)  # the failure is read before the broker sees this pid exit
             return EXIT_FATAL  # a restart would fail the same way
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
@@ -391,12 +412,12 @@ def _concat(parts: list[Any]) -> Any:
     return np.concatenate(parts)
 
 
-def _thread_count(config: object, cores: list[int]) -> int:
-    params = getattr(config, "parameters", {})
-    for key in ("intra_op_thread_count", "shoal_intra_op_threads"):
-        if key in params:
-            try:
-                return max(int(params[key].string_value), 0)
-            except ValueError:
-                pass
+def _thread_count(config: ModelConfig, cores: list[int]) -> int:
+    """Intra-op threads for the backend (ONNX Runtime or PyTorch): the config's
+    intra_op_thread_count (0, the backend's own default, for any value <= 0), else one
+    per core this instance owns. Raises ConfigError, which fails the load, for a value
+    that is not an integer."""
+    threads = intra_op_threads(config)
+    if threads is not None:
+        return threads
     return max(len(cores), 1) if cores else 1

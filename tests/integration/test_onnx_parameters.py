@@ -1,0 +1,148 @@
+"""ONNX Runtime's `parameters` (execution_mode, intra/inter_op_thread_count) through the
+real server and tritonclient: values Triton rejects fail that model's load with Triton's
+message while the rest of the repository serves; ORT_PARALLEL and its inter-op pool
+are honoured."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from shoal import modelgen, torchgen
+from tests.serverctl import ShoalServer
+
+INTER_OP_THREADS = 3
+
+
+def _add_sub(repo: Path, name: str, params: dict[str, str]) -> None:
+    entries = ", ".join(
+        f'{{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in params.items()
+    )
+    modelgen.write_model(
+        repo, name, modelgen.add_sub_model("FP32", 4),
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        f"parameters [ {entries} ]\n",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+    repo = tmp_path_factory.mktemp("ort-params-repo")
+    # One intra-op thread each, so that the two workers differ only by the inter-op pool.
+    _add_sub(repo, "sequential", {"intra_op_thread_count": "1"})
+    _add_sub(
+        repo, "parallel",
+        {
+            "intra_op_thread_count": "1", "execution_mode": "1",
+            "inter_op_thread_count": str(INTER_OP_THREADS),
+        },
+    )  # fmt: skip
+    _add_sub(repo, "bad_mode", {"execution_mode": "2"})
+    _add_sub(repo, "bad_intra", {"intra_op_thread_count": "four"})
+    modelgen.write_model(  # shoal's PyTorch backend reads intra_op_thread_count too
+        repo, "torch_bad_intra", torchgen.add_sub_model(),
+        'name: "torch_bad_intra"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
+        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] },'
+        ' { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'parameters { key: "intra_op_thread_count" value { string_value: "two" } }\n',
+        filename="model.pt",
+    )  # fmt: skip
+    srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
+    try:
+        _wait_loaded(srv)
+    except BaseException:
+        srv.stop()
+        raise
+    yield srv
+    assert srv.stop() == 0
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+MODELS = ("sequential", "parallel", "bad_mode", "bad_intra", "torch_bad_intra")
+
+
+def _wait_loaded(srv: ShoalServer, timeout: float = 60.0) -> None:
+    """Until every model is READY or UNAVAILABLE (not strict: the server is ready first)."""
+    deadline = time.monotonic() + timeout
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        states = {m: _version(srv, m)["state"] for m in MODELS}
+        if all(state in ("READY", "UNAVAILABLE") for state in states.values()):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"models still loading after {timeout}s: {states}\n{srv.log()}")
+
+
+def _version(srv: ShoalServer, model: str) -> dict:
+    """shoal's extension: the model's (one) version with its state and reason."""
+    with urllib.request.urlopen(f"http://{srv.url}/v2/shoal/models/{model}", timeout=5) as r:
+        return dict(json.loads(r.read())["versions"][0])
+
+
+def _add_sub_infer(srv: ShoalServer, model: str) -> tuple[np.ndarray, np.ndarray]:
+    client = httpclient.InferenceServerClient(srv.url, network_timeout=30)
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    b = np.full((2, 4), 0.5, dtype=np.float32)
+    inputs = [httpclient.InferInput(n, [2, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = client.infer(model, inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    return a, b
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            "bad_mode",
+            "failed to load 'bad_mode' version 1: Invalid configuration value provided. "
+            "Expected values for  execution_mode are 0 or 1 but got 2 .",
+        ),
+        (
+            "bad_intra",
+            "failed to load 'bad_intra' version 1: failed to convert 'four' to integral number",
+        ),
+        (
+            "torch_bad_intra",
+            "failed to load 'torch_bad_intra' version 1: "
+            "failed to convert 'two' to integral number",
+        ),
+    ],
+)
+def test_a_parameter_triton_rejects_fails_only_that_models_load(
+    server: ShoalServer, model: str, message: str
+) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    version = _version(server, model)
+    assert version["state"] == "UNAVAILABLE"
+    assert version["reason"] == message
+    assert not client.is_model_ready(model)
+    assert client.is_model_ready("sequential")  # the rest of the repository serves
+    _add_sub_infer(server, "sequential")
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_parallel_execution_mode_serves_and_sizes_the_inter_op_pool(server: ShoalServer) -> None:
+    assert _version(server, "parallel")["state"] == "READY"
+    _add_sub_infer(server, "parallel")
+    _add_sub_infer(server, "sequential")
+    # ONNX Runtime's inter-op pool runs n - 1 threads beside the caller's; a sequential
+    # session has none. Everything else in the two workers is the same.
+    extra = _threads(server.worker_pid("parallel")) - _threads(server.worker_pid("sequential"))
+    assert extra == INTER_OP_THREADS - 1
