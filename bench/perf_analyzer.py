@@ -129,4 +129,5 @@ def run_perf_analyzer(
             **common,  # type: ignore[arg-type]
         )
     tail = " | ".join(text.strip().splitlines()[-2:])
-    raise RuntimeError(f"perf_analyzer failed on {what}: {tail}")
+    why = f"signal {-rc}" if rc < -1 else f"exit status {rc}" if rc > 0 else "no result"
+    raise RuntimeError(f"perf_analyzer failed on {what} ({why}): {tail}")
