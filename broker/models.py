@@ -44,6 +44,7 @@ class ModelVersion:
     version: int
     expected_instances: int
     platform: str = ""
+    passive: frozenset[int] = frozenset()  # instance numbers never scheduled (Triton's)
     config: bytes = b""
     state: VersionState = "LOADING"
     reason: str = ""
@@ -67,6 +68,11 @@ class ModelVersion:
         cfg = batcher_config(config)
         self.batcher = DynamicBatcher(cfg) if cfg is not None else None
         self.ordering = OrderedRelease() if cfg is not None and cfg.preserve_ordering else None
+
+    @property
+    def all_passive(self) -> bool:
+        """Every instance is passive: nothing would ever run a request."""
+        return len(self.passive) >= self.expected_instances
 
     def live(self) -> list[Instance]:
         return [i for i in self.instances.values() if i.state == "READY"]
@@ -105,11 +111,18 @@ class ModelTable:
         self.models: dict[str, ModelEntryState] = {}
         self.by_ident: dict[bytes, Instance] = {}
 
-    def add_model(self, name: str, versions: dict[int, int], platform: str) -> None:
-        """Expect ``versions`` (version -> instance count) of ``name``."""
+    def add_model(
+        self,
+        name: str,
+        versions: dict[int, int],
+        platform: str,
+        passive: frozenset[int] = frozenset(),
+    ) -> None:
+        """Expect ``versions`` (version -> instance count) of ``name``; the instances
+        numbered in ``passive`` load but are never sent work."""
         entry = self.models.setdefault(name, ModelEntryState(name))
         for v, count in versions.items():
-            entry.versions[v] = ModelVersion(name, v, count, platform)
+            entry.versions[v] = ModelVersion(name, v, count, platform, passive=passive)
 
     def add_error(self, name: str, error: str) -> None:
         self.models[name] = ModelEntryState(name, error=error)
@@ -135,11 +148,15 @@ class ModelTable:
         return [v for v in self.all_versions() if v.batcher is not None]
 
     def stats(self, name: str, version: int) -> list[m.ModelStats]:
-        """Statistics of every version (of ``name``, or of every model when "")."""
+        """Statistics of every version (of ``name``, or of every model when "") that has
+        been READY. Triton lists READY versions only; "has been" keeps a version's
+        statistics in view while its instance restarts (LOADING for a moment)."""
         return [
             v.stats.snapshot()
             for v in sorted(self.all_versions(), key=lambda v: (v.name, v.version))
-            if (not name or v.name == name) and (version < 0 or v.version == version)
+            if v.ever_ready
+            and (not name or v.name == name)
+            and (version < 0 or v.version == version)
         ]
 
     def startup_done(self) -> bool:
@@ -168,7 +185,14 @@ class ModelTable:
                 out.append(m.ModelState(e.name, -1, "UNAVAILABLE", e.error))
             for v in sorted(e.versions.values(), key=lambda v: v.version):
                 instances = [
-                    m.InstanceInfo(i.index, i.pid, i.state, list(i.cores), i.in_flight is not None)
+                    m.InstanceInfo(
+                        i.index,
+                        i.pid,
+                        i.state,
+                        list(i.cores),
+                        i.in_flight is not None,
+                        i.index in v.passive,
+                    )
                     for i in sorted(v.instances.values(), key=lambda i: i.index)
                 ]
                 out.append(m.ModelState(e.name, v.version, v.state, v.reason, instances))

@@ -28,10 +28,10 @@ from broker.models import Instance, ModelTable, ModelVersion
 from broker.router import Dispatch, Router
 from configs import repository
 from configs.devices import gpu_count
-from configs.placement import instance_count
+from configs.placement import instance_count, passive_instances
 from ipc import messages as m
 from ipc import shm, sockets
-from ipc.errors import Code, ServingError, unknown_model
+from ipc.errors import Code, RequestError, ServingError, unknown_model
 
 log = logging.getLogger("shoal.broker")
 
@@ -83,7 +83,8 @@ class BrokerProc:
                 continue
             count = instance_count(e.config)
             platform = e.config.platform or e.config.backend
-            self.table.add_model(e.name, {v: count for v in e.versions}, platform)
+            passive = passive_instances(e.config)
+            self.table.add_model(e.name, {v: count for v in e.versions}, platform, passive)
         log.info("repository %s: %d model(s)", self.s.model_repository, len(entries))
 
     # -- loop ------------------------------------------------------------------------
@@ -164,7 +165,8 @@ class BrokerProc:
 
     def _reply_error(self, frontend: bytes, req_id: int, err: ServingError) -> None:
         """Refuse a request that was never admitted (no place in any order)."""
-        resp = m.InferResponse(req_id, [], m.ErrorInfo(int(err.code), err.message))
+        info = m.ErrorInfo(int(err.code), err.message, isinstance(err, RequestError))
+        resp = m.InferResponse(req_id, [], info)
         self._send(self.fsock, [frontend, m.RESULT, m.encode_payload(resp)])
 
     def _fail_item(self, item: m.WorkItem, err: ServingError) -> None:
@@ -241,11 +243,19 @@ class BrokerProc:
         except ServingError as err:
             self._reply_error(ident, req.req_id, err)
             return
+        if mv.all_passive:
+            # Triton would queue it forever: no instance of a passive group is scheduled.
+            message = (
+                f"model '{mv.name}' version {mv.version} has only passive instances, "
+                "which are never sent requests"
+            )
+            self._reply_error(ident, req.req_id, ServingError(Code.UNAVAILABLE, message))
+            return
         item = m.WorkItem(ident, req, regions=clients)
         try:
             dispatches = self.router.submit(mv, item, time.monotonic())
         except Rejected as exc:
-            self._reply_error(ident, req.req_id, ServingError(Code.UNAVAILABLE, exc.message))
+            self._reply_error(ident, req.req_id, RequestError(Code.UNAVAILABLE, exc.message))
             return
         self.client_regions.acquire(clients)
         self._dispatch(dispatches)
@@ -278,15 +288,21 @@ class BrokerProc:
         )
 
     def _stats(self, q: m.StatsQuery) -> m.StatsReply:
-        if q.model:
-            entry = self.table.models.get(q.model)
-            if entry is None:
-                err = unknown_model(q.model)
-                return m.StatsReply(q.query_id, m.ErrorInfo(int(err.code), err.message))
-            if q.version >= 0 and q.version not in entry.versions:
-                err = ServingError(Code.NOT_FOUND, f"'{q.model}' version {q.version} is not found")
-                return m.StatsReply(q.query_id, m.ErrorInfo(int(err.code), err.message))
-        return m.StatsReply(q.query_id, None, self.table.stats(q.model, q.version))
+        """Triton's TRITONSERVER_ServerModelStatistics: the statistics API knows only
+        versions that are (here: have been) READY, and answers INVALID_ARG with its own
+        wording, not the "unknown model" of the other endpoints. Without a model name
+        the version is ignored."""
+        if not q.model:
+            return m.StatsReply(q.query_id, None, self.table.stats("", -1))
+        shown = self.table.stats(q.model, -1)
+        picked = [s for s in shown if q.version < 0 or s.version == str(q.version)]
+        if picked:
+            return m.StatsReply(q.query_id, None, picked)
+        if shown:
+            message = f"requested model version is not available for model '{q.model}'"
+        else:
+            message = f"requested model '{q.model}' is not available"
+        return m.StatsReply(q.query_id, m.ErrorInfo(int(Code.INVALID_ARG), message))
 
     # -- workers ---------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.batcher import TIMEOUT_EXPIRED, Rejected
+from broker.batcher import TIMEOUT_EXPIRED
 from broker.models import Instance, ModelTable, ModelVersion
 from ipc import messages as m
 
@@ -37,13 +37,11 @@ class Router:
         self._queued_ns: dict[tuple[bytes, int], int] = {}
 
     def submit(self, mv: ModelVersion, item: m.WorkItem, now: float) -> list[Dispatch]:
-        """Queue ``item``; raises Rejected (already counted as a failure) when refused."""
+        """Queue ``item``; raises Rejected when refused. A refused request is not a
+        statistic: Triton hands the error back before its scheduler owns the request (a
+        full queue leaves ``fail`` at 0 on Triton 2.51)."""
         if mv.batcher is not None:
-            try:
-                mv.batcher.enqueue(item, now)
-            except Rejected:
-                mv.stats.failed(0)
-                raise
+            mv.batcher.enqueue(item, now)
         else:
             mv.queue.append(item)
         self._arrived[_key(item)] = now
@@ -53,6 +51,8 @@ class Router:
         mv = self.table.version(inst.model, inst.version)
         if mv is None:
             return []
+        if inst.index in mv.passive:
+            return []  # loaded, never scheduled (Triton's passive instance group)
         if inst.ident not in mv.idle and inst.in_flight is None:
             mv.idle.append(inst.ident)
         return self._dispatch(mv, now)
@@ -164,7 +164,9 @@ class Router:
 
     def cancel(self, frontend: bytes, req_id: int, now: float) -> m.WorkItem | None:
         """Drop a request its client gave up on, if it is still queued (a failure, in the
-        statistics, as Triton counts a cancelled request); None once it is running."""
+        statistics, as Triton counts a cancelled request); None once it is running.
+        Triton drops cancelled requests only in its dynamic and sequence batchers; shoal
+        drops them from every queue, so that an abandoned request costs no execution."""
         key = (frontend, req_id)
         taken = self._take_queued(lambda it: _key(it) == key, now)
         return taken[0] if taken else None

@@ -14,7 +14,7 @@ from typing import Final
 from frontend.types import InputTensor, ParamValue, RequestedOutput
 from ipc import datatypes
 from ipc import messages as m
-from ipc.errors import Code, ServingError, invalid_arg
+from ipc.errors import Code, ServingError, invalid_arg, invalid_request
 
 SHM_DISABLED: Final = (
     "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
@@ -57,7 +57,7 @@ def input_ref(t: InputTensor, shape: list[int], model: str) -> m.TensorRef:
     if dt is not None and dt.itemsize:
         expected = datatypes.element_count(t.shape) * dt.itemsize
         if size != expected:
-            raise invalid_arg(
+            raise invalid_request(
                 f"input byte size mismatch for input '{t.name}' for model '{model}'. "
                 f"Expected {expected}, got {size}"
             )

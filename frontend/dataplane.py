@@ -21,7 +21,7 @@ from frontend.broker_client import BrokerClient
 from frontend.model_handle import ModelHandle, check_byte_size
 from frontend.types import InferenceRequest, InferenceResult, OutputTensor
 from ipc import messages as m
-from ipc.errors import Code, ServingError, invalid_arg
+from ipc.errors import Code, RequestError, ServingError, invalid_arg, named
 from ipc.shm import ShmFull, SlabPool, Slot
 
 log = logging.getLogger("shoal.frontend")
@@ -191,10 +191,13 @@ class DataPlane:
 
     async def infer(self, req: InferenceRequest) -> InferenceResult:
         model = await self.model(req.model, req.version)
-        batch = model.batch_size(req)
         slots: list[Slot] = []
         try:
+            batch = model.batch_size(req)
             msg = self._build(req, model, batch, slots)
+        except RequestError as err:
+            self._free(slots)
+            raise ServingError(err.code, named(err.message, req.id)) from None
         except BaseException:
             self._free(slots)
             raise
@@ -211,7 +214,10 @@ class DataPlane:
             if resp.error is not None:
                 if resp.error.message.startswith("Request for unknown model"):
                     self._models.pop((req.model, parse_version(req.version)), None)
-                raise ServingError(Code(resp.error.code), resp.error.message)
+                message = resp.error.message
+                if resp.error.names_request:
+                    message = named(message, req.id)
+                raise ServingError(Code(resp.error.code), message)
             outputs = self._outputs(resp, slots)
         except BaseException:
             self._free(slots, pool)

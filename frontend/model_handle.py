@@ -16,7 +16,7 @@ from configs.model_config import config_to_json, model_metadata, v2_datatype
 from frontend.json_tensors import check_bytes_elements
 from frontend.types import InferenceRequest, InputTensor
 from ipc import datatypes
-from ipc.errors import invalid_arg
+from ipc.errors import RequestError, invalid_arg, invalid_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,15 @@ class TensorSpec:
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None = None
     optional: bool = False
+
+
+#: What Triton appends to a shape error of a model that batches.
+_BATCH_DIM_NOTE = (
+    ". NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
+    "dimension to be prepended to each input shape. If you want to specify the full shape "
+    "including the batch dim in your input dims config, try setting max_batch_size to zero. "
+    "See the model configuration docs for more info on max_batch_size."
+)
 
 
 def _dims_str(dims: list[int] | tuple[int, ...]) -> str:
@@ -65,13 +74,13 @@ class ModelHandle:
         for t in req.inputs:
             spec = self.inputs[t.name]
             if t.datatype != spec.datatype:
-                raise invalid_arg(
+                raise invalid_request(
                     f"inference input '{t.name}' data-type is '{t.datatype}', but model "
                     f"'{self.name}' expects '{spec.datatype}'"
                 )
             b = self._check_shape(t, spec)
             if batch >= 0 and b != batch:
-                raise invalid_arg(
+                raise invalid_request(
                     f"inference request batch-size of input '{t.name}' is {b}, but other "
                     f"inputs of model '{self.name}' have batch-size {batch}"
                 )
@@ -79,28 +88,36 @@ class ModelHandle:
         return max(batch, 0)
 
     def _check_names(self, req: InferenceRequest) -> None:
+        """Triton's order: the input count first, then each name."""
         given = [t.name for t in req.inputs]
+        missing = [n for n in self.required if n not in given]
+        if len(given) > len(self.inputs) or len(given) < len(self.required):
+            raise self._count_error(given, missing)
         for n in given:
             if n not in self.inputs:
                 raise invalid_arg(f"unexpected inference input '{n}' for model '{self.name}'")
-        missing = [n for n in self.required if n not in given]
         if missing or len(set(given)) != len(given):
-            n_all, n_req = len(self.inputs), len(self.required)
-            expected = (
-                f"expected {n_all} inputs"
-                if n_all == n_req
-                else f"expected number of inputs between {n_req} and {n_all}"
-            )
-            got = ",".join(f"'{n}'" for n in given)
-            miss = ",".join(f"'{n}'" for n in missing)
-            raise invalid_arg(
-                f"{expected} but got {len(given)} inputs for model '{self.name}'. Got input(s) "
-                f"[{got}], but missing required input(s) [{miss}]. Please provide all required "
-                "input(s)."
-            )
+            raise self._count_error(given, missing)
         for o in req.outputs:
             if o.name not in self.outputs:
                 raise invalid_arg(f"unexpected inference output '{o.name}' for model '{self.name}'")
+
+    def _count_error(self, given: list[str], missing: list[str]) -> RequestError:
+        n_all, n_req = len(self.inputs), len(self.required)
+        expected = (
+            f"expected {n_all} inputs"
+            if n_all == n_req
+            else f"expected number of inputs between {n_req} and {n_all}"
+        )
+        got = ",".join(f"'{n}'" for n in given)
+        # Triton drops the last character of "['a','b'," to close the list: with nothing
+        # missing, that is the "[" itself. Kept, so that messages compare equal.
+        miss = "[" + ",".join(f"'{n}'" for n in missing) + "]" if missing else "]"
+        return invalid_request(
+            f"{expected} but got {len(given)} inputs for model '{self.name}'. Got input(s) "
+            f"[{got}], but missing required input(s) {miss}. Please provide all required "
+            "input(s)."
+        )
 
     def _check_shape(self, t: InputTensor, spec: TensorSpec) -> int:
         shape = t.shape
@@ -108,25 +125,26 @@ class ModelHandle:
         dims = shape
         if self.max_batch_size > 0:
             if not shape:
-                raise invalid_arg(
-                    f"unexpected shape for input '{t.name}' for model '{self.name}'. Expected "
-                    f"{_dims_str([-1, *spec.dims])}, got {_dims_str(shape)}"
-                )
+                raise self._shape_error(t, spec)
             batch, dims = shape[0], shape[1:]
             if batch < 1 or batch > self.max_batch_size:
-                raise invalid_arg(
+                raise invalid_request(
                     f"inference request batch-size must be <= {self.max_batch_size} for "
                     f"'{self.name}'"
                 )
         if len(dims) != len(spec.dims) or any(
             want != -1 and want != got for want, got in zip(spec.dims, dims, strict=True)
         ):
-            full = [-1, *spec.dims] if self.max_batch_size > 0 else list(spec.dims)
-            raise invalid_arg(
-                f"unexpected shape for input '{t.name}' for model '{self.name}'. Expected "
-                f"{_dims_str(full)}, got {_dims_str(shape)}"
-            )
+            raise self._shape_error(t, spec)
         return batch
+
+    def _shape_error(self, t: InputTensor, spec: TensorSpec) -> RequestError:
+        full = [-1, *spec.dims] if self.max_batch_size > 0 else list(spec.dims)
+        return invalid_request(
+            f"unexpected shape for input '{t.name}' for model '{self.name}'. Expected "
+            f"{_dims_str(full)}, got {_dims_str(t.shape)}"
+            + (_BATCH_DIM_NOTE if self.max_batch_size > 0 else "")
+        )
 
     def model_shape(self, t: InputTensor, batch: int) -> list[int]:
         """The shape the model receives (config ``reshape`` applied)."""
@@ -154,7 +172,7 @@ def check_byte_size(t: InputTensor, model: str) -> None:
     if dt.itemsize:
         expected = count * dt.itemsize
         if len(t.data) != expected:
-            raise invalid_arg(
+            raise invalid_request(
                 f"input byte size mismatch for input '{t.name}' for model '{model}'. "
                 f"Expected {expected}, got {len(t.data)}"
             )

@@ -59,8 +59,23 @@ class ServingError(Exception):
         return HTTP_STATUS[self.code]
 
 
+class RequestError(ServingError):
+    """A request refused by Triton's per-request checks (its InferenceRequest validation,
+    a full scheduler queue): Triton's message names the request, as ``named`` writes it.
+    Raised where the client's request id is not at hand; the frontend names it."""
+
+
+def named(message: str, request_id: str) -> str:
+    """Triton's form of a request's error: ``[request id: <id>] <message>``."""
+    return f"[request id: {request_id or '<id_unknown>'}] {message}"
+
+
 def invalid_arg(message: str) -> ServingError:
     return ServingError(Code.INVALID_ARG, message)
+
+
+def invalid_request(message: str) -> RequestError:
+    return RequestError(Code.INVALID_ARG, message)
 
 
 def unknown_model(name: str) -> ServingError:

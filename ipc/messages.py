@@ -30,6 +30,7 @@ INLINE_MAX_BYTES: Final[int] = 16384
 class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):
     code: int  # ipc.errors.Code
     message: str
+    names_request: bool = False  # the frontend prefixes the client's request id
 
 
 class TensorRef(msgspec.Struct, array_like=True):
@@ -165,6 +166,7 @@ class InstanceInfo(msgspec.Struct):
     state: str
     cores: list[int] = []
     busy: bool = False  # running a batch now
+    passive: bool = False  # loaded, never sent requests (a passive instance group)
 
 
 class ModelState(msgspec.Struct, array_like=True):
@@ -238,6 +240,21 @@ class BatchStats(msgspec.Struct):
     compute_output: Duration = msgspec.field(default_factory=Duration)
 
 
+class ResponseStats(msgspec.Struct):
+    compute_infer: Duration = msgspec.field(default_factory=Duration)
+    compute_output: Duration = msgspec.field(default_factory=Duration)
+    success: Duration = msgspec.field(default_factory=Duration)
+    fail: Duration = msgspec.field(default_factory=Duration)
+    empty_response: Duration = msgspec.field(default_factory=Duration)
+    cancel: Duration = msgspec.field(default_factory=Duration)
+
+
+class MemoryUsage(msgspec.Struct):
+    type: str  # CPU, CPU_PINNED, GPU
+    id: int
+    byte_size: int
+
+
 class ModelStats(msgspec.Struct):
     """Triton's statistics extension, field for field (JSON keys as Triton's)."""
 
@@ -247,7 +264,11 @@ class ModelStats(msgspec.Struct):
     inference_count: int = 0
     execution_count: int = 0
     inference_stats: InferStats = msgspec.field(default_factory=InferStats)
+    # Per-response statistics (decoupled models) and memory usage reports: Triton always
+    # prints both; no shoal backend reports either, as ONNX Runtime and PyTorch in Triton.
+    response_stats: dict[str, ResponseStats] = {}
     batch_stats: list[BatchStats] = []
+    memory_usage: list[MemoryUsage] = []
 
 
 class StatsReply(msgspec.Struct, array_like=True):

@@ -340,6 +340,17 @@ def test_broken_config_without_exit_on_error_serves_the_rest(tmp_path: Path) -> 
         with pytest.raises(InferenceServerException) as e:
             client.get_model_metadata("broken")
         assert "max_batch_size" in e.value.message()
+        # Statistics know only versions that have been READY, as Triton's.
+        every = client.get_inference_statistics()["model_stats"]
+        names = {s["name"] for s in every}
+        assert "simple" in names and not names & {"broken", "corrupt"}
+        for model in ("broken", "corrupt"):
+            with pytest.raises(InferenceServerException) as e:
+                client.get_inference_statistics(model)
+            assert (e.value.status(), e.value.message()) == (
+                "400",
+                f"requested model '{model}' is not available",
+            )
     finally:
         srv.stop()
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)

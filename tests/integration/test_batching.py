@@ -58,6 +58,12 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalS
     _identity(repo, "auto_kind", "instance_group [ { kind: KIND_AUTO } ]")
     _identity(
         repo,
+        "standby",
+        "instance_group [ { count: 1 kind: KIND_CPU }, { count: 1 kind: KIND_CPU passive: true } ]",
+    )
+    _identity(repo, "passive_only", "instance_group [ { kind: KIND_CPU passive: true } ]")
+    _identity(
+        repo,
         "ordered",
         "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
         "dynamic_batching { preserve_ordering: true }",
@@ -104,10 +110,12 @@ def test_full_queue_is_refused_with_503(batching_server: ShoalServer) -> None:
             _infer(batching_server.url, "queue2", 9)
         assert time.monotonic() - t0 < 1.0  # refused at once, not after the delay
         assert e.value.status() == "503"
-        assert e.value.message() == "Exceeds maximum queue size"
+        # Triton 2.51's words, request id included (none given here)
+        assert e.value.message() == "[request id: <id_unknown>] Exceeds maximum queue size"
         assert [int(f.result()[0, 0]) for f in waiting] == [0, 1]
     stats = _stats(batching_server.url, "queue2")
-    assert stats["inference_stats"]["fail"]["count"] == 1
+    # Refused before the scheduler owned it: not a failure in Triton 2.51's statistics.
+    assert stats["inference_stats"]["fail"]["count"] == 0
     assert stats["execution_count"] == 1  # the two queued ran together
 
 
@@ -173,7 +181,7 @@ def test_stats_endpoints(batching_server: ShoalServer) -> None:
     assert {s["name"] for s in every} >= {"preferred6", "queue2", "nobatcher"}
     client = httpclient.InferenceServerClient(batching_server.url)
     assert len(client.get_inference_statistics("preferred6")["model_stats"]) == 1
-    with pytest.raises(InferenceServerException, match="Request for unknown model"):
+    with pytest.raises(InferenceServerException, match="requested model 'nope' is not available"):
         client.get_inference_statistics("nope")
     grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{batching_server.grpc_port}")
     gstats = grpc_client.get_inference_statistics("preferred6").model_stats[0]
@@ -246,3 +254,22 @@ def test_preserve_ordering_holds_a_later_answer_until_the_earlier_one(
     # Both answers leave together once A is done; which client thread wakes first is
     # the OS's business, so only completion is checked here (the hold is the point).
     assert sorted(finished) == ["A", "B"]
+
+
+def test_passive_instances_load_and_are_never_sent_requests(batching_server: ShoalServer) -> None:
+    instances = _instances(batching_server.url, "standby")
+    assert [(i["state"], i["passive"]) for i in instances] == [("READY", False), ("READY", True)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: _infer(batching_server.url, "standby", i), range(64)))
+    assert _stats(batching_server.url, "standby")["execution_count"] == 64
+    # A model of passive instances only would queue forever on Triton: refused at once.
+    client = httpclient.InferenceServerClient(batching_server.url)
+    assert client.is_model_ready("passive_only")
+    inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("passive_only", [inp])
+    assert (e.value.status(), e.value.message()) == (
+        "503",
+        "model 'passive_only' version 1 has only passive instances, which are never sent requests",
+    )

@@ -375,7 +375,8 @@ def test_http_shared_memory_parameters_without_a_region_are_ignored(
         http.infer("simple", ins)
     assert e.value.status() == "400"
     assert e.value.message() == (
-        "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 0"
+        "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model "
+        "'simple'. Expected 64, got 0"
     )
 
 
@@ -480,7 +481,8 @@ def test_unknown_region_and_byte_size_mismatch(client: Any, regions: Regions) ->
     with pytest.raises(InferenceServerException) as e:
         client.infer("simple", ins)
     assert e.value.message() == (
-        "input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 128"
+        "[request id: <id_unknown>] input byte size mismatch for input 'INPUT1' for model "
+        "'simple'. Expected 64, got 128"
     )
 
 

@@ -272,11 +272,11 @@ def test_bad_shape_is_invalid_argument(client: grpcclient.InferenceServerClient)
     for i in ins:
         i.set_data_from_numpy(np.ones((2, 8), dtype=np.int32))
     with pytest.raises(InferenceServerException) as e:
-        client.infer("simple", ins)
+        client.infer("simple", ins, request_id="g1")
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert (
-        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2,8]"
-        in e.value.message()
+    assert e.value.message().startswith(
+        "[request id: g1] unexpected shape for input 'INPUT0' for model 'simple'. Expected "
+        "[-1,16], got [2,8]. NOTE: Setting a non-zero max_batch_size"
     )
 
 
@@ -358,3 +358,27 @@ def test_a_cancelled_request_never_corrupts_the_next(server: ShoalServer, url: s
     result = done.get(timeout=20)
     assert not isinstance(result, Exception), result
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected)
+
+
+@pytest.mark.parametrize(
+    ("model", "version", "message"),
+    [
+        ("nope", "", "requested model 'nope' is not available"),
+        ("versioned", "2", "requested model version is not available for model 'versioned'"),
+    ],
+)
+def test_stats_errors_are_invalid_argument(
+    client: grpcclient.InferenceServerClient, model: str, version: str, message: str
+) -> None:
+    with pytest.raises(InferenceServerException) as e:
+        client.get_inference_statistics(model, version)
+    assert (e.value.status(), e.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+
+
+def test_stats_without_a_model_ignore_the_version(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    every = client.get_inference_statistics().model_stats
+    assert {(s.name, s.version) for s in every} >= {("versioned", "1"), ("versioned", "3")}
+    same = client.get_inference_statistics("", "3").model_stats
+    assert [(s.name, s.version) for s in same] == [(s.name, s.version) for s in every]

@@ -115,3 +115,42 @@ def test_wrong_verb_is_405(server: ShoalServer) -> None:
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=5)
     assert e.value.code == 405
+
+
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        ("/v2/models/nope/stats", "requested model 'nope' is not available"),
+        ("/v2/models/nope/versions/1/stats", "requested model 'nope' is not available"),
+        (
+            "/v2/models/versioned/versions/2/stats",  # on disk, not served by the policy
+            "requested model version is not available for model 'versioned'",
+        ),
+        (
+            "/v2/models/versioned/versions/7/stats",
+            "requested model version is not available for model 'versioned'",
+        ),
+    ],
+)
+def test_stats_errors_are_tritons_400s(server: ShoalServer, path: str, error: str) -> None:
+    status, body = _get(server, path)
+    assert (status, json.loads(body)) == (400, {"error": error})
+
+
+def test_stats_carry_every_key_triton_prints(server: ShoalServer) -> None:
+    status, body = _get(server, "/v2/models/versioned/stats")
+    assert status == 200
+    stats = json.loads(body)["model_stats"]
+    assert [s["version"] for s in stats] == ["1", "3"]
+    assert list(stats[0]) == [
+        "name",
+        "version",
+        "last_inference",
+        "inference_count",
+        "execution_count",
+        "inference_stats",
+        "response_stats",
+        "batch_stats",
+        "memory_usage",
+    ]
+    assert (stats[0]["response_stats"], stats[0]["memory_usage"]) == ({}, [])

@@ -112,7 +112,7 @@ def test_valid_json_request_works(server: ShoalServer) -> None:
                 ]
             ),
             400,
-            "unexpected inference input 'INPUT9' for model 'simple'",
+            "expected 2 inputs but got 3 inputs for model 'simple'",  # Triton: count first
         ),
         (
             simple_json(outputs=[{"name": "OUTPUT7"}]),
@@ -167,7 +167,7 @@ def test_valid_json_request_works(server: ShoalServer) -> None:
         "shape",
         "batch-size",
         "datatype",
-        "unknown-input",
+        "extra-input",
         "unknown-output",
         "duplicate-output",
         "negative-dim",
@@ -228,7 +228,8 @@ def test_binary_byte_size_mismatch(server: ShoalServer) -> None:
     )
     assert status == 400
     assert doc["error"] == (
-        "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 32"
+        "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model "
+        "'simple'. Expected 64, got 32"
     )
 
 
@@ -327,3 +328,51 @@ def test_body_above_max_input_size(server: ShoalServer) -> None:
         f"Request JSON size of {len(body)} bytes exceeds the maximum allowed value of {limit} "
         "bytes. Use --http-max-input-size to increase the limit."
     )
+
+
+def _int32(name: str, shape: list[int]) -> dict[str, object]:
+    n = shape[0] * shape[1]
+    return {"name": name, "shape": shape, "datatype": "INT32", "data": [0] * n}
+
+
+_NOTE = (
+    ". NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
+    "dimension to be prepended to each input shape. If you want to specify the full shape "
+    "including the batch dim in your input dims config, try setting max_batch_size to zero. "
+    "See the model configuration docs for more info on max_batch_size."
+)
+
+
+@pytest.mark.parametrize(
+    ("doc", "error"),
+    [
+        (  # Triton's per-request checks name the request...
+            {"id": "r7", "inputs": [_int32("INPUT0", [1, 16]), _int32("INPUT1", [1, 8])]},
+            "[request id: r7] unexpected shape for input 'INPUT1' for model 'simple'. "
+            "Expected [-1,16], got [1,8]" + _NOTE,
+        ),
+        (  # ...<id_unknown> when it has no id; the input count comes first, and with
+            # nothing missing Triton's list closes on a lone "]"
+            {
+                "inputs": [
+                    _int32("INPUT0", [1, 16]),
+                    _int32("INPUT1", [1, 16]),
+                    _int32("X", [1, 16]),
+                ]
+            },
+            "[request id: <id_unknown>] expected 2 inputs but got 3 inputs for model 'simple'. "
+            "Got input(s) ['INPUT0','INPUT1','X'], but missing required input(s) ]. Please "
+            "provide all required input(s).",
+        ),
+        (  # an unknown name with the right count is not named
+            {"id": "r8", "inputs": [_int32("INPUT0", [1, 16]), _int32("X", [1, 16])]},
+            "unexpected inference input 'X' for model 'simple'",
+        ),
+    ],
+)
+def test_request_errors_read_as_tritons(
+    server: ShoalServer, doc: dict[str, object], error: str
+) -> None:
+    """Checked against Triton 2.51 (triton-peer) on an identity model, 2026-12-01."""
+    status, body = post(server, "simple", json.dumps(doc).encode())
+    assert (status, body) == (400, {"error": error})

@@ -10,9 +10,11 @@ from broker.router import Router
 from ipc import messages as m
 
 
-def _table(instances: int = 2) -> tuple[ModelTable, Router, list[Instance]]:
+def _table(
+    instances: int = 2, passive: frozenset[int] = frozenset()
+) -> tuple[ModelTable, Router, list[Instance]]:
     table = ModelTable()
-    table.add_model("simple", {1: instances}, "onnxruntime_onnx")
+    table.add_model("simple", {1: instances}, "onnxruntime_onnx", passive)
     mv = table.version("simple", 1)
     assert mv is not None
     insts = []
@@ -190,8 +192,7 @@ def test_forget_frontend_returns_its_queued_requests() -> None:
     dropped = router.forget_frontend(b"f-0-1", 1.0)
     assert [it.request.req_id for it in dropped] == [1]
     assert [it.request.req_id for it in mv.queue] == [2]
-    (stats,) = table.stats("simple", -1)
-    assert stats.inference_stats.fail.count == 1  # cancelled: a failure, as in Triton
+    assert mv.stats.snapshot().inference_stats.fail.count == 1  # cancelled: a failure
 
 
 def test_a_busy_version_does_not_wake_the_broker_for_its_queue_delay() -> None:
@@ -295,3 +296,22 @@ def test_a_cancelled_request_leaves_the_queue_but_not_a_running_batch() -> None:
     (stats,) = table.stats("simple", -1)
     assert stats.inference_stats.fail.count == 1
     assert _done(router, a) == []  # nothing left to run
+
+
+def test_a_passive_instance_loads_but_is_never_sent_work() -> None:
+    table, router, (active, standby) = _table(passive=frozenset({1}))
+    _ready(table, router, active)
+    assert _ready(table, router, standby) == []
+    mv = table.version("simple", 1)
+    assert mv is not None and mv.state == "READY" and not mv.all_passive
+    sent = [router.submit(mv, _item(i), 0.0) for i in range(3)]
+    assert [inst for out in sent for inst, _ in out] == [active]
+    while (nxt := _done(router, active)) != []:
+        assert [inst for inst, _ in nxt] == [active]
+    assert standby.in_flight is None
+
+
+def test_a_version_of_passive_instances_only_is_known_as_such() -> None:
+    table, _, _ = _table(instances=1, passive=frozenset({0}))
+    mv = table.version("simple", 1)
+    assert mv is not None and mv.all_passive
