@@ -179,10 +179,20 @@ def _check_reserved_type(key: str, value: object) -> None:
         ok = _is_uint(value) or isinstance(value, str)
     elif key in ("sequence_start", "sequence_end"):
         ok = type(value) is bool
-    elif key in ("priority", "timeout"):
-        ok = _is_uint(value)
+    elif key in ("priority", "timeout") and not _is_uint(value):
+        raise _not_uint(key)
     if not ok:
         raise invalid_arg(f"Unable to parse '{key}'")
+
+
+def _not_uint(key: str) -> ServingError:
+    """What Triton's JSON layer answers for a member that must be an unsigned integer:
+    INTERNAL (HTTP 500), as Triton 2.51 does for shape, priority, timeout and the
+    shared-memory offset and byte size."""
+    return ServingError(
+        Code.INTERNAL,
+        f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as unsigned-integer",
+    )
 
 
 def _member(obj: dict[str, Any], key: str, kind: type, what: str) -> Any:
@@ -197,12 +207,7 @@ def _member(obj: dict[str, Any], key: str, kind: type, what: str) -> Any:
 def _shape(tensor: dict[str, Any]) -> list[int]:
     dims = _member(tensor, "shape", list, "array")
     if not all(map(_is_uint, dims)):
-        # Triton reports this from its JSON layer, as INTERNAL (HTTP 500).
-        raise ServingError(
-            Code.INTERNAL,
-            "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
-            "unsigned-integer",
-        )
+        raise _not_uint("shape")
     return dims
 
 
@@ -252,7 +257,7 @@ def _check_shm(params: dict[str, Any]) -> None:
         raise invalid_arg(f"Unable to parse '{_SHM_REGION}'")
     for key in (_SHM_OFFSET, _SHM_SIZE):
         if key in params and not _is_uint(params[key]):
-            raise invalid_arg(f"Unable to parse '{key}'")
+            raise _not_uint(key)
     if _SHM_REGION in params:
         params.setdefault(_SHM_SIZE, 0)
 

@@ -32,7 +32,10 @@ async def _body(request: web.Request) -> dict[str, Any]:
 def _uint(doc: dict[str, Any], key: str, default: int | None = None) -> int:
     value = doc.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise invalid_arg(f"Unable to parse '{key}': expected a non-negative integer")
+        # Triton 2.51's JSON layer, word for word: INTERNAL, the member not named.
+        raise ServingError(
+            Code.INTERNAL, "attempt to access JSON non-unsigned-integer as unsigned-integer"
+        )
     return value
 
 

@@ -375,6 +375,33 @@ def one_input(**fields: Any) -> dict[str, Any]:
             Code.INVALID_ARG,
             "Unable to parse 'sequence_start'",
         ),
+        (  # Triton 2.51 answers these from its JSON layer, as INTERNAL
+            {**one_input(), "parameters": {"priority": -1}},
+            Code.INTERNAL,
+            "Unable to parse 'priority': attempt to access JSON non-unsigned-integer as "
+            "unsigned-integer",
+        ),
+        (
+            {**one_input(), "parameters": {"timeout": "5"}},
+            Code.INTERNAL,
+            "Unable to parse 'timeout': attempt to access JSON non-unsigned-integer as "
+            "unsigned-integer",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "IN",
+                        "shape": [1],
+                        "datatype": "FP32",
+                        "parameters": {"shared_memory_region": "r", "shared_memory_offset": -8},
+                    }
+                ]
+            },
+            Code.INTERNAL,
+            "Unable to parse 'shared_memory_offset': attempt to access JSON "
+            "non-unsigned-integer as unsigned-integer",
+        ),
         (
             {**one_input(), "parameters": {"binary_data_output": "yes"}},
             Code.INVALID_ARG,
