@@ -109,7 +109,9 @@ class ModelHandle:
             if n_all == n_req
             else f"expected number of inputs between {n_req} and {n_all}"
         )
-        got = ",".join(f"'{n}'" for n in given)
+        # Triton lists the inputs from a std::unordered_map: an order that depends on the
+        # names' hashes, most often newest first (as here) for a few names.
+        got = ",".join(f"'{n}'" for n in reversed(given))
         # Triton drops the last character of "['a','b'," to close the list: with nothing
         # missing, that is the "[" itself. Kept, so that messages compare equal.
         miss = "[" + ",".join(f"'{n}'" for n in missing) + "]" if missing else "]"

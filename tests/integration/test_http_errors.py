@@ -361,7 +361,7 @@ _NOTE = (
                 ]
             },
             "[request id: <id_unknown>] expected 2 inputs but got 3 inputs for model 'simple'. "
-            "Got input(s) ['INPUT0','INPUT1','X'], but missing required input(s) ]. Please "
+            "Got input(s) ['X','INPUT1','INPUT0'], but missing required input(s) ]. Please "
             "provide all required input(s).",
         ),
         (  # an unknown name with the right count is not named
