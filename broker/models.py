@@ -77,6 +77,10 @@ class ModelVersion:
     def live(self) -> list[Instance]:
         return [i for i in self.instances.values() if i.state == "READY"]
 
+    def schedulable(self) -> list[Instance]:
+        """Live instances that may be sent requests (not passive)."""
+        return [i for i in self.live() if i.index not in self.passive]
+
     def load_failed(self, inst: Instance, reason: str) -> None:
         inst.state = "DEAD"
         self.failed_loads += 1
@@ -84,11 +88,14 @@ class ModelVersion:
         self.refresh_state()
 
     def refresh_state(self) -> None:
-        """READY once every expected instance loaded (later: while one is alive);
-        LOADING while an instance is still (re)loading; otherwise UNAVAILABLE."""
-        ready = len(self.live())
+        """READY once every expected instance loaded (later: while one that can be sent
+        requests is alive; passive ones do not count, unless all are passive, which
+        refuse requests instead); LOADING while an instance is still (re)loading;
+        otherwise UNAVAILABLE."""
+        live = self.live()
+        serving = live if self.all_passive else self.schedulable()
         loading = any(i.state == "LOADING" for i in self.instances.values())
-        if ready and (self.ever_ready or ready >= self.expected_instances):
+        if serving and (self.ever_ready or len(live) >= self.expected_instances):
             self.state, self.ever_ready, self.reason = "READY", True, ""
         elif loading or not (self.ever_ready or self.failed_loads):
             self.state = "LOADING"

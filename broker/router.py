@@ -106,7 +106,8 @@ class Router:
 
     def instance_lost(self, inst: Instance, now: float) -> tuple[list[m.WorkItem], list[Dispatch]]:
         """Mark ``inst`` dead. Returns the items it was running (they failed) and, if
-        no instance is left, every queued item of the version too."""
+        no instance that can be sent requests is left, every queued item of the version
+        too (a passive instance never takes them)."""
         mv = self.table.version(inst.model, inst.version)
         failed = list(inst.in_flight.items) if inst.in_flight else []
         inst.in_flight = None
@@ -116,7 +117,7 @@ class Router:
         if inst.ident in mv.idle:
             mv.idle.remove(inst.ident)
         mv.refresh_state()
-        if not mv.live():
+        if not mv.schedulable():
             failed.extend(mv.queue)
             mv.queue.clear()
             if mv.batcher is not None:

@@ -116,7 +116,11 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
     raw = req.raw_input_contents
     inputs: list[InputTensor] = []
     raw_index = 0
+    names: set[str] = set()
     for t in req.inputs:
+        if t.name in names:  # Triton's TRITONSERVER_InferenceRequestAddInput refuses it
+            raise invalid_arg(f"input '{t.name}' already exists in request")
+        names.add(t.name)
         params = _params(t.parameters)
         if datatypes.datatype(t.datatype) is None:
             raise invalid_arg(f"invalid datatype '{t.datatype}' for input '{t.name}'")

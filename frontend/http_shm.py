@@ -31,8 +31,9 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 def _uint(doc: dict[str, Any], key: str, default: int | None = None) -> int:
     value = doc.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        # Triton 2.51's JSON layer, word for word: INTERNAL, the member not named.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+        # Triton 2.51's JSON layer, word for word: INTERNAL, the member not named (a
+        # number past uint64 is a double to it).
         raise ServingError(
             Code.INTERNAL, "attempt to access JSON non-unsigned-integer as unsigned-integer"
         )

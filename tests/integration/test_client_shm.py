@@ -278,7 +278,11 @@ def test_register_requests_missing_a_field(shm_server: ShoalServer, regions: Reg
         "Shared memory register request has no 'byte_size' field",
     )
     # A field of the wrong JSON type: Triton 2.51's JSON layer answers, as INTERNAL.
-    for bad in ({"key": key, "offset": "0", "byte_size": 64}, {"key": key, "byte_size": -1}):
+    for bad in (
+        {"key": key, "offset": "0", "byte_size": 64},
+        {"key": key, "byte_size": -1},
+        {"key": key, "byte_size": 2**64},
+    ):
         assert _post(shm_server, base, bad) == (
             500,
             "attempt to access JSON non-unsigned-integer as unsigned-integer",

@@ -382,3 +382,14 @@ def test_stats_without_a_model_ignore_the_version(
     assert {(s.name, s.version) for s in every} >= {("versioned", "1"), ("versioned", "3")}
     same = client.get_inference_statistics("", "3").model_stats
     assert [(s.name, s.version) for s in same] == [(s.name, s.version) for s in every]
+
+
+def test_a_duplicate_input_is_refused_as_triton_does(url: str) -> None:
+    req = service_pb2.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT0"):
+        req.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        req.raw_input_contents.append(np.ones(16, dtype=np.int32).tobytes())
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_stub(url).ModelInfer(req)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == "input 'INPUT0' already exists in request"

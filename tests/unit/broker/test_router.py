@@ -315,3 +315,29 @@ def test_a_version_of_passive_instances_only_is_known_as_such() -> None:
     table, _, _ = _table(instances=1, passive=frozenset({0}))
     mv = table.version("simple", 1)
     assert mv is not None and mv.all_passive
+
+
+def test_losing_the_last_active_instance_fails_the_queue_despite_a_passive_one() -> None:
+    """A passive instance never takes requests: with the active one gone, queued requests
+    must fail at once and the version must stop being READY, not wait forever."""
+    table, router, (active, standby) = _table(passive=frozenset({1}))
+    _ready(table, router, active)
+    _ready(table, router, standby)
+    mv = table.version("simple", 1)
+    assert mv is not None and mv.state == "READY"
+    router.submit(mv, _item(1), 0.0)  # running on the active instance
+    router.submit(mv, _item(2), 0.0)  # queued behind it
+    failed, dispatches = router.instance_lost(active, 1.0)
+    assert sorted(it.request.req_id for it in failed) == [1, 2]
+    assert dispatches == [] and standby.in_flight is None
+    assert mv.state == "UNAVAILABLE"
+    assert mv.stats.snapshot().inference_stats.fail.count == 2
+
+
+def test_a_passive_instance_alone_does_not_make_a_version_ready() -> None:
+    table, router, (active, standby) = _table(passive=frozenset({1}))
+    _ready(table, router, standby)
+    mv = table.version("simple", 1)
+    assert mv is not None and mv.state == "LOADING"  # the active one is still loading
+    _ready(table, router, active)
+    assert mv.state == "READY"
