@@ -70,6 +70,7 @@ class BrokerClient:
         self._greeter: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_heard = 0.0  # monotonic time of the broker's last message
+        self._closed = False
         self.silent_broker_s = _SILENT_BROKER_S
 
     @property
@@ -79,7 +80,8 @@ class BrokerClient:
 
     @property
     def connected(self) -> bool:
-        return self._welcomed.is_set()
+        """Welcomed by a broker and not closed: only then may anything be sent."""
+        return self._welcomed.is_set() and not self._closed
 
     def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
@@ -174,7 +176,7 @@ class BrokerClient:
             await asyncio.sleep(_HELLO_RETRY_S)
 
     def _drain_results(self) -> None:
-        while True:
+        while not self._closed:  # a drain scheduled with call_soon may run after close()
             try:
                 payload = self.results.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -185,7 +187,7 @@ class BrokerClient:
                 log.warning("dropped a malformed result: %s", exc)
 
     def _drain_broker(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -271,10 +273,16 @@ class BrokerClient:
             callback()
 
     async def close(self) -> None:
+        """Close the sockets; requests still waiting are left as they are. A caller
+        cancelled after this (asyncio.run cancels whatever is left) sends no Cancel: the
+        broker drops the queued requests of a frontend that exits, as failures."""
         if self._greeter is not None:
             self._greeter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._greeter
+        # Before the sockets go: a send on a closed one raises ZMQError (ENOTSOCK).
+        self._closed = True
+        self._welcomed.clear()
         self._unwatch()
         if self._loop is not None:
             self._loop.remove_reader(self.sock.FD)

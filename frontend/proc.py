@@ -48,15 +48,19 @@ class FrontendSettings:
 
 async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunner:
     app = build_app(dataplane, s.http_max_input_size)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=s.exit_timeout_secs)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        # A client that closes its connection cancels its handler, as a gRPC deadline
+        # does: the broker is told, and drops the request if it is still queued.
+        handler_cancellation=True,
+        # aiohttp waits this long for a handler, then as long again after failing its
+        # body, before cancelling it: together, the exit timeout.
+        shutdown_timeout=s.exit_timeout_secs / 2,
+    )
     await runner.setup()
     site = web.TCPSite(
-        runner,
-        s.http_address,
-        s.http_port,
-        reuse_port=s.reuse_http_port,
-        backlog=1024,
-        shutdown_timeout=s.exit_timeout_secs,
+        runner, s.http_address, s.http_port, reuse_port=s.reuse_http_port, backlog=1024
     )
     try:
         await site.start()
