@@ -1,11 +1,20 @@
-"""The thread and execution-mode parameters of a model config, read as Triton reads them.
+"""The thread and execution-mode parameters of a model config, read as Triton's backends
+read them, and the thread count an instance gets from them.
 
-Triton's onnxruntime backend reads `execution_mode`, `intra_op_thread_count` and
-`inter_op_thread_count` from `parameters` as C++ ints (backend_common.cc `ParseIntValue`,
-which is `std::stoi`) and fails the model load when one is not an integer, or when
-`execution_mode` is neither 0 (ORT_SEQUENTIAL) nor 1 (ORT_PARALLEL). shoal fails it the
-same way, with Triton's messages, as a ConfigError: the worker reports it in its
-WorkerFailed and the model shows UNAVAILABLE with the message as its reason.
+ONNX Runtime: Triton's onnxruntime backend reads `execution_mode`,
+`intra_op_thread_count` and `inter_op_thread_count` (in that order) from `parameters` as
+C++ ints (backend_common.cc `ParseIntValue`, which is `std::stoi`) and fails the model
+load when one is not an integer, or when `execution_mode` is neither 0 (ORT_SEQUENTIAL)
+nor 1 (ORT_PARALLEL). shoal fails it the same way, with Triton's messages and the first
+bad value in Triton's order, as a ConfigError: the worker reports it in its WorkerFailed
+and the model shows UNAVAILABLE with the message as its reason.
+
+PyTorch: Triton's pytorch backend reads the upper-case `INTRA_OP_THREAD_COUNT`, then
+`INTER_OP_THREAD_COUNT`, the same way (`ParseParameter` -> `ParseIntValue`: a value that
+is not an integer fails the load with the same message), and never reads the lower-case
+keys. shoal reads them as Triton does; the lower-case `intra_op_thread_count` is shoal's
+own extension there, read only when `INTRA_OP_THREAD_COUNT` is absent, and a value of it
+that is not an integer is ignored (the caller logs a warning), as a key Triton ignores.
 
 Integers are read exactly as `std::stoi` reads them, so that every config Triton loads
 loads the same way here: leading whitespace and a sign are accepted and whatever follows
@@ -13,14 +22,13 @@ the digits is ignored ("4abc" and "4.5" are 4). A value with no leading digits f
 value outside the C int range also fails, with the same message; `std::stoi` raises
 `std::out_of_range` there, which `ParseIntValue` does not catch.
 
-shoal reads `intra_op_thread_count` for the PyTorch backend too (as its torch thread
-count); `execution_mode` and `inter_op_thread_count` concern ONNX Runtime only. Pure: no
-onnxruntime import, so this is unit-tested without it.
+Pure: no onnxruntime or torch import, so this is unit-tested without them.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -33,6 +41,9 @@ INTER_OP_THREAD_COUNT: Final = "inter_op_thread_count"
 EXECUTION_MODE: Final = "execution_mode"
 # shoal's older name for intra_op_thread_count, read only when that one is absent.
 _INTRA_OP_ALIAS: Final = "shoal_intra_op_threads"
+# Triton's pytorch backend's keys.
+TORCH_INTRA_OP_THREAD_COUNT: Final = "INTRA_OP_THREAD_COUNT"
+TORCH_INTER_OP_THREAD_COUNT: Final = "INTER_OP_THREAD_COUNT"
 
 # std::stoi: C-locale isspace, an optional sign, then base-10 digits up to the first
 # non-digit. ASCII only: Python's \s and \d would also take Unicode spaces and digits.
@@ -46,12 +57,29 @@ class OrtSessionParams:
     """How an ONNX Runtime session runs a graph's nodes.
 
     `parallel`: ORT_PARALLEL (independent branches run at once) instead of
-    ORT_SEQUENTIAL. `inter_op_threads`: the inter-op pool size, 0 for ONNX Runtime's
+    ORT_SEQUENTIAL. `intra_op_threads`: what the config asks for, None when it sets
+    nothing, 0 for "the backend's default" (any value <= 0); `instance_threads` turns it
+    into a count. `inter_op_threads`: the inter-op pool size, 0 for ONNX Runtime's
     default; ONNX Runtime uses that pool only in parallel mode.
     """
 
     parallel: bool = False
+    intra_op_threads: int | None = None
     inter_op_threads: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TorchThreadParams:
+    """PyTorch's thread pools, as the config asks for them.
+
+    `intra_op_threads`: as in OrtSessionParams. `inter_op_threads`: 0 leaves torch's
+    default. `ignored`: (key, value) of each lower-case value that is not an integer,
+    for the caller to warn about.
+    """
+
+    intra_op_threads: int | None = None
+    inter_op_threads: int = 0
+    ignored: tuple[tuple[str, str], ...] = ()
 
 
 def stoi(value: str) -> int | None:
@@ -78,26 +106,12 @@ def int_parameter(config: pb.ModelConfig, key: str) -> int | None:
     return number
 
 
-def intra_op_threads(config: pb.ModelConfig) -> int | None:
-    """The intra-op thread count the config asks for; None when it sets none.
-
-    Any value <= 0 is 0, the backend's own default (ONNX Runtime: one thread per
-    physical core; PyTorch: its own). Raises ConfigError for a value that is not an
-    integer.
-    """
-    for key in (INTRA_OP_THREAD_COUNT, _INTRA_OP_ALIAS):
-        count = int_parameter(config, key)
-        if count is not None:
-            return max(count, 0)
-    return None
-
-
 def ort_session_params(config: pb.ModelConfig) -> OrtSessionParams:
-    """`execution_mode` and `inter_op_thread_count` (checked in that order, as in Triton).
+    """`execution_mode`, `intra_op_thread_count` (or shoal's older name for it) and
+    `inter_op_thread_count`, checked in that order, as in Triton.
 
     Raises ConfigError for a value that is not an integer and for an execution mode
-    other than 0 or 1. An inter-op count <= 0 leaves ONNX Runtime's default, as in
-    Triton.
+    other than 0 or 1. A thread count <= 0 is 0: ONNX Runtime's default, as in Triton.
     """
     mode = int_parameter(config, EXECUTION_MODE) or 0
     if mode not in (0, 1):
@@ -107,5 +121,57 @@ def ort_session_params(config: pb.ModelConfig) -> OrtSessionParams:
             "Invalid configuration value provided. Expected values for "
             f" execution_mode are 0 or 1 but got {mode} .",
         )
+    intra_op = None
+    for key in (INTRA_OP_THREAD_COUNT, _INTRA_OP_ALIAS):
+        intra_op = int_parameter(config, key)
+        if intra_op is not None:
+            intra_op = max(intra_op, 0)
+            break
     inter_op = int_parameter(config, INTER_OP_THREAD_COUNT) or 0
-    return OrtSessionParams(parallel=mode == 1, inter_op_threads=max(inter_op, 0))
+    return OrtSessionParams(
+        parallel=mode == 1, intra_op_threads=intra_op, inter_op_threads=max(inter_op, 0)
+    )
+
+
+def torch_thread_params(config: pb.ModelConfig) -> TorchThreadParams:
+    """`INTRA_OP_THREAD_COUNT`, then `INTER_OP_THREAD_COUNT`, as Triton's pytorch backend
+    reads them (raises ConfigError for a value that is not an integer); without the
+    first, shoal's lenient `intra_op_thread_count` (or its older name), whose values
+    that are not integers are skipped and listed in `ignored`. A count <= 0 is 0,
+    torch's default (Triton leaves torch alone then).
+    """
+    intra_op = int_parameter(config, TORCH_INTRA_OP_THREAD_COUNT)
+    ignored: list[tuple[str, str]] = []
+    if intra_op is None:
+        for key in (INTRA_OP_THREAD_COUNT, _INTRA_OP_ALIAS):
+            if key not in config.parameters:
+                continue
+            value = config.parameters[key].string_value
+            intra_op = stoi(value)
+            if intra_op is not None:
+                break
+            ignored.append((key, value))
+    inter_op = int_parameter(config, TORCH_INTER_OP_THREAD_COUNT) or 0
+    return TorchThreadParams(
+        intra_op_threads=None if intra_op is None else max(intra_op, 0),
+        inter_op_threads=max(inter_op, 0),
+        ignored=tuple(ignored),
+    )
+
+
+def instance_threads(requested: int | None, cores: Sequence[int]) -> int:
+    """The intra-op thread count for an instance pinned to `cores` (none: not pinned,
+    as a KIND_GPU instance), given what its config asks for (`intra_op_threads` above).
+
+    Unset: one thread per core the instance owns, 1 when it owns none. 0, "the
+    backend's default": for a pinned instance, its own core count, which is that default
+    seen from inside its cores. ONNX Runtime's own default would size the pool for the
+    whole host and pin each thread to a core of its own, out of the instance's cores and
+    onto other instances'. For an instance not pinned, 0: the backend picks. Above 0:
+    that many.
+    """
+    if requested is None:
+        return max(len(cores), 1)
+    if requested <= 0:
+        return len(cores)
+    return requested

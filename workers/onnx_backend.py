@@ -54,8 +54,12 @@ def _spec(arg: ort.NodeArg) -> IOSpec:
 
 
 def _session_options(config: object, threads: int) -> ort.SessionOptions:
-    """Session options for `threads` intra-op threads (0: ONNX Runtime's default) and the
-    config's execution_mode / inter_op_thread_count; raises ConfigError for bad values."""
+    """Session options for `threads` intra-op threads and the config's execution_mode /
+    inter_op_thread_count; raises ConfigError for bad values.
+
+    `threads` 0 is ONNX Runtime's default, which in a sequential session also pins each
+    pool thread to a core of the host: the worker gives 0 only to an instance not pinned
+    to cores (configs.ort_params.instance_threads)."""
     params = ort_session_params(config)
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads

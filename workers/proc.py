@@ -28,7 +28,7 @@ from configs import autocomplete as ac
 from configs import repository
 from configs.devices import gpu_count
 from configs.model_config import ConfigError, ModelConfig, v2_datatype, validate_io
-from configs.ort_params import intra_op_threads
+from configs.ort_params import instance_threads, ort_session_params, torch_thread_params
 from ipc import messages as m
 from ipc import sockets
 from ipc.errors import Code, ServingError
@@ -103,8 +103,9 @@ class WorkerProc:
                 reason = entry.error if entry is not None else "no such model directory"
                 raise ConfigError(s.model, reason or "no config")
             config = entry.config
-            threads = _thread_count(config, s.cores)
-            backend = backends.create(config.backend or "onnxruntime")
+            backend_name = config.backend or "onnxruntime"
+            backend = backends.create(backend_name)
+            threads = _thread_count(config, backend_name, s.cores)
             backend.load(entry.model_file(s.version), config, threads, s.gpu is not None)
             specs = backend.io_spec()
             if specs is not None:
@@ -125,11 +126,11 @@ class WorkerProc:
         self.output_types = {o.name: v2_datatype(o.data_type) for o in config.output}
         self.config_bytes = config.SerializeToString()
         log.info(
-            "loaded '%s' version %d instance %d (%d threads) on %s",
+            "loaded '%s' version %d instance %d (%s) on %s",
             s.model,
             s.version,
             s.instance,
-            threads,
+            f"{threads} threads" if threads else "the backend's default threads",
             f"GPU {s.gpu}" if s.gpu is not None else f"cores {s.cores or 'any'}",
         )
         return m.WorkerReady(self.config_bytes, list(s.cores))
@@ -412,12 +413,20 @@ def _concat(parts: list[Any]) -> Any:
     return np.concatenate(parts)
 
 
-def _thread_count(config: ModelConfig, cores: list[int]) -> int:
-    """Intra-op threads for the backend (ONNX Runtime or PyTorch): the config's
-    intra_op_thread_count (0, the backend's own default, for any value <= 0), else one
-    per core this instance owns. Raises ConfigError, which fails the load, for a value
-    that is not an integer."""
-    threads = intra_op_threads(config)
-    if threads is not None:
-        return threads
-    return max(len(cores), 1) if cores else 1
+def _thread_count(config: ModelConfig, backend: str, cores: list[int]) -> int:
+    """Intra-op threads for the backend: what the config's parameters ask for, as that
+    backend reads them (configs.ort_params), sized by `instance_threads`: one per core
+    this instance owns when they ask nothing, and its core count for "the backend's
+    default" (<= 0), so that the pool stays on its cores. Raises ConfigError, which
+    fails the load, for a value Triton rejects, the first in Triton's order."""
+    requested = None
+    if backend == "onnxruntime":
+        requested = ort_session_params(config).intra_op_threads
+    elif backend == "pytorch":
+        params = torch_thread_params(config)
+        for key, value in params.ignored:
+            log.warning(
+                "model '%s': parameter %s '%s' is not an integer; ignored", config.name, key, value
+            )
+        requested = params.intra_op_threads
+    return instance_threads(requested, cores)

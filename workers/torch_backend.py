@@ -13,6 +13,12 @@ As Triton's PyTorch backend:
   read by output name (a shoal extension). An output must have its config data type and
   at least one dimension, and an exception in ``forward`` fails the batch's requests
   with "PyTorch execute failure: ...", as in Triton.
+* Threads: Triton's ``INTRA_OP_THREAD_COUNT`` and ``INTER_OP_THREAD_COUNT`` parameters,
+  read as Triton reads them (a value that is not an integer fails the load). Without the
+  first, shoal's lower-case ``intra_op_thread_count`` (an unparseable value is ignored,
+  with a warning). A KIND_CPU instance gets the intra-op count the worker works out
+  (``configs.ort_params.instance_threads``: by default one thread per core it owns); a
+  KIND_GPU instance keeps torch's default intra-op pool.
 
 Inputs are wrapped, not copied: numpy views over shared memory become CPU tensors with
 ``torch.from_numpy``, and device arrays (client CUDA shared memory) become CUDA tensors
@@ -22,6 +28,7 @@ its outputs stay on the device, handed back as cupy arrays (DLPack again).
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +38,7 @@ import numpy as np
 import torch
 
 from configs.model_config import io_specs
+from configs.ort_params import torch_thread_params
 from ipc.errors import Code, ServingError, invalid_arg
 
 _TORCH_DTYPE: Final[dict[str, torch.dtype]] = {
@@ -41,9 +49,21 @@ _TORCH_DTYPE: Final[dict[str, torch.dtype]] = {
     "BF16": torch.bfloat16,
 }  # fmt: skip
 _TRITON_DTYPE: Final[dict[torch.dtype, str]] = {v: k for k, v in _TORCH_DTYPE.items()}
+log = logging.getLogger("shoal.worker")
 # torch.from_numpy of a read-only view (shared memory a frontend filled) warns once per
 # process that writes would be undefined: the model only reads its inputs.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def _set_interop_threads(count: int) -> None:
+    """Triton's INTER_OP_THREAD_COUNT (for every instance kind, as in Triton); 0 leaves
+    torch's default. torch takes it once per process, before any inter-op work."""
+    if count <= 0:
+        return
+    try:
+        torch.set_num_interop_threads(count)
+    except RuntimeError as exc:
+        log.warning("INTER_OP_THREAD_COUNT %d not applied: %s", count, exc)
 
 
 def _indices(names: list[str]) -> list[int] | None:
@@ -78,6 +98,7 @@ class TorchBackend:
             self._device = torch.device("cuda", 0)
         elif threads > 0:
             torch.set_num_threads(threads)
+        _set_interop_threads(torch_thread_params(config).inter_op_threads)
         module = torch.jit.load(str(model_file), map_location=self._device)
         module.eval()
         self._module = module

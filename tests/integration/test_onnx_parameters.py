@@ -1,7 +1,9 @@
-"""ONNX Runtime's `parameters` (execution_mode, intra/inter_op_thread_count) through the
-real server and tritonclient: values Triton rejects fail that model's load with Triton's
-message while the rest of the repository serves; ORT_PARALLEL and its inter-op pool
-are honoured."""
+"""Thread and execution-mode `parameters` through the real server and tritonclient:
+values Triton rejects fail that model's load with Triton's message (the first in
+Triton's order) while the rest of the repository serves; ORT_PARALLEL and its inter-op
+pool are honoured; "the backend's default" thread count keeps a pinned instance's
+threads on its own cores; TorchScript models read Triton's upper-case keys, and shoal's
+lower-case one leniently."""
 
 from __future__ import annotations
 
@@ -23,14 +25,30 @@ from tests.serverctl import ShoalServer
 INTER_OP_THREADS = 3
 
 
-def _add_sub(repo: Path, name: str, params: dict[str, str]) -> None:
+def _parameters(params: dict[str, str]) -> str:
     entries = ", ".join(
         f'{{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in params.items()
     )
+    return f"parameters [ {entries} ]\n"
+
+
+def _add_sub(repo: Path, name: str, params: dict[str, str], extra: str = "") -> None:
     modelgen.write_model(
         repo, name, modelgen.add_sub_model("FP32", 4),
         f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-        f"parameters [ {entries} ]\n",
+        + _parameters(params) + extra,
+    )  # fmt: skip
+
+
+def _torch_add_sub(repo: Path, name: str, params: dict[str, str]) -> None:
+    modelgen.write_model(
+        repo, name, torchgen.add_sub_model(),
+        f'name: "{name}"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
+        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT0__0" data_type: TYPE_FP32 dims: [ 4 ] },'
+        ' { name: "OUTPUT1__1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n' + _parameters(params),
+        filename="model.pt",
     )  # fmt: skip
 
 
@@ -48,16 +66,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     )  # fmt: skip
     _add_sub(repo, "bad_mode", {"execution_mode": "2"})
     _add_sub(repo, "bad_intra", {"intra_op_thread_count": "four"})
-    modelgen.write_model(  # shoal's PyTorch backend reads intra_op_thread_count too
-        repo, "torch_bad_intra", torchgen.add_sub_model(),
-        'name: "torch_bad_intra"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
-        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] },'
-        ' { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        'parameters { key: "intra_op_thread_count" value { string_value: "two" } }\n',
-        filename="model.pt",
+    # Both bad: Triton checks execution_mode first.
+    _add_sub(repo, "both_bad", {"intra_op_thread_count": "x", "execution_mode": "2"})
+    # "The backend's default": ONNX Runtime's own would pin a host-sized pool, one thread
+    # per core of the host but the first, onto other instances' cores. Two instances: on
+    # a host of two cores, one of them owns the first (the other's escapee would land on
+    # its own core).
+    _add_sub(
+        repo, "intra_default", {"intra_op_thread_count": "0"},
+        "instance_group [ { count: 2 kind: KIND_CPU } ]\n",
     )  # fmt: skip
+    # Triton's pytorch backend reads only the upper-case keys; the lower-case one is
+    # shoal's lenient extension there.
+    _torch_add_sub(repo, "torch_lower_auto", {"intra_op_thread_count": "auto"})
+    _torch_add_sub(repo, "torch_upper_bad", {"INTRA_OP_THREAD_COUNT": "x"})
     srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
     try:
         _wait_loaded(srv)
@@ -69,7 +91,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     shutil.rmtree(srv.runtime_dir, ignore_errors=True)
 
 
-MODELS = ("sequential", "parallel", "bad_mode", "bad_intra", "torch_bad_intra")
+MODELS = (
+    "sequential", "parallel", "bad_mode", "bad_intra", "both_bad", "intra_default",
+    "torch_lower_auto", "torch_upper_bad",
+)  # fmt: skip
 
 
 def _wait_loaded(srv: ShoalServer, timeout: float = 60.0) -> None:
@@ -90,7 +115,9 @@ def _version(srv: ShoalServer, model: str) -> dict:
         return dict(json.loads(r.read())["versions"][0])
 
 
-def _add_sub_infer(srv: ShoalServer, model: str) -> tuple[np.ndarray, np.ndarray]:
+def _add_sub_infer(
+    srv: ShoalServer, model: str, outputs: tuple[str, str] = ("OUTPUT0", "OUTPUT1")
+) -> None:
     client = httpclient.InferenceServerClient(srv.url, network_timeout=30)
     a = np.arange(8, dtype=np.float32).reshape(2, 4)
     b = np.full((2, 4), 0.5, dtype=np.float32)
@@ -98,9 +125,8 @@ def _add_sub_infer(srv: ShoalServer, model: str) -> tuple[np.ndarray, np.ndarray
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     result = client.infer(model, inputs)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-    return a, b
+    np.testing.assert_array_equal(result.as_numpy(outputs[0]), a + b)
+    np.testing.assert_array_equal(result.as_numpy(outputs[1]), a - b)
 
 
 @pytest.mark.parametrize(
@@ -116,9 +142,13 @@ def _add_sub_infer(srv: ShoalServer, model: str) -> tuple[np.ndarray, np.ndarray
             "failed to load 'bad_intra' version 1: failed to convert 'four' to integral number",
         ),
         (
-            "torch_bad_intra",
-            "failed to load 'torch_bad_intra' version 1: "
-            "failed to convert 'two' to integral number",
+            "both_bad",
+            "failed to load 'both_bad' version 1: Invalid configuration value provided. "
+            "Expected values for  execution_mode are 0 or 1 but got 2 .",
+        ),
+        (
+            "torch_upper_bad",
+            "failed to load 'torch_upper_bad' version 1: failed to convert 'x' to integral number",
         ),
     ],
 )
@@ -146,3 +176,36 @@ def test_parallel_execution_mode_serves_and_sizes_the_inter_op_pool(server: Shoa
     # session has none. Everything else in the two workers is the same.
     extra = _threads(server.worker_pid("parallel")) - _threads(server.worker_pid("sequential"))
     assert extra == INTER_OP_THREADS - 1
+
+
+def _cpu_set(cpu_list: str) -> set[int]:
+    """A kernel CPU list ("0-2,5") as a set."""
+    cpus: set[int] = set()
+    for part in cpu_list.strip().split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def test_the_backends_default_thread_count_keeps_every_thread_on_the_instances_cores(
+    server: ShoalServer,
+) -> None:
+    for _ in range(4):  # the pools exist and have run (requests go to both instances)
+        _add_sub_infer(server, "intra_default")
+    instances = _version(server, "intra_default")["instances"]
+    assert len(instances) == 2
+    for instance in instances:
+        cores, pid = set(instance["cores"]), instance["pid"]
+        assert cores, "a KIND_CPU instance is pinned"
+        allowed = {}
+        for task in os.listdir(f"/proc/{pid}/task"):
+            status = Path(f"/proc/{pid}/task/{task}/status").read_text()
+            line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
+            allowed[task] = _cpu_set(line.split(":", 1)[1])
+        assert all(cpus <= cores for cpus in allowed.values()), (cores, allowed)
+
+
+def test_torch_reads_the_lower_case_key_leniently(server: ShoalServer) -> None:
+    assert _version(server, "torch_lower_auto")["state"] == "READY"
+    _add_sub_infer(server, "torch_lower_auto", ("OUTPUT0__0", "OUTPUT1__1"))
+    assert "intra_op_thread_count 'auto' is not an integer; ignored" in server.log()
