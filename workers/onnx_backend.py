@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 import onnxruntime as ort
 
-from configs.ort_params import ort_session_params
+from configs.backend_params import ort_session_params
 from configs.schema import IOSpec
 from ipc.errors import invalid_arg
 
@@ -59,7 +59,7 @@ def _session_options(config: object, threads: int) -> ort.SessionOptions:
 
     `threads` 0 is ONNX Runtime's default, which in a sequential session also pins each
     pool thread to a core of the host: the worker gives 0 only to an instance not pinned
-    to cores (configs.ort_params.instance_threads)."""
+    to cores (configs.backend_params.instance_threads)."""
     params = ort_session_params(config)
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads

@@ -26,9 +26,9 @@ import zmq
 
 from configs import autocomplete as ac
 from configs import repository
+from configs.backend_params import instance_threads, ort_session_params, torch_thread_params
 from configs.devices import gpu_count
 from configs.model_config import ConfigError, ModelConfig, v2_datatype, validate_io
-from configs.ort_params import instance_threads, ort_session_params, torch_thread_params
 from ipc import messages as m
 from ipc import sockets
 from ipc.errors import Code, ServingError
@@ -415,7 +415,7 @@ def _concat(parts: list[Any]) -> Any:
 
 def _thread_count(config: ModelConfig, backend: str, cores: list[int]) -> int:
     """Intra-op threads for the backend: what the config's parameters ask for, as that
-    backend reads them (configs.ort_params), sized by `instance_threads`: one per core
+    backend reads them (configs.backend_params), sized by `instance_threads`: one per core
     this instance owns when they ask nothing, and its core count for "the backend's
     default" (<= 0), so that the pool stays on its cores. Raises ConfigError, which
     fails the load, for a value Triton rejects, the first in Triton's order."""

@@ -17,7 +17,7 @@ As Triton's PyTorch backend:
   read as Triton reads them (a value that is not an integer fails the load). Without the
   first, shoal's lower-case ``intra_op_thread_count`` (an unparseable value is ignored,
   with a warning). A KIND_CPU instance gets the intra-op count the worker works out
-  (``configs.ort_params.instance_threads``: by default one thread per core it owns); a
+  (``configs.backend_params.instance_threads``: by default one thread per core it owns); a
   KIND_GPU instance keeps torch's default intra-op pool.
 
 Inputs are wrapped, not copied: numpy views over shared memory become CPU tensors with
@@ -37,8 +37,8 @@ from typing import Any, Final
 import numpy as np
 import torch
 
+from configs.backend_params import torch_thread_params
 from configs.model_config import io_specs
-from configs.ort_params import torch_thread_params
 from ipc.errors import Code, ServingError, invalid_arg
 
 _TORCH_DTYPE: Final[dict[str, torch.dtype]] = {

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from configs.model_config import ConfigError, ModelConfig, parse_config_text
-from configs.ort_params import (
+from configs.backend_params import (
     OrtSessionParams,
     TorchThreadParams,
     instance_threads,
@@ -14,6 +13,7 @@ from configs.ort_params import (
     stoi,
     torch_thread_params,
 )
+from configs.model_config import ConfigError, ModelConfig, parse_config_text
 from ipc.errors import Code
 
 
