@@ -42,9 +42,16 @@ _INT64_MAX = 2**63 - 1
 
 
 def parse_version(version: str) -> int:
+    """A request's version string as an int64 (-1 for ""). ASCII digits only: Python's
+    isdigit also takes "²" and other scripts' digits, and int() of thousands of digits
+    raises; Triton refuses them all with the same message."""
     if version == "":
         return -1
-    if not version.isdigit() or int(version) > _INT64_MAX:
+    if (
+        not (version.isascii() and version.isdigit())
+        or len(version) > 19
+        or int(version) > _INT64_MAX
+    ):
         raise invalid_arg(f"failed to get model version from specified version string '{version}'")
     return int(version)
 

@@ -31,11 +31,23 @@ R = TypeVar("R")
 
 
 async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[R]]) -> R:
+    """Run an RPC: a ServingError becomes its gRPC status; anything else unexpected is
+    logged once and answered INTERNAL, as the HTTP side answers 500."""
     try:
         return await call()
     except ServingError as exc:
         await context.abort(getattr(grpc.StatusCode, GRPC_STATUS[exc.code]), exc.message)
         raise  # abort raises; this keeps type checkers honest
+    except grpc.aio.AbortError:
+        raise
+    except Exception as exc:
+        log.exception("unhandled error in an RPC")
+        await context.abort(grpc.StatusCode.INTERNAL, _internal(exc))
+        raise
+
+
+def _internal(exc: Exception) -> str:
+    return f"internal error: {type(exc).__name__}: {exc}"
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -161,12 +173,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             result.release()
 
     async def _stream_one(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+        """One request of a stream: its error is its own answer, never the stream's end."""
         try:
             return pb.ModelStreamInferResponse(infer_response=await self._infer(request))
-        except ServingError as exc:
+        except Exception as exc:
+            if isinstance(exc, ServingError):
+                message = exc.message
+            else:
+                log.exception("unhandled error in a stream request")
+                message = _internal(exc)
             # The id rides along so a client with many requests in flight can match it.
             return pb.ModelStreamInferResponse(
-                error_message=exc.message,
+                error_message=message,
                 infer_response=pb.ModelInferResponse(
                     model_name=request.model_name,
                     model_version=request.model_version,

@@ -93,7 +93,8 @@ def _wire_bytes(arr: np.ndarray, datatype: str) -> memoryview:
         return memoryview(datatypes.serialize_bytes(encoded))
     if arr.dtype != dt.numpy:
         arr = arr.astype(dt.numpy)
-    return np.ascontiguousarray(arr).data.cast("B")
+    # Flat first: memoryview.cast refuses a view of several dimensions with a 0 in them.
+    return np.ascontiguousarray(arr).reshape(-1).data.cast("B")
 
 
 def output_ref(

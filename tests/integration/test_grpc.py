@@ -393,3 +393,46 @@ def test_a_duplicate_input_is_refused_as_triton_does(url: str) -> None:
         _raw_stub(url).ModelInfer(req)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert e.value.details() == "input 'INPUT0' already exists in request"
+
+
+@pytest.mark.parametrize("version", ["²", "\u0661", "9" * 5000])  # \u0661: Arabic-Indic 1
+def test_version_strings_python_reads_as_numbers_are_refused(
+    client: grpcclient.InferenceServerClient, version: str
+) -> None:
+    inp = grpcclient.InferInput("INPUT0", [1, 3], "INT64")
+    inp.set_data_from_numpy(np.zeros((1, 3), dtype=np.int64))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("identity_int64", [inp], model_version=version)
+    assert (e.value.status(), e.value.message()) == (
+        "StatusCode.INVALID_ARGUMENT",
+        f"failed to get model version from specified version string '{version}'",
+    )
+
+
+def test_a_bad_version_on_a_stream_answers_that_request_only(url: str) -> None:
+    client = grpcclient.InferenceServerClient(url)
+    answers: queue.Queue[object] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    try:
+        for version, rid in (("²", "bad"), ("", "good")):
+            inp = grpcclient.InferInput("INPUT0", [1, 3], "INT64")
+            inp.set_data_from_numpy(np.full((1, 3), 7, dtype=np.int64))
+            client.async_stream_infer(
+                "identity_int64", [inp], model_version=version, request_id=rid
+            )
+        bad, good = (answers.get(timeout=20) for _ in range(2))
+    finally:
+        client.stop_stream()
+    assert isinstance(bad, InferenceServerException)
+    assert "failed to get model version from specified version string '²'" in str(bad)
+    assert int(good.as_numpy("OUTPUT0")[0, 0]) == 7
+
+
+@pytest.mark.parametrize("shape", [[1, 0], [2, 0]])
+def test_zero_element_tensors_round_trip(
+    client: grpcclient.InferenceServerClient, shape: list[int]
+) -> None:
+    inp = grpcclient.InferInput("INPUT0", shape, "FP32")
+    inp.set_data_from_numpy(np.zeros(shape, dtype=np.float32))
+    out = client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0")
+    assert out.shape == tuple(shape)

@@ -238,3 +238,14 @@ def test_bytes_that_onnxruntime_cannot_hold_get_a_clear_error(
         client.infer("identity_bytes", [inp])
     assert e.value.status() == "400"
     assert "BYTES input 'INPUT0' element 1 is not valid UTF-8" in e.value.message()
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_zero_element_tensor_of_two_dimensions(
+    client: httpclient.InferenceServerClient, binary: bool
+) -> None:
+    """Triton runs a tensor with no elements; the output is empty, with its shape."""
+    inp = httpclient.InferInput("INPUT0", [1, 0], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 0), dtype=np.float32), binary_data=binary)
+    result = client.infer("identity_fp32", [inp])
+    assert result.get_output("OUTPUT0")["shape"] == [1, 0]
