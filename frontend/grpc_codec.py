@@ -23,7 +23,7 @@ from frontend.types import (
     RequestedOutput,
 )
 from ipc import datatypes
-from ipc.errors import invalid_arg
+from ipc.errors import Code, ServingError, invalid_arg
 
 _SHM_REGION: Final = "shared_memory_region"
 
@@ -164,7 +164,15 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
             raise invalid_arg(f"output '{o.name}' already exists in request")
         seen.add(o.name)
         _check_shm_params(o)
-        outputs.append(RequestedOutput(o.name, _params(o.parameters)))
+        params = _params(o.parameters)
+        classes = params.get("classification", 0)
+        if classes:  # as the HTTP side: no shoal backend produces class labels
+            raise ServingError(
+                Code.UNSUPPORTED,
+                f"classification output is not supported: output '{o.name}' requests "
+                f"classification {classes}",
+            )
+        outputs.append(RequestedOutput(o.name, params))
     return InferenceRequest(
         model=req.model_name,
         version=req.model_version,

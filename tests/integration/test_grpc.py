@@ -436,3 +436,17 @@ def test_zero_element_tensors_round_trip(
     inp.set_data_from_numpy(np.zeros(shape, dtype=np.float32))
     out = client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0")
     assert out.shape == tuple(shape)
+
+
+def test_classification_outputs_are_refused_as_over_http(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    inp = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
+    out = grpcclient.InferRequestedOutput("OUTPUT0", class_count=2)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("identity_fp32", [inp], outputs=[out])
+    assert (e.value.status(), e.value.message()) == (
+        "StatusCode.UNIMPLEMENTED",
+        "classification output is not supported: output 'OUTPUT0' requests classification 2",
+    )
