@@ -3,22 +3,32 @@
 Routes follow Triton's router: anything else is 404 ``{"error":"Not Found"}``, a wrong
 verb 405. Every error is ``{"error": "..."}`` with the status Triton maps its error code
 to; no request can take the process down (unexpected exceptions become 500s).
+
+Request bodies are read as sent and decompressed here (gzip, deflate), not by aiohttp:
+its C parser (3.14) reports a deflate stream that ends early to the connection only, as a
+400 queued behind the request still waiting for that body, which then never ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import zlib
 from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from frontend import http_codec, http_shm
 from frontend.dataplane import DataPlane
 from frontend.http_raw_input import RawInputMeta
-from ipc.errors import Code, ServingError
+from ipc.errors import Code, ServingError, invalid_arg
 
 log = logging.getLogger("shoal.frontend.http")
+# aiohttp's connection handlers log here instead of "aiohttp.server" (see build_app).
+protocol_log = logging.getLogger("shoal.frontend.http.protocol")
 
 DATAPLANE: web.AppKey[DataPlane] = web.AppKey("dataplane", DataPlane)
 MAX_INPUT: web.AppKey[int] = web.AppKey("max_input_size", int)
@@ -26,6 +36,15 @@ FRONTEND_INDEX: web.AppKey[str] = web.AppKey("frontend_index", str)
 FRONTEND_HEADER = "Shoal-Frontend"
 IHCL = "Inference-Header-Content-Length"
 _JSON = "application/json"
+_DECODERS = ("gzip", "deflate")
+# Bodies larger than this are inflated on a thread (zlib releases the GIL), not on the
+# event loop; 64 KiB of deflate inflates to at most ~64 MiB.
+_INLINE_INFLATE_BYTES = 64 * 1024
+#: A request body that stops arriving for this long is refused. aiohttp's C parser (3.14)
+#: reports a chunked framing error that comes after the headers to the connection only,
+#: never to the body being read, which would wait as long as the client kept the socket
+#: open; a client that trickles its body (slow loris) is stopped the same way.
+BODY_IDLE_S = float(os.environ.get("SHOAL_HTTP_BODY_IDLE_S", "30"))
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -48,6 +67,14 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except ServingError as exc:
         return _error(exc.message, exc.http_status)
+    except UnsupportedEncoding as exc:
+        # Triton answers 415 naming what it accepts (with an empty body; ours says why).
+        resp = _error(
+            f"unsupported Content-Encoding '{exc.encoding}': the server accepts gzip and deflate",
+            415,
+        )
+        resp.headers["Accept-Encoding"] = "gzip, deflate"
+        return resp
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[MAX_INPUT]
         return _error(
@@ -56,6 +83,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             "increase the limit.",
             400,
         )
+    except web.RequestPayloadError as exc:
+        # The body broke off in its framing (a client's error, not ours: no traceback).
+        reason = getattr(exc.__cause__, "message", None) or str(exc)
+        return _error(f"failed to read the request body: {reason}", 400)
     except web.HTTPNotFound:
         return _error("Not Found", 404)
     except web.HTTPMethodNotAllowed:
@@ -114,11 +145,96 @@ def _header_length(request: web.Request) -> int | None:
         ) from None
 
 
+class UnsupportedEncoding(Exception):
+    """A Content-Encoding other than gzip, deflate or identity (Triton's 415)."""
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__(encoding)
+        self.encoding = encoding
+
+
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` decompressed (``encoding`` is gzip or deflate), at most ``limit`` bytes.
+
+    As Triton, either encoding takes a zlib or a gzip stream; deflate also takes a raw
+    deflate stream (what aiohttp took). Unlike Triton, which keeps whatever inflated
+    before an error and lets the JSON parser fail on it, a corrupt, truncated or
+    over-long stream is refused with its own message.
+    """
+    if not body:
+        raise invalid_arg("nothing to be decompressed")  # Triton's words
+    inflater = zlib.decompressobj(_window_bits(body, encoding))
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        reason = str(exc).partition(": ")[2] or str(exc)
+        raise invalid_arg(f"failed to decompress the {encoding} request body: {reason}") from None
+    if len(out) > limit:
+        raise invalid_arg(
+            f"Request body decompresses to more than the maximum allowed value of {limit} "
+            "bytes. Use --http-max-input-size to increase the limit."
+        )
+    if not inflater.eof:
+        raise invalid_arg(
+            f"failed to decompress the {encoding} request body: the compressed data is truncated"
+        )
+    if inflater.unused_data:
+        raise invalid_arg(
+            f"failed to decompress the {encoding} request body: "
+            f"{len(inflater.unused_data)} unexpected byte(s) after the compressed data"
+        )
+    return out
+
+
+def _window_bits(body: bytes, encoding: str) -> int:
+    zlib_header = (body[0] & 0x0F) == 8 and int.from_bytes(body[:2], "big") % 31 == 0  # RFC 1950
+    if encoding == "deflate" and not zlib_header and body[:2] != b"\x1f\x8b":
+        return -zlib.MAX_WBITS  # a raw deflate stream
+    return zlib.MAX_WBITS | 32  # a zlib or a gzip stream, whichever it is
+
+
+async def _read_raw(request: web.Request) -> bytes:
+    """The body as sent, at most ``client_max_size`` bytes, refused once no byte of it
+    has come for BODY_IDLE_S."""
+    limit = request.app[MAX_INPUT]
+    parts: list[bytes] = []
+    size = 0
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(BODY_IDLE_S) as idle:
+            while chunk := await request.content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+                parts.append(chunk)
+                idle.reschedule(loop.time() + BODY_IDLE_S)
+    except TimeoutError:
+        raise invalid_arg(
+            f"failed to read the request body: no data for {BODY_IDLE_S:g} s"
+        ) from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """The request body as the client meant it: read whole (at most the input limit, as
+    sent), then decompressed per Content-Encoding as Triton does for inference."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity", *_DECODERS):
+        raise UnsupportedEncoding(request.headers["Content-Encoding"][:100])
+    body = await _read_raw(request)
+    if encoding in ("", "identity"):
+        return body
+    limit = request.app[MAX_INPUT]
+    if len(body) <= _INLINE_INFLATE_BYTES:
+        return inflate(body, encoding, limit)
+    return await asyncio.to_thread(inflate, body, encoding, limit)
+
+
 async def infer(request: web.Request) -> web.Response:
     dp = _dp(request)
     name, version = _model_args(request)
     header_length = _header_length(request)
-    body = await request.read()
+    body = await _read_body(request)
 
     def raw_meta() -> RawInputMeta:
         handle = dp.cached_model(name, version)
@@ -170,8 +286,39 @@ async def _tag_frontend(request: web.Request, response: web.StreamResponse) -> N
     response.headers[FRONTEND_HEADER] = request.app[FRONTEND_INDEX]
 
 
+class ClientErrorLogFilter(logging.Filter):
+    """aiohttp logs every request it cannot parse (bad chunk size or Content-Length,
+    oversized headers, an HTTP/2 preface), and a body whose framing breaks off, at ERROR
+    with a traceback: a client's mistake, and a log flood any client can cause. Such a
+    record becomes one WARNING line (or stays a DEBUG one) naming the error; any other
+    record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError | web.RequestPayloadError):
+            lines = str(getattr(exc, "message", exc)).splitlines() or [""]
+            reason = lines[0][:200].rstrip(": ")
+            record.args = (record.getMessage(), type(exc).__name__, reason)
+            record.msg = "%s: %s: %s"
+            record.exc_info = None
+            record.exc_text = None
+            if record.levelno > logging.WARNING:
+                record.levelno = logging.WARNING
+                record.levelname = logging.getLevelName(logging.WARNING)
+        return True
+
+
+protocol_log.addFilter(ClientErrorLogFilter())
+
+
 def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
-    app = web.Application(client_max_size=max_input_size, middlewares=[errors_middleware])
+    app = web.Application(
+        client_max_size=max_input_size,
+        middlewares=[errors_middleware],
+        # Bodies are decompressed in _read_body; aiohttp's connection handlers log
+        # through ClientErrorLogFilter.
+        handler_args={"auto_decompress": False, "logger": protocol_log},
+    )
     app[DATAPLANE] = dataplane
     app[MAX_INPUT] = max_input_size
     app[FRONTEND_INDEX] = str(dataplane.broker.index)

@@ -3,15 +3,22 @@ stays up after every one of them."""
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
+import shutil
+import socket
+import time
+import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from shoal import modelgen
 from tests.serverctl import ShoalServer
 
 
@@ -376,3 +383,139 @@ def test_request_errors_read_as_tritons(
     """Checked against Triton 2.51 (triton-peer) on an identity model, 2026-12-01."""
     status, body = post(server, "simple", json.dumps(doc).encode())
     assert (status, body) == (400, {"error": error})
+
+
+# Compressed bodies (Content-Encoding), decompressed by shoal, not by aiohttp.
+
+_DOC = json.dumps(simple_json()).encode()
+
+
+def _send_body_late(server: ShoalServer, head: bytes, body: bytes) -> tuple[int, object]:
+    """Headers first, the body a moment later, so the handler already waits for it; the
+    socket's timeout is what catches a request that is never answered."""
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    try:
+        sock.sendall(head)
+        time.sleep(0.2)
+        sock.sendall(body)
+        resp = http.client.HTTPResponse(sock)
+        try:
+            resp.begin()
+            return resp.status, json.loads(resp.read())
+        except TimeoutError:
+            pytest.fail("no answer to a request whose body came after its headers")
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("cut", [13, -1], ids=["stream-cut", "trailer-missing"])
+def test_truncated_deflate_body_after_headers(server: ShoalServer, cut: int) -> None:
+    body = zlib.compress(_DOC)[:cut]
+    head = (
+        "POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: deflate\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    error = "failed to decompress the deflate request body: the compressed data is truncated"
+    assert _send_body_late(server, head, body) == (400, {"error": error})
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "error"),
+    [
+        ("gzip", b"notgzip", "failed to decompress the gzip request body: incorrect header check"),
+        (
+            "deflate",
+            zlib.compress(_DOC) + b"xx",
+            "failed to decompress the deflate request body: 2 unexpected byte(s) after the "
+            "compressed data",
+        ),
+        ("gzip", b"", "nothing to be decompressed"),
+    ],
+    ids=["corrupt-gzip", "trailing-bytes", "empty"],
+)
+def test_undecodable_body(server: ShoalServer, encoding: str, body: bytes, error: str) -> None:
+    before = len(server.log().splitlines())
+    status, doc = post(server, "simple", body, {"Content-Encoding": encoding})
+    assert (status, doc) == (400, {"error": error})
+    assert "Traceback" not in "\n".join(server.log().splitlines()[before:])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [gzip.compress(_DOC), zlib.compress(_DOC), zlib.compress(_DOC)[2:-4]],
+    ids=["gzip", "zlib", "raw-deflate"],
+)
+def test_compressed_body_forms(server: ShoalServer, body: bytes) -> None:
+    encoding = "gzip" if body[:2] == b"\x1f\x8b" else "deflate"
+    status, doc = post(server, "simple", body, {"Content-Encoding": encoding})
+    assert status == 200, doc
+    assert doc["outputs"][0]["data"] == [i + 1 for i in range(16)]
+
+
+def test_decompressed_size_limit(server: ShoalServer) -> None:
+    limit = 64 * 1024 * 1024
+    status, doc = post(
+        server, "simple", zlib.compress(bytes(limit + 1)), {"Content-Encoding": "deflate"}
+    )
+    assert (status, doc) == (
+        400,
+        {
+            "error": f"Request body decompresses to more than the maximum allowed value of "
+            f"{limit} bytes. Use --http-max-input-size to increase the limit."
+        },
+    )
+
+
+def test_unsupported_content_encoding(server: ShoalServer) -> None:
+    """Triton answers 415 with the encodings it accepts."""
+    conn = http.client.HTTPConnection(server.url, timeout=10)
+    conn.request(
+        "POST", "/v2/models/simple/infer", body=b"xx", headers={"Content-Encoding": "zstd"}
+    )
+    resp = conn.getresponse()
+    doc = json.loads(resp.read())
+    conn.close()
+    assert resp.status == 415
+    assert resp.getheader("Accept-Encoding") == "gzip, deflate"
+    error = "unsupported Content-Encoding 'zstd': the server accepts gzip and deflate"
+    assert doc == {"error": error}
+
+
+def test_malformed_framing_logs_one_line(server: ShoalServer) -> None:
+    before = len(server.log().splitlines())
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    try:
+        sock.sendall(
+            b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nzz\r\n"
+        )
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()  # aiohttp logs before it answers
+        resp.read()
+    finally:
+        sock.close()
+    assert resp.status == 400
+    new = server.log().splitlines()[before:]
+    assert not any("Traceback" in line for line in new), new
+    http_lines = [line for line in new if "shoal.frontend.http" in line]
+    assert len(http_lines) == 1, new
+    assert "Invalid character in chunk size" in http_lines[0]
+
+
+def test_a_body_that_stops_arriving_is_refused(tmp_path: Path) -> None:
+    """aiohttp's C parser keeps a chunked framing error that comes after the headers from
+    the body being read; without an idle limit that request waits as long as its client
+    keeps the socket open. The limit (SHOAL_HTTP_BODY_IDLE_S) answers it, and a client
+    that trickles its body the same way."""
+    modelgen.write_shipped_repository(tmp_path, ("simple",))
+    srv = ShoalServer(tmp_path, env={"SHOAL_HTTP_BODY_IDLE_S": "1"})
+    try:
+        head = (
+            b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        status, doc = _send_body_late(srv, head, b'4\r\n{"in\r\nzz\r\n')
+        assert (status, doc) == (400, {"error": "failed to read the request body: no data for 1 s"})
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
