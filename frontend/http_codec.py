@@ -14,6 +14,7 @@ Deviations from Triton, on purpose:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -127,10 +128,25 @@ def _parse_json(header: memoryview, max_depth: int) -> dict[str, Any]:
     except RecursionError:
         raise depth_exceeded(max_depth) from None
     except msgspec.DecodeError as exc:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+        doc = _parse_non_finite(header, max_depth, exc)
     if not isinstance(doc, dict):
         raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
     return doc
+
+
+def _parse_non_finite(header: memoryview, max_depth: int, exc: Exception) -> Any:
+    """Triton's JSON reader takes the tokens NaN, Infinity and -Infinity (tritonclient
+    writes them for such floats); strict JSON, and msgspec, do not. Such a body is read
+    again by Python's json, which takes them too; any other malformed body is refused."""
+    raw = bytes(header)
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise depth_exceeded(max_depth) from None
+    except ValueError:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
 
 
 def _is_uint(v: object) -> bool:
@@ -417,7 +433,9 @@ def encode_infer_response(
     return [header, *chunks], len(header)
 
 
-def _json_data(name: str, type_name: str, shape: list[int], data: memoryview) -> list[Any]:
+def _json_data(
+    name: str, type_name: str, shape: list[int], data: memoryview
+) -> list[Any] | msgspec.Raw:
     dt = datatype(type_name)
     if dt is None:
         raise ServingError(Code.INTERNAL, "Invalid data type for output tensor")

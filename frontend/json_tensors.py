@@ -8,9 +8,11 @@ conversions go through numpy; only BYTES walks its elements one by one.
 
 from __future__ import annotations
 
+import json
 from itertools import chain
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 
 from ipc import datatypes
@@ -165,11 +167,16 @@ def check_bytes_elements(name: str, buf: memoryview, element_count: int, model: 
         )
 
 
-def tensor_to_json(name: str, dt: DataType, count: int, data: memoryview) -> list[Any]:
+def tensor_to_json(
+    name: str, dt: DataType, count: int, data: memoryview
+) -> list[Any] | msgspec.Raw:
     """Flat JSON values for an output's wire-layout bytes.
 
     BYTES elements are decoded as UTF-8; an element that is not valid UTF-8 is decoded
-    with replacement characters, since a JSON string cannot carry raw bytes.
+    with replacement characters, since a JSON string cannot carry raw bytes. Floats that
+    are not finite are written as Triton writes them, `Infinity`, `-Infinity` and `NaN`
+    (outside strict JSON, but what tritonclient reads back), not as null: the array then
+    comes back already encoded.
     """
     if dt.name == "BYTES":
         try:
@@ -183,11 +190,14 @@ def tensor_to_json(name: str, dt: DataType, count: int, data: memoryview) -> lis
     if len(data) != count * dt.itemsize:
         raise _shape_mismatch(name)
     if dt.name == "BF16":
-        return bf16_bits_to_float(np.frombuffer(data, dtype="<u2")).tolist()
-    assert dt.numpy is not None
-    arr = np.frombuffer(data, dtype=dt.numpy)
-    if dt.name == "FP16":
-        arr = arr.astype(np.float64)
+        arr = bf16_bits_to_float(np.frombuffer(data, dtype="<u2"))
+    else:
+        assert dt.numpy is not None
+        arr = np.frombuffer(data, dtype=dt.numpy)
+        if dt.name == "FP16":
+            arr = arr.astype(np.float64)
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        return msgspec.Raw(json.dumps(arr.tolist()).encode())
     return arr.tolist()
 
 

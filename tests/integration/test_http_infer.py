@@ -249,3 +249,21 @@ def test_zero_element_tensor_of_two_dimensions(
     inp.set_data_from_numpy(np.zeros((1, 0), dtype=np.float32), binary_data=binary)
     result = client.infer("identity_fp32", [inp])
     assert result.get_output("OUTPUT0")["shape"] == [1, 0]
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64", "BF16"])
+def test_non_finite_floats_travel_as_triton_writes_them(
+    client: httpclient.InferenceServerClient, datatype: str
+) -> None:
+    """Triton 2.51 reads and writes NaN, Infinity and -Infinity in JSON tensors (as
+    tritonclient does); they must not turn into null or a parse error."""
+    dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+    dtype["BF16"] = ml_dtypes.bfloat16
+    values = np.array([[np.inf, -np.inf, np.nan, 1.5]], dtype=dtype[datatype])
+    inp = httpclient.InferInput("INPUT0", [1, 4], datatype)
+    # tritonclient sends BF16 inputs only as binary data; the output is JSON for all.
+    inp.set_data_from_numpy(values, binary_data=datatype == "BF16")
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+    got = client.infer(f"identity_{datatype.lower()}", [inp], outputs=[out]).as_numpy("OUTPUT0")
+    assert got is not None
+    np.testing.assert_array_equal(got.astype(np.float64), values.astype(np.float64))
