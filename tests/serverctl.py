@@ -9,6 +9,7 @@ one server (and prove none is left after it stops).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -20,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 SHM_DIR = Path("/dev/shm")
 
@@ -140,6 +142,24 @@ class ShoalServer:
                     return
             time.sleep(0.1)
         raise TimeoutError(f"shoal not ready after {timeout}s:\n{self.log()}")
+
+    def model_version(self, model: str) -> dict[str, Any]:
+        """shoal's extension: the model's (first) version, with its state, reason and
+        instances."""
+        with urllib.request.urlopen(f"http://{self.url}/v2/shoal/models/{model}", timeout=5) as r:
+            return dict(json.loads(r.read())["versions"][0])
+
+    def wait_settled(self, models: tuple[str, ...], timeout: float = 60.0) -> None:
+        """Until every model is READY or UNAVAILABLE (a server that is not strict about
+        readiness answers before its models have loaded)."""
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            states = {m: self.model_version(m)["state"] for m in models}
+            if all(state in ("READY", "UNAVAILABLE") for state in states.values()):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"models still loading after {timeout}s: {states}\n{self.log()}")
 
     def pids(self, role: str = "") -> list[int]:
         """Children of this server, optionally of one role ("broker", "frontend", "workers")."""

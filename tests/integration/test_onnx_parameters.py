@@ -7,11 +7,8 @@ lower-case one leniently."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,7 +79,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     _torch_add_sub(repo, "torch_upper_bad", {"INTRA_OP_THREAD_COUNT": "x"})
     srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
     try:
-        _wait_loaded(srv)
+        srv.wait_settled(MODELS)
     except BaseException:
         srv.stop()
         raise
@@ -95,24 +92,6 @@ MODELS = (
     "sequential", "parallel", "bad_mode", "bad_intra", "both_bad", "intra_default",
     "torch_lower_auto", "torch_upper_bad",
 )  # fmt: skip
-
-
-def _wait_loaded(srv: ShoalServer, timeout: float = 60.0) -> None:
-    """Until every model is READY or UNAVAILABLE (not strict: the server is ready first)."""
-    deadline = time.monotonic() + timeout
-    states: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        states = {m: _version(srv, m)["state"] for m in MODELS}
-        if all(state in ("READY", "UNAVAILABLE") for state in states.values()):
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"models still loading after {timeout}s: {states}\n{srv.log()}")
-
-
-def _version(srv: ShoalServer, model: str) -> dict:
-    """shoal's extension: the model's (one) version with its state and reason."""
-    with urllib.request.urlopen(f"http://{srv.url}/v2/shoal/models/{model}", timeout=5) as r:
-        return dict(json.loads(r.read())["versions"][0])
 
 
 def _add_sub_infer(
@@ -156,7 +135,7 @@ def test_a_parameter_triton_rejects_fails_only_that_models_load(
     server: ShoalServer, model: str, message: str
 ) -> None:
     client = httpclient.InferenceServerClient(server.url)
-    version = _version(server, model)
+    version = server.model_version(model)
     assert version["state"] == "UNAVAILABLE"
     assert version["reason"] == message
     assert not client.is_model_ready(model)
@@ -169,7 +148,7 @@ def _threads(pid: int) -> int:
 
 
 def test_parallel_execution_mode_serves_and_sizes_the_inter_op_pool(server: ShoalServer) -> None:
-    assert _version(server, "parallel")["state"] == "READY"
+    assert server.model_version("parallel")["state"] == "READY"
     _add_sub_infer(server, "parallel")
     _add_sub_infer(server, "sequential")
     # ONNX Runtime's inter-op pool runs n - 1 threads beside the caller's; a sequential
@@ -192,7 +171,7 @@ def test_the_backends_default_thread_count_keeps_every_thread_on_the_instances_c
 ) -> None:
     for _ in range(4):  # the pools exist and have run (requests go to both instances)
         _add_sub_infer(server, "intra_default")
-    instances = _version(server, "intra_default")["instances"]
+    instances = server.model_version("intra_default")["instances"]
     assert len(instances) == 2
     for instance in instances:
         cores, pid = set(instance["cores"]), instance["pid"]
@@ -206,6 +185,6 @@ def test_the_backends_default_thread_count_keeps_every_thread_on_the_instances_c
 
 
 def test_torch_reads_the_lower_case_key_leniently(server: ShoalServer) -> None:
-    assert _version(server, "torch_lower_auto")["state"] == "READY"
+    assert server.model_version("torch_lower_auto")["state"] == "READY"
     _add_sub_infer(server, "torch_lower_auto", ("OUTPUT0__0", "OUTPUT1__1"))
     assert "intra_op_thread_count 'auto' is not an integer; ignored" in server.log()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -98,12 +97,7 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServ
     )  # fmt: skip
     srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
     try:
-        deadline = time.monotonic() + 60  # not strict: ready before the models are
-        while time.monotonic() < deadline:
-            states = [_version(srv, m)["state"] for m in MODELS]
-            if all(state in ("READY", "UNAVAILABLE") for state in states):
-                break
-            time.sleep(0.1)
+        srv.wait_settled(MODELS)
     except BaseException:
         srv.stop()
         raise
@@ -116,12 +110,6 @@ MODELS = (
     "by_argument", "batched", "by_index", "by_order", "bf16", "crash", "no_io", "one_input",
     "one_tensor", "dict_input", "sum_rows",
 )  # fmt: skip
-
-
-def _version(srv: ShoalServer, model: str) -> dict:
-    """shoal's extension: the model's (one) version with its state and reason."""
-    with urllib.request.urlopen(f"http://{srv.url}/v2/shoal/models/{model}", timeout=5) as r:
-        return dict(json.loads(r.read())["versions"][0])
 
 
 def _infer_http(
@@ -216,7 +204,7 @@ def test_a_config_without_tensors_fails_to_load_with_the_reason(
 ) -> None:
     client = httpclient.InferenceServerClient(torch_server.url)
     assert not client.is_model_ready("no_io")
-    version = _version(torch_server, "no_io")
+    version = torch_server.model_version("no_io")
     assert version["state"] == "UNAVAILABLE"
     assert "must list every input and output" in version["reason"]
     assert client.is_model_ready("by_order")  # the others are unaffected
@@ -225,7 +213,7 @@ def test_a_config_without_tensors_fails_to_load_with_the_reason(
 def test_a_config_with_fewer_inputs_than_forward_fails_to_load(
     torch_server: ShoalServer,
 ) -> None:
-    version = _version(torch_server, "one_input")
+    version = torch_server.model_version("one_input")
     assert version["state"] == "UNAVAILABLE"
     assert "configuration expects 1 inputs, model provides 2" in version["reason"]
 
