@@ -6,7 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from ipc.lifecycle import add_process_flags, die_with_parent, run_until_stopped, setup_logging
+from ipc.lifecycle import (
+    add_process_flags,
+    die_with_parent,
+    run_until_stopped,
+    set_cpu_scheduling,
+    setup_logging,
+)
 from shoal.flags import bool_flag
 
 
@@ -31,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     die_with_parent(args.parent_pid)
     setup_logging("broker", args.log_verbose)
+    set_cpu_scheduling()
     from broker.proc import BrokerProc, BrokerSettings
     from ipc.sockets import ensure_runtime_dir
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ipc.lifecycle import add_process_flags, die_with_parent, setup_logging
+from ipc.lifecycle import add_process_flags, die_with_parent, set_cpu_scheduling, setup_logging
 from shoal.flags import bool_flag
 
 
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     die_with_parent(args.parent_pid)
     setup_logging(f"frontend#{args.index}", args.log_verbose)
+    set_cpu_scheduling()
     import uvloop
 
     from frontend.proc import FrontendSettings, serve

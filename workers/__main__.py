@@ -17,7 +17,13 @@ import signal
 import sys
 from pathlib import Path
 
-from ipc.lifecycle import add_process_flags, die_with_parent, run_until_stopped, setup_logging
+from ipc.lifecycle import (
+    add_process_flags,
+    die_with_parent,
+    run_until_stopped,
+    set_cpu_scheduling,
+    setup_logging,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     # have killed it). It owns no shared-memory segment, so dying hard leaves nothing.
     die_with_parent(args.parent_pid, signal.SIGKILL)
     setup_logging(f"worker:{args.model}/{args.version}#{args.instance}", args.log_verbose)
+    set_cpu_scheduling()
     cores = [int(c) for c in args.cores.split(",") if c.strip()]
     if cores:
         os.sched_setaffinity(0, cores)

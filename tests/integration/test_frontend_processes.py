@@ -213,3 +213,15 @@ def test_a_region_registered_through_one_frontend_serves_the_other(
         c.request("POST", "/v2/systemsharedmemory/region/cross/unregister")
         c.getresponse().read()
         shm.destroy_shared_memory_region(handle)
+
+
+def test_every_thread_of_every_role_runs_sched_batch(two_frontends: ShoalServer) -> None:
+    """Threads started later (ZeroMQ's, grpcio's, the model runtime's) inherit it."""
+    roles = {role: two_frontends.pids(role) for role in ("broker", "frontend", "workers")}
+    assert len(roles["broker"]) == 1 and len(roles["frontend"]) == 2 and roles["workers"]
+    for role, pids in roles.items():
+        for pid in pids:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            assert len(tids) > 1
+            policies = {tid: os.sched_getscheduler(tid) for tid in tids}
+            assert set(policies.values()) == {os.SCHED_BATCH}, (role, pid, policies)

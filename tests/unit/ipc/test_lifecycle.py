@@ -1,0 +1,47 @@
+"""ipc.lifecycle.set_cpu_scheduling, in a fresh interpreter each (it changes the process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_PROBE = """
+import os, threading
+from ipc.lifecycle import set_cpu_scheduling
+print(set_cpu_scheduling())
+seen = []
+t = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))
+t.start(); t.join()
+print(os.sched_getscheduler(0), seen[0])
+"""
+
+
+def _probe(value: str | None) -> tuple[list[str], str]:
+    env = {k: v for k, v in os.environ.items() if k != "SHOAL_CPU_SCHED"}
+    if value is not None:
+        env["SHOAL_CPU_SCHED"] = value
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True
+    )
+    return out.stdout.split(), out.stderr
+
+
+@pytest.mark.parametrize("value", [None, "batch", " BATCH ", ""])
+def test_batch_by_default_and_inherited_by_threads(value: str | None) -> None:
+    words, stderr = _probe(value)
+    assert words == ["batch", str(os.SCHED_BATCH), str(os.SCHED_BATCH)]
+    assert stderr == ""
+
+
+def test_other_keeps_the_normal_policy() -> None:
+    words, _ = _probe("other")
+    assert words == ["other", str(os.SCHED_OTHER), str(os.SCHED_OTHER)]
+
+
+def test_an_unknown_value_is_named_and_batch_is_used() -> None:
+    words, stderr = _probe("fifo")
+    assert words == ["batch", str(os.SCHED_BATCH), str(os.SCHED_BATCH)]
+    assert "SHOAL_CPU_SCHED='fifo' is not one of batch/other; using batch" in stderr
