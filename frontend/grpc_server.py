@@ -4,6 +4,12 @@ grpcio's asyncio server: a thin adapter over the same DataPlane as HTTP.
 Errors map to gRPC status codes with Triton's table (ipc.errors.GRPC_STATUS). A stream
 (ModelStreamInfer) runs its requests concurrently and answers them in the order they
 arrived; an error is an ``error_message`` on the stream and the stream goes on.
+
+A message that is not the protobuf its method takes is refused as Triton's C++ server
+refuses it, INTERNAL "Unable to parse request", with one log line: grpcio would answer
+UNKNOWN and log a traceback for each, a flood any client could cause. On a stream the
+requests before it are answered, then the stream ends with that status (Triton ends it
+with OK, which hides that the rest of the stream was dropped).
 """
 
 from __future__ import annotations
@@ -28,6 +34,71 @@ log = logging.getLogger("shoal.frontend.grpc")
 MAX_MESSAGE_BYTES: Final[int] = 2**31 - 1  # Triton's INT32_MAX
 STREAM_WINDOW: Final[int] = 1024  # requests in flight on one stream before reading pauses
 R = TypeVar("R")
+UNPARSABLE_MESSAGE: Final[str] = "Unable to parse request"
+
+
+class _Unparsable:
+    """What a guarded deserializer gives for bytes it cannot parse."""
+
+    __slots__ = ("method", "reason")
+
+    def __init__(self, method: str, reason: str) -> None:
+        self.method = method
+        self.reason = reason
+
+    def log(self) -> None:
+        log.warning("%s: %s (%s)", self.method, UNPARSABLE_MESSAGE, self.reason)
+
+
+def _parse_guarded(method: str, parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def guarded(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # DecodeError, or whatever else the parser raises
+            return _Unparsable(method, f"{type(exc).__name__}: {exc}"[:200])
+
+    return guarded
+
+
+def _refusing(behavior: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Any]:
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Unparsable):
+            request.log()
+            await context.abort(grpc.StatusCode.INTERNAL, UNPARSABLE_MESSAGE)
+        return await behavior(request, context)
+
+    return unary
+
+
+class _GuardedRegistration:
+    """Stands in for the server while generated code registers a service: each method's
+    deserializer is guarded (unary methods refuse the unparsable themselves; the stream
+    handler checks each message) before the handlers reach the real server."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self.server = server
+        self.services: list[str] = []
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # the same handlers come again, by name, in add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        guarded = {}
+        for name, h in handlers.items():
+            if h.request_deserializer is not None and not h.response_streaming:
+                parse = _parse_guarded(f"/{service}/{name}", h.request_deserializer)
+                h = h._replace(request_deserializer=parse)
+                if h.unary_unary is not None:
+                    h = h._replace(unary_unary=_refusing(h.unary_unary))
+            elif h.request_deserializer is not None and h.stream_stream is not None:
+                parse = _parse_guarded(f"/{service}/{name}", h.request_deserializer)
+                h = h._replace(request_deserializer=parse)
+            guarded[name] = h
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, guarded),)
+        )
+        self.server.add_registered_method_handlers(service, guarded)
+        self.services.append(service)
 
 
 async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[R]]) -> R:
@@ -199,9 +270,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             STREAM_WINDOW
         )
 
+        unparsable: list[_Unparsable] = []
+
         async def read() -> None:
             try:
                 async for request in request_iterator:
+                    if isinstance(request, _Unparsable):
+                        unparsable.append(request)
+                        return  # what came before is answered; then the stream ends
                     await pending.put(asyncio.create_task(self._stream_one(request)))
             finally:
                 await pending.put(None)
@@ -210,6 +286,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         try:
             while (task := await pending.get()) is not None:
                 yield await task
+            if unparsable:
+                unparsable[0].log()
+                await context.abort(grpc.StatusCode.INTERNAL, UNPARSABLE_MESSAGE)
         finally:
             reader.cancel()
             while not pending.empty():
@@ -244,8 +323,11 @@ def build_server(dataplane: DataPlane, address: str, reuse_port: bool) -> grpc.a
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane), server)
-    health_pb2_grpc.add_HealthServicer_to_server(HealthService(dataplane), server)
+    registration = _GuardedRegistration(server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane), registration)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthService(dataplane), registration)
+    if len(registration.services) != 2:  # generated code that registers some other way
+        raise RuntimeError(f"gRPC services not registered: {registration.services}")
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as exc:

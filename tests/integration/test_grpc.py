@@ -450,3 +450,63 @@ def test_classification_outputs_are_refused_as_over_http(
         "StatusCode.UNIMPLEMENTED",
         "classification output is not supported: output 'OUTPUT0' requests classification 2",
     )
+
+
+def _raw(
+    channel: grpc.Channel, method: str, service: str = "inference.GRPCInferenceService"
+) -> grpc.UnaryUnaryMultiCallable:
+    return channel.unary_unary(
+        f"/{service}/{method}",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+
+
+@pytest.mark.parametrize(
+    ("service", "method"),
+    [
+        ("inference.GRPCInferenceService", "ModelInfer"),
+        ("inference.GRPCInferenceService", "ServerLive"),
+        ("inference.GRPCInferenceService", "SystemSharedMemoryRegister"),
+        ("grpc.health.v1.Health", "Check"),
+    ],
+)
+def test_an_unparsable_message_is_refused_as_triton_does(
+    server: ShoalServer, url: str, service: str, method: str
+) -> None:
+    with grpc.insecure_channel(url) as channel:
+        for garbage in (b"\xff\xff\xff", b"\x0a\x05ab"):  # a bad tag, a truncated field
+            with pytest.raises(grpc.RpcError) as e:
+                _raw(channel, method, service)(garbage, timeout=10)
+            assert (e.value.code(), e.value.details()) == (
+                grpc.StatusCode.INTERNAL,
+                "Unable to parse request",
+            )
+        assert _raw(channel, "ServerLive")(b"", timeout=10) == b"\x08\x01"  # still serving
+    log = server.log()
+    assert f"/{service}/{method}: Unable to parse request (DecodeError" in log
+    assert "raised by servicer method" not in log  # grpcio's traceback for it
+
+
+def test_an_unparsable_message_ends_a_stream_after_the_answers_before_it(url: str) -> None:
+    good = service_pb2.ModelInferRequest(model_name="identity_int64", id="first")
+    good.inputs.add(name="INPUT0", datatype="INT64", shape=[1, 3])
+    good.raw_input_contents.append(np.full(3, 4, dtype=np.int64).tobytes())
+    with grpc.insecure_channel(url) as channel:
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=lambda b: b,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
+        call = stream(iter([good.SerializeToString(), b"\xff\xff", good.SerializeToString()]))
+        answers = []
+        with pytest.raises(grpc.RpcError) as e:
+            for answer in call:
+                answers.append(answer)
+    assert (e.value.code(), e.value.details()) == (
+        grpc.StatusCode.INTERNAL,
+        "Unable to parse request",
+    )
+    assert [(a.error_message, a.infer_response.id) for a in answers] == [("", "first")]
+    out = np.frombuffer(answers[0].infer_response.raw_output_contents[0], dtype=np.int64)
+    assert out.tolist() == [4, 4, 4]
