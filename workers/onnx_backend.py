@@ -8,6 +8,7 @@ OrtValues typed bfloat16.
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -68,7 +69,10 @@ def _session_options(config: object, threads: int) -> ort.SessionOptions:
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if params.parallel:
         so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
-        so.inter_op_num_threads = params.inter_op_threads
+        # ONNX Runtime's default (0) sizes this pool for the host, however few cores the
+        # instance is pinned to: on a 64-core host, 64 threads on one core. "The default"
+        # is taken as the cores this process may run on, the host's when not pinned.
+        so.inter_op_num_threads = params.inter_op_threads or len(os.sched_getaffinity(0))
         so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     else:
         so.inter_op_num_threads = 1  # a sequential session has no inter-op pool to size

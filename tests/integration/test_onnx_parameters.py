@@ -73,6 +73,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         repo, "intra_default", {"intra_op_thread_count": "0"},
         "instance_group [ { count: 2 kind: KIND_CPU } ]\n",
     )  # fmt: skip
+    # The same for the inter-op pool of a parallel session.
+    _add_sub(
+        repo, "inter_default",
+        {"intra_op_thread_count": "1", "execution_mode": "1", "inter_op_thread_count": "0"},
+        "instance_group [ { count: 2 kind: KIND_CPU } ]\n",
+    )  # fmt: skip
     # Triton's pytorch backend reads only the upper-case keys; the lower-case one is
     # shoal's lenient extension there.
     _torch_add_sub(repo, "torch_lower_auto", {"intra_op_thread_count": "auto"})
@@ -90,7 +96,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
 
 MODELS = (
     "sequential", "parallel", "bad_mode", "bad_intra", "both_bad", "intra_default",
-    "torch_lower_auto", "torch_upper_bad",
+    "inter_default", "torch_lower_auto", "torch_upper_bad",
 )  # fmt: skip
 
 
@@ -157,6 +163,16 @@ def test_parallel_execution_mode_serves_and_sizes_the_inter_op_pool(server: Shoa
     assert extra == INTER_OP_THREADS - 1
 
 
+def test_the_default_inter_op_pool_is_sized_to_the_instances_cores(server: ShoalServer) -> None:
+    """Two instances on this host: each owns a share of its cores (intra-op 1, as
+    `sequential`, which owns them all and has no inter-op pool)."""
+    _add_sub_infer(server, "inter_default")
+    base = _threads(server.worker_pid("sequential"))
+    for instance in server.model_version("inter_default")["instances"]:
+        assert instance["cores"]
+        assert _threads(instance["pid"]) - base == len(instance["cores"]) - 1
+
+
 def _cpu_set(cpu_list: str) -> set[int]:
     """A kernel CPU list ("0-2,5") as a set."""
     cpus: set[int] = set()
@@ -166,12 +182,13 @@ def _cpu_set(cpu_list: str) -> set[int]:
     return cpus
 
 
+@pytest.mark.parametrize("model", ["intra_default", "inter_default"])
 def test_the_backends_default_thread_count_keeps_every_thread_on_the_instances_cores(
-    server: ShoalServer,
+    server: ShoalServer, model: str
 ) -> None:
     for _ in range(4):  # the pools exist and have run (requests go to both instances)
-        _add_sub_infer(server, "intra_default")
-    instances = server.model_version("intra_default")["instances"]
+        _add_sub_infer(server, model)
+    instances = server.model_version(model)["instances"]
     assert len(instances) == 2
     for instance in instances:
         cores, pid = set(instance["cores"]), instance["pid"]
