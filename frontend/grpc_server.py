@@ -35,6 +35,7 @@ MAX_MESSAGE_BYTES: Final[int] = 2**31 - 1  # Triton's INT32_MAX
 STREAM_WINDOW: Final[int] = 1024  # requests in flight on one stream before reading pauses
 R = TypeVar("R")
 UNPARSABLE_MESSAGE: Final[str] = "Unable to parse request"
+_STREAM_METHOD: Final[str] = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 class _Unparsable:
@@ -85,14 +86,14 @@ class _GuardedRegistration:
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         guarded = {}
         for name, h in handlers.items():
-            if h.request_deserializer is not None and not h.response_streaming:
-                parse = _parse_guarded(f"/{service}/{name}", h.request_deserializer)
-                h = h._replace(request_deserializer=parse)
-                if h.unary_unary is not None:
-                    h = h._replace(unary_unary=_refusing(h.unary_unary))
-            elif h.request_deserializer is not None and h.stream_stream is not None:
-                parse = _parse_guarded(f"/{service}/{name}", h.request_deserializer)
-                h = h._replace(request_deserializer=parse)
+            method = f"/{service}/{name}"
+            if h.unary_unary is not None and h.request_deserializer is not None:
+                h = h._replace(
+                    request_deserializer=_parse_guarded(method, h.request_deserializer),
+                    unary_unary=_refusing(h.unary_unary),
+                )
+            elif method == _STREAM_METHOD:  # its handler checks each message itself
+                h = h._replace(request_deserializer=_parse_guarded(method, h.request_deserializer))
             guarded[name] = h
         self.server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(service, guarded),)

@@ -42,10 +42,11 @@ def set_cpu_scheduling() -> str:
     """Put this process under SCHED_BATCH (unless ``SHOAL_CPU_SCHED=other``); returns the
     policy it runs under. Call before any thread starts: threads inherit it.
 
-    A request crosses three processes and each ZeroMQ I/O thread twice. Under
-    SCHED_OTHER every hand-off can preempt the thread that made it: the sender's I/O
-    thread wakes and takes the core before the sender reaches its next poll, and so on
-    down the chain, a context switch more per hop. SCHED_BATCH keeps the fair share and
+    A request crosses three processes, and each hop passes two ZeroMQ I/O threads (the
+    sender's and the receiver's). Under SCHED_OTHER every hand-off can preempt the
+    thread that made it: the sender's I/O thread wakes and takes the core before the
+    sender reaches its next poll, and so on down the chain, a context switch more per
+    hop. SCHED_BATCH keeps the fair share and
     the nice value but gives up wake-up preemption, so a hand-off waits for a free core or
     the end of the running thread's turn. Measured with perf_analyzer on 2 cores: 10-20%
     more requests per second at concurrency 1 on a small model and a lower p99, no change
