@@ -33,41 +33,52 @@ def die_with_parent(expected_parent: int | None, sig: int = signal.SIGTERM) -> N
         os.kill(os.getpid(), sig)
 
 
-#: The CPU scheduling policy of every role process: "batch" (the default) or "other".
+#: How role processes are scheduled: "batch" (the default) or "inherit".
 CPU_SCHED_ENV = "SHOAL_CPU_SCHED"
-_POLICIES = {"batch": "SCHED_BATCH", "other": "SCHED_OTHER"}
+_CHOICES = ("batch", "inherit")
 
 
 def set_cpu_scheduling() -> str:
-    """Put this process under SCHED_BATCH (unless ``SHOAL_CPU_SCHED=other``); returns the
-    policy it runs under. Call before any thread starts: threads inherit it.
+    """Move this process from SCHED_OTHER to SCHED_BATCH, unless
+    ``SHOAL_CPU_SCHED=inherit``; returns the name of the policy it runs under. Any other
+    policy it was started under (``chrt``: real-time, idle, batch) is the operator's
+    choice and is kept. Call before any thread starts: threads inherit it.
 
     A request crosses three processes, and each hop passes two ZeroMQ I/O threads (the
     sender's and the receiver's). Under SCHED_OTHER every hand-off can preempt the
     thread that made it: the sender's I/O thread wakes and takes the core before the
     sender reaches its next poll, and so on down the chain, a context switch more per
-    hop. SCHED_BATCH keeps the fair share and
-    the nice value but gives up wake-up preemption, so a hand-off waits for a free core or
-    the end of the running thread's turn. Measured with perf_analyzer on 2 cores: 10-20%
-    more requests per second at concurrency 1 on a small model and a lower p99, no change
-    at concurrency 8 or on a compute-bound model. No privilege is needed; clients and
-    other programs on the host keep their own policy and still preempt shoal's.
+    hop. SCHED_BATCH keeps the fair share and the nice value but gives up wake-up
+    preemption, so a hand-off waits for a free core or the end of the running thread's
+    turn. Measured with perf_analyzer on 2 cores: 10-20% more requests per second at
+    concurrency 1 on a small model and a lower p99, no change at concurrency 8 or on a
+    compute-bound model. No privilege is needed; clients and other programs on the host
+    keep their own policy and still preempt shoal's.
     """
+    log = logging.getLogger("shoal")
     wanted = os.environ.get(CPU_SCHED_ENV, "batch").strip().lower() or "batch"
-    if wanted not in _POLICIES:
-        logging.getLogger("shoal").warning(
-            "%s=%r is not one of %s; using batch", CPU_SCHED_ENV, wanted, "/".join(_POLICIES)
+    if wanted not in _CHOICES:
+        log.warning(
+            "%s=%r is not one of %s; using batch", CPU_SCHED_ENV, wanted, "/".join(_CHOICES)
         )
         wanted = "batch"
-    policy = getattr(os, _POLICIES[wanted], None)
-    if policy is None or not hasattr(os, "sched_setscheduler"):
+    if not hasattr(os, "sched_setscheduler"):
         return "other"  # not Linux
-    try:
-        os.sched_setscheduler(0, policy, os.sched_param(0))
-    except OSError as exc:  # a seccomp profile may forbid it: run as we are
-        logging.getLogger("shoal").warning("could not set %s: %s", _POLICIES[wanted], exc)
-        return "other"
-    return wanted
+    current = os.sched_getscheduler(0)
+    if wanted == "batch" and current == os.SCHED_OTHER:
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+            current = os.SCHED_BATCH
+        except OSError as exc:  # a seccomp profile may forbid it: run as we are
+            log.warning("could not set SCHED_BATCH: %s", exc)
+    return _policy_name(current)
+
+
+def _policy_name(policy: int) -> str:
+    for name in ("OTHER", "BATCH", "IDLE", "FIFO", "RR", "DEADLINE"):
+        if policy == getattr(os, f"SCHED_{name}", None):
+            return name.lower()
+    return str(policy)
 
 
 def setup_logging(role: str, verbose: int) -> None:

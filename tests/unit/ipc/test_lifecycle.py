@@ -19,12 +19,17 @@ print(os.sched_getscheduler(0), seen[0])
 """
 
 
-def _probe(value: str | None) -> tuple[list[str], str]:
+def _probe(value: str | None, started_under: int = os.SCHED_OTHER) -> tuple[list[str], str]:
     env = {k: v for k, v in os.environ.items() if k != "SHOAL_CPU_SCHED"}
     if value is not None:
         env["SHOAL_CPU_SCHED"] = value
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lambda: os.sched_setscheduler(0, started_under, os.sched_param(0)),
     )
     return out.stdout.split(), out.stderr
 
@@ -36,12 +41,17 @@ def test_batch_by_default_and_inherited_by_threads(value: str | None) -> None:
     assert stderr == ""
 
 
-def test_other_keeps_the_normal_policy() -> None:
-    words, _ = _probe("other")
-    assert words == ["other", str(os.SCHED_OTHER), str(os.SCHED_OTHER)]
+def test_inherit_keeps_the_policy_shoal_was_started_under() -> None:
+    assert _probe("inherit")[0] == ["other", str(os.SCHED_OTHER), str(os.SCHED_OTHER)]
+    assert _probe("inherit", os.SCHED_BATCH)[0] == ["batch", *[str(os.SCHED_BATCH)] * 2]
+
+
+def test_a_policy_the_operator_chose_is_kept() -> None:
+    """`chrt --idle shoal serve` stays idle (real-time would need a privilege here)."""
+    assert _probe(None, os.SCHED_IDLE)[0] == ["idle", str(os.SCHED_IDLE), str(os.SCHED_IDLE)]
 
 
 def test_an_unknown_value_is_named_and_batch_is_used() -> None:
     words, stderr = _probe("fifo")
     assert words == ["batch", str(os.SCHED_BATCH), str(os.SCHED_BATCH)]
-    assert "SHOAL_CPU_SCHED='fifo' is not one of batch/other; using batch" in stderr
+    assert "SHOAL_CPU_SCHED='fifo' is not one of batch/inherit; using batch" in stderr
