@@ -70,14 +70,20 @@ def _session_options(config: object, threads: int) -> ort.SessionOptions:
     if params.parallel:
         so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
         # ONNX Runtime's default (0) sizes this pool for the host, however few cores the
-        # instance is pinned to: on a 64-core host, 64 threads on one core. "The default"
-        # is taken as the cores this process may run on, the host's when not pinned.
-        so.inter_op_num_threads = params.inter_op_threads or len(os.sched_getaffinity(0))
+        # instance is pinned to: on a 64-core host, 64 threads on one core. For a pinned
+        # instance "the default" is its own core count; one not pinned keeps ORT's.
+        so.inter_op_num_threads = params.inter_op_threads or _pinned_core_count()
         so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     else:
         so.inter_op_num_threads = 1  # a sequential session has no inter-op pool to size
     so.log_severity_level = 3
     return so
+
+
+def _pinned_core_count() -> int:
+    """The cores this process is confined to, 0 when it may run on all of the host's."""
+    allowed = len(os.sched_getaffinity(0))
+    return allowed if allowed < (os.cpu_count() or allowed) else 0
 
 
 class OnnxRuntimeBackend:
