@@ -9,13 +9,15 @@ A message that is not the protobuf its method takes is refused as Triton's C++ s
 refuses it, INTERNAL "Unable to parse request", with one log line: grpcio would answer
 UNKNOWN and log a traceback for each, a flood any client could cause. On a stream the
 requests before it are answered, then the stream ends with that status (Triton ends it
-with OK, which hides that the rest of the stream was dropped).
+with OK, which hides that the rest of the stream was dropped). An RPC shoal does not
+implement answers UNIMPLEMENTED without grpcio's traceback too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final, TypeVar
@@ -71,10 +73,30 @@ def _refusing(behavior: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, 
     return unary
 
 
+def _unimplemented(method: str) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented")
+
+    return unary
+
+
+def _unimplemented_stream(method: str) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    refuse = _refusing(_unimplemented(method))
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await refuse(request, context)  # aborts
+        yield None  # never reached: makes this the async generator grpcio expects
+
+    return stream
+
+
 class _GuardedRegistration:
     """Stands in for the server while generated code registers a service: each method's
     deserializer is guarded (unary methods refuse the unparsable themselves; the stream
-    handler checks each message) before the handlers reach the real server."""
+    handler checks each message) before the handlers reach the real server. A method
+    the servicer leaves to the generated base class (a plain function that raises
+    NotImplementedError, which grpcio logs with a traceback per call) answers
+    UNIMPLEMENTED itself."""
 
     def __init__(self, server: grpc.aio.Server) -> None:
         self.server = server
@@ -87,6 +109,15 @@ class _GuardedRegistration:
         guarded = {}
         for name, h in handlers.items():
             method = f"/{service}/{name}"
+            behavior = h.unary_unary or h.unary_stream or h.stream_unary or h.stream_stream
+            ours = inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)
+            if not ours and h.unary_unary is not None:
+                h = h._replace(unary_unary=_unimplemented(method))
+            elif not ours and h.unary_stream is not None:
+                h = h._replace(
+                    request_deserializer=_parse_guarded(method, h.request_deserializer),
+                    unary_stream=_unimplemented_stream(method),
+                )
             if h.unary_unary is not None and h.request_deserializer is not None:
                 h = h._replace(
                     request_deserializer=_parse_guarded(method, h.request_deserializer),

@@ -7,6 +7,8 @@ import http.client
 import queue
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -454,11 +456,16 @@ def test_classification_outputs_are_refused_as_over_http(
 
 def _raw(
     channel: grpc.Channel, method: str, service: str = "inference.GRPCInferenceService"
-) -> grpc.UnaryUnaryMultiCallable:
+) -> Callable[..., Any]:
+    """A call of ``method`` with request bytes as given; a streamed answer comes as a list."""
+    path = f"/{service}/{method}"
+    if method == "Watch":  # grpc.health.v1's only response-streaming method
+        stream = channel.unary_stream(
+            path, request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
+        return lambda request, **kw: list(stream(request, **kw))
     return channel.unary_unary(
-        f"/{service}/{method}",
-        request_serializer=lambda b: b,
-        response_deserializer=lambda b: b,
+        path, request_serializer=lambda b: b, response_deserializer=lambda b: b
     )
 
 
@@ -468,12 +475,15 @@ def _raw(
         ("inference.GRPCInferenceService", "ModelInfer"),
         ("inference.GRPCInferenceService", "ServerLive"),
         ("inference.GRPCInferenceService", "SystemSharedMemoryRegister"),
+        ("inference.GRPCInferenceService", "RepositoryIndex"),  # not implemented by shoal
         ("grpc.health.v1.Health", "Check"),
+        ("grpc.health.v1.Health", "Watch"),
     ],
 )
 def test_an_unparsable_message_is_refused_as_triton_does(
     server: ShoalServer, url: str, service: str, method: str
 ) -> None:
+    seen = len(server.log())
     with grpc.insecure_channel(url) as channel:
         for garbage in (b"\xff\xff\xff", b"\x0a\x05ab"):  # a bad tag, a truncated field
             with pytest.raises(grpc.RpcError) as e:
@@ -483,9 +493,32 @@ def test_an_unparsable_message_is_refused_as_triton_does(
                 "Unable to parse request",
             )
         assert _raw(channel, "ServerLive")(b"", timeout=10) == b"\x08\x01"  # still serving
-    log = server.log()
-    assert f"/{service}/{method}: Unable to parse request (DecodeError" in log
-    assert "raised by servicer method" not in log  # grpcio's traceback for it
+    log = server.log()[seen:]
+    assert log.count(f"/{service}/{method}: Unable to parse request (DecodeError") == 2
+    assert "Traceback" not in log  # grpcio would log one for each
+
+
+@pytest.mark.parametrize(
+    ("service", "method", "request_bytes"),
+    [
+        ("inference.GRPCInferenceService", "RepositoryIndex", b""),
+        ("inference.GRPCInferenceService", "RepositoryModelLoad", b"\x12\x01m"),
+        ("inference.GRPCInferenceService", "LogSettings", b""),
+        ("inference.GRPCInferenceService", "TraceSetting", b""),
+        ("grpc.health.v1.Health", "Watch", b""),
+    ],
+)
+def test_a_method_shoal_does_not_implement_says_so_without_a_traceback(
+    server: ShoalServer, url: str, service: str, method: str, request_bytes: bytes
+) -> None:
+    seen = len(server.log())
+    with grpc.insecure_channel(url) as channel, pytest.raises(grpc.RpcError) as e:
+        _raw(channel, method, service)(request_bytes, timeout=10)
+    assert (e.value.code(), e.value.details()) == (
+        grpc.StatusCode.UNIMPLEMENTED,
+        f"/{service}/{method} is not implemented",
+    )
+    assert "Traceback" not in server.log()[seen:]
 
 
 def test_an_unparsable_message_ends_a_stream_after_the_answers_before_it(url: str) -> None:
