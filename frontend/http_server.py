@@ -197,6 +197,12 @@ async def _read_raw(request: web.Request) -> bytes:
     """The body as sent, at most ``client_max_size`` bytes, refused once no byte of it
     has come for BODY_IDLE_S."""
     limit = request.app[MAX_INPUT]
+    content = request.content
+    if content.is_eof():  # all of it is here already (most requests): no timer to arm
+        body = content.read_nowait()
+        if len(body) > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
+        return body
     parts: list[bytes] = []
     size = 0
     loop = asyncio.get_running_loop()

@@ -519,3 +519,31 @@ def test_a_body_that_stops_arriving_is_refused(tmp_path: Path) -> None:
     finally:
         srv.stop()
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def test_the_input_size_limit_holds_however_the_body_arrives(tmp_path: Path) -> None:
+    """A body here whole when the handler starts is read without the idle timer; one
+    still arriving goes through the timed read. The limit and its message are the same."""
+    modelgen.write_shipped_repository(tmp_path, ("simple",))
+    limit = 2048
+    srv = ShoalServer(tmp_path, f"--http-max-input-size={limit}")
+    try:
+        small = json.dumps(simple_json()).encode()
+        large = json.dumps(simple_json(id="x" * limit)).encode()
+        error = (
+            f"Request JSON size of {len(large)} bytes exceeds the maximum allowed value of "
+            f"{limit} bytes. Use --http-max-input-size to increase the limit."
+        )
+        assert post(srv, "simple", small)[0] == 200
+        assert post(srv, "simple", large) == (400, {"error": error})
+        for body, expected in ((small, 200), (large, 400)):
+            head = (
+                "POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            status, doc = _send_body_late(srv, head, body)
+            assert status == expected, doc
+        assert doc == {"error": error}
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
