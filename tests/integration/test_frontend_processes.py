@@ -26,7 +26,12 @@ from tests.serverctl import ShoalServer
 def two_frontends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("frontends-repo")
     modelgen.write_shipped_repository(repo)
-    srv = ShoalServer(repo, "--frontend-processes=2", "--allow-client-shm=true")
+    srv = ShoalServer(
+        repo,
+        "--frontend-processes=2",
+        "--allow-client-shm=true",
+        env={"SHOAL_CPU_SCHED": "batch"},  # the default, whatever the caller's environment
+    )
     # Ready means one frontend answers; wait for the second to listen too.
     deadline = time.monotonic() + 30
     indices: set[int] = set()
