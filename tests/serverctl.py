@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +205,18 @@ class ShoalServer:
                 break
             time.sleep(0.1)
         return [f"process {p}: {c}" for p, c in procs.items()] + [f"/dev/shm/{s}" for s in segs]
+
+
+@contextlib.contextmanager
+def settled_server(repo: Path, models: tuple[str, ...]) -> Iterator[ShoalServer]:
+    """A server that starts whatever loads (some models may fail on purpose), once every
+    model in ``models`` is READY or UNAVAILABLE; stopped cleanly and removed after."""
+    srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
+    try:
+        srv.wait_settled(models)
+    except BaseException:
+        srv.stop()
+        raise
+    yield srv
+    assert srv.stop() == 0
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)

@@ -8,7 +8,6 @@ lower-case one leniently."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from shoal import modelgen, torchgen
-from tests.serverctl import ShoalServer
+from tests.serverctl import ShoalServer, settled_server
 
 INTER_OP_THREADS = 3
 
@@ -83,15 +82,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     # shoal's lenient extension there.
     _torch_add_sub(repo, "torch_lower_auto", {"intra_op_thread_count": "auto"})
     _torch_add_sub(repo, "torch_upper_bad", {"INTRA_OP_THREAD_COUNT": "x"})
-    srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
-    try:
-        srv.wait_settled(MODELS)
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    assert srv.stop() == 0
-    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+    with settled_server(repo, MODELS) as srv:
+        yield srv
 
 
 MODELS = (

@@ -5,7 +5,6 @@ types, dynamic batching, and the errors a TorchScript model brings."""
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from shoal import modelgen, torchgen
-from tests.serverctl import ShoalServer
+from tests.serverctl import ShoalServer, settled_server
 
 
 def _write(repo: Path, name: str, model: bytes, config: str) -> None:
@@ -95,15 +94,8 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServ
         'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
         "dynamic_batching { max_queue_delay_microseconds: 10000000 }\n",
     )  # fmt: skip
-    srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
-    try:
-        srv.wait_settled(MODELS)
-    except BaseException:
-        srv.stop()
-        raise
-    yield srv
-    assert srv.stop() == 0
-    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+    with settled_server(repo, MODELS) as srv:
+        yield srv
 
 
 MODELS = (
