@@ -7,6 +7,8 @@ free everywhere; the caller tells the workers to unmap them.
 
 from __future__ import annotations
 
+import os
+
 from broker.regions import Kind, RegionTable
 from configs.devices import gpu_count
 from ipc import messages as m
@@ -16,6 +18,7 @@ from ipc.errors import ServingError
 class ClientRegions:
     def __init__(self) -> None:
         self.table = RegionTable()
+        self._pid = os.getpid()
 
     def handle(self, q: m.ShmRequest) -> tuple[m.ShmReply, list[int]]:
         """Register, unregister or report regions; returns the reply and the freed ids."""
@@ -51,7 +54,14 @@ class ClientRegions:
             r = self.table.resolve(ref.region[len(m.CLIENT_SHM) :], ref.offset, ref.nbytes)
             ref.region = f"{m.CLIENT_REGION}{r.reg_id}"
             used[r.reg_id] = m.ClientRegion(
-                r.reg_id, r.kind, r.key, r.offset, r.byte_size, r.device_id, r.raw_handle
+                r.reg_id,
+                r.kind,
+                r.key,
+                r.offset,
+                r.byte_size,
+                r.device_id,
+                r.raw_handle,
+                path=f"/proc/{self._pid}/fd/{r.fd}" if r.fd >= 0 else "",
             )
         return list(used.values())
 

@@ -451,3 +451,4 @@ class BrokerProc:
             self._unwatch(fd)
         self.fsock.close(0)
         self.wsock.close(0)
+        self.client_regions.table.close()

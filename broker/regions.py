@@ -11,13 +11,20 @@ lists it, new requests may still use it, its name cannot be registered again) un
 last request ends; then ``release`` removes it and hands its id back so workers unmap it.
 System and CUDA regions share one namespace, as in Triton.
 
+A system registration keeps the shm object open from registration to removal, as Triton
+keeps its mapping: a client may unlink the key (or replace the file) once registered, and
+its requests still reach the object it registered. Workers open that object through the
+broker's descriptor (``/proc/<broker pid>/fd/<n>``), never again by name.
+
 Messages and codes are Triton's (src/shared_memory_manager.cc).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import resource
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +38,7 @@ TRITON_RESERVED_PREFIX: Final = "triton_python_backend_shm_region_"
 _KEY_NAME: Final = re.compile(r"^[^/\0]+$")
 CUDA_HANDLE_BYTES: Final = 64
 SIZE_MAX: Final = 2**64 - 1  # Triton's offsets and sizes are size_t
+_FD_HEADROOM: Final = 256  # descriptors a full table of registrations leaves the broker
 
 Kind = Literal["system", "cuda"]
 _SPELLED: Final[dict[str, str]] = {"system": "system", "cuda": "CUDA"}  # as Triton writes them
@@ -46,6 +54,7 @@ class Region:
     byte_size: int = 0
     device_id: int = 0  # cuda
     raw_handle: bytes = b""  # cuda: cudaIpcMemHandle_t
+    fd: int = -1  # system: the broker's descriptor of the shm object, held until removal
     users: int = 0  # requests in flight that reference it
     unregistered: bool = False  # awaiting its last request (Triton's awaiting_unregister_)
 
@@ -70,8 +79,9 @@ def _already_registered(name: str) -> ServingError:
     return ServingError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
 
 
-def _file_size(key: str, bare: str) -> int | None:
-    """The size of the shm object ``key``, None when it is not a regular file.
+def _open_object(key: str, bare: str) -> tuple[int, int | None]:
+    """A descriptor of the shm object ``key`` and its size (None when it is not a regular
+    file); the caller owns the descriptor.
 
     Opened read-write, as Triton's shm_open(O_RDWR) does: a file the server could only
     read would register fine and then fail when a worker maps it to write an output."""
@@ -82,16 +92,35 @@ def _file_size(key: str, bare: str) -> int | None:
         raise ServingError(Code.INTERNAL, f"Unable to open shared memory region: '{key}'") from None
     try:
         st = os.fstat(fd)
-    finally:
+    except BaseException:
         os.close(fd)
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
+        raise
+    return fd, (st.st_size if stat.S_ISREG(st.st_mode) else None)
+
+
+def open_descriptor_limit() -> int:
+    """Raise this process's open-file limit to its hard limit (each system registration
+    holds a descriptor) and return how many registrations it leaves room for: the broker
+    keeps ``_FD_HEADROOM`` descriptors for its own sockets and files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft == resource.RLIM_INFINITY:
+        soft = 2**20
+    return max(soft - _FD_HEADROOM, 0)
 
 
 class RegionTable:
-    def __init__(self) -> None:
+    def __init__(self, max_system_regions: int | None = None) -> None:
         self.by_name: dict[str, Region] = {}
         self.by_id: dict[int, Region] = {}
         self._next_id = 1
+        self._open_fds = 0
+        self.max_system_regions = (
+            open_descriptor_limit() if max_system_regions is None else max_system_regions
+        )
 
     def _new(self, region: Region) -> None:
         if region.name in self.by_name:
@@ -107,11 +136,19 @@ class RegionTable:
         invalid = invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         if offset < 0 or byte_size <= 0:
             raise invalid
-        size = _file_size(key, bare)
+        if self._open_fds >= self.max_system_regions:
+            raise ServingError(
+                Code.UNAVAILABLE,
+                f"failed to register shared memory region '{name}': the server holds "
+                f"{self._open_fds} system shared memory regions, its limit",
+            )
+        fd, size = _open_object(key, bare)
         if size is None or offset + byte_size > size:
+            os.close(fd)
             raise invalid
-        region = Region(self._next_id, name, "system", key, offset, byte_size)
+        region = Region(self._next_id, name, "system", key, offset, byte_size, fd=fd)
         self._new(region)
+        self._open_fds += 1
         return region
 
     def register_cuda(
@@ -160,6 +197,15 @@ class RegionTable:
     def _remove(self, region: Region) -> None:
         del self.by_name[region.name]
         del self.by_id[region.reg_id]
+        if region.fd >= 0:
+            os.close(region.fd)
+            region.fd = -1
+            self._open_fds -= 1
+
+    def close(self) -> None:
+        """Drop every registration (the broker is stopping)."""
+        for region in list(self.by_name.values()):
+            self._remove(region)
 
     def status(self, name: str, kind: Kind) -> list[Region]:
         if not name:

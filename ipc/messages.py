@@ -87,6 +87,9 @@ class ClientRegion(msgspec.Struct, array_like=True):
     byte_size: int = 0
     device_id: int = 0
     raw_handle: bytes = b""
+    # system: where a worker opens the object the client registered, the broker's own
+    # descriptor of it (/proc/<pid>/fd/<n>): the key may since name another file, or none
+    path: str = ""
 
 
 class WorkItem(msgspec.Struct, array_like=True):

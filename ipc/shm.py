@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 SHM_DIR: Final[Path] = Path("/dev/shm")
 PREFIX: Final[str] = "shoal-"
 _NAME_RE: Final = re.compile(r"^shoal-(\d+)-([a-z]+)-([0-9a-f]{16})$")
+_BROKER_FD_RE: Final = re.compile(r"^/proc/[0-9]+/fd/[0-9]+$")
 ALIGN: Final[int] = 64
 _GROW_GRANULE: Final[int] = 2 << 20
 
@@ -222,6 +223,24 @@ class _ClientMapping:
                 self.mm.close()
 
 
+def _open_registered(key: str, path: str) -> int:
+    """A descriptor of the shm object a client registered under ``key``.
+
+    ``path`` is the broker's descriptor of it (``/proc/<pid>/fd/<n>``, a magic link that
+    reaches the registered object even once the key is unlinked or names another file).
+    Without one, or where the process may not open it, the key is opened by name."""
+    flags = os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY
+    if _BROKER_FD_RE.match(path):
+        try:
+            return os.open(path, flags)
+        except OSError:
+            pass
+    bare = key.lstrip("/")
+    if not bare or "/" in bare or bare.startswith(PREFIX):
+        raise ValueError("invalid shared memory key")
+    return os.open(SHM_DIR / bare, flags | os.O_NOFOLLOW)
+
+
 class RegionMap:
     """Read-write mappings of other processes' slabs, by name, cached. Not thread-safe.
 
@@ -256,11 +275,19 @@ class RegionMap:
         return entry
 
     def client_view(
-        self, reg_id: int, key: str, start: int, size: int, offset: int, nbytes: int
+        self,
+        reg_id: int,
+        key: str,
+        start: int,
+        size: int,
+        offset: int,
+        nbytes: int,
+        path: str = "",
     ) -> memoryview:
         """A view into a client-registered region (registration ``reg_id``: ``size`` bytes
-        at ``start`` of the shm object ``key``), mapped once per registration. The broker
-        checked the span against the registration; here it is checked against the file.
+        at ``start`` of the shm object ``key``, opened through ``path``, the broker's
+        descriptor of it, when given), mapped once per registration. The broker checked
+        the span against the registration; here it is checked against the file.
 
         The client owns the file and may shrink it at any time; touching a mapped page
         past its end kills this process with SIGBUS. So every access first fstat()s the
@@ -270,7 +297,7 @@ class RegionMap:
         exposure."""
         c = self._clients.get(reg_id)
         if c is None:
-            c = self._clients[reg_id] = self._open_client(key, start, size)
+            c = self._clients[reg_id] = self._open_client(key, start, size, path)
         if offset < 0 or nbytes < 0 or offset + nbytes > len(c.mv):
             raise ValueError(f"reference [{offset}, {offset + nbytes}) outside its region")
         file_size = c.mm.size()
@@ -283,11 +310,8 @@ class RegionMap:
         return c.mv[offset : offset + nbytes]
 
     @staticmethod
-    def _open_client(key: str, start: int, size: int) -> _ClientMapping:
-        bare = key.lstrip("/")
-        if not bare or "/" in bare or bare.startswith(PREFIX):
-            raise ValueError("invalid shared memory key")
-        fd = os.open(SHM_DIR / bare, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    def _open_client(key: str, start: int, size: int, path: str = "") -> _ClientMapping:
+        fd = _open_registered(key, path)
         try:
             st = os.fstat(fd)
             # The file may have been replaced since it was registered: map only a regular

@@ -40,7 +40,7 @@ def tensor_view(
         return regions.view(region, offset, nbytes)
     if c.kind != "system":
         raise ValueError("a CUDA shared memory region holds device memory, not host memory")
-    return regions.client_view(c.reg_id, c.key, c.offset, c.byte_size, offset, nbytes)
+    return regions.client_view(c.reg_id, c.key, c.offset, c.byte_size, offset, nbytes, c.path)
 
 
 def input_array(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
@@ -56,7 +57,8 @@ class Regions:
 
     def close(self) -> None:
         for h in self.handles:
-            shm.destroy_shared_memory_region(h)
+            with contextlib.suppress(FileNotFoundError):  # a test may have unlinked the key
+                shm.destroy_shared_memory_region(h)
         for r in self.http.get_system_shared_memory_status():
             if self.tag in r["name"]:
                 self.http.unregister_system_shared_memory(r["name"])
@@ -496,26 +498,45 @@ def test_unknown_region_and_byte_size_mismatch(client: Any, regions: Regions) ->
     )
 
 
-def test_unregister_during_inference_is_deferred(shm_server: ShoalServer, regions: Regions) -> None:
+def _own_client(client: Any, srv: ShoalServer) -> Any:
+    """A new client of the same protocol as ``client`` (one per thread)."""
+    if isinstance(client, httpclient.InferenceServerClient):
+        return httpclient.InferenceServerClient(srv.url, network_timeout=30)
+    return grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+
+
+def _status_names(client: Any) -> list[str]:
+    status = client.get_system_shared_memory_status()
+    if isinstance(client, httpclient.InferenceServerClient):
+        return [r["name"] for r in status]
+    return list(status.regions)
+
+
+def test_unregister_during_inference_is_deferred(
+    client: Any, shm_server: ShoalServer, regions: Regions
+) -> None:
     """Triton's test_unregister_shm_during_inference_*: unregistering regions a request
     uses succeeds, but they stay registered (listed, usable by new requests, their names
-    taken) until the last request using them ends; then they go without another call."""
-    http = httpclient.InferenceServerClient(shm_server.url, network_timeout=30)
+    taken) until the last request using them ends; then they go without another call.
+    Once unregistered the client may unlink the keys, as tritonclient's
+    destroy_shared_memory_region does: the requests still reach the objects registered."""
+    mod = _mod(client)
     data = np.arange(8, dtype=np.float32).reshape(2, 4)
     in_handle, in_region, in_key = regions.make("inflight_in", data.nbytes)
-    out_handle, out_region, _ = regions.make("inflight_out", data.nbytes)
+    out_handle, out_region, out_key = regions.make("inflight_out", data.nbytes)
     shm.set_shared_memory_region(in_handle, [data])
     worker = shm_server.worker_pid("identity_fp32")
     outcomes: list[object] = []
 
     def call() -> None:
-        inp = httpclient.InferInput("INPUT0", [2, 4], "FP32")
+        inp = mod.InferInput("INPUT0", [2, 4], "FP32")
         inp.set_shared_memory(in_region, data.nbytes)
-        out = httpclient.InferRequestedOutput("OUTPUT0")
+        out = mod.InferRequestedOutput("OUTPUT0")
         out.set_shared_memory(out_region, data.nbytes)
-        own = httpclient.InferenceServerClient(shm_server.url, network_timeout=30)  # per thread
         try:
-            outcomes.append(own.infer("identity_fp32", [inp], outputs=[out]))
+            outcomes.append(
+                _own_client(client, shm_server).infer("identity_fp32", [inp], outputs=[out])
+            )
         except Exception as exc:  # asserted below
             outcomes.append(exc)
 
@@ -524,12 +545,13 @@ def test_unregister_during_inference_is_deferred(shm_server: ShoalServer, region
     try:
         threads[0].start()
         time.sleep(0.5)
-        http.unregister_system_shared_memory(in_region)  # succeeds while in use
-        http.unregister_system_shared_memory()  # and so does unregister-all
-        names = [r["name"] for r in http.get_system_shared_memory_status()]
-        assert in_region in names and out_region in names
+        client.unregister_system_shared_memory(in_region)  # succeeds while in use
+        client.unregister_system_shared_memory()  # and so does unregister-all
+        assert {in_region, out_region} <= set(_status_names(client))
         with pytest.raises(InferenceServerException, match="already in manager"):
-            http.register_system_shared_memory(in_region, in_key, data.nbytes)
+            client.register_system_shared_memory(in_region, in_key, data.nbytes)
+        for key in (in_key, out_key):
+            os.unlink(f"/dev/shm{key}")  # the client's mappings stay
         threads.append(threading.Thread(target=call))  # a new request may still use them
         threads[1].start()
         time.sleep(0.3)
@@ -541,14 +563,53 @@ def test_unregister_during_inference_is_deferred(shm_server: ShoalServer, region
     assert not any(isinstance(o, Exception) for o in outcomes), outcomes
     np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [2, 4]), data)
     deadline = time.monotonic() + 5
-    while in_region in [r["name"] for r in http.get_system_shared_memory_status()]:
+    while in_region in _status_names(client):
         assert time.monotonic() < deadline, "the regions were never released"
         time.sleep(0.05)
-    assert out_region not in [r["name"] for r in http.get_system_shared_memory_status()]
-    inp = httpclient.InferInput("INPUT0", [2, 4], "FP32")
+    assert out_region not in _status_names(client)
+    inp = mod.InferInput("INPUT0", [2, 4], "FP32")
     inp.set_shared_memory(in_region, data.nbytes)
     with pytest.raises(InferenceServerException, match="Unable to find shared memory region"):
-        http.infer("identity_fp32", [inp])
+        client.infer("identity_fp32", [inp])
+
+
+def test_a_registration_keeps_its_object_whatever_the_key_names_later(
+    client: Any, shm_server: ShoalServer, regions: Regions
+) -> None:
+    """Triton maps a region when it is registered; shoal's broker holds it open from then
+    on. A client that unlinks its key, or puts another file under it, still has its
+    requests read and write the object it registered, the first time a worker maps it
+    included; and the worker unmaps it once it is unregistered."""
+    mod = _mod(client)
+    data = np.arange(8, dtype=np.float32).reshape(2, 4)
+    handle, region, key = regions.make("kept", 2 * data.nbytes)
+    shm.set_shared_memory_region(handle, [data])
+    os.unlink(f"/dev/shm{key}")  # before any worker has mapped it
+    impostor = shm.create_shared_memory_region(f"impostor_{regions.tag}", key, 2 * data.nbytes)
+    regions.handles.append(impostor)
+    shm.set_shared_memory_region(impostor, [np.full_like(data, -1.0)])
+    inp = mod.InferInput("INPUT0", [2, 4], "FP32")
+    inp.set_shared_memory(region, data.nbytes)
+    out = mod.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory(region, data.nbytes, offset=data.nbytes)
+    result = client.infer("identity_fp32", [inp], outputs=[out])
+    assert result.get_output("OUTPUT0") is not None
+    got = shm.get_contents_as_numpy(handle, np.float32, [2, 4], offset=data.nbytes)
+    np.testing.assert_array_equal(got, data)
+    untouched = shm.get_contents_as_numpy(impostor, np.float32, [2, 4], offset=data.nbytes)
+    assert not untouched.any()
+    worker = shm_server.worker_pid("identity_fp32")
+    assert _mapped_regions(worker, key)  # the unlinked object, mapped by the worker
+    client.unregister_system_shared_memory(region)
+    deadline = time.monotonic() + 5
+    while _mapped_regions(worker, key):
+        assert time.monotonic() < deadline, "the worker kept the unregistered region mapped"
+        time.sleep(0.05)
+
+
+def _mapped_regions(pid: int, key: str) -> list[str]:
+    with open(f"/proc/{pid}/maps") as f:
+        return [line for line in f if line.rstrip().endswith(f"/dev/shm{key} (deleted)")]
 
 
 def test_a_truncated_region_is_refused_and_the_worker_survives(

@@ -132,3 +132,54 @@ def test_cuda_registration_checks_handle_device_and_gpu() -> None:
     )
     assert t.status("", "cuda") == []
     assert t.register_cuda("r", b"x" * 64, 0, 64, gpu_count=2).device_id == 0
+
+
+def _fds_of(key: str) -> set[int]:
+    """This process's descriptors of the shm object ``key``."""
+    fds = set()
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{n}") == f"/dev/shm{key}":
+                fds.add(int(n))
+        except OSError:
+            pass  # the descriptor listdir itself used
+    return fds
+
+
+def test_a_registration_holds_its_object_open_until_removed(key: str) -> None:
+    """The table keeps a descriptor per system registration (the object stays reachable
+    after the client unlinks its key), closes it when the registration goes, and leaks
+    none when a registration is refused."""
+    t = RegionTable()
+    with pytest.raises(ServingError, match="invalid args"):
+        t.register_system("too_big", key, 200, 100)
+    assert _fds_of(key) == set()
+    r = t.register_system("r", key, 0, 256)
+    assert _fds_of(key) == {r.fd}
+    t.acquire([r])
+    assert t.unregister("r", "system") == []
+    assert _fds_of(key) == {r.fd}  # in use: still held
+    assert t.release([r.reg_id]) == [r.reg_id]
+    assert _fds_of(key) == set()
+    t.register_system("a", key, 0, 16)
+    t.register_system("b", key, 16, 16)
+    assert len(_fds_of(key)) == 2
+    t.close()
+    assert _fds_of(key) == set() and t.status("", "system") == []
+
+
+def test_registrations_stop_short_of_the_descriptor_limit(key: str) -> None:
+    t = RegionTable(max_system_regions=2)
+    t.register_system("a", key, 0, 16)
+    t.register_system("b", key, 16, 16)
+    with pytest.raises(ServingError) as e:
+        t.register_system("c", key, 32, 16)
+    assert e.value.code == Code.UNAVAILABLE
+    assert e.value.message == (
+        "failed to register shared memory region 'c': the server holds 2 system shared "
+        "memory regions, its limit"
+    )
+    assert len(_fds_of(key)) == 2
+    assert t.unregister("a", "system")
+    t.register_system("c", key, 32, 16)  # room again
+    t.close()
