@@ -31,7 +31,7 @@ from configs.devices import gpu_count
 from configs.placement import instance_count, passive_instances
 from ipc import messages as m
 from ipc import shm, sockets
-from ipc.errors import Code, RequestError, ServingError, unknown_model
+from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_model
 
 log = logging.getLogger("shoal.broker")
 
@@ -211,24 +211,29 @@ class BrokerProc:
             self._send(self.fsock, [ident, *m.encode(m.Welcome(os.getpid()))])
 
     def _lookup(self, name: str, version: int) -> ModelVersion:
-        """The READY version a request or query names, else Triton's error for why not."""
+        """The READY version a request or query names, else Triton's error for why not
+        (each reason after UNKNOWN_MODEL, as Triton's GetModel writes it)."""
         entry = self.table.models.get(name)
         if entry is None:
             raise unknown_model(name)
         if version >= 0:
             mv = entry.versions.get(version)
             if mv is None:
-                raise ServingError(Code.NOT_FOUND, f"'{name}' version {version} is not found")
+                raise ServingError(
+                    Code.NOT_FOUND, f"{UNKNOWN_MODEL}'{name}' version {version} is not found"
+                )
             if mv.state != "READY":
                 raise ServingError(
-                    Code.UNAVAILABLE, f"'{name}' version {version} is not at ready state"
+                    Code.UNAVAILABLE,
+                    f"{UNKNOWN_MODEL}'{name}' version {version} is not at ready state",
                 )
             return mv
         mv = self.table.resolve(name, -1)
         if mv is None:
             # 503 rather than Triton's 404: an instance may be restarting; retrying helps.
             raise ServingError(
-                Code.UNAVAILABLE, entry.error or f"'{name}' has no available versions"
+                Code.UNAVAILABLE,
+                entry.error or f"{UNKNOWN_MODEL}'{name}' has no available versions",
             )
         return mv
 

@@ -21,7 +21,15 @@ from frontend.broker_client import BrokerClient
 from frontend.model_handle import ModelHandle, check_byte_size
 from frontend.types import InferenceRequest, InferenceResult, OutputTensor
 from ipc import messages as m
-from ipc.errors import Code, RequestError, ServingError, invalid_arg, named
+from ipc.errors import (
+    UNKNOWN_MODEL,
+    Code,
+    RequestError,
+    ServingError,
+    invalid_arg,
+    named,
+    unknown_model,
+)
 from ipc.shm import ShmFull, SlabPool, Slot
 
 log = logging.getLogger("shoal.frontend")
@@ -121,7 +129,7 @@ class DataPlane:
             raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
         versions = [s for s in state.models if s.name == name]
         if not versions:
-            raise invalid_arg(f"Request for unknown model: '{name}' is not found")
+            raise unknown_model(name)
         return {
             "name": name,
             "versions": [
@@ -219,7 +227,7 @@ class DataPlane:
             raise
         try:
             if resp.error is not None:
-                if resp.error.message.startswith("Request for unknown model"):
+                if resp.error.message.startswith(UNKNOWN_MODEL):
                     self._models.pop((req.model, parse_version(req.version)), None)
                 message = resp.error.message
                 if resp.error.names_request:

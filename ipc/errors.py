@@ -78,5 +78,10 @@ def invalid_request(message: str) -> RequestError:
     return RequestError(Code.INVALID_ARG, message)
 
 
+#: What Triton's ModelRepositoryManager::GetModel puts before every reason a model (or
+#: version) cannot be had: not found, not at ready state, no available versions.
+UNKNOWN_MODEL: Final = "Request for unknown model: "
+
+
 def unknown_model(name: str) -> ServingError:
-    return invalid_arg(f"Request for unknown model: '{name}' is not found")
+    return invalid_arg(f"{UNKNOWN_MODEL}'{name}' is not found")

@@ -246,7 +246,12 @@ def test_scheduling_parameters_of_the_wrong_kind_are_refused(
             grpc.StatusCode.INVALID_ARGUMENT,
             "Request for unknown model: 'nope' is not found",
         ),
-        ("versioned", "2", grpc.StatusCode.NOT_FOUND, "'versioned' version 2 is not found"),
+        (
+            "versioned",
+            "2",
+            grpc.StatusCode.NOT_FOUND,
+            "Request for unknown model: 'versioned' version 2 is not found",
+        ),
         (
             "simple",
             "wrong_specification",

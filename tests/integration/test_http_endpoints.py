@@ -79,7 +79,9 @@ def test_version_policy_selects_versions(
     assert not client.is_model_ready("versioned", "2")
     status, body = _get(server, "/v2/models/versioned/versions/2")
     assert status == 404
-    assert json.loads(body)["error"] == "'versioned' version 2 is not found"
+    assert (
+        json.loads(body)["error"] == "Request for unknown model: 'versioned' version 2 is not found"
+    )
     status, body = _get(server, f"/v2/models/versioned/versions/{'9' * 30}")
     assert status == 400
     assert json.loads(body)["error"].startswith("failed to get model version")
