@@ -270,7 +270,11 @@ def _check_shm(params: dict[str, Any]) -> None:
     without it is parsed and otherwise ignored, and a region without a byte size has 0
     bytes (which then fails the tensor's own size check)."""
     if _SHM_REGION in params and not isinstance(params[_SHM_REGION], str):
-        raise invalid_arg(f"Unable to parse '{_SHM_REGION}'")
+        # INTERNAL (HTTP 500), the answer of Triton 2.51's JSON layer
+        raise ServingError(
+            Code.INTERNAL,
+            f"Unable to parse '{_SHM_REGION}': attempt to access JSON non-string as string",
+        )
     for key in (_SHM_OFFSET, _SHM_SIZE):
         if key in params and not _is_uint(params[key]):
             raise _not_uint(key)

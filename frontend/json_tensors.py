@@ -17,7 +17,7 @@ import numpy as np
 
 from ipc import datatypes
 from ipc.datatypes import DataType
-from ipc.errors import Code, ServingError, invalid_arg
+from ipc.errors import Code, ServingError, invalid_arg, invalid_request
 
 INT64_MAX: Final = 2**63 - 1
 
@@ -151,20 +151,11 @@ def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
 def check_bytes_elements(name: str, buf: memoryview, element_count: int, model: str) -> None:
     """Validate that a binary BYTES input holds exactly ``element_count`` elements."""
     try:
-        got = len(datatypes.split_bytes(buf))
-    except ValueError as exc:
-        raise invalid_arg(f"{exc} for inference input '{name}' for model '{model}'") from None
-    if got < element_count:
-        raise invalid_arg(
-            f"expected {element_count} string elements for inference input '{name}' "
-            f"for model '{model}', got {got}"
-        )
-    if got > element_count:
-        # Triton stops reading at the first surplus element.
-        raise invalid_arg(
-            f"unexpected number of string elements {element_count + 1} for inference input "
-            f"'{name}' for model '{model}', expecting {element_count}"
-        )
+        datatypes.check_bytes_layout(buf, element_count, name, model)
+    except datatypes.BytesLayoutError as exc:
+        if exc.names_request:
+            raise invalid_request(exc.message) from None
+        raise invalid_arg(exc.message) from None
 
 
 def tensor_to_json(

@@ -101,6 +101,60 @@ def split_bytes(buf: memoryview | bytes) -> list[memoryview]:
     return out
 
 
+class BytesLayoutError(ValueError):
+    """A BYTES tensor whose length-prefixed elements do not make up its shape, with
+    Triton's message. ``names_request``: Triton's core writes the message and puts the
+    request's id before it; the backend's "incomplete string data" comes without."""
+
+    def __init__(self, message: str, names_request: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.names_request = names_request
+
+
+def check_bytes_layout(buf: memoryview | bytes, count: int, name: str, model: str) -> None:
+    """Raise BytesLayoutError unless ``buf`` holds exactly ``count`` whole elements.
+
+    In Triton's order and words: its core (InferenceRequest::ValidateBytesInputs) counts
+    the elements, refusing a surplus at the first extra one and a length prefix cut short,
+    and counts an element whose bytes run past the end as one (it lets the backend find
+    that out); then the backend refuses the element that runs past the end."""
+    what = f"for inference input '{name}' for model '{model}'"
+    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
+    pos, end, seen = 0, len(mv), 0
+    short: tuple[int, int] | None = None  # (declared length, bytes left) of a cut element
+    while pos < end:
+        if seen >= count:
+            raise BytesLayoutError(
+                f"unexpected number of string elements {seen + 1} {what}, expecting {count}",
+                names_request=True,
+            )
+        if end - pos < 4:
+            raise BytesLayoutError(
+                f"incomplete string length indicator {what}, expecting 4 bytes but only "
+                f"{end - pos} bytes available. Please make sure the string length indicator "
+                "is in one buffer.",
+                names_request=True,
+            )
+        (n,) = _U32.unpack_from(mv, pos)
+        pos += 4
+        seen += 1
+        if n > end - pos:
+            short = (n, end - pos)
+            break
+        pos += n
+    if seen != count:
+        raise BytesLayoutError(
+            f"expected {count} string elements {what}, got {seen}", names_request=True
+        )
+    if short is not None:
+        raise BytesLayoutError(
+            f"incomplete string data for inference input '{name}', expecting string of "
+            f"length {short[0]} but only {short[1]} bytes available",
+            names_request=False,
+        )
+
+
 def deserialize_bytes(buf: memoryview | bytes, count: int | None = None) -> list[bytes]:
     """The elements of a length-prefixed BYTES buffer as ``bytes``.
 

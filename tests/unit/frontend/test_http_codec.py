@@ -22,7 +22,7 @@ from frontend.http_codec import (
 )
 from frontend.json_tensors import float_to_bf16_bits
 from frontend.types import InferenceResult, OutputTensor
-from ipc.errors import Code, ServingError
+from ipc.errors import Code, RequestError, ServingError
 
 Client = httpclient.InferenceServerClient
 
@@ -341,6 +341,11 @@ def one_input(**fields: Any) -> dict[str, Any]:
         (one_input(data=["x"], datatype="FP32"), Code.INVALID_ARG, "non-number"),
         (one_input(data=None), Code.INVALID_ARG, "But no field is set"),
         (
+            one_input(data=None, parameters={"shared_memory_region": 7}),
+            Code.INTERNAL,
+            "Unable to parse 'shared_memory_region': attempt to access JSON non-string as string",
+        ),
+        (
             one_input(parameters={"shared_memory_region": "r", "shared_memory_byte_size": 4}),
             Code.INVALID_ARG,
             "But set 'data' 'shared_memory_region'",
@@ -490,7 +495,11 @@ def test_binary_bytes_input_is_validated_by_the_data_plane() -> None:
     req, _ = decode(header + b"\x09\x00\x00\x00ab", len(header))
     with pytest.raises(ServingError) as e:
         check_byte_size(req.inputs[0], "m")
-    assert "element byte size indicator exceeds the end of the buffer" in e.value.message
+    assert e.value.message == (
+        "incomplete string data for inference input 'S', expecting string of length 9 but "
+        "only 2 bytes available"
+    )
+    assert not isinstance(e.value, RequestError)  # the backend's words: no request id
 
 
 def nested(depth: int, leaf: str) -> Any:
