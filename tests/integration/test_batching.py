@@ -4,12 +4,16 @@ Triton's statistics (as Triton's own QA does), with real processes and tritoncli
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -67,6 +71,20 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalS
         "ordered",
         "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
         "dynamic_batching { preserve_ordering: true }",
+    )
+    modelgen.write_model(
+        repo, "priority2", _batch_sum_model(),
+        'name: "priority2"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 2\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        "dynamic_batching { priority_levels: 2 default_priority_level: 2 }",
+    )  # fmt: skip
+    _identity(
+        repo,
+        "override",
+        "dynamic_batching { default_queue_policy { timeout_action: REJECT "
+        "default_timeout_microseconds: 20000000 allow_timeout_override: true } }",
+        mbs=1,
     )
     srv = ShoalServer(repo)
     yield srv
@@ -215,10 +233,6 @@ def _instances(url: str, model: str) -> list[dict]:
 def test_preserve_ordering_holds_a_later_answer_until_the_earlier_one(
     batching_server: ShoalServer,
 ) -> None:
-    import os
-    import signal
-    import threading
-
     url = batching_server.url
     pids = [i["pid"] for i in _instances(url, "ordered")]
     for pid in pids:
@@ -273,3 +287,185 @@ def test_passive_instances_load_and_are_never_sent_requests(batching_server: Sho
         "503",
         "model 'passive_only' version 1 has only passive instances, which are never sent requests",
     )
+
+
+def _wait_busy(url: str, model: str, count: int = 1) -> None:
+    deadline = time.monotonic() + 30
+    while sum(i["busy"] for i in _instances(url, model)) < count:
+        assert time.monotonic() < deadline, f"{model}: never {count} instance(s) busy"
+        time.sleep(0.02)
+
+
+def _wait_ready(url: str, model: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{url}/v2/models/{model}/ready", timeout=5):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"{model} never became ready again"
+            time.sleep(0.1)
+
+
+def _batch_sum_model() -> bytes:
+    """OUTPUT0 = INPUT0 + the sum of INPUT0 over the batch: each answer tells which
+    requests shared its execution."""
+    from onnx import TensorProto, checker, helper
+
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [0])
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["INPUT0", "axes"], ["S"], keepdims=1),
+            helper.make_node("Add", ["INPUT0", "S"], ["OUTPUT0"]),
+        ],
+        "batch_sum",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [None, 1])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [None, 1])],
+        initializer=[axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", modelgen.OPSET)])
+    model.ir_version = modelgen.IR_VERSION
+    checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def test_the_priority_parameter_jumps_the_queue(batching_server: ShoalServer) -> None:
+    """Triton's priority levels end to end. With the one instance busy, two requests at
+    the default level (2) queue, then one with the request parameter priority 1. The
+    next batch (max_batch_size 2) takes the high-priority request and the oldest other
+    one; the model adds the batch's sum to each input, so every answer tells its
+    batch-mates."""
+    url = batching_server.url
+    worker = batching_server.worker_pid("priority2")
+    answers: dict[str, float] = {}
+
+    def call(tag: str, value: float, priority: int, proto: str) -> None:
+        mod: Any = httpclient if proto == "http" else grpcclient
+        client = (
+            httpclient.InferenceServerClient(url, network_timeout=60)
+            if proto == "http"
+            else grpcclient.InferenceServerClient(f"127.0.0.1:{batching_server.grpc_port}")
+        )
+        inp = mod.InferInput("INPUT0", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.full((1, 1), value, dtype=np.float32))
+        answers[tag] = float(
+            client.infer("priority2", [inp], priority=priority).as_numpy("OUTPUT0")[0, 0]
+        )
+
+    os.kill(worker, signal.SIGSTOP)
+    threads = []
+    try:
+        for tag, value, priority, proto in (
+            ("first", 1000.0, 0, "http"),  # 0: the default level; the stopped instance takes it
+            ("low-1", 1.0, 2, "http"),
+            ("low-2", 10.0, 0, "grpc"),
+            ("high", 100.0, 1, "grpc"),
+        ):
+            threads.append(threading.Thread(target=call, args=(tag, value, priority, proto)))
+            threads[-1].start()
+            if tag == "first":
+                _wait_busy(url, "priority2")
+            time.sleep(0.3)  # arrival order at the broker
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    for t in threads:
+        t.join(60)
+    assert answers == {
+        "first": 2000.0,  # alone
+        "high": 201.0,  # with low-1, the oldest of the default level
+        "low-1": 102.0,
+        "low-2": 20.0,  # alone, last
+    }
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_a_request_timeout_overrides_the_queue_policy(
+    batching_server: ShoalServer, proto: str
+) -> None:
+    """allow_timeout_override: the request's own 'timeout' parameter (µs) replaces the
+    policy's 20 s; the request expires in the queue with Triton's answer while the
+    instance is busy, and a request without one keeps waiting and succeeds."""
+    url = batching_server.url
+    worker = batching_server.worker_pid("override")
+    waiting: list[object] = []
+
+    def plain() -> None:
+        waiting.append(_infer(url, "override", 5)[0, 0])
+
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=plain)]
+        threads[0].start()  # taken by the stopped instance
+        _wait_busy(url, "override")
+        threads.append(threading.Thread(target=plain))  # queued, the policy's 20 s
+        threads[1].start()
+        t0 = time.monotonic()
+        if proto == "http":
+            client: Any = httpclient.InferenceServerClient(url, network_timeout=30)
+            inp: Any = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        else:
+            client = grpcclient.InferenceServerClient(f"127.0.0.1:{batching_server.grpc_port}")
+            inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("override", [inp], timeout=200_000)
+        waited = time.monotonic() - t0
+        assert e.value.message() == "Request timeout expired"
+        assert e.value.status() in ("503", "StatusCode.UNAVAILABLE")
+        assert 0.15 < waited < 5.0
+        assert waiting == []  # the others are still held
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    for t in threads:
+        t.join(30)
+    assert waiting == [5.0, 5.0]
+
+
+def test_preserve_ordering_releases_later_answers_when_the_earlier_instance_dies(
+    batching_server: ShoalServer,
+) -> None:
+    """A later answer held for an earlier request is released when that request fails
+    instead: the instance running it is killed; the client gets Triton's 503 for it and
+    the later answer right after, in order; the instance then comes back."""
+    url = batching_server.url
+    pids = [i["pid"] for i in _instances(url, "ordered")]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    outcomes: dict[str, object] = {}
+
+    def call(tag: str, value: float) -> None:
+        try:
+            outcomes[tag] = float(_infer(url, "ordered", value)[0, 0])
+        except InferenceServerException as exc:
+            outcomes[tag] = exc
+
+    first = threading.Thread(target=call, args=("A", 1))
+    second = threading.Thread(target=call, args=("B", 2))
+    try:
+        first.start()
+        _wait_busy(url, "ordered")
+        holder_a = next(i["pid"] for i in _instances(url, "ordered") if i["busy"])
+        second.start()
+        _wait_busy(url, "ordered", 2)
+        holder_b = next(p for p in pids if p != holder_a)
+        os.kill(holder_b, signal.SIGCONT)  # B is computed first, and held
+        time.sleep(0.5)
+        assert outcomes == {}
+        os.kill(holder_a, signal.SIGKILL)  # A's instance dies with A
+    finally:
+        for pid in pids:
+            if pid != holder_a:
+                os.kill(pid, signal.SIGCONT)
+    first.join(30)
+    second.join(30)
+    assert outcomes["B"] == 2.0
+    a = outcomes["A"]
+    assert isinstance(a, InferenceServerException)
+    assert a.status() == "503"
+    assert "exited" in (a.message() or "")
+    _wait_ready(url, "ordered")
+    deadline = time.monotonic() + 60
+    while len({i["pid"] for i in _instances(url, "ordered")} - {holder_a}) < 2:
+        assert time.monotonic() < deadline, "the killed instance was not restarted"
+        time.sleep(0.1)
+    assert float(_infer(url, "ordered", 3)[0, 0]) == 3.0
