@@ -41,9 +41,11 @@ def autocomplete(
       then becomes [max_batch_size] (Triton's NormalizeModelConfig, run again).
     - No inputs listed: all come from the model. Some listed: their missing data_type
       and dims are filled and unlisted model inputs appended. Outputs likewise, except
-      that a listed subset of outputs is kept as the subset.
+      that a listed subset of outputs is kept as the subset. Batch input targets are
+      never added as inputs.
     Config dims are the model shape minus the batch dim when batching; a tensor left
-    with no dims gets dims [1] (plus an empty reshape when batching), as in Triton.
+    with no dims gets dims [1] (plus an empty reshape when batching), as in Triton. A
+    listed ragged input without dims gets [-1] (shoal's extension).
     Raises ConfigError for a tensor the model lacks or a datatype mismatch.
     """
     out = pb.ModelConfig()
@@ -108,6 +110,8 @@ def _complete_ios(
     if not add_unlisted:
         return
     present = {io.name for io in listed}
+    if kind == "input":  # batch input targets are computed by the server, never requested
+        present |= batch_input_targets(config)
     for spec in model_ios:
         if spec.name not in present:
             new = config.input.add() if kind == "input" else config.output.add()
@@ -124,6 +128,9 @@ def _fill_tensor(
     elif io.data_type != model_type:
         raise _datatype_mismatch(config.name, kind, io, model_type)
     if len(io.dims) > 0:
+        return
+    if isinstance(io, pb.ModelInput) and io.allow_ragged_batch:
+        io.dims.append(_WILDCARD)  # the model takes the batch flattened: any request shape
         return
     dims = spec.shape[1:] if config.max_batch_size > 0 else list(spec.shape)
     if dims:
@@ -152,9 +159,22 @@ def check_against_model(
     Triton's load-time checks: every config tensor exists in the model with the same
     datatype and compatible dims (reshape used when given; -1 matches anything); the
     model's input count equals the config's non-optional inputs plus batch inputs,
-    sequence control tensors and implicit states. Outputs may be a subset.
+    sequence control tensors and implicit states. Outputs may be a subset. A ragged input
+    (allow_ragged_batch) must be a 1-D [-1] model input, whatever its config dims (the
+    batch is fed flattened), and cannot be optional; a batch output's dims are not
+    compared (its per-request shape comes from its source input). A shoal extension: a
+    batch input's targets must be model inputs of its data_type (Triton would fail every
+    inference instead).
     """
     name = config.name
+    for io in config.input:
+        if io.allow_ragged_batch and io.optional:
+            raise ConfigError(
+                name,
+                f"unable to load model '{name}', configuration expects model provides input "
+                f"with shape [-1] for ragged input '{io.name}', which is not supported for "
+                "optional input",
+            )
     expected = (
         sum(1 for io in config.input if not io.optional)
         + len(config.batch_input)
@@ -167,6 +187,7 @@ def check_against_model(
             f"unable to load model '{name}', configuration expects {expected} inputs, "
             f"model provides {len(inputs)}",
         )
+    scattered = {t for bo in config.batch_output for t in bo.target_name}
     for kind, listed, model_ios in (
         ("input", config.input, inputs),
         ("output", config.output, outputs),
@@ -179,8 +200,53 @@ def check_against_model(
             model_type = config_datatype(name, spec)
             if io.data_type != model_type:
                 raise _datatype_mismatch(name, kind, io, model_type)
-            dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
-            _compare_dims(name, io.name, spec.shape, dims, config.max_batch_size)
+            if isinstance(io, pb.ModelInput) and io.allow_ragged_batch:
+                _check_ragged(name, io, spec.shape)
+            elif io.name not in scattered:
+                dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
+                _compare_dims(name, io.name, spec.shape, dims, config.max_batch_size)
+    _check_batch_inputs(config, inputs)
+
+
+def batch_input_targets(config: pb.ModelConfig) -> set[str]:
+    """The model inputs that the config's batch_input entries feed."""
+    return {target for bi in config.batch_input for target in bi.target_name}
+
+
+def _check_ragged(model: str, io: pb.ModelInput, model_shape: list[int]) -> None:
+    """The ONNX Runtime backend's check: a ragged input reaches the model as one 1-D
+    tensor of the batch's elements, so the model must take [-1]."""
+    if model_shape != [_WILDCARD]:
+        raise ConfigError(
+            model,
+            f"unable to load model '{model}', configuration expects model provides input "
+            f"with shape [-1]  for ragged input '{io.name}', model provides "
+            f"{shape_str(model_shape)}",
+        )
+
+
+def _check_batch_inputs(config: pb.ModelConfig, inputs: list[IOSpec]) -> None:
+    name = config.name
+    by_name = {io.name: io for io in inputs}
+    for bi in config.batch_input:
+        kind = pb.BatchInput.Kind.Name(bi.kind)
+        for target in bi.target_name:
+            spec = by_name.get(target)
+            if spec is None:
+                allowed = ", ".join(sorted(by_name))
+                raise ConfigError(
+                    name,
+                    f"unable to load model '{name}', batch input '{target}' ({kind}) is not "
+                    f"an input of the model, allowed inputs are: {allowed}",
+                )
+            model_type = config_datatype(name, spec)
+            if bi.data_type != model_type:
+                raise ConfigError(
+                    name,
+                    f"unable to load model '{name}', configuration expects datatype "
+                    f"{pb.DataType.Name(bi.data_type)} for batch input '{target}', model "
+                    f"provides {pb.DataType.Name(model_type)}",
+                )
 
 
 def _compare_dims(

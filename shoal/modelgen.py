@@ -232,6 +232,107 @@ def identity_model(datatype: str, dims: list[int], batch: bool) -> bytes:
     return _finish(graph)
 
 
+def ragged_sum_model() -> bytes:
+    """A model for Triton's ragged batching: the batch's FP32 requests come flattened in
+    INPUT0 ``[-1]``, with two batch inputs: INDEX (INT32 ``[-1]``, where each request ends:
+    BATCH_ACCUMULATED_ELEMENT_COUNT) and COUNT (FP32 ``[-1]``, each request's element
+    count: BATCH_ELEMENT_COUNT).
+
+    Outputs: SUM ``[-1, 1]`` each request's sum (a difference of the cumulative sum at the
+    request's bounds), LENGTH ``[-1, 1]`` its element count, and DOUBLED ``[-1]`` (INPUT0
+    times 2, ragged too: scattered back by the input's shapes, BATCH_SCATTER_WITH_INPUT_SHAPE).
+    """
+    from onnx import TensorProto, helper
+
+    def const(name: str, dtype: int, dims: list[int], values: list[Any]) -> Any:
+        return helper.make_node(
+            "Constant", [], [name], value=helper.make_tensor(name, dtype, dims, values)
+        )
+
+    nodes = [
+        const("zero_f", TensorProto.FLOAT, [1], [0.0]),
+        const("zero_i", TensorProto.INT64, [1], [0]),
+        const("minus_one", TensorProto.INT64, [1], [-1]),
+        const("axis0", TensorProto.INT64, [], [0]),
+        const("axis1", TensorProto.INT64, [1], [1]),
+        const("two", TensorProto.FLOAT, [], [2.0]),
+        # running[i]: the sum of the first i elements; a request's sum is
+        # running[its end] - running[its start]
+        helper.make_node("CumSum", ["INPUT0", "axis0"], ["cumsum"]),
+        helper.make_node("Concat", ["zero_f", "cumsum"], ["running"], axis=0),
+        helper.make_node("Cast", ["INDEX"], ["ends"], to=TensorProto.INT64),
+        helper.make_node("Slice", ["ends", "zero_i", "minus_one"], ["ends_but_last"]),
+        helper.make_node("Concat", ["zero_i", "ends_but_last"], ["starts"], axis=0),
+        helper.make_node("Gather", ["running", "ends"], ["at_end"], axis=0),
+        helper.make_node("Gather", ["running", "starts"], ["at_start"], axis=0),
+        helper.make_node("Sub", ["at_end", "at_start"], ["sums"]),
+        helper.make_node("Unsqueeze", ["sums", "axis1"], ["SUM"]),
+        helper.make_node("Unsqueeze", ["COUNT", "axis1"], ["LENGTH"]),
+        helper.make_node("Mul", ["INPUT0", "two"], ["DOUBLED"]),
+    ]
+    inputs = [_io("INPUT0", "FP32", ["n"]), _io("INDEX", "INT32", ["b"])]
+    inputs.append(_io("COUNT", "FP32", ["b"]))
+    outputs = [_io("SUM", "FP32", ["b", 1]), _io("LENGTH", "FP32", ["b", 1])]
+    outputs.append(_io("DOUBLED", "FP32", ["n"]))
+    graph = helper.make_graph(nodes, "ragged_sum", inputs, outputs)
+    return _finish(graph)
+
+
+RAGGED_SUM_CONFIG = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  {{
+    name: "INPUT0"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+    allow_ragged_batch: true
+  }}
+]
+batch_input [
+  {{
+    kind: BATCH_ACCUMULATED_ELEMENT_COUNT
+    target_name: "INDEX"
+    data_type: TYPE_INT32
+    source_input: "INPUT0"
+  }},
+  {{
+    kind: BATCH_ELEMENT_COUNT
+    target_name: "COUNT"
+    data_type: TYPE_FP32
+    source_input: "INPUT0"
+  }}
+]
+output [
+  {{
+    name: "SUM"
+    data_type: TYPE_FP32
+    dims: [ 1 ]
+  }},
+  {{
+    name: "LENGTH"
+    data_type: TYPE_FP32
+    dims: [ 1 ]
+  }},
+  {{
+    name: "DOUBLED"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+  }}
+]
+batch_output [
+  {{
+    target_name: "DOUBLED"
+    kind: BATCH_SCATTER_WITH_INPUT_SHAPE
+    source_input: "INPUT0"
+  }}
+]
+{extra}"""
+"""Config of `ragged_sum_model` (``.format(name=..., extra=...)``: ``extra`` may add a
+scheduler, e.g. ``dynamic_batching { ... }``)."""
+
+
 SIMPLE_CONFIG = """\
 name: "simple"
 platform: "onnxruntime_onnx"

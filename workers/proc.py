@@ -12,14 +12,12 @@ same endpoint, so a broker restart does not need worker restarts.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import zmq
@@ -35,6 +33,7 @@ from ipc.errors import Code, ServingError
 from ipc.lifecycle import EXIT_FATAL
 from ipc.shm import RegionMap
 from workers import backend as backends
+from workers.batch_io import BatchAssembler
 from workers.cuda_regions import CudaRegions
 from workers.tensors import OutputTooLarge, input_array, output_ref
 
@@ -75,7 +74,7 @@ class WorkerProc:
         self.backend: backends.Backend | None = None
         self.config_bytes = b""
         self.max_batch_size = 0
-        self.ragged: set[str] = set()
+        self.assembler = BatchAssembler()
         self.output_types: dict[str, str] = {}
         self.broker_pidfd: int | None = None
         self.result_socks: dict[bytes, zmq.Socket[bytes]] = {}
@@ -116,13 +115,14 @@ class WorkerProc:
                     )
                 ac.check_against_model(config, ins, outs)
             validate_io(config)
+            assembler = BatchAssembler.from_config(config)
         except Exception as exc:  # any load failure is reported, never raised past here
             msg = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             log.error("failed to load '%s' version %d: %s", s.model, s.version, msg)
             return m.WorkerFailed(f"failed to load '{s.model}' version {s.version}: {msg}")
         self.backend = backend
         self.max_batch_size = config.max_batch_size
-        self.ragged = {i.name for i in config.input if i.allow_ragged_batch}
+        self.assembler = assembler
         self.output_types = {o.name: v2_datatype(o.data_type) for o in config.output}
         self.config_bytes = config.SerializeToString()
         log.info(
@@ -269,11 +269,12 @@ class WorkerProc:
             sizes = [max(it.request.batch_size, 1) for it, _ in live]
             samples = sum(sizes) if self.max_batch_size > 0 else len(live)
             try:
-                feeds = self._gather([f for _, f in live])
+                requests = [f for _, f in live]
+                feeds = self.assembler.gather(requests)
                 t1 = time.perf_counter_ns()
                 assert self.backend is not None
                 arrays = self.backend.execute(feeds, names)
-                per_request = self._scatter(names, arrays, sizes)
+                per_request = self.assembler.scatter(names, arrays, sizes, requests)
             except Exception as exc:
                 code, message = (
                     (exc.code, exc.message)
@@ -308,36 +309,6 @@ class WorkerProc:
         self.sock.send_multipart(m.encode(done))
         time.sleep(0.2)  # the report leaves
         os.kill(os.getpid(), signal.SIGKILL)
-
-    def _gather(self, feeds: list[dict[str, Any]]) -> dict[str, Any]:
-        if len(feeds) == 1:
-            return feeds[0]
-        # Ragged inputs cannot stack along the batch dimension: they go in flattened.
-        return {
-            k: _concat([f[k].reshape(-1) for f in feeds])
-            if k in self.ragged
-            else _concat([f[k] for f in feeds])
-            for k in feeds[0]
-        }
-
-    @staticmethod
-    def _scatter(
-        names: list[str], arrays: list[np.ndarray], sizes: list[int]
-    ) -> list[dict[str, np.ndarray]]:
-        if len(sizes) == 1:
-            return [dict(zip(names, arrays, strict=True))]
-        bounds = [0, *itertools.accumulate(sizes)]  # a short list: numpy would cost more
-        for n, a in zip(names, arrays, strict=True):
-            if not a.shape or a.shape[0] != bounds[-1]:
-                raise ServingError(
-                    Code.INTERNAL,
-                    f"output '{n}' has shape {list(a.shape)}, but the batch holds "
-                    f"{bounds[-1]} samples: it cannot be split among the requests",
-                )
-        return [
-            {n: a[bounds[i] : bounds[i + 1]] for n, a in zip(names, arrays, strict=True)}
-            for i in range(len(sizes))
-        ]
 
     def _result(self, item: m.WorkItem, outs: dict[str, np.ndarray]) -> m.InferResponse:
         """Write the request's outputs where it asked; its answer (or why not)."""
@@ -391,26 +362,6 @@ class WorkerProc:
 
 def _error(item: m.WorkItem, code: Code, message: str) -> m.InferResponse:
     return m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(code), message))
-
-
-def _concat(parts: list[Any]) -> Any:
-    """One batch tensor from the requests' tensors, one copy. If any lives on the GPU
-    (client CUDA shared memory) the batch is built there, and complete before use."""
-    if any(hasattr(p, "__cuda_array_interface__") for p in parts):
-        import cupy
-
-        # memcpys along the first axis (no cupy kernel: no NVRTC compile on this path)
-        parts = [cupy.ascontiguousarray(cupy.asarray(p)) for p in parts]
-        shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
-        batch = cupy.empty(shape, dtype=parts[0].dtype)
-        at = 0
-        for p in parts:
-            if p.nbytes:
-                (batch.data + at).copy_from_device(p.data, p.nbytes)
-            at += p.nbytes
-        cupy.cuda.runtime.deviceSynchronize()  # complete before ONNX Runtime's stream reads it
-        return batch
-    return np.concatenate(parts)
 
 
 def _thread_count(config: ModelConfig, backend: str, cores: list[int]) -> int:

@@ -8,8 +8,9 @@ As Triton's PyTorch backend:
   are ``forward``'s argument names; or they follow ``<name>__<index>`` (the index is the
   argument position); or config order. The config lists as many inputs as ``forward``
   takes, unless ``forward`` takes one ``Dict[str, Tensor]``: then it gets every input by
-  name. Outputs: ``<name>__<index>`` picks from the returned tuple, otherwise config
-  order; a model returning one tensor has one output, and a model returning a dict is
+  name. The targets of ``batch_input`` count as inputs after the config's (Triton maps
+  them so too). Outputs: ``<name>__<index>`` picks from the returned tuple, otherwise
+  config order; a model returning one tensor has one output, and a model returning a dict is
   read by output name (a shoal extension). An output must have its config data type and
   at least one dimension, and an exception in ``forward`` fails the batch's requests
   with "PyTorch execute failure: ...", as in Triton.
@@ -130,6 +131,7 @@ class TorchBackend:
 
     def _map_inputs(self, config: Any, module: Any) -> None:
         names = [io.name for io in config.input]
+        names += [target for bi in config.batch_input for target in bi.target_name]
         params = module.forward.schema.arguments[1:]  # without self
         if len(params) == 1 and params[0].type.kind() == "DictType":
             self._dict_input = True

@@ -96,7 +96,10 @@ def _infer(url: str, model: str, value: float, dims: int = 4) -> np.ndarray:
     client = httpclient.InferenceServerClient(url, network_timeout=30)
     inp = httpclient.InferInput("INPUT0", [1, dims], "FP32")
     inp.set_data_from_numpy(np.full((1, dims), value, dtype=np.float32))
-    return client.infer(model, [inp]).as_numpy("OUTPUT0")
+    try:
+        return client.infer(model, [inp]).as_numpy("OUTPUT0")
+    finally:
+        client.close()  # in the calling thread: gevent's hub cannot close it from another
 
 
 def _stats(url: str, model: str) -> dict:
@@ -348,9 +351,11 @@ def test_the_priority_parameter_jumps_the_queue(batching_server: ShoalServer) ->
         )
         inp = mod.InferInput("INPUT0", [1, 1], "FP32")
         inp.set_data_from_numpy(np.full((1, 1), value, dtype=np.float32))
-        answers[tag] = float(
-            client.infer("priority2", [inp], priority=priority).as_numpy("OUTPUT0")[0, 0]
-        )
+        try:
+            out = client.infer("priority2", [inp], priority=priority).as_numpy("OUTPUT0")
+        finally:
+            client.close()
+        answers[tag] = float(out[0, 0])
 
     os.kill(worker, signal.SIGSTOP)
     threads = []

@@ -532,12 +532,13 @@ def test_unregister_during_inference_is_deferred(
         inp.set_shared_memory(in_region, data.nbytes)
         out = mod.InferRequestedOutput("OUTPUT0")
         out.set_shared_memory(out_region, data.nbytes)
+        own = _own_client(client, shm_server)
         try:
-            outcomes.append(
-                _own_client(client, shm_server).infer("identity_fp32", [inp], outputs=[out])
-            )
+            outcomes.append(own.infer("identity_fp32", [inp], outputs=[out]))
         except Exception as exc:  # asserted below
             outcomes.append(exc)
+        finally:
+            own.close()  # in this thread: gevent's hub cannot close it from another
 
     threads = [threading.Thread(target=call)]
     os.kill(worker, signal.SIGSTOP)
