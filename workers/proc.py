@@ -27,8 +27,8 @@ from configs import repository
 from configs.backend_params import instance_threads, ort_session_params, torch_thread_params
 from configs.devices import gpu_count
 from configs.model_config import ConfigError, ModelConfig, v2_datatype, validate_io
+from ipc import datatypes, sockets
 from ipc import messages as m
-from ipc import sockets
 from ipc.errors import Code, ServingError
 from ipc.lifecycle import EXIT_FATAL
 from ipc.shm import RegionMap
@@ -253,10 +253,14 @@ class WorkerProc:
             clients = {c.reg_id: c for c in item.regions}
             try:
                 tensors = {
-                    t.name: input_array(t, self.regions, clients, self.cuda)
+                    t.name: input_array(t, self.regions, clients, self.cuda, item.request.model)
                     for t in item.request.inputs
                 }
                 live.append((item, tensors))
+            except datatypes.BytesLayoutError as exc:  # Triton's own words, as they are
+                failed.append(item.request.req_id)
+                error = _error(item, Code.INVALID_ARG, exc.message, exc.names_request)
+                answers.append((item, error))
             except Exception as exc:
                 failed.append(item.request.req_id)
                 answers.append(
@@ -360,8 +364,11 @@ class WorkerProc:
         self.sock.close(0)
 
 
-def _error(item: m.WorkItem, code: Code, message: str) -> m.InferResponse:
-    return m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(code), message))
+def _error(
+    item: m.WorkItem, code: Code, message: str, names_request: bool = False
+) -> m.InferResponse:
+    error = m.ErrorInfo(int(code), message, names_request)
+    return m.InferResponse(item.request.req_id, [], error)
 
 
 def _thread_count(config: ModelConfig, backend: str, cores: list[int]) -> int:

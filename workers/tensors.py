@@ -48,10 +48,14 @@ def input_array(
     regions: RegionMap,
     clients: dict[int, ClientRegion],
     cuda: CudaRegions | None = None,
+    model: str = "",
 ) -> Any:
     """The tensor as numpy: a view for fixed-size types, an object array for BYTES. No
     byte is copied, whether it lives in the frontend's slab or in a client's region. A
-    tensor in client CUDA memory comes as a device (cupy) array over that memory."""
+    tensor in client CUDA memory comes as a device (cupy) array over that memory.
+
+    BYTES from a client's region are checked here, the first time anything reads them:
+    datatypes.BytesLayoutError, with Triton's message naming ``model``."""
     dt = datatypes.datatype(ref.datatype)
     if dt is None:
         raise ValueError(f"unknown datatype {ref.datatype}")
@@ -66,7 +70,8 @@ def input_array(
         buf = tensor_view(ref.region, ref.offset, ref.nbytes, regions, clients)
     count = datatypes.element_count(ref.shape)
     if dt.numpy is None:
-        items = datatypes.deserialize_bytes(buf, count)
+        datatypes.check_bytes_layout(buf, count, ref.name, model)
+        items = datatypes.deserialize_bytes(buf)
         arr = np.empty(count, dtype=object)
         arr[:] = items
         return arr.reshape(ref.shape)

@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -695,3 +696,52 @@ def test_a_fifo_planted_as_a_key_is_refused_without_hanging(shm_server: ShoalSer
         assert http.is_server_ready()
     finally:
         fifo.unlink()
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        # Triton 2.51's answers (triton-peer) to the same bytes, request id included
+        (
+            struct.pack("<I", 100) + b"ab" + struct.pack("<I", 1) + b"c",
+            "[request id: <id_unknown>] expected 2 string elements for inference input "
+            "'INPUT0' for model 'identity_bytes', got 1",
+        ),
+        (
+            struct.pack("<I", 2) + b"ab" + b"\x01\x00",
+            "[request id: <id_unknown>] incomplete string length indicator for inference "
+            "input 'INPUT0' for model 'identity_bytes', expecting 4 bytes but only 2 bytes "
+            "available. Please make sure the string length indicator is in one buffer.",
+        ),
+        (
+            struct.pack("<I", 2) + b"ab" + struct.pack("<I", 100) + b"c",
+            "incomplete string data for inference input 'INPUT0', expecting string of length "
+            "100 but only 1 bytes available",
+        ),
+        (
+            b"".join(struct.pack("<I", 1) + c for c in (b"a", b"b", b"c")),
+            "[request id: <id_unknown>] unexpected number of string elements 3 for inference "
+            "input 'INPUT0' for model 'identity_bytes', expecting 2",
+        ),
+    ],
+)
+def test_malformed_bytes_in_a_region_get_triton_s_answer(
+    client: Any, shm_server: ShoalServer, regions: Regions, payload: bytes, message: str
+) -> None:
+    """The worker reads a BYTES input from the client's region and checks its elements
+    as Triton does: the same message and status, and the worker carries on."""
+    mod = _mod(client)
+    handle, region, _ = regions.make("badbytes", 64)
+    shm.set_shared_memory_region(handle, [np.frombuffer(payload, dtype=np.uint8)])
+    worker = shm_server.worker_pid("identity_bytes")
+    inp = mod.InferInput("INPUT0", [1, 2], "BYTES")
+    inp.set_shared_memory(region, len(payload))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("identity_bytes", [inp])
+    assert e.value.message() == message
+    assert e.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    good = struct.pack("<I", 1) + b"x" + struct.pack("<I", 2) + b"yz"
+    shm.set_shared_memory_region(handle, [np.frombuffer(good, dtype=np.uint8)])
+    inp.set_shared_memory(region, len(good))
+    assert client.infer("identity_bytes", [inp]).as_numpy("OUTPUT0").tolist() == [[b"x", b"yz"]]
+    assert shm_server.worker_pid("identity_bytes") == worker
