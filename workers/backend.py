@@ -26,9 +26,20 @@ class Backend(Protocol):
         """The model's own inputs and outputs, for config auto-complete and checks; None
         when the model file does not describe them (TorchScript: the config must)."""
 
-    def execute(self, inputs: Mapping[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+    def execute(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: list[str],
+        destinations: Mapping[str, np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
         """Run one batch. Arrays are in wire layout; BYTES inputs are object arrays of
-        ``bytes``. Returns the requested outputs in order."""
+        ``bytes``. Returns the requested outputs in order.
+
+        ``destinations``: writable host arrays of exactly the shape and dtype some outputs
+        will have (views of where the request wants them: its client's region, a slot of
+        the frontend's slab). A backend may have the model write such an output there
+        and return that very array, which then needs no copy; one that cannot ignores
+        them."""
 
     def unload(self) -> None: ...
 

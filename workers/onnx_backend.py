@@ -1,13 +1,16 @@
 """ONNX Runtime backend (CPU execution provider).
 
 Inputs arrive as numpy views straight over shared memory; ONNX Runtime reads them in
-place. BF16 has no numpy dtype: it goes in and out as uint16 bit patterns wrapped in
-OrtValues typed bfloat16.
+place. An output the worker knows the place of (a lone request's output of a fixed shape,
+wanted in its client's region or the frontend's slab) is written there by ONNX Runtime
+itself, through IOBinding. BF16 has no numpy dtype: it goes in and out as uint16 bit
+patterns wrapped in OrtValues typed bfloat16.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +22,8 @@ import onnxruntime as ort
 from configs.backend_params import ort_session_params
 from configs.schema import IOSpec
 from ipc.errors import invalid_arg
+
+log = logging.getLogger("shoal.worker")
 
 _ORT_TYPES: Final[dict[str, str]] = {
     "tensor(bool)": "BOOL",
@@ -92,6 +97,7 @@ class OnnxRuntimeBackend:
         self._bf16_in: set[str] = set()
         self._bf16_out: set[str] = set()
         self._string_in: set[str] = set()
+        self._cpu_only = False
 
     def load(self, model_file: Path, config: object, threads: int, gpu: bool) -> None:
         if model_file.is_dir():
@@ -108,6 +114,7 @@ class OnnxRuntimeBackend:
                 ort.preload_dlls()
             providers.insert(0, "CUDAExecutionProvider")
         self._sess = ort.InferenceSession(str(model_file), so, providers=providers)
+        self._cpu_only = self._sess.get_providers() == ["CPUExecutionProvider"]
         if gpu and "CUDAExecutionProvider" not in self._sess.get_providers():
             # ONNX Runtime falls back to the CPU, with only a log line, when the CUDA
             # provider cannot load (CUDA or cuDNN libraries missing).
@@ -127,16 +134,54 @@ class OnnxRuntimeBackend:
             [_spec(a) for a in self._sess.get_outputs()],
         )
 
-    def execute(self, inputs: Mapping[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+    def execute(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: list[str],
+        destinations: Mapping[str, np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
         assert self._sess is not None
         if any(hasattr(a, "__cuda_array_interface__") for a in inputs.values()):
             return self._execute_device(inputs, outputs)
         if self._bf16_in or self._bf16_out:
             return self._execute_ort_values(inputs, outputs)
+        if destinations and self._cpu_only and not self._string_in:
+            try:
+                return self._execute_into(inputs, outputs, destinations)
+            except Exception as exc:
+                # The model disagreed with the config on an output's shape (or failed):
+                # the plain run below gives its own result or error.
+                log.debug("running into the destinations failed (%s); running plainly", exc)
         feeds: dict[str, np.ndarray] = {}
         for name, arr in inputs.items():
             feeds[name] = _as_text(name, arr) if name in self._string_in else arr
         return list(self._sess.run(outputs, feeds))
+
+    def _execute_into(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: list[str],
+        destinations: Mapping[str, np.ndarray],
+    ) -> list[np.ndarray]:
+        """IOBinding on the CPU: the inputs bound where they lie (the frontend's slab or
+        the client's region), each output with a destination bound to it, so ONNX Runtime
+        writes it in place; the other outputs are allocated by ONNX Runtime as usual."""
+        assert self._sess is not None
+        io = self._sess.io_binding()
+        for name, arr in inputs.items():
+            io.bind_cpu_input(name, np.ascontiguousarray(arr))
+        for name in outputs:
+            dest = destinations.get(name)
+            if dest is None:
+                io.bind_output(name, "cpu")
+            else:
+                io.bind_output(name, "cpu", 0, dest.dtype, list(dest.shape), dest.ctypes.data)
+        self._sess.run_with_iobinding(io)
+        values = io.get_outputs()
+        return [
+            destinations[name] if name in destinations else value.numpy()
+            for name, value in zip(outputs, values, strict=True)
+        ]
 
     def _execute_ort_values(
         self, inputs: Mapping[str, np.ndarray], outputs: list[str]

@@ -35,7 +35,13 @@ from ipc.shm import RegionMap
 from workers import backend as backends
 from workers.batch_io import BatchAssembler
 from workers.cuda_regions import CudaRegions
-from workers.tensors import OutputTooLarge, input_array, output_ref
+from workers.tensors import (
+    OutputTooLarge,
+    host_span,
+    input_array,
+    output_destination,
+    output_ref,
+)
 
 log = logging.getLogger("shoal.worker")
 
@@ -76,6 +82,7 @@ class WorkerProc:
         self.max_batch_size = 0
         self.assembler = BatchAssembler()
         self.output_types: dict[str, str] = {}
+        self.output_dims: dict[str, list[int]] = {}
         self.broker_pidfd: int | None = None
         self.result_socks: dict[bytes, zmq.Socket[bytes]] = {}
         self.cuda = CudaRegions(settings.gpu)
@@ -124,6 +131,15 @@ class WorkerProc:
         self.max_batch_size = config.max_batch_size
         self.assembler = assembler
         self.output_types = {o.name: v2_datatype(o.data_type) for o in config.output}
+        # Outputs whose shape is known before the run (fixed dims, no reshape, not split
+        # by an input's shape): a lone request's may be written in place (_destinations).
+        self.output_dims = {
+            o.name: list(o.dims)
+            for o in config.output
+            if not o.HasField("reshape")
+            and all(d >= 0 for d in o.dims)
+            and o.name not in assembler.scatter_specs
+        }
         self.config_bytes = config.SerializeToString()
         log.info(
             "loaded '%s' version %d instance %d (%s) on %s",
@@ -277,7 +293,8 @@ class WorkerProc:
                 feeds = self.assembler.gather(requests)
                 t1 = time.perf_counter_ns()
                 assert self.backend is not None
-                arrays = self.backend.execute(feeds, names)
+                dests = self._destinations(live[0][0]) if len(live) == 1 else None
+                arrays = self.backend.execute(feeds, names, dests)
                 per_request = self.assembler.scatter(names, arrays, sizes, requests)
             except Exception as exc:
                 code, message = (
@@ -313,6 +330,33 @@ class WorkerProc:
         self.sock.send_multipart(m.encode(done))
         time.sleep(0.2)  # the report leaves
         os.kill(os.getpid(), signal.SIGKILL)
+
+    def _destinations(self, item: m.WorkItem) -> dict[str, np.ndarray] | None:
+        """Where a lone request's outputs will go, as arrays of their exact shape, for
+        the backend to write them in place (no copy afterwards): those of a known shape
+        that go to its client's region or to a slot of the frontend's slab, unless they
+        overlap one of its inputs (the model would overwrite what it still reads)."""
+        clients = {c.reg_id: c for c in item.regions}
+        inputs = [
+            host_span(t.region, t.offset, t.nbytes, clients)
+            for t in item.request.inputs
+            if t.data is None
+        ]
+        out = {}
+        for spec in item.request.outputs:
+            dims = self.output_dims.get(spec.name)
+            if dims is None or not spec.region:
+                continue
+            shape = [item.request.batch_size, *dims] if self.max_batch_size > 0 else dims
+            dest = output_destination(
+                spec.name, self.output_types[spec.name], shape, spec, self.regions, clients
+            )
+            if dest is None:
+                continue
+            where, start, end = host_span(spec.region, spec.offset, dest.nbytes, clients)
+            if not any(w == where and s < end and start < e for w, s, e in inputs):
+                out[spec.name] = dest
+        return out or None
 
     def _result(self, item: m.WorkItem, outs: dict[str, np.ndarray]) -> m.InferResponse:
         """Write the request's outputs where it asked; its answer (or why not)."""

@@ -128,16 +128,74 @@ def output_ref(
         return TensorRef(name, datatype, shape, n, spec.region, spec.offset)
     data = _wire_bytes(arr, datatype)
     n = len(data)
-    if spec is not None and spec.region.startswith(CLIENT_REGION):
+    dest = _place(name, spec, n, regions, clients)
+    if dest is None or spec is None:
+        return TensorRef(name, datatype, shape, n, data=bytes(data))
+    if _address(dest) != _address(data):  # else the backend wrote it there already
+        dest[:] = data
+    return TensorRef(name, datatype, shape, n, spec.region, spec.offset)
+
+
+def output_destination(
+    name: str,
+    datatype: str,
+    shape: list[int],
+    spec: OutputSpec | None,
+    regions: RegionMap,
+    clients: dict[int, ClientRegion],
+) -> np.ndarray | None:
+    """A writable array, of ``shape``, over the bytes where output ``name`` will go (the
+    client's system region, the frontend's slot), for a backend to write it in place;
+    None where it will travel inline, has no numpy type, or would not fit (output_ref
+    then reports that)."""
+    dt = datatypes.datatype(datatype)
+    if spec is None or dt is None or dt.numpy is None or dt.name == "BF16":
+        return None
+    try:
+        c = client_region(spec.region, clients)
+        if c is not None and c.kind != "system":
+            return None
+        dest = _place(name, spec, datatypes.element_count(shape) * dt.itemsize, regions, clients)
+    except ValueError:  # OutputTooLarge included
+        return None
+    return None if dest is None else np.frombuffer(dest, dtype=dt.numpy).reshape(shape)
+
+
+def host_span(
+    region: str, offset: int, nbytes: int, clients: dict[int, ClientRegion]
+) -> tuple[str, int, int]:
+    """The bytes a reference covers as (object, start, end): the frontend's slab by name,
+    a client's region by its shm key, so that two registrations of one object meet."""
+    c = client_region(region, clients)
+    if c is None:
+        return region, offset, offset + nbytes
+    start = c.offset + offset
+    return f"key:{c.key.lstrip('/')}", start, start + nbytes
+
+
+def _place(
+    name: str,
+    spec: OutputSpec | None,
+    n: int,
+    regions: RegionMap,
+    clients: dict[int, ClientRegion],
+) -> memoryview | None:
+    """Where ``n`` bytes of output ``name`` go on the host: the client's region (raises
+    OutputTooLarge when they do not fit, as Triton's response allocator does), the slot
+    the frontend reserved when they fit it and are too large to inline, else None."""
+    if spec is None or not spec.region:
+        return None
+    if spec.region.startswith(CLIENT_REGION):
         if n > spec.nbytes:
             raise OutputTooLarge(
                 f"shared memory size specified with the request for output '{name}' "
                 f"({spec.nbytes} bytes) should be at least {n} bytes to hold the results"
             )
-        tensor_view(spec.region, spec.offset, n, regions, clients)[:] = data
-        return TensorRef(name, datatype, shape, n, spec.region, spec.offset)
-    if spec is not None and spec.region and n <= spec.nbytes and n > INLINE_MAX_BYTES:
-        dest = regions.view(spec.region, spec.offset, n)
-        dest[:] = data
-        return TensorRef(name, datatype, shape, n, spec.region, spec.offset)
-    return TensorRef(name, datatype, shape, n, data=bytes(data))
+        return tensor_view(spec.region, spec.offset, n, regions, clients)
+    if n <= spec.nbytes and n > INLINE_MAX_BYTES:
+        return regions.view(spec.region, spec.offset, n)
+    return None
+
+
+def _address(buf: memoryview) -> int:
+    return int(np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0])

@@ -165,7 +165,12 @@ class TorchBackend:
         """None: the model file does not describe its tensors; the config does."""
         return None
 
-    def execute(self, inputs: Mapping[str, Any], outputs: list[str]) -> list[Any]:
+    def execute(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: list[str],
+        destinations: Mapping[str, Any] | None = None,  # torch allocates its outputs
+    ) -> list[Any]:
         assert self._module is not None
         args: list[Any] = [None] * sum(1 for v in self._arg_of.values() if isinstance(v, int))
         kwargs: dict[str, Any] = {}

@@ -745,3 +745,25 @@ def test_malformed_bytes_in_a_region_get_triton_s_answer(
     inp.set_shared_memory(region, len(good))
     assert client.infer("identity_bytes", [inp]).as_numpy("OUTPUT0").tolist() == [[b"x", b"yz"]]
     assert shm_server.worker_pid("identity_bytes") == worker
+
+
+def test_outputs_over_their_own_inputs_get_the_right_values(client: Any, regions: Regions) -> None:
+    """A request may name the bytes of its inputs for its outputs (in place). The model
+    must then not write an output where it still reads an input: OUTPUT0 = IN0 + IN1 over
+    IN0 and OUTPUT1 = IN0 - IN1 over IN1 still come out as Triton gives them."""
+    mod = _mod(client)
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 3, dtype=np.int32)
+    handle, region, _ = regions.make("inplace", 128)
+    shm.set_shared_memory_region(handle, [a, b])
+    ins = [mod.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    ins[0].set_shared_memory(region, 64)
+    ins[1].set_shared_memory(region, 64, offset=64)
+    outs = [mod.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
+    outs[0].set_shared_memory(region, 64)
+    outs[1].set_shared_memory(region, 64, offset=64)
+    client.infer("simple", ins, outputs=outs)
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [1, 16]), a + b)
+    np.testing.assert_array_equal(
+        shm.get_contents_as_numpy(handle, np.int32, [1, 16], offset=64), a - b
+    )
