@@ -16,8 +16,8 @@ from ipc.errors import ServingError
 
 
 class ClientRegions:
-    def __init__(self) -> None:
-        self.table = RegionTable()
+    def __init__(self, max_system_regions: int = 2**20) -> None:
+        self.table = RegionTable(max_system_regions)
         self._pid = os.getpid()
 
     def handle(self, q: m.ShmRequest) -> tuple[m.ShmReply, list[int]]:
@@ -62,6 +62,8 @@ class ClientRegions:
                 r.device_id,
                 r.raw_handle,
                 path=f"/proc/{self._pid}/fd/{r.fd}" if r.fd >= 0 else "",
+                dev=r.dev,
+                ino=r.ino,
             )
         return list(used.values())
 

@@ -202,5 +202,6 @@ class ModelTable:
                     )
                     for i in sorted(v.instances.values(), key=lambda i: i.index)
                 ]
-                out.append(m.ModelState(e.name, v.version, v.state, v.reason, instances))
+                queued = len(v.queue) + (len(v.batcher) if v.batcher is not None else 0)
+                out.append(m.ModelState(e.name, v.version, v.state, v.reason, instances, queued))
         return out

@@ -32,6 +32,7 @@ from configs.placement import instance_count, passive_instances
 from ipc import messages as m
 from ipc import shm, sockets
 from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_model
+from ipc.lifecycle import raise_open_file_limit
 
 log = logging.getLogger("shoal.broker")
 
@@ -60,7 +61,9 @@ class BrokerProc:
         )
         self.table = ModelTable()
         self.router = Router(self.table)
-        self.client_regions = ClientRegions()
+        # Every system registration holds a descriptor; the broker keeps the last 512
+        # for its own sockets and for watching its peers.
+        self.client_regions = ClientRegions(max(raise_open_file_limit() - 512, 0))
         self._killed: set[int] = set()
         self.poller = zmq.Poller()
         self.poller.register(self.fsock, zmq.POLLIN)
@@ -380,9 +383,12 @@ class BrokerProc:
     def _watch(self, ident: bytes, pid: int, role: str) -> None:
         try:
             fd = os.pidfd_open(pid)
-        except OSError:
+        except ProcessLookupError:
             log.warning("%s pid %d is already gone", role, pid)
             self._lost(role, ident)
+            return
+        except OSError as exc:  # out of descriptors, say: the peer is alive, unwatched
+            log.error("cannot watch %s pid %d (%s): its death will go unnoticed", role, pid, exc)
             return
         self.pidfds[fd] = (role, ident)
         self.poller.register(fd, zmq.POLLIN)

@@ -21,10 +21,8 @@ Messages and codes are Triton's (src/shared_memory_manager.cc).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import resource
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +36,6 @@ TRITON_RESERVED_PREFIX: Final = "triton_python_backend_shm_region_"
 _KEY_NAME: Final = re.compile(r"^[^/\0]+$")
 CUDA_HANDLE_BYTES: Final = 64
 SIZE_MAX: Final = 2**64 - 1  # Triton's offsets and sizes are size_t
-_FD_HEADROOM: Final = 256  # descriptors a full table of registrations leaves the broker
 
 Kind = Literal["system", "cuda"]
 _SPELLED: Final[dict[str, str]] = {"system": "system", "cuda": "CUDA"}  # as Triton writes them
@@ -55,6 +52,8 @@ class Region:
     device_id: int = 0  # cuda
     raw_handle: bytes = b""  # cuda: cudaIpcMemHandle_t
     fd: int = -1  # system: the broker's descriptor of the shm object, held until removal
+    dev: int = 0  # system: the object's st_dev and st_ino
+    ino: int = 0
     users: int = 0  # requests in flight that reference it
     unregistered: bool = False  # awaiting its last request (Triton's awaiting_unregister_)
 
@@ -79,9 +78,9 @@ def _already_registered(name: str) -> ServingError:
     return ServingError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
 
 
-def _open_object(key: str, bare: str) -> tuple[int, int | None]:
-    """A descriptor of the shm object ``key`` and its size (None when it is not a regular
-    file); the caller owns the descriptor.
+def _open_object(key: str, bare: str) -> tuple[int, os.stat_result]:
+    """A descriptor of the shm object ``key`` and its status; the caller owns the
+    descriptor.
 
     Opened read-write, as Triton's shm_open(O_RDWR) does: a file the server could only
     read would register fine and then fail when a worker maps it to write an output."""
@@ -91,36 +90,21 @@ def _open_object(key: str, bare: str) -> tuple[int, int | None]:
     except OSError:
         raise ServingError(Code.INTERNAL, f"Unable to open shared memory region: '{key}'") from None
     try:
-        st = os.fstat(fd)
+        return fd, os.fstat(fd)
     except BaseException:
         os.close(fd)
         raise
-    return fd, (st.st_size if stat.S_ISREG(st.st_mode) else None)
-
-
-def open_descriptor_limit() -> int:
-    """Raise this process's open-file limit to its hard limit (each system registration
-    holds a descriptor) and return how many registrations it leaves room for: the broker
-    keeps ``_FD_HEADROOM`` descriptors for its own sockets and files."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    if soft == resource.RLIM_INFINITY:
-        soft = 2**20
-    return max(soft - _FD_HEADROOM, 0)
 
 
 class RegionTable:
-    def __init__(self, max_system_regions: int | None = None) -> None:
+    def __init__(self, max_system_regions: int = 2**20) -> None:
+        """``max_system_regions``: how many system registrations (each holds a
+        descriptor) this process has room for (ipc.lifecycle.raise_open_file_limit)."""
         self.by_name: dict[str, Region] = {}
         self.by_id: dict[int, Region] = {}
         self._next_id = 1
         self._open_fds = 0
-        self.max_system_regions = (
-            open_descriptor_limit() if max_system_regions is None else max_system_regions
-        )
+        self.max_system_regions = max_system_regions
 
     def _new(self, region: Region) -> None:
         if region.name in self.by_name:
@@ -142,12 +126,16 @@ class RegionTable:
                 f"failed to register shared memory region '{name}': the server holds "
                 f"{self._open_fds} system shared memory regions, its limit",
             )
-        fd, size = _open_object(key, bare)
-        if size is None or offset + byte_size > size:
+        fd, st = _open_object(key, bare)
+        try:
+            if not stat.S_ISREG(st.st_mode) or offset + byte_size > st.st_size:
+                raise invalid
+            region = Region(self._next_id, name, "system", key, offset, byte_size)
+            region.fd, region.dev, region.ino = fd, st.st_dev, st.st_ino
+            self._new(region)
+        except BaseException:
             os.close(fd)
-            raise invalid
-        region = Region(self._next_id, name, "system", key, offset, byte_size, fd=fd)
-        self._new(region)
+            raise
         self._open_fds += 1
         return region
 

@@ -137,6 +137,7 @@ class DataPlane:
                     "version": s.version,
                     "state": s.state,
                     "reason": s.reason,
+                    "queued": s.queued,
                     "instances": msgspec.to_builtins(s.instances),
                 }
                 for s in versions

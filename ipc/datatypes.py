@@ -112,23 +112,22 @@ class BytesLayoutError(ValueError):
         self.names_request = names_request
 
 
-def check_bytes_layout(buf: memoryview | bytes, count: int, name: str, model: str) -> None:
-    """Raise BytesLayoutError unless ``buf`` holds exactly ``count`` whole elements.
+def check_bytes_layout(
+    buf: memoryview | bytes, count: int, name: str, model: str
+) -> list[memoryview]:
+    """The ``count`` elements of a BYTES buffer (views into it), or BytesLayoutError.
 
-    In Triton's order and words: its core (InferenceRequest::ValidateBytesInputs) counts
-    the elements, refusing a surplus at the first extra one and a length prefix cut short,
-    and counts an element whose bytes run past the end as one (it lets the backend find
-    that out); then the backend refuses the element that runs past the end."""
+    In Triton's order and words (checked against Triton 2.51): its core
+    (InferenceRequest::ValidateBytesInputs) refuses a length prefix cut short, then a
+    surplus at the first extra element, and counts an element whose bytes run past the
+    end as one (it leaves that to the backend), so a short count is "expected N string
+    elements ..., got K"; only then does the backend refuse the element past the end."""
     what = f"for inference input '{name}' for model '{model}'"
     mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
-    pos, end, seen = 0, len(mv), 0
+    out: list[memoryview] = []
+    pos, end = 0, len(mv)
     short: tuple[int, int] | None = None  # (declared length, bytes left) of a cut element
     while pos < end:
-        if seen >= count:
-            raise BytesLayoutError(
-                f"unexpected number of string elements {seen + 1} {what}, expecting {count}",
-                names_request=True,
-            )
         if end - pos < 4:
             raise BytesLayoutError(
                 f"incomplete string length indicator {what}, expecting 4 bytes but only "
@@ -136,16 +135,21 @@ def check_bytes_layout(buf: memoryview | bytes, count: int, name: str, model: st
                 "is in one buffer.",
                 names_request=True,
             )
+        if len(out) >= count:
+            raise BytesLayoutError(
+                f"unexpected number of string elements {len(out) + 1} {what}, expecting {count}",
+                names_request=True,
+            )
         (n,) = _U32.unpack_from(mv, pos)
         pos += 4
-        seen += 1
+        out.append(mv[pos : pos + n])
         if n > end - pos:
             short = (n, end - pos)
             break
         pos += n
-    if seen != count:
+    if len(out) != count:
         raise BytesLayoutError(
-            f"expected {count} string elements {what}, got {seen}", names_request=True
+            f"expected {count} string elements {what}, got {len(out)}", names_request=True
         )
     if short is not None:
         raise BytesLayoutError(
@@ -153,6 +157,7 @@ def check_bytes_layout(buf: memoryview | bytes, count: int, name: str, model: st
             f"length {short[0]} but only {short[1]} bytes available",
             names_request=False,
         )
+    return out
 
 
 def deserialize_bytes(buf: memoryview | bytes, count: int | None = None) -> list[bytes]:

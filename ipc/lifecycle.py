@@ -74,6 +74,23 @@ def set_cpu_scheduling() -> str:
     return _policy_name(current)
 
 
+def raise_open_file_limit() -> int:
+    """Raise this process's open-file soft limit to its hard limit; returns the soft limit
+    now in force. The broker holds a descriptor for every client shared-memory
+    registration and each worker one for every region it maps (an mmap keeps its own),
+    and systemd's default soft limit (1024) would refuse a few hundred regions."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # a hard limit the kernel caps lower
+            logging.getLogger("shoal").warning("could not raise the open-file limit: %s", exc)
+    return soft if soft != resource.RLIM_INFINITY else 2**20
+
+
 def _policy_name(policy: int) -> str:
     for name in ("OTHER", "BATCH", "IDLE", "FIFO", "RR", "DEADLINE"):
         if policy == getattr(os, f"SCHED_{name}", None):

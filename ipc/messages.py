@@ -90,6 +90,8 @@ class ClientRegion(msgspec.Struct, array_like=True):
     # system: where a worker opens the object the client registered, the broker's own
     # descriptor of it (/proc/<pid>/fd/<n>): the key may since name another file, or none
     path: str = ""
+    dev: int = 0  # system: the registered object's st_dev and st_ino; a worker maps only
+    ino: int = 0  # that object, whichever way it was reached
 
 
 class WorkItem(msgspec.Struct, array_like=True):
@@ -178,6 +180,7 @@ class ModelState(msgspec.Struct, array_like=True):
     state: str  # READY | UNAVAILABLE | LOADING
     reason: str = ""
     instances: list[InstanceInfo] = []
+    queued: int = 0  # requests waiting in the version's queue (not yet sent to an instance)
 
 
 class ServerState(msgspec.Struct, array_like=True):

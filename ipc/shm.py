@@ -228,24 +228,36 @@ def _open_registered(key: str, path: str) -> int:
 
     ``path`` is the broker's descriptor of it (``/proc/<pid>/fd/<n>``, a magic link that
     reaches the registered object even once the key is unlinked or names another file).
-    Without one, or where the process may not open it, the key is opened by name."""
+    Where this process may not open it (a broker that runs as another user, or is not
+    dumpable), or without one, the key is opened by name: the caller checks it is still
+    the object registered."""
     flags = os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY
     if _BROKER_FD_RE.match(path):
         try:
             return os.open(path, flags)
-        except OSError:
-            pass
+        except PermissionError as exc:
+            _warn_once(f"cannot open the broker's descriptors ({exc}); opening keys by name")
     bare = key.lstrip("/")
     if not bare or "/" in bare or bare.startswith(PREFIX):
         raise ValueError("invalid shared memory key")
     return os.open(SHM_DIR / bare, flags | os.O_NOFOLLOW)
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
 class RegionMap:
     """Read-write mappings of other processes' slabs, by name, cached. Not thread-safe.
 
-    Only names in shoal's namespace are mapped: a message can never make a worker map
-    an arbitrary file.
+    Only names in shoal's namespace are mapped, and client regions only when the file
+    is the very object the broker registered (same device and inode): a message can
+    never make a worker map an arbitrary file.
     """
 
     def __init__(self) -> None:
@@ -283,6 +295,7 @@ class RegionMap:
         offset: int,
         nbytes: int,
         path: str = "",
+        file_id: tuple[int, int] = (0, 0),
     ) -> memoryview:
         """A view into a client-registered region (registration ``reg_id``: ``size`` bytes
         at ``start`` of the shm object ``key``, opened through ``path``, the broker's
@@ -297,7 +310,7 @@ class RegionMap:
         exposure."""
         c = self._clients.get(reg_id)
         if c is None:
-            c = self._clients[reg_id] = self._open_client(key, start, size, path)
+            c = self._clients[reg_id] = self._open_client(key, start, size, path, file_id)
         if offset < 0 or nbytes < 0 or offset + nbytes > len(c.mv):
             raise ValueError(f"reference [{offset}, {offset + nbytes}) outside its region")
         file_size = c.mm.size()
@@ -310,14 +323,20 @@ class RegionMap:
         return c.mv[offset : offset + nbytes]
 
     @staticmethod
-    def _open_client(key: str, start: int, size: int, path: str = "") -> _ClientMapping:
+    def _open_client(
+        key: str, start: int, size: int, path: str = "", file_id: tuple[int, int] = (0, 0)
+    ) -> _ClientMapping:
         fd = _open_registered(key, path)
         try:
             st = os.fstat(fd)
-            # The file may have been replaced since it was registered: map only a regular
-            # file, and only while it still holds the whole region (mmap itself would
-            # accept a shorter one).
-            if not stat.S_ISREG(st.st_mode) or st.st_size < start + size:
+            # Map only the object registered ((st_dev, st_ino), when the broker gave it),
+            # a regular file, and only while it still holds the whole region (mmap itself
+            # would accept a shorter one).
+            if (
+                (file_id != (0, 0) and (st.st_dev, st.st_ino) != file_id)
+                or not stat.S_ISREG(st.st_mode)
+                or st.st_size < start + size
+            ):
                 raise ValueError(
                     f"shared memory region with key '{key}' no longer matches its registration"
                 )

@@ -20,6 +20,7 @@ from pathlib import Path
 from ipc.lifecycle import (
     add_process_flags,
     die_with_parent,
+    raise_open_file_limit,
     run_until_stopped,
     set_cpu_scheduling,
     setup_logging,
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(args.parent_pid, signal.SIGKILL)
     setup_logging(f"worker:{args.model}/{args.version}#{args.instance}", args.log_verbose)
     set_cpu_scheduling()
+    raise_open_file_limit()  # one descriptor per client region it maps
     cores = [int(c) for c in args.cores.split(",") if c.strip()]
     if cores:
         os.sched_setaffinity(0, cores)

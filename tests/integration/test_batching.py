@@ -3,6 +3,7 @@ Triton's statistics (as Triton's own QA does), with real processes and tritoncli
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -228,9 +229,21 @@ def test_kind_gpu_without_a_gpu_fails_to_load_clearly(tmp_path: Path) -> None:
     assert "GPU" in srv.log()
 
 
-def _instances(url: str, model: str) -> list[dict]:
+def _version(url: str, model: str) -> dict:
     with urllib.request.urlopen(f"http://{url}/v2/shoal/models/{model}", timeout=5) as r:
-        return list(json.loads(r.read())["versions"][0]["instances"])
+        return dict(json.loads(r.read())["versions"][0])
+
+
+def _instances(url: str, model: str) -> list[dict]:
+    return list(_version(url, model)["instances"])
+
+
+def _wait_queued(url: str, model: str, count: int) -> None:
+    """Until ``count`` requests wait in the model's queue (the broker has them)."""
+    deadline = time.monotonic() + 30
+    while _version(url, model)["queued"] < count:
+        assert time.monotonic() < deadline, f"{model}: never {count} request(s) queued"
+        time.sleep(0.02)
 
 
 def test_preserve_ordering_holds_a_later_answer_until_the_earlier_one(
@@ -370,7 +383,8 @@ def test_the_priority_parameter_jumps_the_queue(batching_server: ShoalServer) ->
             threads[-1].start()
             if tag == "first":
                 _wait_busy(url, "priority2")
-            time.sleep(0.3)  # arrival order at the broker
+            else:
+                _wait_queued(url, "priority2", len(threads) - 1)  # arrival order
     finally:
         os.kill(worker, signal.SIGCONT)
     for t in threads:
@@ -404,6 +418,7 @@ def test_a_request_timeout_overrides_the_queue_policy(
         _wait_busy(url, "override")
         threads.append(threading.Thread(target=plain))  # queued, the policy's 20 s
         threads[1].start()
+        _wait_queued(url, "override", 1)
         t0 = time.monotonic()
         if proto == "http":
             client: Any = httpclient.InferenceServerClient(url, network_timeout=30)
@@ -446,6 +461,7 @@ def test_preserve_ordering_releases_later_answers_when_the_earlier_instance_dies
 
     first = threading.Thread(target=call, args=("A", 1))
     second = threading.Thread(target=call, args=("B", 2))
+    holder_a = 0
     try:
         first.start()
         _wait_busy(url, "ordered")
@@ -458,8 +474,8 @@ def test_preserve_ordering_releases_later_answers_when_the_earlier_instance_dies
         assert outcomes == {}
         os.kill(holder_a, signal.SIGKILL)  # A's instance dies with A
     finally:
-        for pid in pids:
-            if pid != holder_a:
+        for pid in pids:  # nothing stays stopped, whatever failed above
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
     first.join(30)
     second.join(30)

@@ -14,7 +14,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -505,6 +505,20 @@ def _own_client(client: Any, srv: ShoalServer) -> Any:
     return grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
 
 
+def _wait_version(srv: ShoalServer, model: str, until: Callable[[dict], bool]) -> None:
+    """Poll the model's state (shoal's extension) until ``until`` holds for it."""
+    deadline = time.monotonic() + 30
+    while True:
+        conn = http.client.HTTPConnection(srv.url, timeout=5)
+        conn.request("GET", f"/v2/shoal/models/{model}")
+        version = json.loads(conn.getresponse().read())["versions"][0]
+        conn.close()
+        if until(version):
+            return
+        assert time.monotonic() < deadline, f"{model} never reached the state waited for"
+        time.sleep(0.02)
+
+
 def _status_names(client: Any) -> list[str]:
     status = client.get_system_shared_memory_status()
     if isinstance(client, httpclient.InferenceServerClient):
@@ -545,7 +559,7 @@ def test_unregister_during_inference_is_deferred(
     os.kill(worker, signal.SIGSTOP)
     try:
         threads[0].start()
-        time.sleep(0.5)
+        _wait_version(shm_server, "identity_fp32", lambda v: v["instances"][0]["busy"])
         client.unregister_system_shared_memory(in_region)  # succeeds while in use
         client.unregister_system_shared_memory()  # and so does unregister-all
         assert {in_region, out_region} <= set(_status_names(client))
@@ -555,7 +569,7 @@ def test_unregister_during_inference_is_deferred(
             os.unlink(f"/dev/shm{key}")  # the client's mappings stay
         threads.append(threading.Thread(target=call))  # a new request may still use them
         threads[1].start()
-        time.sleep(0.3)
+        _wait_version(shm_server, "identity_fp32", lambda v: v["queued"] == 1)
     finally:
         os.kill(worker, signal.SIGCONT)
     for t in threads:

@@ -44,3 +44,25 @@ def test_a_mapping_holds_one_descriptor_until_released(key: str) -> None:
     regions.release_clients([7])
     assert len(os.listdir("/proc/self/fd")) == before
     regions.close()
+
+
+def test_only_the_registered_object_is_mapped(key: str) -> None:
+    """The broker names the object it registered (device, inode) and its own descriptor
+    of it. Through the descriptor the worker reaches that object after the key is gone;
+    by name (no descriptor it may open) it maps the key only while it is that object."""
+    path = f"/dev/shm{key}"
+    st = os.stat(path)
+    file_id = (st.st_dev, st.st_ino)
+    held = os.open(path, os.O_RDWR)  # the broker's descriptor
+    regions = shm.RegionMap()
+    try:
+        os.unlink(path)
+        Path(path).write_bytes(b"\xee" * 16384)  # another file under the key
+        via_fd = f"/proc/{os.getpid()}/fd/{held}"
+        assert bytes(regions.client_view(1, key, 0, 4096, 1, 2, via_fd, file_id)) == b"\x01\x02"
+        with pytest.raises(ValueError, match="no longer matches its registration"):
+            regions.client_view(2, key, 0, 4096, 1, 2, "", file_id)
+        assert bytes(regions.client_view(3, key, 0, 4096, 1, 2)) == b"\xee\xee"  # no id given
+    finally:
+        regions.close()
+        os.close(held)

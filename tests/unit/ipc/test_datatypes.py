@@ -46,6 +46,14 @@ def _len(n: int) -> bytes:
             "available. Please make sure the string length indicator is in one buffer.",
             True,
         ),
+        (
+            # a whole count, then 2 bytes: the cut prefix is reported before the surplus
+            serialize_bytes([b"a"]) + b"\x01\x00",
+            1,
+            f"incomplete string length indicator {WHAT}, expecting 4 bytes but only 2 bytes "
+            "available. Please make sure the string length indicator is in one buffer.",
+            True,
+        ),
         (serialize_bytes([b"ab"]), 2, f"expected 2 string elements {WHAT}, got 1", True),
         (b"", 2, f"expected 2 string elements {WHAT}, got 0", True),
         (
@@ -65,7 +73,8 @@ def test_malformed_buffers_get_triton_s_message(
     assert e.value.names_request is names_request
 
 
-def test_whole_elements_pass() -> None:
-    check_bytes_layout(serialize_bytes([b"ab", b"", b"c"]), 3, "IN", "m")
-    check_bytes_layout(memoryview(serialize_bytes([b"x"])), 1, "IN", "m")
-    check_bytes_layout(b"", 0, "IN", "m")
+def test_whole_elements_pass_as_views() -> None:
+    views = check_bytes_layout(serialize_bytes([b"ab", b"", b"c"]), 3, "IN", "m")
+    assert [bytes(v) for v in views] == [b"ab", b"", b"c"]
+    assert [bytes(v) for v in check_bytes_layout(memoryview(b"\x01\0\0\0x"), 1, "", "")] == [b"x"]
+    assert check_bytes_layout(b"", 0, "IN", "m") == []
