@@ -22,7 +22,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal, cast, get_args
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
@@ -37,14 +37,7 @@ BatchInputKind = Literal[
     "BATCH_ITEM_SHAPE",
     "BATCH_ITEM_SHAPE_FLATTEN",
 ]
-_KINDS: Final[tuple[BatchInputKind, ...]] = (
-    "BATCH_ELEMENT_COUNT",
-    "BATCH_ACCUMULATED_ELEMENT_COUNT",
-    "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
-    "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
-    "BATCH_ITEM_SHAPE",
-    "BATCH_ITEM_SHAPE_FLATTEN",
-)
+BATCH_INPUT_KINDS: Final[tuple[BatchInputKind, ...]] = get_args(BatchInputKind)
 # The only data types Triton allows a batch input (configs.validation checks it at load).
 _BATCH_INPUT_DTYPES: Final[dict[int, np.dtype]] = {
     pb.TYPE_INT32: np.dtype("<i4"),
@@ -124,7 +117,7 @@ class BatchAssembler:
         for bi in config.batch_input:
             kind = pb.BatchInput.Kind.Name(bi.kind)
             dtype = _BATCH_INPUT_DTYPES.get(bi.data_type)
-            if kind not in _KINDS or dtype is None or len(bi.source_input) != 1:
+            if kind not in BATCH_INPUT_KINDS or dtype is None or len(bi.source_input) != 1:
                 raise ValueError(f"unsupported batch input '{kind}'")
             spec = BatchInputSpec(
                 cast(BatchInputKind, kind), tuple(bi.target_name), dtype, bi.source_input[0]

@@ -11,6 +11,7 @@ from configs.autocomplete import autocomplete, check_against_model
 from configs.model_config import ConfigError, fill_defaults, parse_config_text, validate
 from configs.schema import IOSpec
 from shoal import modelgen
+from workers.batch_io import BATCH_INPUT_KINDS
 
 # What ONNX Runtime reports for modelgen.ragged_sum_model().
 RAGGED_IN = [
@@ -155,17 +156,7 @@ def test_batch_input_errors(batch_input: str, message: str) -> None:
     assert message in info.value.message
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "BATCH_ELEMENT_COUNT",
-        "BATCH_ACCUMULATED_ELEMENT_COUNT",
-        "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
-        "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
-        "BATCH_ITEM_SHAPE",
-        "BATCH_ITEM_SHAPE_FLATTEN",
-    ],
-)
+@pytest.mark.parametrize("kind", BATCH_INPUT_KINDS)
 def test_every_batch_input_kind_is_valid_with_int32_or_fp32(kind: str) -> None:
     for dtype in ("TYPE_INT32", "TYPE_FP32"):
         validate(
