@@ -33,6 +33,9 @@ class ClientRegions:
                 )
             elif q.op == "unregister":
                 freed = self.table.unregister(q.name, kind)
+            elif q.op == "check":
+                for name, offset, nbytes in q.refs:
+                    self.table.resolve(name, offset, nbytes)
             else:
                 regions = [
                     m.RegionStatus(r.name, r.key, r.offset, r.byte_size, r.device_id)

@@ -69,6 +69,7 @@ class BrokerProc:
         self.poller.register(self.fsock, zmq.POLLIN)
         self.poller.register(self.wsock, zmq.POLLIN)
         self.pidfds: dict[int, tuple[str, bytes]] = {}  # fd -> (role, ident)
+        self._unwatched: dict[bytes, tuple[int, str]] = {}  # pidfd_open failed: retry
         self.frontend_fds: dict[bytes, int] = {}
         self.startup_reported = False
 
@@ -128,6 +129,9 @@ class BrokerProc:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        for ident, (pid, role) in list(self._unwatched.items()):
+            del self._unwatched[ident]
+            self._watch(ident, pid, role)  # back in _unwatched if it fails again
         for inst in self.router.overdue(now, self.s.execution_timeout_s):
             if inst.pid not in self._killed:
                 log.error(
@@ -387,8 +391,10 @@ class BrokerProc:
             log.warning("%s pid %d is already gone", role, pid)
             self._lost(role, ident)
             return
-        except OSError as exc:  # out of descriptors, say: the peer is alive, unwatched
-            log.error("cannot watch %s pid %d (%s): its death will go unnoticed", role, pid, exc)
+        except OSError as exc:  # out of descriptors, say: the peer is alive; retried
+            if ident not in self._unwatched:
+                log.error("cannot watch %s pid %d yet (%s): retrying", role, pid, exc)
+            self._unwatched[ident] = (pid, role)
             return
         self.pidfds[fd] = (role, ident)
         self.poller.register(fd, zmq.POLLIN)

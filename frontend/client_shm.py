@@ -64,6 +64,25 @@ def input_ref(t: InputTensor, shape: list[int], model: str) -> m.TensorRef:
     return m.TensorRef(t.name, t.datatype, shape, size, m.CLIENT_SHM + region, offset)
 
 
+def references(
+    inputs: list[InputTensor], outputs: list[RequestedOutput]
+) -> list[tuple[str, int, int]]:
+    """(region, offset, byte size) of every tensor the request puts in a client region,
+    inputs then outputs, in its order; [] when a reference is malformed (its own
+    error stands)."""
+    refs = []
+    try:
+        for t in inputs:
+            if (found := _params(t.parameters, f"input '{t.name}'")) is not None:
+                refs.append(found)
+        for o in outputs:
+            if (found := _params(o.parameters, f"output '{o.name}'")) is not None:
+                refs.append(found)
+    except ServingError:
+        return []
+    return refs
+
+
 def output_spec(o: RequestedOutput) -> m.OutputSpec | None:
     """Where an output goes when the request put it in a client region, else None."""
     found = _params(o.parameters, f"output '{o.name}'")

@@ -211,9 +211,12 @@ class DataPlane:
         try:
             batch = model.batch_size(req)
             msg = self._build(req, model, batch, slots)
-        except RequestError as err:
+        except ServingError as err:
             self._free(slots)
-            raise ServingError(err.code, named(err.message, req.id)) from None
+            await self._region_errors_first(req, err)
+            if isinstance(err, RequestError):
+                raise ServingError(err.code, named(err.message, req.id)) from None
+            raise
         except BaseException:
             self._free(slots)
             raise
@@ -246,6 +249,24 @@ class DataPlane:
             outputs=outputs,
             release=lambda: self._free(slots, pool),
         )
+
+    async def _region_errors_first(self, req: InferenceRequest, err: ServingError) -> None:
+        """Triton looks up every shared-memory reference while it parses a request, before
+        any check against the model: a request that fails such a check (a shape, a byte
+        size) but also names a region that does not resolve gets the region's error. The
+        regions live in the broker, so only a failing request pays this round trip."""
+        if not self.allow_client_shm or err.code == Code.UNSUPPORTED:
+            return
+        refs = client_shm.references(req.inputs, req.outputs)
+        if not refs:
+            return
+        check = m.ShmRequest(self.broker.next_id(), "check", "system", refs=refs)
+        try:
+            reply = await self.broker.query(check, m.ShmReply)
+        except ServingError:
+            return  # no broker: the request's own error stands
+        if reply.error is not None:
+            raise ServingError(Code(reply.error.code), reply.error.message) from None
 
     def _build(
         self, req: InferenceRequest, model: ModelHandle, batch: int, slots: list[Slot]

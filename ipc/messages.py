@@ -287,7 +287,7 @@ class ShmRequest(msgspec.Struct, array_like=True):
     """Frontend -> broker: the shared-memory extension's register/unregister/status."""
 
     query_id: int
-    op: str  # "register" | "unregister" | "status"
+    op: str  # "register" | "unregister" | "status" | "check"
     kind: str  # "system" | "cuda"
     name: str = ""  # "" with unregister/status: every region of the kind
     key: str = ""
@@ -295,6 +295,9 @@ class ShmRequest(msgspec.Struct, array_like=True):
     byte_size: int = 0
     device_id: int = 0
     raw_handle: bytes = b""
+    # check: a request's references (region, offset, byte size) in its order; the reply
+    # carries the error of the first that does not resolve, as inference would answer
+    refs: list[tuple[str, int, int]] = []
 
 
 class RegionStatus(msgspec.Struct):

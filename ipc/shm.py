@@ -237,6 +237,8 @@ def _open_registered(key: str, path: str) -> int:
             return os.open(path, flags)
         except PermissionError as exc:
             _warn_once(f"cannot open the broker's descriptors ({exc}); opening keys by name")
+        except OSError:
+            pass  # by name: the caller maps it only if it is still the object registered
     bare = key.lstrip("/")
     if not bare or "/" in bare or bare.startswith(PREFIX):
         raise ValueError("invalid shared memory key")

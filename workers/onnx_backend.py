@@ -92,12 +92,17 @@ def _pinned_core_count() -> int:
 
 
 class OnnxRuntimeBackend:
+    writes_in_place = True  # see execute's destinations
+
     def __init__(self) -> None:
         self._sess: ort.InferenceSession | None = None
         self._bf16_in: set[str] = set()
         self._bf16_out: set[str] = set()
         self._string_in: set[str] = set()
         self._cpu_only = False
+        self._unbindable: set[str] = set()  # outputs whose shape the model does not keep
+        self._quiet = ort.RunOptions()
+        self._quiet.log_severity_level = 4  # a failed in-place run is retried plainly
 
     def load(self, model_file: Path, config: object, threads: int, gpu: bool) -> None:
         if model_file.is_dir():
@@ -145,13 +150,16 @@ class OnnxRuntimeBackend:
             return self._execute_device(inputs, outputs)
         if self._bf16_in or self._bf16_out:
             return self._execute_ort_values(inputs, outputs)
-        if destinations and self._cpu_only and not self._string_in:
+        bound = {k: v for k, v in (destinations or {}).items() if k not in self._unbindable}
+        if bound and self._cpu_only and not self._string_in:
             try:
-                return self._execute_into(inputs, outputs, destinations)
+                return self._execute_into(inputs, outputs, bound)
             except Exception as exc:
-                # The model disagreed with the config on an output's shape (or failed):
-                # the plain run below gives its own result or error.
-                log.debug("running into the destinations failed (%s); running plainly", exc)
+                # The model disagreed with the config on an output's shape (a stale shape
+                # in the model file, say), or failed: the plain run below gives its own
+                # result or error. Those outputs are not bound again: one extra run each.
+                self._unbindable |= bound.keys()
+                log.info("outputs %s are not written in place from now on (%s)", sorted(bound), exc)
         feeds: dict[str, np.ndarray] = {}
         for name, arr in inputs.items():
             feeds[name] = _as_text(name, arr) if name in self._string_in else arr
@@ -176,12 +184,16 @@ class OnnxRuntimeBackend:
                 io.bind_output(name, "cpu")
             else:
                 io.bind_output(name, "cpu", 0, dest.dtype, list(dest.shape), dest.ctypes.data)
-        self._sess.run_with_iobinding(io)
-        values = io.get_outputs()
-        return [
-            destinations[name] if name in destinations else value.numpy()
-            for name, value in zip(outputs, values, strict=True)
-        ]
+        self._sess.run_with_iobinding(io, self._quiet)
+        out = []
+        for name, value in zip(outputs, io.get_outputs(), strict=True):
+            dest = destinations.get(name)
+            # A graph output that is a graph input comes back as that input's value, not
+            # written into the bound buffer: then it is returned (and copied) as usual.
+            out.append(
+                dest if dest is not None and value.data_ptr() == dest.ctypes.data else value.numpy()
+            )
+        return out
 
     def _execute_ort_values(
         self, inputs: Mapping[str, np.ndarray], outputs: list[str]

@@ -161,7 +161,7 @@ def output_destination(
         if c is not None and c.kind != "system":
             return None
         dest = _place(name, spec, datatypes.element_count(shape) * dt.itemsize, regions, clients)
-    except ValueError:  # OutputTooLarge included
+    except (ValueError, OSError):  # OutputTooLarge included: output_ref reports them
         return None
     return None if dest is None else np.frombuffer(dest, dtype=dt.numpy).reshape(shape)
 
@@ -170,12 +170,14 @@ def host_span(
     region: str, offset: int, nbytes: int, clients: dict[int, ClientRegion]
 ) -> tuple[str, int, int]:
     """The bytes a reference covers as (object, start, end): the frontend's slab by name,
-    a client's region by its shm key, so that two registrations of one object meet."""
+    a client's region by its file's device and inode (by key when the broker gave none),
+    so that two registrations of one object meet, under any name."""
     c = client_region(region, clients)
     if c is None:
         return region, offset, offset + nbytes
     start = c.offset + offset
-    return f"key:{c.key.lstrip('/')}", start, start + nbytes
+    where = f"inode:{c.dev}:{c.ino}" if c.ino else f"key:{c.key.lstrip('/')}"
+    return where, start, start + nbytes
 
 
 def _place(

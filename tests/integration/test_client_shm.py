@@ -26,6 +26,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from configs.devices import gpu_count
+from shoal import modelgen
 from tests.conftest import ALL_DATATYPES
 from tests.integration.test_http_infer import _sample
 from tests.serverctl import ShoalServer
@@ -781,3 +782,128 @@ def test_outputs_over_their_own_inputs_get_the_right_values(client: Any, regions
     np.testing.assert_array_equal(
         shm.get_contents_as_numpy(handle, np.int32, [1, 16], offset=64), a - b
     )
+
+
+def test_a_region_error_comes_before_the_model_s_checks(client: Any, regions: Regions) -> None:
+    """Triton looks every region up while it parses the request, before checking the
+    request against the model: with both kinds of error, the region's is the answer
+    (triton-peer 2.51, both protocols)."""
+    mod = _mod(client)
+    inp = mod.InferInput("INPUT0", [1, 16], "FP32")
+    inp.set_shared_memory("nope", 60)  # unknown, and 60 bytes is not [1, 16] FP32 either
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("identity_fp32", [inp])
+    assert e.value.message() == "Unable to find shared memory region: 'nope'"
+    assert e.value.status() in ("404", "StatusCode.NOT_FOUND")
+    _, region, _ = regions.make("order", 128)
+    ins = [mod.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    ins[0].set_shared_memory(region, 64, offset=100)  # past the region's end
+    ins[1].set_shared_memory(region, 60)  # a byte-size mismatch of its own
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple", ins)
+    assert e.value.message() == f"Invalid offset + byte size for shared memory region: '{region}'"
+    ins = [mod.InferInput(n, [1, 7], "INT32") for n in ("INPUT0", "INPUT1")]  # bad shape
+    ins[0].set_shared_memory(region, 28)
+    ins[1].set_shared_memory(region, 28, offset=64)
+    out = mod.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory("never_registered", 64)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple", ins, outputs=[out])
+    assert e.value.message() == "Unable to find shared memory region: 'never_registered'"
+    ins[1].set_shared_memory(region, 64, offset=64)  # regions fine: the model's check answers
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple", ins)
+    assert "unexpected shape for input 'INPUT0' for model 'simple'" in (e.value.message() or "")
+
+
+BIG = 1 << 16  # INT32 elements: 256 KiB per tensor, large enough to be written in place
+
+
+@pytest.fixture(scope="module")
+def big_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+    """add/sub on [-1, 65536] INT32, config from auto-complete: outputs of a fixed shape
+    that ONNX Runtime writes straight into the client's region."""
+    repo = tmp_path_factory.mktemp("big-add-sub")
+    modelgen.write_model(repo, "add_sub_big", modelgen.add_sub_model("INT32", BIG), None)
+    srv = ShoalServer(repo, "--allow-client-shm=true")
+    yield srv
+    assert srv.stop() == 0
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+@pytest.mark.parametrize("linked", [False, True], ids=["one-key", "hard-link"])
+def test_large_outputs_over_their_own_inputs_get_the_right_values(
+    big_server: ShoalServer, proto: str, linked: bool
+) -> None:
+    """Outputs named over the request's own inputs, in the same registration or in
+    another registration of the same object (a hard link: another key, one inode), are
+    not written in place: OUTPUT0 = IN0 + IN1 over IN0 would spoil OUTPUT1 = IN0 - IN1."""
+    http = httpclient.InferenceServerClient(big_server.url)
+    client: Any = (
+        http
+        if proto == "http"
+        else grpcclient.InferenceServerClient(f"127.0.0.1:{big_server.grpc_port}")
+    )
+    mod = _mod(client)
+    tag = secrets.token_hex(4)
+    nbytes = BIG * 4
+    a = np.arange(BIG, dtype=np.int32).reshape(1, BIG)
+    b = np.full((1, BIG), 3, dtype=np.int32)
+    handle = shm.create_shared_memory_region(f"in_{tag}", f"/big_in_{tag}", 2 * nbytes)
+    out_key = f"/big_in_{tag}"
+    if linked:
+        out_key = f"/big_link_{tag}"
+        os.link(f"/dev/shm/big_in_{tag}", f"/dev/shm{out_key}")
+    try:
+        shm.set_shared_memory_region(handle, [a, b])
+        http.register_system_shared_memory(f"in_{tag}", f"/big_in_{tag}", 2 * nbytes)
+        http.register_system_shared_memory(f"out_{tag}", out_key, 2 * nbytes)
+        ins = [mod.InferInput(n, [1, BIG], "INT32") for n in ("INPUT0", "INPUT1")]
+        ins[0].set_shared_memory(f"in_{tag}", nbytes)
+        ins[1].set_shared_memory(f"in_{tag}", nbytes, offset=nbytes)
+        outs = [mod.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
+        outs[0].set_shared_memory(f"out_{tag}", nbytes)
+        outs[1].set_shared_memory(f"out_{tag}", nbytes, offset=nbytes)
+        client.infer("add_sub_big", ins, outputs=outs)
+        got = shm.get_contents_as_numpy(handle, np.int32, [2, BIG])
+        np.testing.assert_array_equal(got[0], (a + b)[0])
+        np.testing.assert_array_equal(got[1], (a - b)[0])
+    finally:
+        http.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(handle)
+        if linked:
+            os.unlink(f"/dev/shm{out_key}")
+
+
+def test_large_outputs_in_their_own_region_are_right_and_the_model_keeps_serving(
+    big_server: ShoalServer,
+) -> None:
+    """The common case, written in place: inputs in one region, outputs in another."""
+    http = httpclient.InferenceServerClient(big_server.url)
+    tag = secrets.token_hex(4)
+    nbytes = BIG * 4
+    a = np.arange(BIG, dtype=np.int32).reshape(1, BIG)
+    b = np.full((1, BIG), 7, dtype=np.int32)
+    h_in = shm.create_shared_memory_region(f"i_{tag}", f"/bi_{tag}", 2 * nbytes)
+    h_out = shm.create_shared_memory_region(f"o_{tag}", f"/bo_{tag}", 2 * nbytes)
+    try:
+        shm.set_shared_memory_region(h_in, [a, b])
+        http.register_system_shared_memory(f"i_{tag}", f"/bi_{tag}", 2 * nbytes)
+        http.register_system_shared_memory(f"o_{tag}", f"/bo_{tag}", 2 * nbytes)
+        for round_ in range(3):  # the same destinations again: nothing stale
+            shm.set_shared_memory_region(h_in, [a + round_], offset=0)
+            ins = [httpclient.InferInput(n, [1, BIG], "INT32") for n in ("INPUT0", "INPUT1")]
+            ins[0].set_shared_memory(f"i_{tag}", nbytes)
+            ins[1].set_shared_memory(f"i_{tag}", nbytes, offset=nbytes)
+            outs = [httpclient.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
+            outs[0].set_shared_memory(f"o_{tag}", nbytes)
+            outs[1].set_shared_memory(f"o_{tag}", nbytes, offset=nbytes)
+            http.infer("add_sub_big", ins, outputs=outs)
+            got = shm.get_contents_as_numpy(h_out, np.int32, [2, BIG])
+            np.testing.assert_array_equal(got[0], (a + round_ + b)[0])
+            np.testing.assert_array_equal(got[1], (a + round_ - b)[0])
+    finally:
+        http.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(h_in)
+        shm.destroy_shared_memory_region(h_out)

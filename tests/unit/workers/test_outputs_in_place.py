@@ -89,3 +89,45 @@ def test_no_destination_where_the_output_will_not_land_as_is(
     spec = OutputSpec("OUTPUT0", s.region, s.offset, nbytes)
     assert output_destination("OUTPUT0", datatype, shape, spec, regions, {}) is None, why
     assert output_destination("OUTPUT0", datatype, shape, None, regions, {}) is None
+
+
+def test_a_graph_output_that_is_a_graph_input_comes_back_as_its_value(tmp_path: Path) -> None:
+    """ONNX Runtime hands such an output back as the input's own value and leaves the
+    bound buffer alone: the backend must return that value, not the untouched buffer."""
+    from onnx import TensorProto, checker, helper
+
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 4])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 4])
+    graph = helper.make_graph([helper.make_node("Neg", ["X"], ["Y"])], "pass", [x], [x, y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", modelgen.OPSET)])
+    model.ir_version = modelgen.IR_VERSION
+    checker.check_model(model)
+    path = tmp_path / "pass.onnx"
+    path.write_bytes(model.SerializeToString())
+    b = OnnxRuntimeBackend()
+    b.load(path, pb.ModelConfig(), 1, False)
+    data = np.arange(8, dtype=np.float32).reshape(2, 4)
+    dest_x = np.full((2, 4), -7, dtype=np.float32)
+    dest_y = np.zeros((2, 4), dtype=np.float32)
+    out_x, out_y = b.execute({"X": data}, ["X", "Y"], {"X": dest_x, "Y": dest_y})
+    np.testing.assert_array_equal(out_x, data)
+    assert out_y is dest_y
+    np.testing.assert_array_equal(dest_y, -data)
+
+
+def test_an_output_the_model_reshapes_is_no_longer_bound(
+    backend: OnnxRuntimeBackend, slot: tuple[shm.Slot, shm.RegionMap]
+) -> None:
+    """After one run in which the model disagreed with a destination's shape, that output
+    is not bound again: one extra run, not one per request."""
+    s, regions = slot
+    spec = OutputSpec("OUTPUT0", s.region, s.offset, s.nbytes)
+    x = np.arange(N, dtype=np.float32).reshape(1, N)
+    wrong = output_destination("OUTPUT0", "FP32", [2, N // 2], spec, regions, {})
+    assert wrong is not None
+    backend.execute({"INPUT0": x}, ["OUTPUT0"], {"OUTPUT0": wrong})
+    right = output_destination("OUTPUT0", "FP32", [1, N], spec, regions, {})
+    assert right is not None
+    (out,) = backend.execute({"INPUT0": x}, ["OUTPUT0"], {"OUTPUT0": right})
+    assert out is not right  # ONNX Runtime's own array now, copied by output_ref
+    np.testing.assert_array_equal(out, x)
