@@ -47,7 +47,7 @@ log = logging.getLogger("shoal.worker")
 
 #: The smallest output a backend is given to write in place: below it, binding the
 #: output (ONNX Runtime's IOBinding) costs more than copying it afterwards (measured:
-#: +8 us at 16-64 KiB, even at 256 KiB, -0.3 ms at 4 MiB).
+#: about +8 us at 16-64 KiB, about even at 256 KiB, -0.3 ms at 4 MiB).
 IN_PLACE_MIN_BYTES = 256 << 10
 
 _HELLO_RETRY_S = 1.0
