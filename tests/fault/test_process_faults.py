@@ -397,6 +397,8 @@ def test_stop_drains_in_flight_requests_then_refuses_new_ones(small_repo: Path) 
             outcome["result"] = client.infer("simple", simple_inputs()).as_numpy("OUTPUT0")
         except Exception as exc:  # recorded and asserted below
             outcome["result"] = exc
+        finally:
+            client.close()  # in this thread: gevent's hub cannot close it from another
 
     t = threading.Thread(target=call)
     t.start()

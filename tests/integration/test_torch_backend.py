@@ -113,7 +113,10 @@ def _infer_http(
         inp = httpclient.InferInput(name, list(arr.shape), dtype)
         inp.set_data_from_numpy(arr, binary_data=True)
         inputs.append(inp)
-    result = client.infer(model, inputs)
+    try:
+        result = client.infer(model, inputs)
+    finally:
+        client.close()  # in this thread: gevent's hub cannot close it from another
     return {o["name"]: result.as_numpy(o["name"]) for o in result.get_response()["outputs"]}
 
 
@@ -249,6 +252,8 @@ def test_an_output_that_cannot_be_split_fails_its_batch_and_the_worker_lives(
             client.infer("sum_rows", [inp])
         except InferenceServerException as exc:
             return f"{exc.status()} {exc.message()}"
+        finally:
+            client.close()  # in this thread: gevent's hub cannot close it from another
         return "ok"
 
     pid = torch_server.worker_pid("sum_rows")
