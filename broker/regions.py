@@ -14,7 +14,8 @@ System and CUDA regions share one namespace, as in Triton.
 A system registration keeps the shm object open from registration to removal, as Triton
 keeps its mapping: a client may unlink the key (or replace the file) once registered, and
 its requests still reach the object it registered. Workers open that object through the
-broker's descriptor (``/proc/<broker pid>/fd/<n>``), never again by name.
+broker's descriptor (``/proc/<broker pid>/fd/<n>``), by key only where they may not, and
+map it only if it is that object (same device and inode).
 
 Messages and codes are Triton's (src/shared_memory_manager.cc).
 """

@@ -158,15 +158,3 @@ def check_bytes_layout(
             names_request=False,
         )
     return out
-
-
-def deserialize_bytes(buf: memoryview | bytes, count: int | None = None) -> list[bytes]:
-    """The elements of a length-prefixed BYTES buffer as ``bytes``.
-
-    Raises ValueError when the buffer is truncated or, with ``count``, when it holds a
-    different number of elements.
-    """
-    out = [bytes(v) for v in split_bytes(buf)]
-    if count is not None and len(out) != count:
-        raise ValueError(f"expected {count} string elements, got {len(out)}")
-    return out

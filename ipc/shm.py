@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from ipc.messages import ClientRegion
+
 log = logging.getLogger(__name__)
 
 SHM_DIR: Final[Path] = Path("/dev/shm")
@@ -288,21 +290,11 @@ class RegionMap:
         self._maps[region] = entry
         return entry
 
-    def client_view(
-        self,
-        reg_id: int,
-        key: str,
-        start: int,
-        size: int,
-        offset: int,
-        nbytes: int,
-        path: str = "",
-        file_id: tuple[int, int] = (0, 0),
-    ) -> memoryview:
-        """A view into a client-registered region (registration ``reg_id``: ``size`` bytes
-        at ``start`` of the shm object ``key``, opened through ``path``, the broker's
-        descriptor of it, when given), mapped once per registration. The broker checked
-        the span against the registration; here it is checked against the file.
+    def client_view(self, region: ClientRegion, offset: int, nbytes: int) -> memoryview:
+        """A view into a client-registered system region (``byte_size`` bytes at
+        ``offset`` of its shm object, opened through ``path``, the broker's descriptor of
+        it), mapped once per registration. The broker checked the span against the
+        registration; here it is checked against the file.
 
         The client owns the file and may shrink it at any time; touching a mapped page
         past its end kills this process with SIGBUS. So every access first fstat()s the
@@ -310,9 +302,10 @@ class RegionMap:
         between this check and the access (or while the model reads the view) can still
         fault the worker: Triton maps client regions the same way and has the same
         exposure."""
+        reg_id = region.reg_id
         c = self._clients.get(reg_id)
         if c is None:
-            c = self._clients[reg_id] = self._open_client(key, start, size, path, file_id)
+            c = self._clients[reg_id] = self._open_client(region)
         if offset < 0 or nbytes < 0 or offset + nbytes > len(c.mv):
             raise ValueError(f"reference [{offset}, {offset + nbytes}) outside its region")
         file_size = c.mm.size()
@@ -325,17 +318,16 @@ class RegionMap:
         return c.mv[offset : offset + nbytes]
 
     @staticmethod
-    def _open_client(
-        key: str, start: int, size: int, path: str = "", file_id: tuple[int, int] = (0, 0)
-    ) -> _ClientMapping:
-        fd = _open_registered(key, path)
+    def _open_client(region: ClientRegion) -> _ClientMapping:
+        key, start, size = region.key, region.offset, region.byte_size
+        fd = _open_registered(key, region.path)
         try:
             st = os.fstat(fd)
-            # Map only the object registered ((st_dev, st_ino), when the broker gave it),
-            # a regular file, and only while it still holds the whole region (mmap itself
-            # would accept a shorter one).
+            # Map only the object registered (its st_dev and st_ino), a regular file, and
+            # only while it still holds the whole region (mmap itself would accept a
+            # shorter one).
             if (
-                (file_id != (0, 0) and (st.st_dev, st.st_ino) != file_id)
+                (st.st_dev, st.st_ino) != (region.dev, region.ino)
                 or not stat.S_ISREG(st.st_mode)
                 or st.st_size < start + size
             ):

@@ -343,6 +343,13 @@ class WorkerProc:
         that go to its client's region or to a slot of the frontend's slab, unless they
         overlap one of its inputs or another such output (the model would overwrite what
         it still reads). Below IN_PLACE_MIN_BYTES the binding costs more than the copy."""
+        specs = [
+            s
+            for s in item.request.outputs
+            if s.name in self.output_dims and s.region and s.nbytes >= IN_PLACE_MIN_BYTES
+        ]
+        if not specs:  # most requests: nothing to look up
+            return None
         clients = {c.reg_id: c for c in item.regions}
         taken = [
             host_span(t.region, t.offset, t.nbytes, clients)
@@ -350,10 +357,8 @@ class WorkerProc:
             if t.data is None
         ]
         out = {}
-        for spec in item.request.outputs:
-            dims = self.output_dims.get(spec.name)
-            if dims is None or not spec.region or spec.nbytes < IN_PLACE_MIN_BYTES:
-                continue
+        for spec in specs:
+            dims = self.output_dims[spec.name]
             shape = [item.request.batch_size, *dims] if self.max_batch_size > 0 else dims
             dest = output_destination(
                 spec.name, self.output_types[spec.name], shape, spec, self.regions, clients

@@ -40,9 +40,7 @@ def tensor_view(
         return regions.view(region, offset, nbytes)
     if c.kind != "system":
         raise ValueError("a CUDA shared memory region holds device memory, not host memory")
-    return regions.client_view(
-        c.reg_id, c.key, c.offset, c.byte_size, offset, nbytes, c.path, (c.dev, c.ino)
-    )
+    return regions.client_view(c, offset, nbytes)
 
 
 def input_array(
@@ -170,14 +168,13 @@ def host_span(
     region: str, offset: int, nbytes: int, clients: dict[int, ClientRegion]
 ) -> tuple[str, int, int]:
     """The bytes a reference covers as (object, start, end): the frontend's slab by name,
-    a client's region by its file's device and inode (by key when the broker gave none),
-    so that two registrations of one object meet, under any name."""
+    a client's region by its file's device and inode, so that two registrations of one
+    object meet, under any name."""
     c = client_region(region, clients)
     if c is None:
         return region, offset, offset + nbytes
     start = c.offset + offset
-    where = f"inode:{c.dev}:{c.ino}" if c.ino else f"key:{c.key.lstrip('/')}"
-    return where, start, start + nbytes
+    return f"inode:{c.dev}:{c.ino}", start, start + nbytes
 
 
 def _place(
