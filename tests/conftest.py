@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tritonclient.http as httpclient
 
 from shoal import modelgen
 from tests.serverctl import SHM_DIR, ShoalServer, processes_with
@@ -70,6 +72,24 @@ def build_test_repository(repo: Path) -> Path:
     )
     (repo / "not_a_model_dir_file.txt").write_text("ignored")
     return repo
+
+
+def _close_on_the_main_thread_only() -> None:
+    """tritonclient's HTTP client closes itself in ``__del__``, joining a gevent pool;
+    the cycle collector may run that on any thread, and on one without a gevent hub
+    it fails and pytest reports an unraisable exception at whichever test is running.
+    Off the main thread the collector now just drops the client (its connections close
+    with it); a test that closes its clients itself is unaffected."""
+    original = httpclient.InferenceServerClient.__del__
+
+    def __del__(self: httpclient.InferenceServerClient) -> None:
+        if threading.current_thread() is threading.main_thread():
+            original(self)
+
+    httpclient.InferenceServerClient.__del__ = __del__  # type: ignore[method-assign]
+
+
+_close_on_the_main_thread_only()
 
 
 @pytest.fixture(scope="session", autouse=True)
