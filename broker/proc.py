@@ -32,7 +32,7 @@ from configs.placement import instance_count, passive_instances
 from ipc import messages as m
 from ipc import shm, sockets
 from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_model
-from ipc.lifecycle import raise_open_file_limit
+from ipc.lifecycle import raise_open_file_limit, settle_gc
 
 log = logging.getLogger("shoal.broker")
 
@@ -95,6 +95,7 @@ class BrokerProc:
 
     def run(self) -> int:
         self.load_repository()
+        settle_gc()
         while not self.stop:
             if not self.startup_reported and self.table.startup_done():
                 self.startup_reported = True

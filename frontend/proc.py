@@ -21,7 +21,7 @@ from frontend.broker_client import BrokerClient
 from frontend.dataplane import DataPlane
 from frontend.grpc_server import build_server as build_grpc_server
 from frontend.http_server import build_app
-from ipc.lifecycle import EXIT_FATAL
+from ipc.lifecycle import EXIT_FATAL, settle_gc
 from ipc.shm import ShmFull, SlabPool, sweep_stale
 
 log = logging.getLogger("shoal.frontend")
@@ -107,6 +107,7 @@ async def serve(s: FrontendSettings) -> int:
         except (OSError, RuntimeError) as exc:
             log.error("cannot listen: %s", exc)
             return EXIT_FATAL
+        settle_gc()
         await stop.wait()
         log.info("stopping: draining in-flight requests (up to %.0fs)", s.exit_timeout_secs)
     finally:

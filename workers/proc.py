@@ -30,7 +30,7 @@ from configs.model_config import ConfigError, ModelConfig, v2_datatype, validate
 from ipc import datatypes, sockets
 from ipc import messages as m
 from ipc.errors import Code, ServingError
-from ipc.lifecycle import EXIT_FATAL
+from ipc.lifecycle import EXIT_FATAL, settle_gc
 from ipc.shm import RegionMap
 from workers import backend as backends
 from workers.batch_io import BatchAssembler
@@ -183,6 +183,7 @@ class WorkerProc:
             self._await_welcome()
             time.sleep(0.2)  # the failure is read before the broker sees this pid exit
             return EXIT_FATAL  # a restart would fail the same way
+        settle_gc()
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         welcomed = False

@@ -1,4 +1,5 @@
-"""ipc.lifecycle.set_cpu_scheduling, in a fresh interpreter each (it changes the process)."""
+"""ipc.lifecycle: set_cpu_scheduling and settle_gc, in a fresh interpreter each (they
+change the process)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,25 @@ def test_an_unknown_value_is_named_and_batch_is_used() -> None:
     words, stderr = _probe("fifo")
     assert words == ["batch", str(os.SCHED_BATCH), str(os.SCHED_BATCH)]
     assert "SHOAL_CPU_SCHED='fifo' is not one of batch/inherit; using batch" in stderr
+
+
+_GC_PROBE = """
+import gc
+from ipc.lifecycle import settle_gc
+class Node:
+    pass
+kept = [Node() for _ in range(1000)]
+settle_gc()
+frozen = gc.get_freeze_count()
+a, b = Node(), Node()
+a.other, b.other = b, a  # a cycle made after start-up is still collected
+del a, b
+print(frozen >= 1000, gc.collect() >= 2, gc.get_freeze_count() == frozen)
+"""
+
+
+def test_settle_gc_freezes_what_exists_and_still_collects_later_cycles() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _GC_PROBE], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["True", "True", "True"]
