@@ -283,6 +283,24 @@ def _point(
     return p
 
 
+_CORES = len(os.sched_getaffinity(0))
+
+
+def _cpu_bound(p: Point, ort: dict[tuple, Measurement]) -> tuple[float, float, float] | None:
+    """(side µs of CPU per request, model µs of CPU per sample, the most samples/s the
+    machine's cores could serve at those costs) for a point with CPU usage: what the
+    in-process target leaves out. The model's cost is its cheapest in-process loop at
+    the point's batch (threads x seconds per sample, the loop keeping its threads busy)."""
+    if p.cores is None or not p.m.throughput:
+        return None
+    b = _round_batch(p.avg_batch)
+    costs = [t / o.throughput for t in (1, 2) if (o := ort.get((p.m.model, b, t)))]
+    if not costs:
+        return None
+    side = p.cores.side_cores / p.m.throughput
+    return side * 1e6, min(costs) * 1e6, _CORES / (side + min(costs))
+
+
 def _side_load(p: Point) -> float | None:
     """The cores a shoal ``batching`` point's model shared with the rest, to 0.1 core."""
     if p.m.server != "shoal" or p.config != "batching" or p.cores is None:
@@ -633,6 +651,17 @@ def render(
                 f"  - beside {load:.1f} cores of load, as the model had in that run: "
                 f"in-process {best.throughput:,.0f} samples/s ({best.server}); shoal "
                 f"served {p.m.throughput / best.throughput:.2f} of it"
+            )
+        bound = _cpu_bound(p, ort)
+        if bound is not None:
+            side_us, model_us, ceiling = bound
+            ideal = max(o.throughput for o in (ort.get((model, b, 1)), ort.get((model, b, 2))) if o)
+            lines.append(
+                f"  - CPU bound: the rest of the machine (client, frontend, broker) spent "
+                f"{side_us:,.0f} µs of CPU per request, and the model at its in-process speed "
+                f"needs {model_us:,.0f} µs of CPU per sample: {_CORES} cores serve at most "
+                f"{ceiling:,.0f}/s, {ceiling / ideal:.2f} of in-process, even if sharing the "
+                f"cores cost the model nothing"
             )
     lines += [
         "",
