@@ -247,22 +247,14 @@ class BrokerProc:
 
     def _on_infer(self, ident: bytes, req: m.InferRequest) -> None:
         try:
-            mv = self._lookup(req.model, req.version)
+            mv, clients = self._admissible(req)
         except ServingError as err:
             self._reply_error(ident, req.req_id, err)
             return
-        try:
-            clients = self.client_regions.resolve(req)
-        except ServingError as err:
-            self._reply_error(ident, req.req_id, err)
-            return
-        if mv.all_passive:
-            # Triton would queue it forever: no instance of a passive group is scheduled.
-            message = (
-                f"model '{mv.name}' version {mv.version} has only passive instances, "
-                "which are never sent requests"
-            )
-            self._reply_error(ident, req.req_id, ServingError(Code.UNAVAILABLE, message))
+        except Exception as exc:  # a bug must not leave the request waiting for ever
+            log.exception("failed to admit request %d for '%s'", req.req_id, req.model)
+            internal = ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")
+            self._reply_error(ident, req.req_id, internal)
             return
         item = m.WorkItem(ident, req, regions=clients)
         try:
@@ -272,6 +264,21 @@ class BrokerProc:
             return
         self.client_regions.acquire(clients)
         self._dispatch(dispatches)
+
+    def _admissible(self, req: m.InferRequest) -> tuple[ModelVersion, list[m.ClientRegion]]:
+        """The version that will run ``req`` and the client regions it references, or
+        ServingError with Triton's reason why not. Nothing is held or queued yet."""
+        mv = self._lookup(req.model, req.version)
+        req.version = mv.version  # -1 resolved once: its answer finds the same version
+        clients = self.client_regions.resolve(req)
+        if mv.all_passive:
+            # Triton would queue it forever: no instance of a passive group is scheduled.
+            raise ServingError(
+                Code.UNAVAILABLE,
+                f"model '{mv.name}' version {mv.version} has only passive instances, "
+                "which are never sent requests",
+            )
+        return mv, clients
 
     def _finished(self, item: m.WorkItem) -> None:
         """A request ended: its hold on client regions goes (unmapped once unused)."""
@@ -377,6 +384,12 @@ class BrokerProc:
             self.table.by_ident[ident] = inst
             mv.instances[ident] = inst
             self._watch(ident, hello.pid, "worker")
+        if hello.rejoin:
+            # A broker restart: this instance's version was loaded under the last one.
+            # It is READY once this instance is, as it was then, even if another
+            # instance of it never comes back (its load failed after a crash, say).
+            mv.ever_ready = True
+            mv.refresh_state()
         self._send(self.wsock, [ident, *m.encode(m.Welcome(os.getpid()))])
 
     def _dispatch(self, dispatches: list[Dispatch]) -> None:

@@ -70,10 +70,10 @@ class Router:
             failed = set(done.failed)
             ok_ns: list[int] = []
             samples = 0
-            for item in batch.items:
+            for pos, item in enumerate(batch.items):
                 elapsed = int((now - self._arrived.pop(_key(item), now)) * 1e9)
                 waited = self._queued_ns.pop(_key(item), 0)
-                if item.request.req_id in failed:
+                if pos in failed:
                     mv.stats.failed(elapsed)
                 else:
                     mv.stats.queued(waited)  # Triton counts queue time of successes only

@@ -116,7 +116,9 @@ class BatchDone(msgspec.Struct, array_like=True):
     input_ns: int = 0  # gathering inputs into the batch
     infer_ns: int = 0  # the backend's execution
     output_ns: int = 0  # splitting and writing outputs
-    failed: list[int] = []  # req_ids that got an error instead of outputs
+    # positions in the batch's items that got an error instead of outputs (not req_ids:
+    # those are numbered per frontend, so two frontends' requests can share one)
+    failed: list[int] = []
 
 
 class WorkerHello(msgspec.Struct, array_like=True):
@@ -124,6 +126,9 @@ class WorkerHello(msgspec.Struct, array_like=True):
     version: int
     instance: int
     pid: int
+    # it served under a broker that exited: its version was loaded, whatever became of
+    # the version's other instances (a new broker must not wait for them for ever)
+    rejoin: bool = False
 
 
 class WorkerReady(msgspec.Struct, array_like=True):

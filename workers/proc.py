@@ -89,6 +89,7 @@ class WorkerProc:
         self.output_types: dict[str, str] = {}
         self.output_dims: dict[str, list[int]] = {}
         self.broker_pidfd: int | None = None
+        self.rejoin = False  # a broker it served under exited
         self.result_socks: dict[bytes, zmq.Socket[bytes]] = {}
         self.cuda = CudaRegions(settings.gpu)
 
@@ -97,7 +98,7 @@ class WorkerProc:
     def _hello(self) -> None:
         s = self.s
         self.sock.send_multipart(
-            m.encode(m.WorkerHello(s.model, s.version, s.instance, os.getpid()))
+            m.encode(m.WorkerHello(s.model, s.version, s.instance, os.getpid(), self.rejoin))
         )
 
     def load(self) -> m.WorkerReady | m.WorkerFailed:
@@ -193,6 +194,7 @@ class WorkerProc:
             if not events and time.monotonic() - last_sweep > _SWEEP_MAPPINGS_S:
                 # Growth slabs a frontend unlinked: let their pages go.
                 self.regions.drop_unlinked()
+                self._forget_exited_frontends()
                 last_sweep = time.monotonic()
             if self.broker_pidfd is not None and self.broker_pidfd in events:
                 self._broker_lost(poller)
@@ -230,6 +232,20 @@ class WorkerProc:
             elif isinstance(msg, m.Shutdown):
                 return "shutdown"
 
+    def _forget_exited_frontends(self) -> None:
+        """The broker names each frontend that exits (FrontendGone); one that exited
+        while no broker ran is found here, by its pid."""
+        for frontend in list(self.result_socks):
+            pid = sockets.frontend_pid(frontend)
+            if pid is None:
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                self._forget_frontend(frontend)
+            except PermissionError:  # a process of another user took the pid: gone too
+                self._forget_frontend(frontend)
+
     def _forget_frontend(self, frontend: bytes) -> None:
         """Its result socket and its slabs' mappings go, so their memory can be freed."""
         dead = self.result_socks.pop(frontend, None)
@@ -255,6 +271,7 @@ class WorkerProc:
         poller.unregister(self.broker_pidfd)
         os.close(self.broker_pidfd)
         self.broker_pidfd = None
+        self.rejoin = True
         self.regions.close()
         self.cuda.close()  # the next broker numbers its registrations afresh
 
@@ -270,37 +287,37 @@ class WorkerProc:
         t0 = time.perf_counter_ns()
         failed: list[int] = []
         answers: list[tuple[m.WorkItem, m.InferResponse]] = []
-        live: list[tuple[m.WorkItem, dict[str, np.ndarray]]] = []
-        for item in batch.items:
+        live: list[tuple[int, m.WorkItem, dict[str, np.ndarray]]] = []  # (position, ..)
+        for pos, item in enumerate(batch.items):
             clients = {c.reg_id: c for c in item.regions}
             try:
                 tensors = {
                     t.name: input_array(t, self.regions, clients, self.cuda, item.request.model)
                     for t in item.request.inputs
                 }
-                live.append((item, tensors))
+                live.append((pos, item, tensors))
             except datatypes.BytesLayoutError as exc:  # Triton's own words, as they are
-                failed.append(item.request.req_id)
+                failed.append(pos)
                 error = _error(item, Code.INVALID_ARG, exc.message, exc.names_request)
                 answers.append((item, error))
             except Exception as exc:
-                failed.append(item.request.req_id)
+                failed.append(pos)
                 answers.append(
                     (item, _error(item, Code.INVALID_ARG, f"bad input reference: {exc}"))
                 )
         t1 = t2 = t0
         samples = 0
         if live:
-            names = sorted({o.name for it, _ in live for o in it.request.outputs})
-            sizes = [max(it.request.batch_size, 1) for it, _ in live]
+            names = sorted({o.name for _, it, _ in live for o in it.request.outputs})
+            sizes = [max(it.request.batch_size, 1) for _, it, _ in live]
             samples = sum(sizes) if self.max_batch_size > 0 else len(live)
             try:
-                requests = [f for _, f in live]
+                requests = [f for _, _, f in live]
                 feeds = self.assembler.gather(requests)
                 t1 = time.perf_counter_ns()
                 assert self.backend is not None
                 in_place = len(live) == 1 and getattr(self.backend, "writes_in_place", False)
-                dests = self._destinations(live[0][0]) if in_place else None
+                dests = self._destinations(live[0][1]) if in_place else None
                 arrays = self.backend.execute(feeds, names, dests)
                 per_request = self.assembler.scatter(names, arrays, sizes, requests)
             except Exception as exc:
@@ -311,16 +328,16 @@ class WorkerProc:
                 )
                 if code == Code.INTERNAL:
                     log.exception("execution failed")
-                for it, _ in live:
-                    failed.append(it.request.req_id)
+                for pos, it, _ in live:
+                    failed.append(pos)
                     answers.append((it, _error(it, code, message)))
                 live = []
             t2 = time.perf_counter_ns()
             if live:
-                for (it, _), outs in zip(live, per_request, strict=True):
+                for (pos, it, _), outs in zip(live, per_request, strict=True):
                     resp = self._result(it, outs)
                     if resp.error is not None:
-                        failed.append(it.request.req_id)
+                        failed.append(pos)
                     answers.append((it, resp))
         t3 = time.perf_counter_ns()
         done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed)

@@ -29,7 +29,7 @@ class Roles:
         self.port = free_port()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, role: str) -> None:
+    def start(self, role: str, instance: int = 0) -> None:
         common = [f"--runtime-dir={self.runtime}"]
         argv = {
             "broker": ["-m", "broker", f"--model-repository={self.repo}", *common],
@@ -48,9 +48,11 @@ class Roles:
                 *common,
                 "--model=simple",
                 "--version=1",
+                f"--instance={instance}",
             ],
         }[role]
-        self.procs[role] = subprocess.Popen([sys.executable, *argv], stdin=subprocess.DEVNULL)
+        name = f"{role}{instance or ''}"  # worker, worker1, ...
+        self.procs[name] = subprocess.Popen([sys.executable, *argv], stdin=subprocess.DEVNULL)
 
     def ready(self, timeout: float = 30) -> bool:
         deadline = time.monotonic() + timeout
@@ -115,6 +117,22 @@ def test_frontend_and_worker_rejoin_a_restarted_broker(roles: Roles) -> None:
 
     roles.start("broker")
     assert roles.ready(), "the restarted broker was not rejoined"
+    np.testing.assert_array_equal(_infer(roles.port), np.full((1, 16), 2))
+
+
+def test_a_restarted_broker_serves_with_the_instances_that_came_back(roles: Roles) -> None:
+    """An instance that died while no broker ran (and stays dead: its load fails after
+    a crash, say) must not keep its version LOADING under the next broker for ever."""
+    two = modelgen.SIMPLE_CONFIG + "instance_group [ { count: 2, kind: KIND_CPU } ]\n"
+    modelgen.write_model(roles.repo, "simple", modelgen.simple_model(), two)
+    for role, instance in (("broker", 0), ("worker", 0), ("worker", 1), ("frontend", 0)):
+        roles.start(role, instance)
+    assert roles.ready(), "server did not become ready"
+    for name in ("broker", "worker1"):
+        roles.procs[name].kill()
+        roles.procs[name].wait()
+    roles.start("broker")
+    assert roles.ready(), "the version stayed unready without its lost instance"
     np.testing.assert_array_equal(_infer(roles.port), np.full((1, 16), 2))
 
 

@@ -5,23 +5,11 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from broker import proc as broker_proc
-from broker.proc import BrokerProc, BrokerSettings
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProc]:
-    run = tmp_path / "run"
-    run.mkdir(mode=0o700)
-    (tmp_path / "repo").mkdir()
-    b = BrokerProc(BrokerSettings(model_repository=tmp_path / "repo", runtime_dir=run))
-    yield b
-    b.close()
+from broker.proc import BrokerProc
 
 
 def test_a_peer_that_cannot_be_watched_yet_is_retried(

@@ -165,6 +165,30 @@ def test_statistics_count_requests_executions_and_batch_sizes() -> None:
     assert [(b.batch_size, b.compute_infer.count) for b in stats.batch_stats] == [(2, 1)]
 
 
+def test_a_failure_is_counted_for_its_own_request_not_a_namesake_of_another_frontend() -> None:
+    # req_ids are numbered per frontend process: one batch can hold two requests with
+    # the same id, and the report names failures by their position in the batch.
+    table = ModelTable()
+    table.add_model("simple", {1: 1}, "onnxruntime_onnx")
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(_config_with_batching())
+    inst = Instance(b"w0", "simple", 1, 0, 1000)
+    mv.instances[inst.ident] = inst
+    router = Router(table)
+    inst.state = "READY"
+    mv.refresh_state()
+    router.submit(mv, _item(7, b"f0"), 0.0)
+    router.submit(mv, _item(7, b"f1"), 0.0)
+    ((_, batch),) = router.instance_ready(inst, 0.5)
+    assert [it.frontend for it in batch.items] == [b"f0", b"f1"]
+    router.batch_done(inst, m.BatchDone(batch.batch_id, 1, failed=[1]), 1.0)
+    (stats,) = table.stats("simple", -1)
+    assert stats.inference_stats.success.count == 1
+    assert stats.inference_stats.fail.count == 1
+    assert stats.inference_count == 1
+
+
 def _config_with_batching() -> bytes:
     from tritonclient.grpc import model_config_pb2 as mc
 

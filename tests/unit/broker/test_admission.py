@@ -1,0 +1,88 @@
+"""The broker's admission of a request, on a broker whose table is filled by hand (no
+workers): what it sends is captured at its one send call."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from broker.models import Instance
+from broker.proc import BrokerProc
+from ipc import messages as m
+from ipc.errors import Code, ServingError
+
+
+def test_an_ordered_request_for_the_latest_version_gets_its_answer(
+    broker: BrokerProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # preserve_ordering holds each answer until the ones before it left; a request that
+    # named version -1 must still find its version's order when its answer comes.
+    sent: list[list[bytes]] = []
+    monkeypatch.setattr(broker, "_send", lambda sock, frames: sent.append(frames))
+    broker.table.add_model("simple", {3: 1}, "onnxruntime_onnx")
+    mv = broker.table.version("simple", 3)
+    assert mv is not None
+    cfg = mc.ModelConfig(name="simple", max_batch_size=8)
+    cfg.dynamic_batching.preserve_ordering = True
+    mv.set_config(cfg.SerializeToString())
+    inst = Instance(b"w0", "simple", 3, 0, os.getpid())
+    mv.instances[inst.ident] = inst
+    broker.table.by_ident[inst.ident] = inst
+    inst.state = "READY"
+    mv.refresh_state()
+    broker.router.instance_ready(inst, 0.0)
+
+    broker._on_infer(b"fe", m.InferRequest(1, "simple", -1, [], []))
+    assert inst.in_flight is not None
+    (item,) = inst.in_flight.items
+    assert item.seq == 1 and item.request.version == 3
+    broker._fail_item(item, ServingError(Code.INTERNAL, "boom"))
+    (answer,) = [f for f in sent if f[1] == m.RESULT]
+    assert answer[0] == b"fe"
+    resp = m.decode_response(answer[2])
+    assert resp.req_id == 1 and resp.error is not None and resp.error.message == "boom"
+
+
+@pytest.mark.parametrize("rejoin", [True, False])
+def test_after_a_broker_restart_a_version_serves_with_the_instances_that_came_back(
+    broker: BrokerProc, rejoin: bool
+) -> None:
+    # Two instances expected; only one greets this (new) broker. Having served under the
+    # last broker, it makes its version READY; a first-time greeting waits for both.
+    broker.table.add_model("simple", {1: 2}, "onnxruntime_onnx")
+    mv = broker.table.version("simple", 1)
+    assert mv is not None
+    cfg = mc.ModelConfig(name="simple").SerializeToString()
+    hello = m.WorkerHello("simple", 1, 0, os.getpid(), rejoin)
+    broker._on_worker([b"w0", *m.encode(hello)])
+    assert mv.state == "LOADING"
+    broker._on_worker([b"w0", *m.encode(m.WorkerReady(cfg))])
+    assert mv.state == ("READY" if rejoin else "LOADING")
+    assert broker.table.startup_done() is rejoin
+
+
+def test_a_request_the_broker_fails_to_admit_is_answered_not_dropped(
+    broker: BrokerProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[list[bytes]] = []
+    monkeypatch.setattr(broker, "_send", lambda sock, frames: sent.append(frames))
+    broker.table.add_model("simple", {1: 1}, "onnxruntime_onnx")
+    mv = broker.table.version("simple", 1)
+    assert mv is not None
+    inst = Instance(b"w0", "simple", 1, 0, os.getpid(), state="READY")
+    mv.instances[inst.ident] = inst
+    mv.refresh_state()
+
+    def broken(req: m.InferRequest) -> list[m.ClientRegion]:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(broker.client_regions, "resolve", broken)
+    broker._on_infer(b"fe", m.InferRequest(5, "simple", 1, [], []))
+    ((fe, kind, payload),) = sent
+    resp = m.decode_response(payload)
+    assert (fe, kind, resp.req_id) == (b"fe", m.RESULT, 5)
+    assert resp.error is not None and resp.error.code == int(Code.INTERNAL)
+    assert resp.error.message == "KeyError: 'a bug'"
+    assert len(mv.queue) == 0 and inst.in_flight is None
