@@ -8,10 +8,33 @@ import os
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from broker.models import Instance
+from broker.models import Instance, ModelVersion
 from broker.proc import BrokerProc
 from ipc import messages as m
 from ipc.errors import Code, ServingError
+
+
+def _capture_sends(broker: BrokerProc, monkeypatch: pytest.MonkeyPatch) -> list[list[bytes]]:
+    sent: list[list[bytes]] = []
+    monkeypatch.setattr(broker, "_send", lambda sock, frames: sent.append(frames))
+    return sent
+
+
+def _serving(
+    broker: BrokerProc, version: int, cfg: mc.ModelConfig
+) -> tuple[ModelVersion, Instance]:
+    """Version ``version`` of "simple" with one idle READY instance, as a worker's
+    WorkerReady would leave it."""
+    broker.table.add_model("simple", {version: 1}, "onnxruntime_onnx")
+    mv = broker.table.version("simple", version)
+    assert mv is not None
+    mv.set_config(cfg.SerializeToString())
+    inst = Instance(b"w0", "simple", version, 0, os.getpid(), state="READY")
+    mv.instances[inst.ident] = inst
+    broker.table.by_ident[inst.ident] = inst
+    mv.refresh_state()
+    broker.router.instance_ready(inst, 0.0)
+    return mv, inst
 
 
 def test_an_ordered_request_for_the_latest_version_gets_its_answer(
@@ -19,20 +42,10 @@ def test_an_ordered_request_for_the_latest_version_gets_its_answer(
 ) -> None:
     # preserve_ordering holds each answer until the ones before it left; a request that
     # named version -1 must still find its version's order when its answer comes.
-    sent: list[list[bytes]] = []
-    monkeypatch.setattr(broker, "_send", lambda sock, frames: sent.append(frames))
-    broker.table.add_model("simple", {3: 1}, "onnxruntime_onnx")
-    mv = broker.table.version("simple", 3)
-    assert mv is not None
+    sent = _capture_sends(broker, monkeypatch)
     cfg = mc.ModelConfig(name="simple", max_batch_size=8)
     cfg.dynamic_batching.preserve_ordering = True
-    mv.set_config(cfg.SerializeToString())
-    inst = Instance(b"w0", "simple", 3, 0, os.getpid())
-    mv.instances[inst.ident] = inst
-    broker.table.by_ident[inst.ident] = inst
-    inst.state = "READY"
-    mv.refresh_state()
-    broker.router.instance_ready(inst, 0.0)
+    _, inst = _serving(broker, 3, cfg)
 
     broker._on_infer(b"fe", m.InferRequest(1, "simple", -1, [], []))
     assert inst.in_flight is not None
@@ -66,14 +79,8 @@ def test_after_a_broker_restart_a_version_serves_with_the_instances_that_came_ba
 def test_a_request_the_broker_fails_to_admit_is_answered_not_dropped(
     broker: BrokerProc, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent: list[list[bytes]] = []
-    monkeypatch.setattr(broker, "_send", lambda sock, frames: sent.append(frames))
-    broker.table.add_model("simple", {1: 1}, "onnxruntime_onnx")
-    mv = broker.table.version("simple", 1)
-    assert mv is not None
-    inst = Instance(b"w0", "simple", 1, 0, os.getpid(), state="READY")
-    mv.instances[inst.ident] = inst
-    mv.refresh_state()
+    sent = _capture_sends(broker, monkeypatch)
+    mv, inst = _serving(broker, 1, mc.ModelConfig(name="simple"))
 
     def broken(req: m.InferRequest) -> list[m.ClientRegion]:
         raise KeyError("a bug")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.batcher import Rejected
-from broker.models import Instance, ModelTable
+from broker.models import Instance, ModelTable, ModelVersion
 from broker.router import Router
 from ipc import messages as m
 
@@ -140,16 +140,7 @@ def test_restarted_instance_brings_the_version_back() -> None:
 
 
 def test_statistics_count_requests_executions_and_batch_sizes() -> None:
-    table = ModelTable()
-    table.add_model("simple", {1: 1}, "onnxruntime_onnx")
-    mv = table.version("simple", 1)
-    assert mv is not None
-    mv.set_config(_config_with_batching())
-    inst = Instance(b"w0", "simple", 1, 0, 1000)
-    mv.instances[inst.ident] = inst
-    router = Router(table)
-    inst.state = "READY"
-    mv.refresh_state()
+    table, router, mv, inst = _batching_one_instance()
     router.submit(mv, _item(1), 0.0)
     router.submit(mv, _item(2), 0.0)
     ((owner, batch),) = router.instance_ready(inst, 0.5)  # delay passed: one batch of two
@@ -168,16 +159,7 @@ def test_statistics_count_requests_executions_and_batch_sizes() -> None:
 def test_a_failure_is_counted_for_its_own_request_not_a_namesake_of_another_frontend() -> None:
     # req_ids are numbered per frontend process: one batch can hold two requests with
     # the same id, and the report names failures by their position in the batch.
-    table = ModelTable()
-    table.add_model("simple", {1: 1}, "onnxruntime_onnx")
-    mv = table.version("simple", 1)
-    assert mv is not None
-    mv.set_config(_config_with_batching())
-    inst = Instance(b"w0", "simple", 1, 0, 1000)
-    mv.instances[inst.ident] = inst
-    router = Router(table)
-    inst.state = "READY"
-    mv.refresh_state()
+    table, router, mv, inst = _batching_one_instance()
     router.submit(mv, _item(7, b"f0"), 0.0)
     router.submit(mv, _item(7, b"f1"), 0.0)
     ((_, batch),) = router.instance_ready(inst, 0.5)
@@ -187,6 +169,19 @@ def test_a_failure_is_counted_for_its_own_request_not_a_namesake_of_another_fron
     assert stats.inference_stats.success.count == 1
     assert stats.inference_stats.fail.count == 1
     assert stats.inference_count == 1
+
+
+def _batching_one_instance() -> tuple[ModelTable, Router, ModelVersion, Instance]:
+    table = ModelTable()
+    table.add_model("simple", {1: 1}, "onnxruntime_onnx")
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(_config_with_batching())
+    inst = Instance(b"w0", "simple", 1, 0, 1000)
+    mv.instances[inst.ident] = inst
+    inst.state = "READY"
+    mv.refresh_state()
+    return table, Router(table), mv, inst
 
 
 def _config_with_batching() -> bytes:
