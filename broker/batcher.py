@@ -21,6 +21,13 @@ a fake clock. One ``DynamicBatcher`` per model version:
 
 Scheduling order: priority level 1 first; within a level, arrival order, delayed last.
 
+Client CUDA memory: a request whose tensors lie in CUDA shared memory can run only on an
+instance of that GPU, or on a CPU instance (which copies through the host). ``take_batch``
+and ``next_wakeup`` take the GPU of the instance asking (``None``: one that serves any
+request); requests it cannot serve are passed over, as if not queued, so that each GPU's
+instances take their own clients' requests while another GPU is busy. Requests that
+reference no CUDA memory (nearly all) pass for every instance.
+
 A level's queues exist only while it holds a request (Triton's ``PriorityQueue`` creates a
 level on its first request and erases it once empty), so ``priority_levels`` may be any
 uint64 and costs nothing until used; batch formation walks only the non-empty levels.
@@ -65,6 +72,20 @@ class BatcherConfig:
     ragged_inputs: frozenset[str] = frozenset()
 
 
+def cuda_devices(regions: list[m.ClientRegion]) -> frozenset[int]:
+    """The GPUs whose memory a request's client regions (CUDA shared memory) are in."""
+    if not regions:
+        return frozenset()
+    return frozenset(r.device_id for r in regions if r.kind == "cuda")
+
+
+def serves(gpu: int | None, devices: frozenset[int]) -> bool:
+    """Whether an instance on ``gpu`` (None: on the CPU) can run a request whose tensors
+    lie in the memory of ``devices``: a GPU instance sees its own GPU alone; a CPU
+    instance copies through the host."""
+    return not devices or gpu is None or (len(devices) == 1 and gpu in devices)
+
+
 @dataclass(eq=False)  # identity: a queue removes exactly this request
 class Pending:
     item: m.WorkItem
@@ -73,6 +94,7 @@ class Pending:
     signature: tuple[tuple[str, tuple[int, ...]], ...]
     size: int
     level: int
+    devices: frozenset[int] = frozenset()  # cuda_devices(item.regions)
     queued: bool = True  # False once it left the queue (a batch, a rejection, a drop)
 
 
@@ -155,7 +177,8 @@ class DynamicBatcher:
                 if t.name not in self.c.ragged_inputs
             )
         )
-        p = Pending(item, now, deadline, signature, max(req.batch_size, 1), index)
+        size = max(req.batch_size, 1)
+        p = Pending(item, now, deadline, signature, size, index, cuda_devices(item.regions))
         if level is None:
             level = self._levels[index] = _Level(policy)
             bisect.insort(self._active, index)
@@ -219,11 +242,14 @@ class DynamicBatcher:
             yield from level.queue
             yield from level.delayed
 
-    def _form(self) -> _Formed:
+    def _form(self, gpu: int | None = None) -> _Formed:
+        """The batch for an instance on ``gpu``, from the requests it can serve."""
         chosen: list[Pending] = []
         total = best = 0
         full = False
         for p in self._order():
+            if p.devices and not serves(gpu, p.devices):
+                continue
             if chosen:
                 if total + p.size > self._max_preferred and not best:
                     best = len(chosen)  # past every preferred size: what we have is best
@@ -236,10 +262,11 @@ class DynamicBatcher:
                 best = len(chosen)
         return _Formed(chosen, best, full, total)
 
-    def take_batch(self, now: float) -> list[m.WorkItem]:
-        """The batch to run now on an idle instance, or [] to wait (see next_wakeup)."""
+    def take_batch(self, now: float, gpu: int | None = None) -> list[m.WorkItem]:
+        """The batch to run now on an idle instance on ``gpu`` (None: a CPU instance), or
+        [] to wait (see next_wakeup)."""
         self._apply_timeouts(now)
-        f = self._form()
+        f = self._form(gpu)
         if not f.chosen:
             return []
         delay = self.c.max_queue_delay_us / 1e6
@@ -251,28 +278,37 @@ class DynamicBatcher:
             return self._pop(f.chosen)
         return []
 
-    def next_wakeup(self, can_dispatch: bool = True) -> float | None:
+    def next_wakeup(self, idle: Iterable[int | None] = (None,)) -> float | None:
         """When the caller must next ask (absolute), if ever: a queued request's timeout
-        runs out, or, when an instance could take a batch (``can_dispatch``), the queue
-        delay of the batch ``take_batch`` would form does. While every instance is busy a
-        delay that ran out changes nothing: the next batch forms when an instance reports
-        done, so waking for it would only spin."""
+        runs out, or the queue delay of a batch ``take_batch`` would form for one of the
+        ``idle`` instances (their GPUs, None for a CPU one) does. While every instance is
+        busy (``idle`` empty) a delay that ran out changes nothing: the next batch forms
+        when an instance reports done, so waking for it would only spin."""
         heap = self._deadlines
         while heap and not heap[0][2].queued:
             heapq.heappop(heap)
         times = [heap[0][0]] if heap else []
-        if can_dispatch and self.c.max_queue_delay_us:
-            chosen = self._form().chosen
-            if chosen:
-                oldest = min(p.arrived for p in chosen)
-                times.append(oldest + self.c.max_queue_delay_us / 1e6)
+        if self.c.max_queue_delay_us:
+            for gpu in set(idle):
+                chosen = self._form(gpu).chosen
+                if chosen:
+                    oldest = min(p.arrived for p in chosen)
+                    times.append(oldest + self.c.max_queue_delay_us / 1e6)
         return min(times) if times else None
 
     def _pop(self, chosen: list[Pending]) -> list[m.WorkItem]:
-        """Remove ``chosen``, a prefix of the scheduling order, from the queues."""
+        """Remove ``chosen``, in scheduling order, from the queues: each is at the head of
+        its queue, unless requests the instance could not serve were passed over."""
         for p in chosen:
             level = self._levels[p.level]
-            (level.queue if level.queue and level.queue[0] is p else level.delayed).popleft()
+            if level.queue and level.queue[0] is p:
+                level.queue.popleft()
+            elif level.delayed and level.delayed[0] is p:
+                level.delayed.popleft()
+            elif p in level.queue:  # by identity (eq=False)
+                level.queue.remove(p)
+            else:
+                level.delayed.remove(p)
             p.queued = False
         self._drop_empty({p.level for p in chosen})
         return [p.item for p in chosen]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from broker.batch_config import batcher_config
-from broker.batcher import DynamicBatcher
+from broker.batcher import DynamicBatcher, serves
 from broker.ordering import OrderedRelease
 from broker.stats import VersionStats
 from ipc import messages as m
@@ -33,6 +33,7 @@ class Instance:
     in_flight: m.ExecuteBatch | None = None
     dispatched_at: float = 0.0  # when in_flight was sent (monotonic)
     cores: list[int] = field(default_factory=list)
+    gpu: int | None = None  # the server's id of its GPU; None: a CPU instance
     # (when reported, [(frontend, req_id)]): requests it answered straight to their
     # frontends lately; if it dies, those answers may not have left it (router.py).
     answered: deque[tuple[float, list[tuple[bytes, int]]]] = field(default_factory=deque)
@@ -80,6 +81,26 @@ class ModelVersion:
     def schedulable(self) -> list[Instance]:
         """Live instances that may be sent requests (not passive)."""
         return [i for i in self.live() if i.index not in self.passive]
+
+    def unreachable(self, devices: frozenset[int]) -> str:
+        """Why no instance of this version could run a request in the CUDA memory of
+        ``devices`` (the GPUs its client regions are on), or "" when one can: a GPU
+        instance reaches its own GPU alone, a CPU instance any (through the host)."""
+        if not devices:
+            return ""
+        gpus = {
+            i.gpu
+            for i in self.instances.values()
+            if i.state != "DEAD" and i.index not in self.passive
+        }
+        if not gpus or any(serves(g, devices) for g in gpus):
+            return ""  # no instance yet: the version's own state answers
+        where = ", ".join(f"GPU {g}" for g in sorted(devices))
+        runs = ", ".join(f"GPU {g}" for g in sorted(g for g in gpus if g is not None))
+        return (
+            f"model '{self.name}' version {self.version} has no instance that can read "
+            f"CUDA shared memory on {where}: its instances run on {runs}"
+        )
 
     def load_failed(self, inst: Instance, reason: str) -> None:
         inst.state = "DEAD"
@@ -199,6 +220,7 @@ class ModelTable:
                         list(i.cores),
                         i.in_flight is not None,
                         i.index in v.passive,
+                        i.gpu,
                     )
                     for i in sorted(v.instances.values(), key=lambda i: i.index)
                 ]

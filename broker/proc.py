@@ -22,7 +22,7 @@ from pathlib import Path
 
 import zmq
 
-from broker.batcher import Rejected
+from broker.batcher import Rejected, cuda_devices
 from broker.client_regions import ClientRegions
 from broker.models import Instance, ModelTable, ModelVersion
 from broker.router import Dispatch, Router
@@ -278,6 +278,9 @@ class BrokerProc:
                 f"model '{mv.name}' version {mv.version} has only passive instances, "
                 "which are never sent requests",
             )
+        unreachable = mv.unreachable(cuda_devices(clients))
+        if unreachable:
+            raise ServingError(Code.INVALID_ARG, unreachable)
         return mv, clients
 
     def _finished(self, item: m.WorkItem) -> None:
@@ -380,7 +383,8 @@ class BrokerProc:
             log.warning("worker for unexpected model %s/%d ignored", hello.model, hello.version)
             return
         if ident not in self.table.by_ident:
-            inst = Instance(ident, hello.model, hello.version, hello.instance, hello.pid)
+            gpu = hello.gpu if hello.gpu >= 0 else None
+            inst = Instance(ident, hello.model, hello.version, hello.instance, hello.pid, gpu=gpu)
             self.table.by_ident[ident] = inst
             mv.instances[ident] = inst
             self._watch(ident, hello.pid, "worker")

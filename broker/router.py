@@ -3,15 +3,17 @@
 Each model version keeps its queue (a DynamicBatcher when the config asks for dynamic
 batching, else a FIFO where every request is its own batch) and a deque of idle
 instances; an instance holds at most one batch at a time. Idle instances are used
-least-recently-used first, which spreads work over all of them. Statistics are kept
-here because this is where arrival, dispatch and completion meet.
+least-recently-used first, which spreads work over all of them. A request in client CUDA
+memory goes only to an instance that can reach it (``batcher.serves``): one on its GPU,
+or one on the CPU; the others pass it over and take the requests behind it. Statistics
+are kept here because this is where arrival, dispatch and completion meet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.batcher import TIMEOUT_EXPIRED
+from broker.batcher import TIMEOUT_EXPIRED, cuda_devices, serves
 from broker.models import Instance, ModelTable, ModelVersion
 from ipc import messages as m
 
@@ -117,11 +119,18 @@ class Router:
         if inst.ident in mv.idle:
             mv.idle.remove(inst.ident)
         mv.refresh_state()
-        if not mv.schedulable():
+        left = {i.gpu for i in mv.schedulable()}
+        if not left:
             failed.extend(mv.queue)
             mv.queue.clear()
             if mv.batcher is not None:
                 failed.extend(mv.batcher.drain())
+        elif None not in left:  # a CPU instance left serves every request
+            # Requests in the CUDA memory of a GPU no instance left runs on: they fail
+            # now, as a version's queue does when its last instance goes.
+            failed += self._remove_queued(
+                mv, lambda it: not any(serves(g, cuda_devices(it.regions)) for g in left)
+            )
         for item in failed:
             self._fail(mv, item, now)
         return failed, self._dispatch(mv, now)
@@ -154,7 +163,7 @@ class Router:
             t
             for mv in self.table.batching_versions()
             if mv.batcher is not None
-            and (t := mv.batcher.next_wakeup(can_dispatch=bool(mv.idle))) is not None
+            and (t := mv.batcher.next_wakeup([mv.instances[i].gpu for i in mv.idle])) is not None
         ]
         return min(times) if times else None
 
@@ -175,35 +184,60 @@ class Router:
     def _take_queued(self, match: Callable[[m.WorkItem], bool], now: float) -> list[m.WorkItem]:
         taken: list[m.WorkItem] = []
         for mv in self.table.all_versions():
-            gone = [it for it in mv.queue if match(it)]
-            if gone:
-                kept = [it for it in mv.queue if not match(it)]
-                mv.queue.clear()
-                mv.queue.extend(kept)
-            if mv.batcher is not None:
-                gone += mv.batcher.remove(match)
+            gone = self._remove_queued(mv, match)
             for item in gone:
                 self._fail(mv, item, now)
             taken += gone
         return taken
+
+    @staticmethod
+    def _remove_queued(mv: ModelVersion, match: Callable[[m.WorkItem], bool]) -> list[m.WorkItem]:
+        gone = [it for it in mv.queue if match(it)]
+        if gone:
+            kept = [it for it in mv.queue if not match(it)]
+            mv.queue.clear()
+            mv.queue.extend(kept)
+        if mv.batcher is not None:
+            gone += mv.batcher.remove(match)
+        return gone
 
     def _fail(self, mv: ModelVersion, item: m.WorkItem, now: float) -> None:
         self._queued_ns.pop(_key(item), None)
         arrived = self._arrived.pop(_key(item), now)
         mv.stats.failed(int((now - arrived) * 1e9))
 
-    def _next(self, mv: ModelVersion, now: float) -> list[m.WorkItem]:
+    def _next(self, mv: ModelVersion, now: float, gpu: int | None) -> list[m.WorkItem]:
+        """The next batch for an idle instance on ``gpu`` (None: the CPU), or []."""
         if mv.batcher is not None:
-            return mv.batcher.take_batch(now)
-        return [mv.queue.popleft()] if mv.queue else []
+            return mv.batcher.take_batch(now, gpu)
+        for i, item in enumerate(mv.queue):  # the first one, but for client CUDA memory
+            if serves(gpu, cuda_devices(item.regions)):
+                del mv.queue[i]
+                return [item]
+        return []
+
+    def _take(self, mv: ModelVersion, now: float) -> tuple[Instance, list[m.WorkItem]] | None:
+        """The least recently used idle instance that has a batch to run, and the batch.
+        Instances on the same GPU see the same requests: one of them asks for them all."""
+        asked: set[int | None] = set()
+        for ident in mv.idle:
+            inst = mv.instances[ident]
+            if inst.gpu in asked:
+                continue
+            items = self._next(mv, now, inst.gpu)
+            if items:
+                mv.idle.remove(ident)
+                return inst, items
+            asked.add(inst.gpu)
+        return None
 
     def _dispatch(self, mv: ModelVersion, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
         while mv.idle:
-            items = self._next(mv, now)
-            if not items:
+            taken = self._take(mv, now)
+            if taken is None:
                 break
-            inst = mv.instances[mv.idle.popleft()]
+            inst, items = taken
             for item in items:
                 # preserve_ordering orders the requests taken into batches, as Triton's
                 # completion queue does: a refusal from the queue is answered at once.

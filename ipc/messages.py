@@ -129,6 +129,7 @@ class WorkerHello(msgspec.Struct, array_like=True):
     # it served under a broker that exited: its version was loaded, whatever became of
     # the version's other instances (a new broker must not wait for them for ever)
     rejoin: bool = False
+    gpu: int = -1  # the server's id of the GPU it runs on; -1: on the CPU
 
 
 class WorkerReady(msgspec.Struct, array_like=True):
@@ -177,6 +178,7 @@ class InstanceInfo(msgspec.Struct):
     cores: list[int] = []
     busy: bool = False  # running a batch now
     passive: bool = False  # loaded, never sent requests (a passive instance group)
+    gpu: int | None = None  # the server's id of its GPU; None: a CPU instance
 
 
 class ModelState(msgspec.Struct, array_like=True):

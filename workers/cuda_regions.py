@@ -1,10 +1,13 @@
-"""Client CUDA shared memory in a GPU worker: Triton's CUDA shared-memory extension.
+"""Client CUDA shared memory in a worker: Triton's CUDA shared-memory extension.
 
 A client registers a ``cudaIpcMemHandle_t`` (64 bytes) for memory on one of its GPUs. A
 worker whose instance runs on that GPU opens the handle once (cupy's
 ``runtime.ipcOpenMemHandle``) and hands the model device arrays over the client's
-memory: no host copy on the way in or out. CUDA does not let one process open the same
-handle twice, so an opened handle is shared by every registration that names it and
+memory: no host copy on the way in or out. A CPU instance opens it on the region's GPU
+(it sees all of the server's) and copies through the host, as Triton does for a model on
+the CPU: inputs come as host copies, outputs are copied up. The broker sends a GPU
+instance only requests in its own GPU's memory. CUDA does not let one process open the
+same handle twice, so an opened handle is shared by every registration that names it and
 closed (``runtime.ipcCloseMemHandle``) when the broker says the last of them is released.
 
 Registration ids are the broker's: a restarted broker numbers from 1 again, so a cached
@@ -16,7 +19,8 @@ or the client's word alone would let a request read or write another allocation'
 device memory.
 
 Copies in and out are plain memcpys (no cupy kernel, so no NVRTC compile on this path).
-Only GPU workers import cupy, and only when a CUDA region is used.
+cupy is imported only when a CUDA region is used (a CPU instance without CUDA clients
+never loads it).
 """
 
 from __future__ import annotations
@@ -53,9 +57,12 @@ def _bytes_after(ptr: int) -> int | None:
 
 class CudaRegions:
     def __init__(self, gpu: int | None) -> None:
-        self.gpu = gpu  # the server's id of the one GPU this worker sees (as its device 0)
+        # The server's id of the one GPU this worker sees (as its device 0); None for a
+        # CPU instance, which sees every GPU of the server, by the server's ids.
+        self.gpu = gpu
         self._handle_of: dict[int, bytes] = {}  # registration id -> its raw handle
-        # raw handle -> [pointer, registrations, bytes of its allocation from the pointer]
+        # raw handle -> [pointer, registrations, bytes of its allocation from the pointer,
+        # the device (this process's index) it was opened on]
         self._opened: dict[bytes, list[int]] = {}
 
     def _cupy(self) -> Any:
@@ -63,17 +70,20 @@ class CudaRegions:
 
         return cupy
 
-    def pointer(self, region: ClientRegion) -> int:
-        """The base of the region's device memory in this process (opened on first use)."""
+    def _device(self, region: ClientRegion) -> int:
+        """This process's index of the GPU the region is on."""
         if self.gpu is None:
-            raise ValueError(
-                "CUDA shared memory needs a KIND_GPU instance; this instance runs on the CPU"
-            )
+            return region.device_id
         if region.device_id != self.gpu:
             raise ValueError(
                 f"CUDA shared memory region is on GPU {region.device_id}, this instance on "
                 f"GPU {self.gpu}"
             )
+        return 0
+
+    def pointer(self, region: ClientRegion) -> int:
+        """The base of the region's device memory in this process (opened on first use,
+        on the region's GPU)."""
         handle = bytes(region.raw_handle)
         known = self._handle_of.get(region.reg_id)
         if known is not None and known != handle:
@@ -82,19 +92,21 @@ class CudaRegions:
         if known is None:
             entry = self._opened.get(handle)
             if entry is None:
-                ptr = int(self._cupy().cuda.runtime.ipcOpenMemHandle(handle))
-                try:
-                    size = _bytes_after(ptr)
-                except BaseException:
-                    self._close_pointer(ptr)
-                    raise
+                device = self._device(region)
+                with self._on(region):
+                    ptr = int(self._cupy().cuda.runtime.ipcOpenMemHandle(handle))
+                    try:
+                        size = _bytes_after(ptr)
+                    except BaseException:
+                        self._close_pointer(ptr, device)
+                        raise
                 if not size:  # an allocation of unknown size is refused, as by Triton
-                    self._close_pointer(ptr)
+                    self._close_pointer(ptr, device)
                     raise ValueError(
                         "cannot tell the size of the device allocation behind the CUDA "
                         "shared memory handle"
                     )
-                entry = self._opened[handle] = [ptr, 0, size]
+                entry = self._opened[handle] = [ptr, 0, size, device]
             if region.byte_size > entry[2]:
                 if not entry[1]:
                     self._close(handle)
@@ -106,26 +118,35 @@ class CudaRegions:
             self._handle_of[region.reg_id] = handle
         return self._opened[handle][0]
 
+    def _on(self, region: ClientRegion) -> Any:
+        """The region's GPU made current, for a ``with`` block (checked first: nothing
+        touches CUDA for a region this instance cannot reach)."""
+        return self._cupy().cuda.Device(self._device(region))
+
     def _memptr(self, region: ClientRegion, offset: int, nbytes: int) -> Any:
-        """A cupy MemoryPointer to ``nbytes`` at ``offset`` of the client's device memory."""
+        """A cupy MemoryPointer to ``nbytes`` at ``offset`` of the client's device memory
+        (the region's device current)."""
         if offset < 0 or nbytes < 0 or offset + nbytes > region.byte_size:
             raise ValueError(f"reference [{offset}, {offset + nbytes}) outside its region")
-        base = self.pointer(region)  # before cupy is touched: a CPU instance stops here
+        base = self.pointer(region)
         cp = self._cupy()
-        device = cp.cuda.runtime.getDevice()
+        device = self._device(region)
         mem = cp.cuda.UnownedMemory(base + offset, nbytes, owner=self, device_id=device)
         return cp.cuda.MemoryPointer(mem, 0)
 
     def array(
         self, region: ClientRegion, offset: int, nbytes: int, dtype: np.dtype, shape: list[int]
     ) -> Any:
-        """A cupy array over ``nbytes`` at ``offset`` of the client's device memory."""
+        """A cupy array over ``nbytes`` at ``offset`` of the client's device memory; on a
+        CPU instance, a numpy copy of those bytes."""
         dtype = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64)) if shape else 1
         if count * dtype.itemsize != nbytes:
             raise ValueError(f"{nbytes} bytes cannot hold a {dtype} tensor of shape {shape}")
-        memptr = self._memptr(region, offset, nbytes)
-        return self._cupy().ndarray(shape, dtype=dtype, memptr=memptr)
+        with self._on(region):
+            memptr = self._memptr(region, offset, nbytes)
+            arr = self._cupy().ndarray(shape, dtype=dtype, memptr=memptr)
+            return arr if self.gpu is not None else arr.get()  # get(): a synchronous copy
 
     def write(self, region: ClientRegion, offset: int, value: Any) -> int:
         """Copy an output (cupy or numpy array) into the client's device memory; the bytes
@@ -133,17 +154,18 @@ class CudaRegions:
         if getattr(getattr(value, "dtype", None), "kind", "") == "O":
             raise ValueError("a BYTES tensor cannot be written to CUDA shared memory")
         nbytes = int(value.nbytes)
-        dest = self._memptr(region, offset, nbytes)
         cp = self._cupy()
-        if nbytes == 0:
-            return 0
-        if isinstance(value, cp.ndarray):
-            src = cp.ascontiguousarray(value)  # a kernel only for a strided view
-            dest.copy_from_device(src.data, nbytes)
-        else:
-            host = np.ascontiguousarray(value)
-            dest.copy_from_host(host.ctypes.data_as(ctypes.c_void_p), nbytes)
-        cp.cuda.runtime.deviceSynchronize()  # the answer leaves only once the bytes landed
+        with self._on(region):
+            dest = self._memptr(region, offset, nbytes)
+            if nbytes == 0:
+                return 0
+            if isinstance(value, cp.ndarray):
+                src = cp.ascontiguousarray(value)  # a kernel only for a strided view
+                dest.copy_from_device(src.data, nbytes)
+            else:
+                host = np.ascontiguousarray(value)
+                dest.copy_from_host(host.ctypes.data_as(ctypes.c_void_p), nbytes)
+            cp.cuda.runtime.deviceSynchronize()  # the answer leaves once the bytes landed
         return nbytes
 
     def release(self, reg_ids: list[int]) -> None:
@@ -158,11 +180,14 @@ class CudaRegions:
                 self._close(handle)
 
     def _close(self, handle: bytes) -> None:
-        self._close_pointer(self._opened.pop(handle)[0])
+        ptr, _, _, device = self._opened.pop(handle)
+        self._close_pointer(ptr, device)
 
-    def _close_pointer(self, ptr: int) -> None:
+    def _close_pointer(self, ptr: int, device: int) -> None:
         try:
-            self._cupy().cuda.runtime.ipcCloseMemHandle(ptr)
+            cp = self._cupy()
+            with cp.cuda.Device(device):
+                cp.cuda.runtime.ipcCloseMemHandle(ptr)
         except Exception as exc:  # a failed close must not take the worker down
             log.warning("closing a CUDA shared memory handle failed: %s", exc)
 

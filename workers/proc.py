@@ -97,9 +97,9 @@ class WorkerProc:
 
     def _hello(self) -> None:
         s = self.s
-        self.sock.send_multipart(
-            m.encode(m.WorkerHello(s.model, s.version, s.instance, os.getpid(), self.rejoin))
-        )
+        gpu = -1 if s.gpu is None else s.gpu
+        hello = m.WorkerHello(s.model, s.version, s.instance, os.getpid(), self.rejoin, gpu)
+        self.sock.send_multipart(m.encode(hello))
 
     def load(self) -> m.WorkerReady | m.WorkerFailed:
         s = self.s

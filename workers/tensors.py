@@ -52,7 +52,8 @@ def input_array(
 ) -> Any:
     """The tensor as numpy: a view for fixed-size types, an object array for BYTES. No
     byte is copied, whether it lives in the frontend's slab or in a client's region. A
-    tensor in client CUDA memory comes as a device (cupy) array over that memory.
+    tensor in client CUDA memory comes as a device (cupy) array over that memory (on a
+    CPU instance, as a host copy of it).
 
     BYTES from a client's region are checked here, the first time anything reads them:
     datatypes.BytesLayoutError, with Triton's message naming ``model``."""

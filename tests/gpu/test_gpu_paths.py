@@ -111,7 +111,8 @@ def test_kind_gpu_torch_instance_serves(gpu_server: ShoalServer) -> None:
     result = client.infer("addsub_gpu", inputs)
     np.testing.assert_allclose(result.as_numpy("OUTPUT__0"), a + b, rtol=1e-6)
     np.testing.assert_allclose(result.as_numpy("OUTPUT__1"), a - b, rtol=1e-6)
-    assert _instance(gpu_server, "addsub_gpu")["cores"] == []
+    instance = _instance(gpu_server, "addsub_gpu")
+    assert (instance["cores"], instance["gpu"]) == ([], 0)  # the broker knows its GPU
     assert "GPU 0" in gpu_server.log()  # the worker logged where it loaded
 
 
@@ -252,28 +253,36 @@ def test_cuda_shared_memory_one_way(gpu_server: ShoalServer) -> None:
         cudashm.destroy_shared_memory_region(h)
 
 
-def test_cuda_region_on_a_cpu_instance_is_a_clear_error(gpu_server: ShoalServer) -> None:
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_cpu_instance_serves_cuda_regions_through_the_host(
+    gpu_server: ShoalServer, protocol: str
+) -> None:
+    """As Triton does for a model on the CPU: the input is copied down from the client's
+    device memory and the output up into it, at an offset; inline outputs as usual."""
     import tritonclient.utils.cuda_shared_memory as cudashm
 
-    client = httpclient.InferenceServerClient(gpu_server.url)
-    h = cudashm.create_shared_memory_region("cpu_in", 4 * N, 0)
+    mod = httpclient if protocol == "http" else grpcclient
+    client = _client(gpu_server, protocol)
+    x = np.arange(2 * N, dtype=np.float32).reshape(2, N) - 3.25
+    region = f"cpu_{protocol}"
+    h = cudashm.create_shared_memory_region(region, 2 * x.nbytes, 0)
     try:
-        client.register_cuda_shared_memory("cpu_in", cudashm.get_raw_handle(h), 0, 4 * N)
-        inp = httpclient.InferInput("INPUT0", [1, N], "FP32")
-        inp.set_shared_memory("cpu_in", 4 * N)
-        with pytest.raises(InferenceServerException, match="KIND_GPU instance") as e:
-            client.infer("identity_cpu", [inp])
-        assert e.value.status() == "400"
-        inp = httpclient.InferInput("INPUT0", [1, N], "FP32")
-        inp.set_data_from_numpy(np.ones((1, N), dtype=np.float32))
-        out = httpclient.InferRequestedOutput("OUTPUT0")
-        out.set_shared_memory("cpu_in", 4 * N)
-        with pytest.raises(InferenceServerException, match="KIND_GPU instance") as e:
-            client.infer("identity_cpu", [inp], outputs=[out])
-        assert e.value.status() == "400"
-        assert client.is_server_live()
+        cudashm.set_shared_memory_region(h, [x])
+        client.register_cuda_shared_memory(region, cudashm.get_raw_handle(h), 0, 2 * x.nbytes)
+        inp = mod.InferInput("INPUT0", [2, N], "FP32")
+        inp.set_shared_memory(region, x.nbytes)
+        got = client.infer("identity_cpu", [inp]).as_numpy("OUTPUT0")
+        np.testing.assert_array_equal(got, x)
+        out = mod.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory(region, x.nbytes, offset=x.nbytes)
+        client.infer("identity_cpu", [inp], outputs=[out])
+        contents = cudashm.get_contents_as_numpy(h, np.float32, [4, N])
+        np.testing.assert_array_equal(contents[:2], x)  # the input, untouched
+        np.testing.assert_array_equal(contents[2:], x)
+        instance = _instance(gpu_server, "identity_cpu")
+        assert instance["gpu"] is None and instance["cores"]
     finally:
-        client.unregister_cuda_shared_memory("cpu_in")
+        client.unregister_cuda_shared_memory(region)
         cudashm.destroy_shared_memory_region(h)
 
 

@@ -189,6 +189,7 @@ def test_two_instances_both_receive_work(batching_server: ShoalServer) -> None:
     instances = info["versions"][0]["instances"]
     assert len(instances) == 2
     assert all(i["state"] == "READY" and i["cores"] for i in instances)
+    assert [i["gpu"] for i in instances] == [None, None]  # CPU instances
     before = {i["pid"]: cpu_ticks(i["pid"]) for i in instances}
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: _infer(batching_server.url, "nobatcher", i), range(400)))

@@ -118,8 +118,8 @@ def test_delay_is_no_wakeup_while_no_instance_could_take_a_batch() -> None:
     policy = QueuePolicy(default_timeout_us=20_000)
     b = DynamicBatcher(BatcherConfig(8, (), max_queue_delay_us=5_000, default_policy=policy))
     b.enqueue(item(), now=0.0)
-    assert b.next_wakeup(can_dispatch=True) == pytest.approx(0.005)
-    assert b.next_wakeup(can_dispatch=False) == pytest.approx(0.020)  # the timeout only
+    assert b.next_wakeup() == pytest.approx(0.005)
+    assert b.next_wakeup(idle=()) == pytest.approx(0.020)  # the timeout only
 
 
 def test_zero_delay_sends_whatever_is_queued() -> None:

@@ -1,14 +1,16 @@
-"""The GPU worker's bookkeeping of CUDA IPC handles, on a host without a GPU.
+"""A worker's bookkeeping of CUDA IPC handles, on a host without a GPU.
 
 cupy's runtime and the driver's allocation query are replaced by a fake device (the
 only stand-ins: they are the hardware). What is checked is shoal's own logic: a handle
-opened once however many registrations name it, closed with the last of them, and a
-registration larger than its allocation refused without leaking the handle. The real
-device path runs in tests/gpu (scripts/gpu-tests.sh).
+opened once however many registrations name it, on the right GPU, closed with the last
+of them, and a registration larger than its allocation refused without leaking the
+handle. The real device path runs in tests/gpu (scripts/gpu-tests.sh).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,21 +21,34 @@ from workers import cuda_regions
 
 
 class FakeDevice:
-    """cupy.cuda.runtime's IPC calls over a table of allocations: handle -> size."""
+    """cupy.cuda.runtime's IPC calls over a table of allocations: handle -> size, and
+    cupy.cuda.Device's choice of the current GPU (as an IPC handle is opened on it)."""
 
     def __init__(self, allocations: dict[bytes, int]) -> None:
         self.allocations = allocations
         self.opened: dict[int, bytes] = {}  # pointer -> handle, while open
+        self.opened_on: dict[int, int] = {}  # pointer -> the current GPU at its open
+        self.current = 0
         self._next = 0x7000_0000
 
     def ipcOpenMemHandle(self, handle: bytes) -> int:
         assert handle not in self.opened.values(), "CUDA refuses a second open"
         self._next += 0x1000_0000
         self.opened[self._next] = handle
+        self.opened_on[self._next] = self.current
         return self._next
 
     def ipcCloseMemHandle(self, ptr: int) -> None:
+        assert self.opened_on.pop(ptr) == self.current, "closed on another GPU"
         del self.opened[ptr]
+
+    @contextlib.contextmanager
+    def use(self, index: int) -> Iterator[None]:
+        before, self.current = self.current, index
+        try:
+            yield
+        finally:
+            self.current = before
 
     def bytes_after(self, ptr: int) -> int | None:
         handle = self.opened.get(ptr)
@@ -47,15 +62,15 @@ def device(monkeypatch: pytest.MonkeyPatch) -> FakeDevice:
     return dev
 
 
-def _regions(device: FakeDevice) -> cuda_regions.CudaRegions:
-    regions = cuda_regions.CudaRegions(gpu=0)
-    fake_cupy: Any = SimpleNamespace(cuda=SimpleNamespace(runtime=device))
+def _regions(device: FakeDevice, gpu: int | None = 0) -> cuda_regions.CudaRegions:
+    regions = cuda_regions.CudaRegions(gpu)
+    fake_cupy: Any = SimpleNamespace(cuda=SimpleNamespace(runtime=device, Device=device.use))
     regions._cupy = lambda: fake_cupy  # type: ignore[method-assign]
     return regions
 
 
-def _reg(reg_id: int, handle: bytes, byte_size: int) -> ClientRegion:
-    return ClientRegion(reg_id, "cuda", byte_size=byte_size, raw_handle=handle)
+def _reg(reg_id: int, handle: bytes, byte_size: int, device_id: int = 0) -> ClientRegion:
+    return ClientRegion(reg_id, "cuda", byte_size=byte_size, device_id=device_id, raw_handle=handle)
 
 
 def test_a_handle_is_opened_once_and_closed_with_its_last_registration(
@@ -99,9 +114,29 @@ def test_an_id_reused_by_a_restarted_broker_for_another_handle_reopens(
     assert device.opened == {}
 
 
-def test_a_cpu_instance_or_another_gpu_refuses_before_touching_cuda(device: FakeDevice) -> None:
-    with pytest.raises(ValueError, match="needs a KIND_GPU instance"):
-        cuda_regions.CudaRegions(gpu=None).pointer(_reg(1, b"a" * 64, 64))
+def test_another_gpus_region_is_refused_before_touching_cuda(device: FakeDevice) -> None:
     with pytest.raises(ValueError, match="is on GPU 1, this instance on GPU 0"):
-        _regions(device).pointer(ClientRegion(1, "cuda", device_id=1, raw_handle=b"a" * 64))
+        _regions(device).pointer(_reg(1, b"a" * 64, 64, device_id=1))
+    assert device.opened == {}
+
+
+def test_a_gpu_instance_opens_on_its_own_device_the_only_one_it_sees(
+    device: FakeDevice,
+) -> None:
+    regions = _regions(device, gpu=3)  # server GPU 3 is this process's device 0
+    ptr = regions.pointer(_reg(1, b"a" * 64, 64, device_id=3))
+    assert device.opened_on[ptr] == 0
+    regions.close()
+    assert device.opened == {}
+
+
+def test_a_cpu_instance_opens_each_region_on_the_regions_gpu(device: FakeDevice) -> None:
+    """A CPU instance sees every GPU of the server and copies through the host: each
+    handle is opened (and later closed) with its own GPU current."""
+    regions = _regions(device, gpu=None)
+    on2 = regions.pointer(_reg(1, b"a" * 64, 64, device_id=2))
+    on1 = regions.pointer(_reg(2, b"b" * 64, 64, device_id=1))
+    assert device.opened_on == {on2: 2, on1: 1}
+    assert device.current == 0  # put back after each open
+    regions.release([1, 2])  # the fake asserts each close is on the GPU of its open
     assert device.opened == {}

@@ -1,0 +1,182 @@
+"""Requests in client CUDA memory reach only instances that can read it: an instance on
+their GPU, or a CPU instance. The batcher and router against a fake clock."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from broker.batcher import BatcherConfig, DynamicBatcher
+from broker.models import Instance, ModelTable, ModelVersion
+from broker.router import Router
+from ipc import messages as m
+from tests.unit.broker.test_router import _config_with_batching
+
+_ids = itertools.count(1)
+
+
+def _item(gpu: int | None = None, *, req_id: int | None = None) -> m.WorkItem:
+    """A request with its input in CUDA shared memory on ``gpu`` (None: in host memory)."""
+    rid = next(_ids) if req_id is None else req_id
+    req = m.InferRequest(rid, "simple", 1, [m.TensorRef("INPUT0", "FP32", [1, 4], 16)], [])
+    if gpu is None:
+        return m.WorkItem(b"f-0-1", req)
+    region = m.ClientRegion(reg_id=rid, kind="cuda", device_id=gpu, byte_size=16)
+    return m.WorkItem(b"f-0-1", req, regions=[region])
+
+
+def _ids_of(items: list[m.WorkItem]) -> list[int]:
+    return [it.request.req_id for it in items]
+
+
+def _version(gpus: list[int | None], batching: bool) -> tuple[Router, ModelVersion, list[Instance]]:
+    table = ModelTable()
+    table.add_model("simple", {1: len(gpus)}, "onnxruntime_onnx")
+    mv = table.version("simple", 1)
+    assert mv is not None
+    if batching:
+        mv.set_config(_config_with_batching())  # max_batch_size 8, delay 100 ms
+    router = Router(table)
+    insts = []
+    for i, gpu in enumerate(gpus):
+        inst = Instance(f"w{i}".encode(), "simple", 1, i, 1000 + i, gpu=gpu)
+        mv.instances[inst.ident] = inst
+        table.by_ident[inst.ident] = inst
+        inst.state = "READY"
+        insts.append(inst)
+    mv.refresh_state()
+    for inst in insts:
+        assert router.instance_ready(inst, 0.0) == []
+    return router, mv, insts
+
+
+def _send(router: Router, mv: ModelVersion, item: m.WorkItem, now: float) -> list:
+    """Submit ``item``; with batching, also let its queue delay (100 ms) run out."""
+    dispatches = router.submit(mv, item, now)
+    if mv.batcher is not None:
+        dispatches += router.tick(now + 0.1)[0]
+    return dispatches
+
+
+# -- the batcher ---------------------------------------------------------------------
+
+
+def test_a_gpu_instance_passes_over_requests_in_another_gpus_memory() -> None:
+    b = DynamicBatcher(BatcherConfig(8))
+    on1, host, on0, also1 = _item(1), _item(), _item(0), _item(1)
+    for it in (on1, host, on0, also1):
+        b.enqueue(it, now=0.0)
+    assert _ids_of(b.take_batch(0.0, gpu=0)) == _ids_of([host, on0])
+    assert _ids_of(b.take_batch(0.0, gpu=0)) == []
+    assert _ids_of(b.take_batch(0.0, gpu=1)) == _ids_of([on1, also1])
+    assert len(b) == 0
+
+
+def test_a_cpu_instance_takes_requests_in_any_gpus_memory() -> None:
+    b = DynamicBatcher(BatcherConfig(8))
+    items = [_item(1), _item(), _item(0)]
+    for it in items:
+        b.enqueue(it, now=0.0)
+    assert _ids_of(b.take_batch(0.0)) == _ids_of(items)
+
+
+def test_requests_passed_over_keep_their_order_and_their_place() -> None:
+    b = DynamicBatcher(BatcherConfig(2))  # max_batch_size 2
+    first, second, host1, host2, host3 = _item(1), _item(1), _item(), _item(), _item()
+    for it in (first, host1, second, host2, host3):
+        b.enqueue(it, now=0.0)
+    assert _ids_of(b.take_batch(0.0, gpu=0)) == _ids_of([host1, host2])
+    # GPU 1's instance finds its two requests first, then what is left behind them
+    assert _ids_of(b.take_batch(0.0, gpu=1)) == _ids_of([first, second])
+    assert _ids_of(b.take_batch(0.0, gpu=1)) == _ids_of([host3])
+
+
+def test_the_queue_delay_wakes_the_broker_only_for_an_instance_that_can_run_the_batch() -> None:
+    b = DynamicBatcher(BatcherConfig(8, max_queue_delay_us=5_000))
+    b.enqueue(_item(1), now=0.0)
+    assert b.next_wakeup(idle=[0]) is None  # GPU 0's instance could not take it
+    assert b.next_wakeup(idle=[0, 1]) == 0.005
+    assert b.next_wakeup(idle=[None]) == 0.005
+    assert b.take_batch(0.004, gpu=1) == []
+    assert len(b.take_batch(0.005, gpu=1)) == 1
+
+
+# -- the router ----------------------------------------------------------------------
+
+
+def test_a_request_goes_to_the_instance_on_its_gpu_though_another_is_idle_first() -> None:
+    for batching in (False, True):
+        router, mv, (on0, on1) = _version([0, 1], batching)
+        ((inst, _),) = _send(router, mv, _item(1), 0.0)
+        assert inst is on1
+        ((inst, _),) = _send(router, mv, _item(), 1.0)
+        assert inst is on0  # a request in host memory: any instance
+
+
+def test_a_busy_gpu_holds_its_requests_while_the_others_take_theirs() -> None:
+    router, mv, (on0, on1) = _version([0, 1], batching=False)
+    ((_, running),) = router.submit(mv, _item(1), 0.0)  # on1 busy from now
+    waiting = _item(1)
+    assert router.submit(mv, waiting, 0.0) == []  # on0 idle, but cannot read GPU 1
+    ((inst, batch),) = router.submit(mv, _item(req_id=500), 0.0)
+    assert inst is on0 and _ids_of(batch.items) == [500]  # passed over the GPU 1 request
+    assert _ids_of(list(mv.queue)) == _ids_of([waiting])
+    ((inst, batch),) = router.batch_done(on1, m.BatchDone(running.batch_id, 1), 0.1)
+    assert inst is on1 and _ids_of(batch.items) == _ids_of([waiting])
+
+
+def test_a_version_busy_on_one_gpu_does_not_spin_on_its_queue_delay() -> None:
+    router, mv, (_, on1) = _version([0, 1], batching=True)
+    router.submit(mv, _item(1), 0.0)
+    ((inst, _),) = router.tick(0.1)[0]
+    assert inst is on1
+    router.submit(mv, _item(1), 0.2)
+    assert router.next_wakeup() is None  # on0 is idle, but the queue is GPU 1's alone
+    router.submit(mv, _item(), 0.3)
+    assert router.next_wakeup() == pytest.approx(0.4)  # on0's batch: the host request
+
+
+def test_requests_of_a_gpu_whose_instance_died_fail_and_the_rest_stay_queued() -> None:
+    router, mv, (_, on1) = _version([0, 1], batching=False)
+    router.submit(mv, _item(0), 0.0)
+    router.submit(mv, _item(1), 0.0)  # both busy from now
+    stranded, host = _item(1), _item()
+    router.submit(mv, stranded, 0.0)
+    router.submit(mv, host, 0.0)
+    failed, dispatches = router.instance_lost(on1, 0.5)
+    assert _ids_of(failed)[1:] == _ids_of([stranded])  # after the batch on1 was running
+    assert dispatches == []
+    assert _ids_of(list(mv.queue)) == _ids_of([host])
+    assert mv.stats.snapshot().inference_stats.fail.count == 2
+
+
+def test_a_cpu_instance_left_keeps_every_request_queued() -> None:
+    router, mv, (cpu, on1) = _version([None, 1], batching=True)
+    _send(router, mv, _item(1), 0.0)
+    _send(router, mv, _item(1), 1.0)  # cpu and on1 busy from now
+    assert cpu.in_flight is not None and on1.in_flight is not None
+    router.submit(mv, _item(1), 1.2)
+    failed, _ = router.instance_lost(on1, 1.5)
+    assert len(failed) == 1  # only what on1 was running
+    assert mv.batcher is not None and len(mv.batcher) == 1
+
+
+def test_a_request_no_instance_can_reach_is_refused_with_the_reason() -> None:
+    _, mv, (_, on1) = _version([0, 1], batching=False)
+    assert mv.unreachable(frozenset()) == ""
+    assert mv.unreachable(frozenset({1})) == ""
+    assert mv.unreachable(frozenset({0, 1})) == (
+        "model 'simple' version 1 has no instance that can read CUDA shared memory on "
+        "GPU 0, GPU 1: its instances run on GPU 0, GPU 1"
+    )
+    on1.state = "DEAD"
+    assert "on GPU 1: its instances run on GPU 0" in mv.unreachable(frozenset({1}))
+    _, cpu_mv, _ = _version([None], batching=False)
+    assert cpu_mv.unreachable(frozenset({0, 1})) == ""  # through the host
+
+
+def test_the_instances_gpu_is_in_the_models_state() -> None:
+    router, _, _ = _version([None, 3], batching=False)
+    ((state),) = router.table.states()
+    assert [i.gpu for i in state.instances] == [None, 3]
