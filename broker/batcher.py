@@ -25,8 +25,12 @@ Client CUDA memory: a request whose tensors lie in CUDA shared memory can run on
 instance of that GPU, or on a CPU instance (which copies through the host). ``take_batch``
 and ``next_wakeup`` take the GPU of the instance asking (``None``: one that serves any
 request); requests it cannot serve are passed over, as if not queued, so that each GPU's
-instances take their own clients' requests while another GPU is busy. Requests that
-reference no CUDA memory (nearly all) pass for every instance.
+instances take their own clients' requests while another GPU is busy. Passed-over
+requests still count towards ``max_queue_size``, and each batch formed walks past them.
+With ``preserve_ordering`` nothing is passed over: a batch ends at the first request the
+instance cannot serve, so requests are still dispatched (and answered) in scheduling
+order. Requests that reference no CUDA memory (nearly all) pass for every instance, and
+while none of the other kind is queued (``cuda_queued``) no filtering is done at all.
 
 A level's queues exist only while it holds a request (Triton's ``PriorityQueue`` creates a
 level on its first request and erases it once empty), so ``priority_levels`` may be any
@@ -137,6 +141,7 @@ class DynamicBatcher:
         self._deadlines: list[tuple[float, int, Pending]] = []  # a heap; stale entries skipped
         self._tiebreak = itertools.count()
         self._rejected: list[m.WorkItem] = []  # timed out under REJECT, for the next expire
+        self.cuda_queued = 0  # queued requests in client CUDA memory (Pending.devices)
 
     def __len__(self) -> int:
         return sum(len(level) for level in self._levels.values())
@@ -183,6 +188,8 @@ class DynamicBatcher:
             level = self._levels[index] = _Level(policy)
             bisect.insort(self._active, index)
         level.queue.append(p)
+        if p.devices:
+            self.cuda_queued += 1
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), p))
             if len(self._deadlines) > 2 * len(self) + 64:
@@ -225,7 +232,7 @@ class DynamicBatcher:
             level = self._levels[p.level]
             level.queue.remove(p)  # linear, but only for a request that timed out
             if level.policy.timeout_action == "REJECT":
-                p.queued = False
+                self._left(p)
                 self._rejected.append(p.item)
                 touched.add(p.level)
             else:
@@ -242,6 +249,12 @@ class DynamicBatcher:
             yield from level.queue
             yield from level.delayed
 
+    def _left(self, p: Pending) -> None:
+        """``p`` is no longer queued (batched, rejected or dropped)."""
+        p.queued = False
+        if p.devices:
+            self.cuda_queued -= 1
+
     def _form(self, gpu: int | None = None) -> _Formed:
         """The batch for an instance on ``gpu``, from the requests it can serve."""
         chosen: list[Pending] = []
@@ -249,6 +262,9 @@ class DynamicBatcher:
         full = False
         for p in self._order():
             if p.devices and not serves(gpu, p.devices):
+                if self.c.preserve_ordering:
+                    full = True  # dispatch order must stay scheduling order
+                    break
                 continue
             if chosen:
                 if total + p.size > self._max_preferred and not best:
@@ -289,7 +305,10 @@ class DynamicBatcher:
             heapq.heappop(heap)
         times = [heap[0][0]] if heap else []
         if self.c.max_queue_delay_us:
-            for gpu in set(idle):
+            gpus = set(idle)
+            if gpus and not self.cuda_queued:
+                gpus = {None}  # every instance would form the same batch
+            for gpu in gpus:
                 chosen = self._form(gpu).chosen
                 if chosen:
                     oldest = min(p.arrived for p in chosen)
@@ -309,7 +328,7 @@ class DynamicBatcher:
                 level.queue.remove(p)
             else:
                 level.delayed.remove(p)
-            p.queued = False
+            self._left(p)
         self._drop_empty({p.level for p in chosen})
         return [p.item for p in chosen]
 
@@ -320,6 +339,7 @@ class DynamicBatcher:
         self._rejected = []
         for p in self._order():
             p.queued = False
+        self.cuda_queued = 0
         self._levels.clear()
         self._active.clear()
         return items
@@ -337,7 +357,7 @@ class DynamicBatcher:
                 gone = [p for p in queue if match(p.item)]
                 if gone:
                     for p in gone:
-                        p.queued = False
+                        self._left(p)
                     removed += [p.item for p in gone]
                     setattr(level, name, deque(p for p in queue if p.queued))
                     touched.append(index)

@@ -17,6 +17,7 @@ from broker.batcher import DynamicBatcher, serves
 from broker.ordering import OrderedRelease
 from broker.stats import VersionStats
 from ipc import messages as m
+from ipc.errors import Code, ServingError
 
 InstanceState = Literal["LOADING", "READY", "DEAD"]
 VersionState = Literal["LOADING", "READY", "UNAVAILABLE"]
@@ -56,6 +57,9 @@ class ModelVersion:
     ever_ready: bool = False
     batcher: DynamicBatcher | None = None
     ordering: OrderedRelease | None = None
+    # where its instances that may be sent requests have run (None: the CPU): a restart
+    # brings one back to the same place
+    placed_on: set[int | None] = field(default_factory=set)
     stats: VersionStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,24 +86,41 @@ class ModelVersion:
         """Live instances that may be sent requests (not passive)."""
         return [i for i in self.live() if i.index not in self.passive]
 
-    def unreachable(self, devices: frozenset[int]) -> str:
-        """Why no instance of this version could run a request in the CUDA memory of
-        ``devices`` (the GPUs its client regions are on), or "" when one can: a GPU
-        instance reaches its own GPU alone, a CPU instance any (through the host)."""
-        if not devices:
-            return ""
-        gpus = {
+    def add_instance(self, inst: Instance) -> None:
+        self.instances[inst.ident] = inst
+        if inst.index not in self.passive:
+            self.placed_on.add(inst.gpu)
+
+    def reachable_gpus(self) -> set[int | None]:
+        """Where the instances that may be sent requests run or load (None: the CPU)."""
+        return {
             i.gpu
             for i in self.instances.values()
             if i.state != "DEAD" and i.index not in self.passive
         }
+
+    def unreachable(self, devices: frozenset[int]) -> ServingError | None:
+        """Why no instance of this version can run a request in the CUDA memory of
+        ``devices`` (the GPUs its client regions are on), or None when one can: a GPU
+        instance reaches its own GPU alone, a CPU instance any (through the host). One
+        that could, but has exited and not yet started again, makes it UNAVAILABLE."""
+        if not devices:
+            return None
+        gpus = self.reachable_gpus()
         if not gpus or any(serves(g, devices) for g in gpus):
-            return ""  # no instance yet: the version's own state answers
+            return None  # no instance at all: the version's own state answers
         where = ", ".join(f"GPU {g}" for g in sorted(devices))
-        runs = ", ".join(f"GPU {g}" for g in sorted(g for g in gpus if g is not None))
-        return (
+        if any(serves(g, devices) for g in self.placed_on):
+            return ServingError(
+                Code.UNAVAILABLE,
+                f"model '{self.name}' version {self.version} has no instance running that "
+                f"can read CUDA shared memory on {where}: it is being restarted",
+            )
+        runs = ", ".join(f"GPU {g}" for g in sorted(g for g in self.placed_on if g is not None))
+        return ServingError(
+            Code.INVALID_ARG,
             f"model '{self.name}' version {self.version} has no instance that can read "
-            f"CUDA shared memory on {where}: its instances run on {runs}"
+            f"CUDA shared memory on {where}: its instances run on {runs}",
         )
 
     def load_failed(self, inst: Instance, reason: str) -> None:

@@ -279,8 +279,8 @@ class BrokerProc:
                 "which are never sent requests",
             )
         unreachable = mv.unreachable(cuda_devices(clients))
-        if unreachable:
-            raise ServingError(Code.INVALID_ARG, unreachable)
+        if unreachable is not None:
+            raise unreachable
         return mv, clients
 
     def _finished(self, item: m.WorkItem) -> None:
@@ -386,7 +386,7 @@ class BrokerProc:
             gpu = hello.gpu if hello.gpu >= 0 else None
             inst = Instance(ident, hello.model, hello.version, hello.instance, hello.pid, gpu=gpu)
             self.table.by_ident[ident] = inst
-            mv.instances[ident] = inst
+            mv.add_instance(inst)
             self._watch(ident, hello.pid, "worker")
         if hello.rejoin:
             # A broker restart: this instance's version was loaded under the last one.

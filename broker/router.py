@@ -119,15 +119,14 @@ class Router:
         if inst.ident in mv.idle:
             mv.idle.remove(inst.ident)
         mv.refresh_state()
-        left = {i.gpu for i in mv.schedulable()}
-        if not left:
+        if not mv.schedulable():
             failed.extend(mv.queue)
             mv.queue.clear()
             if mv.batcher is not None:
                 failed.extend(mv.batcher.drain())
-        elif None not in left:  # a CPU instance left serves every request
-            # Requests in the CUDA memory of a GPU no instance left runs on: they fail
-            # now, as a version's queue does when its last instance goes.
+        elif None not in (left := mv.reachable_gpus()):  # a CPU instance serves any
+            # Requests in the CUDA memory of a GPU no instance left runs on (or loads on):
+            # they fail now, as a version's queue does when its last instance goes.
             failed += self._remove_queued(
                 mv, lambda it: not any(serves(g, cuda_devices(it.regions)) for g in left)
             )
@@ -163,9 +162,17 @@ class Router:
             t
             for mv in self.table.batching_versions()
             if mv.batcher is not None
-            and (t := mv.batcher.next_wakeup([mv.instances[i].gpu for i in mv.idle])) is not None
+            and (t := mv.batcher.next_wakeup(self._idle_gpus(mv))) is not None
         ]
         return min(times) if times else None
+
+    @staticmethod
+    def _idle_gpus(mv: ModelVersion) -> list[int | None]:
+        """The GPUs of the version's idle instances, for its batcher's next_wakeup (any
+        one of them while no request in CUDA memory is queued: all see the same)."""
+        if mv.batcher is not None and not mv.batcher.cuda_queued:
+            return [None] if mv.idle else []
+        return [mv.instances[i].gpu for i in mv.idle]
 
     def forget_frontend(self, frontend: bytes, now: float) -> list[m.WorkItem]:
         """Drop the queued requests of a frontend that exited (failures, in the
@@ -218,7 +225,16 @@ class Router:
 
     def _take(self, mv: ModelVersion, now: float) -> tuple[Instance, list[m.WorkItem]] | None:
         """The least recently used idle instance that has a batch to run, and the batch.
-        Instances on the same GPU see the same requests: one of them asks for them all."""
+        Instances on the same GPU see the same requests: one of them asks for them all;
+        while no request in CUDA memory is queued, every instance would see the same."""
+        if mv.batcher is not None and not mv.batcher.cuda_queued:
+            items = mv.batcher.take_batch(now)
+            return (mv.instances[mv.idle.popleft()], items) if items else None
+        if mv.batcher is None:
+            if not mv.queue:
+                return None
+            if not mv.queue[0].regions:  # in host memory: for any instance
+                return mv.instances[mv.idle.popleft()], [mv.queue.popleft()]
         asked: set[int | None] = set()
         for ident in mv.idle:
             inst = mv.instances[ident]

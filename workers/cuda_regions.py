@@ -121,7 +121,8 @@ class CudaRegions:
     def _on(self, region: ClientRegion) -> Any:
         """The region's GPU made current, for a ``with`` block (checked first: nothing
         touches CUDA for a region this instance cannot reach)."""
-        return self._cupy().cuda.Device(self._device(region))
+        device = self._device(region)
+        return self._cupy().cuda.Device(device)
 
     def _memptr(self, region: ClientRegion, offset: int, nbytes: int) -> Any:
         """A cupy MemoryPointer to ``nbytes`` at ``offset`` of the client's device memory

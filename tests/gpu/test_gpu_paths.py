@@ -267,7 +267,7 @@ def test_a_cpu_instance_serves_cuda_regions_through_the_host(
     region = f"cpu_{protocol}"
     h = cudashm.create_shared_memory_region(region, 2 * x.nbytes, 0)
     try:
-        cudashm.set_shared_memory_region(h, [x])
+        cudashm.set_shared_memory_region(h, [x, np.full_like(x, -99.0)])  # a sentinel after x
         client.register_cuda_shared_memory(region, cudashm.get_raw_handle(h), 0, 2 * x.nbytes)
         inp = mod.InferInput("INPUT0", [2, N], "FP32")
         inp.set_shared_memory(region, x.nbytes)

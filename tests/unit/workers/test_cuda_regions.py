@@ -10,10 +10,12 @@ handle. The real device path runs in tests/gpu (scripts/gpu-tests.sh).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ipc.messages import ClientRegion
@@ -28,8 +30,9 @@ class FakeDevice:
         self.allocations = allocations
         self.opened: dict[int, bytes] = {}  # pointer -> handle, while open
         self.opened_on: dict[int, int] = {}  # pointer -> the current GPU at its open
-        self.current = 0
+        self.current = 5  # whatever it was: shoal must choose, not find, the right one
         self._next = 0x7000_0000
+        self.copies: list[tuple[str, int, int, int]] = []  # (kind, address, bytes, GPU)
 
     def ipcOpenMemHandle(self, handle: bytes) -> int:
         assert handle not in self.opened.values(), "CUDA refuses a second open"
@@ -41,6 +44,12 @@ class FakeDevice:
     def ipcCloseMemHandle(self, ptr: int) -> None:
         assert self.opened_on.pop(ptr) == self.current, "closed on another GPU"
         del self.opened[ptr]
+
+    def deviceSynchronize(self) -> None:
+        pass
+
+    def memory(self, ptr: int, size: int, owner: object, device_id: int) -> FakePointer:
+        return FakePointer(self, ptr, size, device_id)
 
     @contextlib.contextmanager
     def use(self, index: int) -> Iterator[None]:
@@ -55,6 +64,31 @@ class FakeDevice:
         return None if handle is None else self.allocations[handle]
 
 
+@dataclasses.dataclass
+class FakePointer:
+    """cupy's UnownedMemory and MemoryPointer over it (offset 0)."""
+
+    dev: FakeDevice
+    ptr: int
+    size: int
+    device_id: int
+
+    def copy_from_host(self, src: object, nbytes: int) -> None:
+        self.dev.copies.append(("up", self.ptr, nbytes, self.dev.current))
+
+
+class FakeArray:
+    """cupy.ndarray over a FakePointer."""
+
+    def __init__(self, shape: list[int], dtype: np.dtype, memptr: FakePointer) -> None:
+        self.shape, self.dtype, self.memptr = shape, dtype, memptr
+
+    def get(self) -> np.ndarray:
+        dev = self.memptr.dev
+        dev.copies.append(("down", self.memptr.ptr, self.memptr.size, dev.current))
+        return np.zeros(self.shape, self.dtype)
+
+
 @pytest.fixture
 def device(monkeypatch: pytest.MonkeyPatch) -> FakeDevice:
     dev = FakeDevice({b"a" * 64: 4096, b"b" * 64: 64, b"?" * 64: 0})
@@ -64,7 +98,13 @@ def device(monkeypatch: pytest.MonkeyPatch) -> FakeDevice:
 
 def _regions(device: FakeDevice, gpu: int | None = 0) -> cuda_regions.CudaRegions:
     regions = cuda_regions.CudaRegions(gpu)
-    fake_cupy: Any = SimpleNamespace(cuda=SimpleNamespace(runtime=device, Device=device.use))
+    cuda = SimpleNamespace(
+        runtime=device,
+        Device=device.use,
+        UnownedMemory=device.memory,
+        MemoryPointer=lambda mem, offset: mem,
+    )
+    fake_cupy: Any = SimpleNamespace(cuda=cuda, ndarray=FakeArray)
     regions._cupy = lambda: fake_cupy  # type: ignore[method-assign]
     return regions
 
@@ -137,6 +177,26 @@ def test_a_cpu_instance_opens_each_region_on_the_regions_gpu(device: FakeDevice)
     on2 = regions.pointer(_reg(1, b"a" * 64, 64, device_id=2))
     on1 = regions.pointer(_reg(2, b"b" * 64, 64, device_id=1))
     assert device.opened_on == {on2: 2, on1: 1}
-    assert device.current == 0  # put back after each open
+    assert device.current == 5  # put back after each open
     regions.release([1, 2])  # the fake asserts each close is on the GPU of its open
     assert device.opened == {}
+
+
+def test_a_cpu_instance_copies_down_and_up_on_the_regions_gpu(device: FakeDevice) -> None:
+    regions = _regions(device, gpu=None)
+    region = _reg(1, b"a" * 64, 4096, device_id=2)
+    got = regions.array(region, 1024, 64, np.dtype("<f4"), [4, 4])
+    assert isinstance(got, np.ndarray) and got.shape == (4, 4)  # a host copy, not cupy's
+    assert regions.write(region, 2048, np.ones(8, dtype=np.float32)) == 32
+    (base,) = device.opened
+    assert device.copies == [("down", base + 1024, 64, 2), ("up", base + 2048, 32, 2)]
+    with pytest.raises(ValueError, match="outside its region"):
+        regions.write(region, 4090, np.ones(8, dtype=np.float32))
+    assert len(device.copies) == 2  # refused before any copy
+
+
+def test_a_gpu_instance_hands_the_model_the_device_array(device: FakeDevice) -> None:
+    regions = _regions(device, gpu=3)
+    got = regions.array(_reg(1, b"a" * 64, 4096, device_id=3), 0, 64, np.dtype("<f4"), [16])
+    assert isinstance(got, FakeArray) and got.memptr.device_id == 0
+    assert device.copies == []  # no host copy
