@@ -54,6 +54,21 @@ def plan_instances(models: list[tuple[str, list[int], Any]], cpus: list[int]) ->
     return plans
 
 
+def plan_repository(entries: list[Any], cpus: list[int]) -> list[InstancePlan]:
+    """The plans of every instance of a scanned repository (``repository.scan``'s
+    entries): its models that could be read, on the host's usable ``cpus``."""
+    loadable = [(e.name, e.versions, e.config) for e in entries if not e.error and e.config]
+    return plan_instances(loadable, cpus)
+
+
+def find_plan(
+    plans: list[InstancePlan], model: str, version: int, index: int
+) -> InstancePlan | None:
+    return next(
+        (p for p in plans if (p.model, p.version, p.index) == (model, version, index)), None
+    )
+
+
 def _group_size(group: Any) -> int:
     """Instances a group makes (KIND_GPU: ``count`` per listed GPU)."""
     per = len(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else 1

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from configs import repository
 from configs.devices import gpu_count
-from configs.placement import plan_instances
+from configs.placement import plan_repository
 from ipc import shm
 from ipc.lifecycle import EXIT_FATAL
 from ipc.sockets import ensure_runtime_dir
@@ -148,16 +148,15 @@ class Launcher:
 
     def worker_argvs(self) -> list[tuple[str, list[str]]]:
         """(instance name, argv) of every worker the repository asks for, placed on its
-        own cores or GPU (see shoal.placement)."""
+        own cores or GPU (see configs.placement)."""
         entries = repository.scan(
             self.s.model_repository,
             model_config_name=self.s.model_config_name,
             autocomplete_enabled=self.s.autocomplete,
             gpu_count=gpu_count(),
         )
-        loadable = [(e.name, e.versions, e.config) for e in entries if not e.error and e.config]
         out = []
-        for p in plan_instances(loadable, sorted(os.sched_getaffinity(0))):
+        for p in plan_repository(entries, sorted(os.sched_getaffinity(0))):
             argv = [
                 sys.executable, "-m", "workers", *self._common(), *self._model_args(),
                 "--model", p.model, "--version", str(p.version), "--instance", str(p.index),

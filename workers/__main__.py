@@ -1,7 +1,10 @@
 """``python -m workers --model-repository R --model M --version V --instance I --runtime-dir D``
 
 Runs one model instance. Started by ``shoal serve`` or by supervisord (one program per
-instance); it finds the broker through the runtime directory.
+instance); it finds the broker through the runtime directory. Without ``--cores`` and
+``--gpu`` (supervisord) it takes the place ``shoal serve`` would give it: it plans the
+repository as the launcher does (configs.placement) and finds its own instance there, so
+a KIND_GPU instance runs on its GPU and a CPU instance on its own cores.
 
 ``SHOAL_TEST_FAULT=<action>:<model>`` injects a fault into the instances of one model,
 for the fault tests (as Triton's QA uses ``TRITONSERVER_DELAY_SCHEDULER``). The one
@@ -12,6 +15,7 @@ then die by SIGKILL.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -36,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--model-config-name", default="")
     p.add_argument("--default-max-batch-size", default=4, type=int)
-    p.add_argument("--cores", default="", help="comma-separated CPU cores to pin to")
+    p.add_argument("--cores", default=None, help="comma-separated CPU cores to pin to")
     p.add_argument("--gpu", default=None, type=int, help="the one GPU this instance sees")
     p.add_argument("--instance-name", default="")
     add_process_flags(p)
@@ -48,6 +52,36 @@ def _fault(model: str) -> str:
     return action if target == model else ""
 
 
+def _place(args: argparse.Namespace) -> None:
+    """Set ``args.cores``, ``args.gpu`` and the instance name as ``shoal serve`` places
+    this instance; unchanged (not pinned, on the CPU) for an instance the repository
+    does not plan, whose load then fails with the reason."""
+    from configs import repository
+    from configs.devices import gpu_count
+    from configs.placement import find_plan, plan_repository
+
+    level = repository.log.level
+    repository.log.setLevel(logging.CRITICAL)  # other models' warnings: the broker's to log
+    try:
+        entries = repository.scan(
+            args.model_repository,
+            model_config_name=args.model_config_name,
+            autocomplete_enabled=not args.disable_auto_complete_config,
+            gpu_count=gpu_count(),
+        )
+    except OSError:
+        return
+    finally:
+        repository.log.setLevel(level)
+    plans = plan_repository(entries, sorted(os.sched_getaffinity(0)))
+    plan = find_plan(plans, args.model, args.version, args.instance)
+    if plan is None:
+        return
+    args.gpu = plan.gpu
+    args.cores = ",".join(map(str, plan.cores))
+    args.instance_name = args.instance_name or plan.name
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGKILL, not SIGTERM: a worker stuck in a model's native code never runs a Python
@@ -57,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(f"worker:{args.model}/{args.version}#{args.instance}", args.log_verbose)
     set_cpu_scheduling()
     raise_open_file_limit()  # one descriptor per client region it maps
-    cores = [int(c) for c in args.cores.split(",") if c.strip()]
+    if args.cores is None and args.gpu is None:
+        _place(args)
+    cores = [int(c) for c in (args.cores or "").split(",") if c.strip()]
     if cores:
         os.sched_setaffinity(0, cores)
     # torch's CPU threads are OpenMP's: idle ones must sleep, not spin, on cores the

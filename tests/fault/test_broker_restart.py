@@ -3,6 +3,8 @@ started again is rejoined by the frontend and the worker without restarting them
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import signal
 import subprocess
@@ -29,7 +31,7 @@ class Roles:
         self.port = free_port()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, role: str, instance: int = 0) -> None:
+    def start(self, role: str, instance: int = 0, model: str = "simple") -> None:
         common = [f"--runtime-dir={self.runtime}"]
         argv = {
             "broker": ["-m", "broker", f"--model-repository={self.repo}", *common],
@@ -46,12 +48,14 @@ class Roles:
                 "workers",
                 f"--model-repository={self.repo}",
                 *common,
-                "--model=simple",
+                f"--model={model}",
                 "--version=1",
                 f"--instance={instance}",
             ],
         }[role]
         name = f"{role}{instance or ''}"  # worker, worker1, ...
+        if role == "worker" and model != "simple":
+            name = f"{name}-{model}"
         self.procs[name] = subprocess.Popen([sys.executable, *argv], stdin=subprocess.DEVNULL)
 
     def ready(self, timeout: float = 30) -> bool:
@@ -158,4 +162,41 @@ def test_a_killed_frontend_s_slab_is_removed_without_a_launcher(roles: Roles) ->
         pytest.fail("the killed frontend's slab or result socket is still there")
     roles.start("frontend")
     assert roles.ready(), "the restarted frontend did not serve"
+    np.testing.assert_array_equal(_infer(roles.port), np.full((1, 16), 2))
+
+
+def _instance(port: int, model: str) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/shoal/models/{model}") as r:
+        (instance,) = json.loads(r.read())["versions"][0]["instances"]
+    return dict(instance)
+
+
+def test_workers_started_alone_take_the_cores_shoal_serve_would_give_them(
+    roles: Roles,
+) -> None:
+    """Under supervisord nobody passes --cores: each worker plans the repository as the
+    launcher does and pins itself to its own share of the cores."""
+    config = modelgen.SIMPLE_CONFIG.replace('name: "simple"', 'name: "simple_b"')
+    assert config != modelgen.SIMPLE_CONFIG
+    modelgen.write_model(roles.repo, "simple_b", modelgen.simple_model(), config)
+    for role, model in (
+        ("broker", ""),
+        ("frontend", ""),
+        ("worker", "simple"),
+        ("worker", "simple_b"),
+    ):
+        roles.start(role, model=model or "simple")
+    assert roles.ready(), "server did not become ready"
+    cpus = sorted(os.sched_getaffinity(0))
+    share = max(len(cpus) // 2, 1)
+    expected = (
+        {"simple": cpus[:share], "simple_b": cpus[share : 2 * share]}
+        if len(cpus) >= 2
+        else {"simple": cpus, "simple_b": cpus}
+    )
+    for model, cores in expected.items():
+        instance = _instance(roles.port, model)
+        assert instance["cores"] == cores, model
+        assert sorted(os.sched_getaffinity(int(instance["pid"]))) == cores  # type: ignore[call-overload]
+        assert instance["gpu"] is None
     np.testing.assert_array_equal(_infer(roles.port), np.full((1, 16), 2))

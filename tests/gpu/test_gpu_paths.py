@@ -46,16 +46,9 @@ def _identity(repo: Path, name: str, group: str) -> None:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+def _addsub_gpu(repo: Path) -> None:
     from shoal import torchgen
 
-    repo = tmp_path_factory.mktemp("gpu-repo")
-    # Both kinds are explicit: on a GPU host a model without an instance_group gets
-    # KIND_AUTO, which resolves to KIND_GPU (Triton's rule), not to a CPU instance.
-    _identity(repo, "identity_cpu", "{ count: 1 kind: KIND_CPU }")
-    if ORT_CUDA:
-        _identity(repo, "identity_gpu", "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }")
     modelgen.write_model(
         repo, "addsub_gpu", torchgen.add_sub_model(),
         'name: "addsub_gpu"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
@@ -67,6 +60,17 @@ def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer
         "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1000000 }\n",
         filename="model.pt",
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+    repo = tmp_path_factory.mktemp("gpu-repo")
+    # Both kinds are explicit: on a GPU host a model without an instance_group gets
+    # KIND_AUTO, which resolves to KIND_GPU (Triton's rule), not to a CPU instance.
+    _identity(repo, "identity_cpu", "{ count: 1 kind: KIND_CPU }")
+    if ORT_CUDA:
+        _identity(repo, "identity_gpu", "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }")
+    _addsub_gpu(repo)
     srv = ShoalServer(repo, "--allow-client-shm=true")
     yield srv
     assert srv.stop() == 0
@@ -332,3 +336,29 @@ def test_a_device_the_server_lacks_is_refused(gpu_server: ShoalServer, protocol:
         assert f"dev_{protocol}" not in names
     finally:
         cudashm.destroy_shared_memory_region(h)
+
+
+def test_a_kind_gpu_worker_started_alone_runs_on_its_gpu(tmp_path: Path) -> None:
+    """As under supervisord: no --gpu given, the worker places itself on its GPU."""
+    from tests.fault.test_broker_restart import Roles
+
+    _addsub_gpu(tmp_path)
+    roles = Roles(tmp_path)
+    try:
+        for role in ("broker", "frontend", "worker"):
+            roles.start(role, model="addsub_gpu")
+        assert roles.ready(), "server did not become ready"
+        url = f"http://127.0.0.1:{roles.port}/v2/shoal/models/addsub_gpu"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            (instance,) = json.loads(r.read())["versions"][0]["instances"]
+        assert (instance["gpu"], instance["cores"]) == (0, [])
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{roles.port}")
+        a = np.ones((1, N), dtype=np.float32)
+        inputs = [httpclient.InferInput(n, [1, N], "FP32") for n in ("INPUT0", "INPUT1")]
+        for inp in inputs:
+            inp.set_data_from_numpy(a)
+        got = client.infer("addsub_gpu", inputs).as_numpy("OUTPUT__0")
+        np.testing.assert_array_equal(got, 2 * a)
+    finally:
+        roles.stop()
+        shutil.rmtree(roles.runtime, ignore_errors=True)
