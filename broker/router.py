@@ -162,17 +162,9 @@ class Router:
             t
             for mv in self.table.batching_versions()
             if mv.batcher is not None
-            and (t := mv.batcher.next_wakeup(self._idle_gpus(mv))) is not None
+            and (t := mv.batcher.next_wakeup([mv.instances[i].gpu for i in mv.idle])) is not None
         ]
         return min(times) if times else None
-
-    @staticmethod
-    def _idle_gpus(mv: ModelVersion) -> list[int | None]:
-        """The GPUs of the version's idle instances, for its batcher's next_wakeup (any
-        one of them while no request in CUDA memory is queued: all see the same)."""
-        if mv.batcher is not None and not mv.batcher.cuda_queued:
-            return [None] if mv.idle else []
-        return [mv.instances[i].gpu for i in mv.idle]
 
     def forget_frontend(self, frontend: bytes, now: float) -> list[m.WorkItem]:
         """Drop the queued requests of a frontend that exited (failures, in the
