@@ -11,6 +11,7 @@ the gRPC adapter: other packages read the fields they need.
 from __future__ import annotations
 
 import json
+from collections.abc import Container
 from typing import Any
 
 from google.protobuf import json_format, text_format
@@ -128,7 +129,13 @@ def _children(field: FieldDescriptor, value: Any) -> list[tuple[Any, Descriptor]
     return [(value, msg)]
 
 
-def fill_defaults(config: pb.ModelConfig, model_name: str, *, gpu_count: int = 0) -> pb.ModelConfig:
+def fill_defaults(
+    config: pb.ModelConfig,
+    model_name: str,
+    *,
+    gpu_count: int = 0,
+    cpu_only_backends: Container[str] = (),
+) -> pb.ModelConfig:
     """Fill what Triton fills even with auto-complete disabled; returns `config`.
 
     - `name` from the directory name when empty;
@@ -140,8 +147,9 @@ def fill_defaults(config: pb.ModelConfig, model_name: str, *, gpu_count: int = 0
     - for every model but an ensemble (Triton rejects both fields on ensembles):
       - instance groups: when none is given, one group named after the model; a listed
         group without a name gets "<model>_<index>"; KIND_AUTO resolved to KIND_GPU
-        (all of GPUs 0..gpu_count-1) or KIND_CPU when there is no GPU, KIND_GPU without
-        ids gets all GPUs, and a count < 1 becomes DEFAULT_INSTANCE_COUNT;
+        (all of GPUs 0..gpu_count-1) or KIND_CPU when there is no GPU or the model's
+        backend is one of `cpu_only_backends` (its runtime cannot use one), KIND_GPU
+        without ids gets all GPUs, and a count < 1 becomes DEFAULT_INSTANCE_COUNT;
       - `optimization.input_pinned_memory` / `output_pinned_memory` enabled when unset.
     Other scheduling settings are left as given.
     """
@@ -152,7 +160,8 @@ def fill_defaults(config: pb.ModelConfig, model_name: str, *, gpu_count: int = 0
         config.version_policy.latest.num_versions = 1
     fill_preferred_batch_size(config)
     if not config.HasField("ensemble_scheduling") and config.platform != ENSEMBLE_PLATFORM:
-        _fill_instance_groups(config, gpu_count)
+        auto_gpus = 0 if config.backend in cpu_only_backends else gpu_count
+        _fill_instance_groups(config, gpu_count, auto_gpus)
         _fill_pinned_memory(config)
     return config
 
@@ -183,7 +192,7 @@ def _fill_backend_fields(config: pb.ModelConfig) -> None:
         config.default_model_filename = DEFAULT_MODEL_FILENAME[config.backend]
 
 
-def _fill_instance_groups(config: pb.ModelConfig, gpu_count: int) -> None:
+def _fill_instance_groups(config: pb.ModelConfig, gpu_count: int, auto_gpus: int) -> None:
     if len(config.instance_group) == 0:
         # Triton's NormalizeInstanceGroup names the group it adds after the model.
         config.instance_group.add(name=config.name, kind=pb.ModelInstanceGroup.KIND_AUTO)
@@ -191,7 +200,7 @@ def _fill_instance_groups(config: pb.ModelConfig, gpu_count: int) -> None:
         if not group.name:
             group.name = f"{config.name}_{index}"
         if group.kind == pb.ModelInstanceGroup.KIND_AUTO:
-            on_gpu = gpu_count > 0 and all(0 <= g < gpu_count for g in group.gpus)
+            on_gpu = auto_gpus > 0 and all(0 <= g < auto_gpus for g in group.gpus)
             group.kind = (
                 pb.ModelInstanceGroup.KIND_GPU if on_gpu else pb.ModelInstanceGroup.KIND_CPU
             )

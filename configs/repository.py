@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from configs.devices import cpu_only_backends
 from configs.model_config import fill_defaults, parse_config_text, validate
 from configs.schema import NON_VERSION_DIRS, PYTHON_BACKEND, ConfigError
 
@@ -149,7 +150,7 @@ def load_entry(
         entry.config = config
         if not config.platform and not config.backend and not config.default_model_filename:
             _detect_platform(config, model_dir, entry.available_versions)
-        fill_defaults(config, name, gpu_count=gpu_count)
+        fill_defaults(config, name, gpu_count=gpu_count, cpu_only_backends=cpu_only_backends())
         validate(config, name, gpu_count=gpu_count, check_io=not autocomplete_enabled)
         entry.versions = select_versions(config, entry.available_versions, name)
     except ConfigError as err:

@@ -37,27 +37,39 @@ needs_ort_cuda = pytest.mark.skipif(
 
 
 def _identity(repo: Path, name: str, group: str) -> None:
+    """An ONNX identity model; ``group`` "" leaves out the instance_group (KIND_AUTO)."""
     modelgen.write_model(
         repo, name, modelgen.identity_model("FP32", [-1], batch=True),
         f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        f"instance_group [ {group} ]\n",
+        + (f"instance_group [ {group} ]\n" if group else ""),
     )  # fmt: skip
 
 
-def _addsub_gpu(repo: Path) -> None:
+_BATCH_BY_4 = (
+    "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1000000 }\n"
+)
+
+
+def _addsub_gpu(
+    repo: Path,
+    name: str = "addsub_gpu",
+    group: str = "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }",
+    batching: str = _BATCH_BY_4,
+) -> None:
+    """A TorchScript add/sub model; ``group`` "" leaves out the instance_group."""
     from shoal import torchgen
 
     modelgen.write_model(
-        repo, "addsub_gpu", torchgen.add_sub_model(),
-        'name: "addsub_gpu"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+        repo, name, torchgen.add_sub_model(),
+        f'name: "{name}"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },'
         ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
         'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] },'
         ' { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]\n"
-        "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1000000 }\n",
+        + (f"instance_group [ {group} ]\n" if group else "")
+        + batching,
         filename="model.pt",
     )  # fmt: skip
 
@@ -65,12 +77,14 @@ def _addsub_gpu(repo: Path) -> None:
 @pytest.fixture(scope="module")
 def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("gpu-repo")
-    # Both kinds are explicit: on a GPU host a model without an instance_group gets
-    # KIND_AUTO, which resolves to KIND_GPU (Triton's rule), not to a CPU instance.
+    # Kinds are explicit but in the *_auto models: on a GPU host a model without an
+    # instance_group gets KIND_AUTO, which is KIND_GPU where its backend can use the GPU.
     _identity(repo, "identity_cpu", "{ count: 1 kind: KIND_CPU }")
+    _identity(repo, "identity_auto", "")
     if ORT_CUDA:
         _identity(repo, "identity_gpu", "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }")
     _addsub_gpu(repo)
+    _addsub_gpu(repo, "addsub_auto", "", batching="")
     srv = ShoalServer(repo, "--allow-client-shm=true")
     yield srv
     assert srv.stop() == 0
@@ -118,6 +132,27 @@ def test_kind_gpu_torch_instance_serves(gpu_server: ShoalServer) -> None:
     instance = _instance(gpu_server, "addsub_gpu")
     assert (instance["cores"], instance["gpu"]) == ([], 0)  # the broker knows its GPU
     assert "GPU 0" in gpu_server.log()  # the worker logged where it loaded
+
+
+def test_kind_auto_is_the_gpu_where_the_backend_can_use_it(gpu_server: ShoalServer) -> None:
+    """torch (a CUDA build) gets the GPU; ONNX Runtime only as onnxruntime-gpu: the CPU
+    build serves on the CPU rather than failing to load. Both answer."""
+    client = httpclient.InferenceServerClient(gpu_server.url)
+    kind = client.get_model_config("identity_auto")["instance_group"][0]["kind"]
+    assert kind == ("KIND_GPU" if ORT_CUDA else "KIND_CPU")
+    assert (_instance(gpu_server, "identity_auto")["gpu"] is None) == (not ORT_CUDA)
+    x = np.arange(N, dtype=np.float32).reshape(1, N)
+    inp = httpclient.InferInput("INPUT0", [1, N], "FP32")
+    inp.set_data_from_numpy(x)
+    np.testing.assert_array_equal(client.infer("identity_auto", [inp]).as_numpy("OUTPUT0"), x)
+    config = client.get_model_config("addsub_auto")
+    assert config["instance_group"][0]["kind"] == "KIND_GPU"
+    assert config["instance_group"][0]["gpus"] == [0]
+    assert _instance(gpu_server, "addsub_auto")["gpu"] == 0
+    inputs = [httpclient.InferInput(n, [1, N], "FP32") for n in ("INPUT0", "INPUT1")]
+    for i in inputs:
+        i.set_data_from_numpy(x)
+    np.testing.assert_array_equal(client.infer("addsub_auto", inputs).as_numpy("OUTPUT__0"), 2 * x)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -254,6 +254,37 @@ def test_fill_defaults_instance_groups() -> None:
     assert groups[2].kind == pb.ModelInstanceGroup.KIND_CPU
 
 
+def test_kind_auto_stays_on_the_cpu_for_a_backend_whose_runtime_has_no_gpu() -> None:
+    """A GPU host with the CPU build of onnxruntime: its models' KIND_AUTO is KIND_CPU
+    (as in a Triton built without GPU support), where they can run; an explicit KIND_GPU
+    is kept, and fails at load with the reason; torch, with a CUDA build, gets the GPUs."""
+    cpu_only = {"onnxruntime"}
+    onnx = pb.ModelConfig(name="m", platform="onnxruntime_onnx")
+    fill_defaults(onnx, "m", gpu_count=2, cpu_only_backends=cpu_only)
+    assert onnx.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
+    explicit = pb.ModelConfig(name="m", platform="onnxruntime_onnx")
+    explicit.instance_group.add(kind=pb.ModelInstanceGroup.KIND_GPU)
+    fill_defaults(explicit, "m", gpu_count=2, cpu_only_backends=cpu_only)
+    assert explicit.instance_group[0].kind == pb.ModelInstanceGroup.KIND_GPU
+    assert list(explicit.instance_group[0].gpus) == [0, 1]
+    torch_model = pb.ModelConfig(name="m", platform="pytorch_libtorch")
+    fill_defaults(torch_model, "m", gpu_count=2, cpu_only_backends=cpu_only)
+    assert torch_model.instance_group[0].kind == pb.ModelInstanceGroup.KIND_GPU
+    assert list(torch_model.instance_group[0].gpus) == [0, 1]
+
+
+def test_the_backends_found_cpu_only_are_those_whose_runtime_says_so() -> None:
+    """Read from the installed files; checked here against the runtimes' own answer."""
+    import onnxruntime
+    import torch
+
+    from configs.devices import cpu_only_backends
+
+    ort_gpu = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    assert ("onnxruntime" in cpu_only_backends()) == (not ort_gpu)
+    assert ("pytorch" in cpu_only_backends()) == (not torch.backends.cuda.is_built())
+
+
 def test_default_instance_group_is_named_after_the_model() -> None:
     # Triton: group->set_name(config->name()); qa .../onnx/no_config/expected: name: "no_config"
     config = fill_defaults(pb.ModelConfig(platform="onnxruntime_onnx"), "no_config")
