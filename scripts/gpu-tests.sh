@@ -2,17 +2,9 @@
 # Run the GPU-marked tests (KIND_GPU instances, CUDA shared memory) on a host with an
 # NVIDIA GPU and its driver. Two modes:
 #
-# Networked (the default): set-up as scripts/setup.sh (no CUDA toolkit needed), then the
-# GPU extras into the same .venv:
-# - onnxruntime-gpu in place of onnxruntime (both install the same `onnxruntime` package,
-#   so the CPU one must not stay next to it), with its [cuda,cudnn] extras: the CUDA and
-#   cuDNN libraries it was built against, as nvidia-* wheels;
-# - cupy for the same CUDA major as onnxruntime-gpu (both live in a GPU worker), with
-#   [ctk]: the CUDA toolkit pieces it needs at run time (NVRTC) from PyPI;
-# - cuda-python, which tritonclient's CUDA shared-memory utilities (the test client) use
-#   as `cuda.bindings.runtime`; below 13 because tritonclient releases before the
-#   cuda-bindings 13 fix read the handle through `cudaIpcMemHandle_t.reserved`, which 13
-#   dropped. 12.x bindings work with newer drivers.
+# Networked (the default): set-up as scripts/setup.sh with the GPU extras it installs on
+# a GPU host (scripts/gpu-extras.sh: onnxruntime-gpu, cupy, cuda-python; no CUDA toolkit
+# needed).
 #
 # Offline (when .whl/ exists, or SHOAL_GPU_OFFLINE=1; SHOAL_GPU_OFFLINE=0 forces networked):
 # for a machine with no package index whose python3 already holds torch, cupy,
@@ -55,52 +47,9 @@ if [ "$offline" = 1 ]; then
   fi
   export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
-  scripts/setup.sh
+  SHOAL_GPU=1 scripts/setup.sh  # with the GPU extras (scripts/gpu-extras.sh)
   PY=.venv/bin/python
-
-  gpu_extras_ok() {
-    "$PY" - <<'EOF'
-import importlib.metadata as md
-import sys
-
-import cuda.bindings.runtime  # noqa: F401
-import cupy  # noqa: F401
-import onnxruntime as ort
-import tritonclient.utils.cuda_shared_memory  # noqa: F401
-
-try:
-    md.version("onnxruntime")
-    sys.exit("the CPU onnxruntime package is installed over onnxruntime-gpu")
-except md.PackageNotFoundError:
-    pass
-assert "CUDAExecutionProvider" in ort.get_available_providers()
-major = (ort.cuda_version or "12").split(".")[0]
-md.version(f"cupy-cuda{major}x")  # cupy for the CUDA major onnxruntime-gpu was built for
-EOF
-  }
-
-  if ! gpu_extras_ok 2>/dev/null; then
-    "$PY" -m pip uninstall -y -q onnxruntime onnxruntime-gpu || true
-    "$PY" -m pip install -q 'onnxruntime-gpu[cuda,cudnn]'
-    major=$("$PY" -c 'import onnxruntime as o; print((o.cuda_version or "12").split(".")[0])')
-    "$PY" -m pip install -q "cupy-cuda${major}x[ctk]" 'cuda-python<13'
-    gpu_extras_ok
-  fi
-
-  # onnxruntime-gpu finds the CUDA/cuDNN wheels only when told where they are (it does not
-  # look in site-packages by itself unless onnxruntime.preload_dlls() is called); the
-  # server's worker processes inherit this.
-  nvidia_libs=$("$PY" - <<'EOF'
-import glob
-import os
-import site
-
-dirs = []
-for root in site.getsitepackages():
-    dirs += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib")))
-print(":".join(d for d in dirs if os.path.isdir(d)))
-EOF
-  )
+  nvidia_libs=$(scripts/nvidia-libs.sh)  # the server's worker processes inherit this
   export LD_LIBRARY_PATH="${nvidia_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 

@@ -21,6 +21,16 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
+# On a host with an NVIDIA GPU (SHOAL_GPU=auto, the default; 1 forces, 0 skips) the GPU
+# extras too: onnxruntime-gpu in place of onnxruntime, cupy (scripts/gpu-extras.sh).
+gpu=${SHOAL_GPU:-auto}
+if [ "$gpu" = auto ]; then
+  # What configs.devices counts: the driver's list of GPUs.
+  if [ -n "$(ls -A /proc/driver/nvidia/gpus 2>/dev/null)" ]; then gpu=1; else gpu=0; fi
+fi
+if [ "$gpu" = 1 ]; then
+  scripts/gpu-extras.sh
+fi
 # Model files too large to commit (mlp_large's weights) are generated once, deterministically.
 if [ ! -f model_repository/mlp_large/1/model.onnx ]; then
   .venv/bin/python -m shoal.modelgen --missing-only >/dev/null
