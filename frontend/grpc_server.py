@@ -269,6 +269,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         return await _guard(context, lambda: self._infer(request))
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        # The model first, as Triton looks it up before reading the request's tensors.
+        await self.dp.model(request.model_name, request.model_version)
         result = await self.dp.infer(grpc_codec.decode_infer_request(request))
         try:
             return grpc_codec.encode_infer_response(result)

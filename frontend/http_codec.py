@@ -448,5 +448,11 @@ def _json_data(
 
 
 def encode_error(message: str) -> bytes:
-    """The HTTP error body, ``{"error":"<message>"}``."""
-    return msgspec.json.encode({"error": message})
+    """The HTTP error body, ``{"error":"<message>"}``. A message may quote what a client
+    sent that is not UTF-8 (a header's bytes come as lone surrogates): those are written
+    as escapes, not refused by the JSON encoder."""
+    try:
+        return msgspec.json.encode({"error": message})
+    except UnicodeEncodeError:
+        text = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        return msgspec.json.encode({"error": text})

@@ -253,8 +253,10 @@ async def infer(request: web.Request) -> web.Response:
             input_count=len(handle.inputs),
         )
 
-    if header_length == 0:
-        await dp.model(name, version)  # the raw form needs the model's single input
+    # The model first, as Triton creates the request for it before reading the body: an
+    # unknown model is the answer to any body sent to it (and the raw form needs the
+    # model's single input).
+    await dp.model(name, version)
     req, options = http_codec.decode_infer_request(
         body, header_length, name, version, raw_input_meta=raw_meta
     )

@@ -274,6 +274,18 @@ def test_error_codes(
     assert e.value.details() == message
 
 
+def test_an_unknown_model_is_the_answer_before_its_tensors_are_read(url: str) -> None:
+    """Triton looks the model up first: a request with broken contents gets the unknown
+    model, not the contents' error."""
+    req = service_pb2.ModelInferRequest(model_name="nope")
+    req.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16]).contents.int_contents.append(1)
+    req.raw_input_contents.append(b"\0" * 64)  # raw and typed contents: refused for a model
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_stub(url).ModelInfer(req)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == "Request for unknown model: 'nope' is not found"
+
+
 def test_bad_shape_is_invalid_argument(client: grpcclient.InferenceServerClient) -> None:
     ins = [grpcclient.InferInput(n, [2, 8], "INT32") for n in ("INPUT0", "INPUT1")]
     for i in ins:

@@ -195,6 +195,32 @@ def test_unknown_model_infer(server: ShoalServer) -> None:
     assert (status, body) == (400, {"error": "Request for unknown model: 'nope' is not found"})
 
 
+@pytest.mark.parametrize("body", [b"{", b'{"inputs": 5}', b"not json"])
+def test_an_unknown_model_is_the_answer_whatever_the_body(server: ShoalServer, body: bytes) -> None:
+    """Triton creates the request for its model before it reads the body (2.51 answers
+    these with the unknown model too)."""
+    status, doc = post(server, "nope", body)
+    assert (status, doc) == (400, {"error": "Request for unknown model: 'nope' is not found"})
+
+
+def test_a_header_value_that_is_not_utf8_is_quoted_in_the_error(server: ShoalServer) -> None:
+    """Found by tests/integration/test_fuzz.py: the message quoting the value could not be
+    encoded as JSON, and aiohttp answered with its own 500 and a traceback."""
+    conn = http.client.HTTPConnection(server.url, timeout=10)
+    conn.putrequest("POST", "/v2/models/simple/infer")
+    conn.putheader("Inference-Header-Content-Length", b"1\xff")
+    conn.putheader("Content-Length", "2")
+    conn.endheaders(b"{}")
+    resp = conn.getresponse()
+    doc = json.loads(resp.read())
+    conn.close()
+    assert resp.status == 400
+    assert doc["error"] == (
+        "Unable to parse Inference-Header-Content-Length header value '1\\udcff'"
+    )
+    assert "Traceback" not in server.log()
+
+
 @pytest.mark.parametrize("body", [b"{", b"[1, 2]", b"not json", b""])
 def test_bad_json(server: ShoalServer, body: bytes) -> None:
     status, doc = post(server, "simple", body)
