@@ -129,9 +129,8 @@ def _parse_json(header: memoryview, max_depth: int) -> dict[str, Any]:
         raise depth_exceeded(max_depth) from None
     except msgspec.DecodeError as exc:
         doc = _parse_non_finite(header, max_depth, exc)
-    if not isinstance(doc, dict):
-        raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
-    return doc
+    # Another root has no members: Triton then misses the required 'inputs'.
+    return doc if isinstance(doc, dict) else {}
 
 
 def _parse_non_finite(header: memoryview, max_depth: int, exc: Exception) -> Any:
@@ -140,13 +139,18 @@ def _parse_non_finite(header: memoryview, max_depth: int, exc: Exception) -> Any
     again by Python's json, which takes them too; any other malformed body is refused."""
     raw = bytes(header)
     if b"NaN" not in raw and b"Infinity" not in raw:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+        raise _unparsable(exc) from None
     try:
         return json.loads(raw)
     except RecursionError:
         raise depth_exceeded(max_depth) from None
     except ValueError:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+        raise _unparsable(exc) from None
+
+
+def _unparsable(exc: Exception) -> ServingError:
+    # INTERNAL (HTTP 500), as Triton 2.51's JSON layer; the detail is msgspec's words
+    return ServingError(Code.INTERNAL, f"failed to parse the request JSON buffer: {exc}")
 
 
 def _is_uint(v: object) -> bool:
@@ -156,7 +160,7 @@ def _is_uint(v: object) -> bool:
 def _request_id(doc: dict[str, Any]) -> str:
     rid = doc.get("id", "")
     if not isinstance(rid, str):
-        raise invalid_arg("Unable to parse 'id': attempt to access JSON non-string as string")
+        raise _json_error("id", "attempt to access JSON non-string as string")
     return rid
 
 
@@ -165,7 +169,9 @@ def _request_parameters(doc: dict[str, Any]) -> tuple[dict[str, ParamValue], boo
     if raw is None:
         return {}, False
     if not isinstance(raw, dict):
-        raise invalid_arg("failed to get request params.")
+        raise ServingError(
+            Code.INTERNAL, "failed to get request params.: attempt to get members for non-object"
+        )
     params: dict[str, ParamValue] = {}
     binary_output = False
     for key, value in raw.items():
@@ -176,7 +182,7 @@ def _request_parameters(doc: dict[str, Any]) -> tuple[dict[str, ParamValue], boo
             )
         if key == "binary_data_output":
             if type(value) is not bool:
-                raise invalid_arg("Unable to parse 'binary_data_output'")
+                raise _json_error(key, "attempt to access JSON non-boolean as boolean")
             binary_output = value
             continue
         _check_reserved_type(key, value)
@@ -201,22 +207,22 @@ def _check_reserved_type(key: str, value: object) -> None:
         raise invalid_arg(f"Unable to parse '{key}'")
 
 
+def _json_error(key: str, problem: str) -> ServingError:
+    """What Triton's JSON layer (TritonJson) answers for a member it cannot read: INTERNAL
+    (HTTP 500), in its words, as Triton 2.51 does for every member of the request."""
+    return ServingError(Code.INTERNAL, f"Unable to parse '{key}': {problem}")
+
+
 def _not_uint(key: str) -> ServingError:
-    """What Triton's JSON layer answers for a member that must be an unsigned integer:
-    INTERNAL (HTTP 500), as Triton 2.51 does for shape, priority, timeout and the
-    shared-memory offset and byte size."""
-    return ServingError(
-        Code.INTERNAL,
-        f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as unsigned-integer",
-    )
+    return _json_error(key, "attempt to access JSON non-unsigned-integer as unsigned-integer")
 
 
 def _member(obj: dict[str, Any], key: str, kind: type, what: str) -> Any:
     if key not in obj:
-        raise invalid_arg(f"Unable to parse '{key}': missing required member '{key}'")
+        raise _json_error(key, f"attempt to access non-existing object member '{key}'")
     value = obj[key]
     if not isinstance(value, kind) or (kind is not bool and type(value) is bool):
-        raise invalid_arg(f"Unable to parse '{key}': attempt to access JSON non-{what} as {what}")
+        raise _json_error(key, f"attempt to access JSON non-{what} as {what}")
     return value
 
 
@@ -257,11 +263,11 @@ def _content_kind(tensor: dict[str, Any], params: dict[str, Any]) -> str:
     return set_[0]
 
 
-def _tensor_params(tensor: dict[str, Any], io: str, name: str) -> dict[str, Any]:
+def _tensor_params(tensor: dict[str, Any]) -> dict[str, Any]:
+    """A tensor's parameters; Triton reads members of an object only, so 'parameters'
+    that is not one counts as none."""
     params = tensor.get("parameters", {})
-    if not isinstance(params, dict):
-        raise invalid_arg(f"Unable to parse 'parameters' for {io} '{name}'")
-    return params
+    return params if isinstance(params, dict) else {}
 
 
 def _check_shm(params: dict[str, Any]) -> None:
@@ -290,8 +296,8 @@ def _inputs(
     seen: set[str] = set()
     pos = 0
     for item in items:
-        if not isinstance(item, dict):
-            raise invalid_arg("Unable to parse 'inputs': expected an array of objects")
+        # an item that is no object has no members (Triton then misses its content)
+        item = item if isinstance(item, dict) else {}
         tensor, used = _input(item, binary[pos:], has_header_length, model, max_depth)
         if tensor.name in seen:
             raise invalid_arg(f"input '{tensor.name}' already exists in request")
@@ -306,7 +312,10 @@ def _inputs(
 def _input(
     item: dict[str, Any], binary: memoryview, has_header_length: bool, model: str, max_depth: int
 ) -> tuple[InputTensor, int]:
-    """One input and how many bytes of the binary section it consumed."""
+    """One input and how many bytes of the binary section it consumed. Triton's order:
+    where the content is first, then name, datatype and shape."""
+    params = _tensor_params(item)
+    kind = _content_kind(item, params)
     name = _member(item, "name", str, "string")
     type_name = _member(item, "datatype", str, "string")
     shape = _shape(item)
@@ -314,8 +323,6 @@ def _input(
     if dt is None:
         raise invalid_arg(f"invalid datatype for input {name}")
     count = _check_size(name, dt, shape)
-    params = _tensor_params(item, "input", name)
-    kind = _content_kind(item, params)
     tensor = InputTensor(name=name, datatype=type_name, shape=shape, data=None)
     _check_shm(params)
     if kind == _SHM_REGION:
@@ -325,12 +332,12 @@ def _input(
     if kind == "data":
         data = item["data"]
         if not isinstance(data, list):
-            raise invalid_arg("Unable to parse 'data': attempt to access JSON non-array as array")
+            raise _json_error("data", "attempt to access JSON non-array as array")
         tensor.data = tensor_from_json(name, dt, data, count, model, max_depth)
         return tensor, 0
     size = params["binary_data_size"]
     if not _is_uint(size):
-        raise invalid_arg("Unable to parse 'binary_data_size'")
+        raise _not_uint("binary_data_size")
     if size > 0 and not has_header_length:
         raise invalid_arg(
             "must specify valid 'Infer-Header-Content-Length' in request header and "
@@ -354,12 +361,11 @@ def _outputs(
     outputs: list[RequestedOutput] = []
     encodings: dict[str, OutputEncoding] = {}
     for item in items:
-        if not isinstance(item, dict):
-            raise invalid_arg("Unable to parse 'outputs': expected an array of objects")
+        item = item if isinstance(item, dict) else {}
         name = _member(item, "name", str, "string")
         if name in encodings:
             raise invalid_arg(f"output '{name}' already exists in request")
-        params = _tensor_params(item, "output", name)
+        params = _tensor_params(item)
         enc = _output_encoding(name, params, allow_classification)
         encodings[name] = enc
         outputs.append(
@@ -373,7 +379,7 @@ def _output_encoding(
 ) -> OutputEncoding:
     binary = params.get("binary_data", False)
     if type(binary) is not bool:
-        raise invalid_arg("Unable to parse 'binary_data'")
+        raise _json_error("binary_data", "attempt to access JSON non-boolean as boolean")
     classes = params.get("classification", 0)
     if not _is_uint(classes):
         raise invalid_arg("Unable to set 'classification'")

@@ -66,7 +66,10 @@ def depth_exceeded(max_depth: int) -> ServingError:
 
 
 def _parse_error(what: str) -> ServingError:
-    return invalid_arg(f"Unable to parse 'data': attempt to access JSON non-{what} as {what}")
+    # INTERNAL (HTTP 500): the answer of Triton 2.51's JSON layer
+    return ServingError(
+        Code.INTERNAL, f"Unable to parse 'data': attempt to access JSON non-{what} as {what}"
+    )
 
 
 def tensor_from_json(
@@ -76,8 +79,8 @@ def tensor_from_json(
 
     ``max_depth`` is the JSON nesting limit for the whole request, which wraps ``data``
     in three levels (document, "inputs" array, input object). Raises ServingError
-    (INVALID_ARG) when the nesting is too deep, a value has the wrong JSON type or the
-    number of elements differs from ``element_count``.
+    when the nesting is too deep, a value has the wrong JSON type or the number of
+    elements differs from ``element_count`` (these two INTERNAL, as Triton 2.51).
     """
     flat, types, depth = flatten(data)
     if depth + _DATA_NESTING > max_depth:
@@ -92,10 +95,11 @@ def tensor_from_json(
             )
         return memoryview(datatypes.serialize_bytes(s.encode() for s in flat))
     if len(flat) != element_count:
-        raise invalid_arg(
+        raise ServingError(  # INTERNAL, as Triton 2.51; the counts in brackets are shoal's
+            Code.INTERNAL,
             "Unable to parse 'data': Shape does not match true shape of 'data' field "
             f"(unexpected number of elements for inference input '{name}' for model "
-            f"'{model}': expected {element_count}, got {len(flat)})"
+            f"'{model}': expected {element_count}, got {len(flat)})",
         )
     arr = _numeric_array(dt, flat, types)
     return arr.view(np.uint8).data

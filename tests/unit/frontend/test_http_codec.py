@@ -298,8 +298,14 @@ def one_input(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("body", "code", "message"),
     [
-        (b"{not json", Code.INVALID_ARG, "failed to parse the request JSON buffer"),
-        (b"[1]", Code.INVALID_ARG, "failed to parse the request JSON buffer"),
+        # Triton 2.51's JSON layer answers INTERNAL (HTTP 500) for every member it cannot
+        # read, in its words; another root than an object has no 'inputs'.
+        (b"{not json", Code.INTERNAL, "failed to parse the request JSON buffer"),
+        (
+            b"[1]",
+            Code.INTERNAL,
+            "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'",
+        ),
         (
             one_input(shape=[2, -5]),
             Code.INTERNAL,
@@ -307,11 +313,22 @@ def one_input(**fields: Any) -> dict[str, Any]:
             "JSON non-unsigned-integer as unsigned-integer",
         ),
         (one_input(shape=[1.5]), Code.INTERNAL, "Unable to parse 'shape'"),
-        (one_input(name=None), Code.INVALID_ARG, "Unable to parse 'name'"),
-        (one_input(datatype=None), Code.INVALID_ARG, "Unable to parse 'datatype'"),
-        (one_input(shape=None), Code.INVALID_ARG, "Unable to parse 'shape'"),
-        ({"id": "x"}, Code.INVALID_ARG, "Unable to parse 'inputs'"),
-        ({"id": 5, "inputs": []}, Code.INVALID_ARG, "Unable to parse 'id'"),
+        (
+            one_input(name=None),
+            Code.INTERNAL,
+            "Unable to parse 'name': attempt to access non-existing object member 'name'",
+        ),
+        (one_input(datatype=None), Code.INTERNAL, "Unable to parse 'datatype'"),
+        (one_input(shape=None), Code.INTERNAL, "Unable to parse 'shape'"),
+        ({"id": "x"}, Code.INTERNAL, "Unable to parse 'inputs'"),
+        (
+            {"id": 5, "inputs": []},
+            Code.INTERNAL,
+            "Unable to parse 'id': attempt to access JSON non-string as string",
+        ),
+        # where the content is, first: before the name (Triton's order)
+        (one_input(name=None, data=None), Code.INVALID_ARG, "But no field is set"),
+        ({"inputs": [5]}, Code.INVALID_ARG, "But no field is set"),
         (one_input(datatype="FP128"), Code.INVALID_ARG, "invalid datatype for input IN"),
         (
             one_input(shape=[2**4, 2**60 + 2], data=[1.0], datatype="FP32"),
@@ -325,7 +342,7 @@ def one_input(**fields: Any) -> dict[str, Any]:
         ),
         (
             one_input(shape=[3]),
-            Code.INVALID_ARG,
+            Code.INTERNAL,
             "Shape does not match true shape of 'data' "
             "field (unexpected number of elements for inference input 'IN'",
         ),
@@ -334,11 +351,11 @@ def one_input(**fields: Any) -> dict[str, Any]:
             Code.INVALID_ARG,
             "expected 3 string elements for inference input 'IN' for model 'm', got 2",
         ),
-        (one_input(data=[1.5]), Code.INVALID_ARG, "non-signed-integer"),
-        (one_input(data=[-1], datatype="UINT8"), Code.INVALID_ARG, "non-unsigned-integer"),
-        (one_input(data=[1], datatype="BOOL"), Code.INVALID_ARG, "non-boolean"),
-        (one_input(data=[1], datatype="BYTES"), Code.INVALID_ARG, "non-string"),
-        (one_input(data=["x"], datatype="FP32"), Code.INVALID_ARG, "non-number"),
+        (one_input(data=[1.5]), Code.INTERNAL, "non-signed-integer"),
+        (one_input(data=[-1], datatype="UINT8"), Code.INTERNAL, "non-unsigned-integer"),
+        (one_input(data=[1], datatype="BOOL"), Code.INTERNAL, "non-boolean"),
+        (one_input(data=[1], datatype="BYTES"), Code.INTERNAL, "non-string"),
+        (one_input(data=["x"], datatype="FP32"), Code.INTERNAL, "non-number"),
         (one_input(data=None), Code.INVALID_ARG, "But no field is set"),
         (
             one_input(data=None, parameters={"shared_memory_region": 7}),
@@ -409,8 +426,13 @@ def one_input(**fields: Any) -> dict[str, Any]:
         ),
         (
             {**one_input(), "parameters": {"binary_data_output": "yes"}},
-            Code.INVALID_ARG,
-            "Unable to parse 'binary_data_output'",
+            Code.INTERNAL,
+            "Unable to parse 'binary_data_output': attempt to access JSON non-boolean as boolean",
+        ),
+        (
+            {**one_input(), "parameters": 5},
+            Code.INTERNAL,
+            "failed to get request params.: attempt to get members for non-object",
         ),
         (
             {**one_input(), "outputs": [{"name": "O", "parameters": {"classification": 3}}]},
