@@ -55,12 +55,19 @@ def parse_version(version: str) -> int:
     raises; Triton refuses them all with the same message."""
     if version == "":
         return -1
+    if version.startswith("-") and version[1:].isascii() and version[1:].isdigit():
+        raise invalid_arg(
+            f"invalid model version specified '{version}' , version should be an integral value > 0"
+        )
     if (
         not (version.isascii() and version.isdigit())
         or len(version) > 19
         or int(version) > _INT64_MAX
     ):
-        raise invalid_arg(f"failed to get model version from specified version string '{version}'")
+        raise invalid_arg(
+            f"failed to get model version from specified version string '{version}' "
+            "(details: stol), version should be an integral value > 0"
+        )
     return int(version)
 
 

@@ -23,7 +23,7 @@ from frontend.types import (
     RequestedOutput,
 )
 from ipc import datatypes
-from ipc.errors import Code, ServingError, invalid_arg
+from ipc.errors import Code, ServingError, invalid_arg, named
 
 _SHM_REGION: Final = "shared_memory_region"
 
@@ -118,8 +118,8 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
     raw_index = 0
     names: set[str] = set()
     for t in req.inputs:
-        if t.name in names:  # Triton's TRITONSERVER_InferenceRequestAddInput refuses it
-            raise invalid_arg(f"input '{t.name}' already exists in request")
+        if t.name in names:  # Triton's request refuses it, naming itself
+            raise invalid_arg(named(f"input '{t.name}' already exists in request", req.id))
         names.add(t.name)
         params = _params(t.parameters)
         if datatypes.datatype(t.datatype) is None:

@@ -36,7 +36,7 @@ from frontend.types import (
     RequestedOutput,
 )
 from ipc.datatypes import DataType, datatype, element_count
-from ipc.errors import Code, ServingError, invalid_arg
+from ipc.errors import Code, ServingError, invalid_arg, named
 
 __all__ = [
     "OutputEncoding",
@@ -117,7 +117,9 @@ def decode_infer_request(
     options = ResponseOptions()
     request.id = _request_id(doc)
     request.parameters, options.default_binary = _request_parameters(doc)
-    request.inputs = _inputs(doc, buf[split:], header_length is not None, model, max_json_depth)
+    request.inputs = _inputs(
+        doc, buf[split:], header_length is not None, model, max_json_depth, request.id
+    )
     request.outputs, options.outputs = _outputs(doc, allow_classification)
     return request, options
 
@@ -289,7 +291,12 @@ def _check_shm(params: dict[str, Any]) -> None:
 
 
 def _inputs(
-    doc: dict[str, Any], binary: memoryview, has_header_length: bool, model: str, max_depth: int
+    doc: dict[str, Any],
+    binary: memoryview,
+    has_header_length: bool,
+    model: str,
+    max_depth: int,
+    request_id: str,
 ) -> list[InputTensor]:
     items = _member(doc, "inputs", list, "array")
     inputs: list[InputTensor] = []
@@ -300,7 +307,8 @@ def _inputs(
         item = item if isinstance(item, dict) else {}
         tensor, used = _input(item, binary[pos:], has_header_length, model, max_depth)
         if tensor.name in seen:
-            raise invalid_arg(f"input '{tensor.name}' already exists in request")
+            # Triton's request refuses it, naming itself
+            raise invalid_arg(named(f"input '{tensor.name}' already exists in request", request_id))
         seen.add(tensor.name)
         inputs.append(tensor)
         pos += used

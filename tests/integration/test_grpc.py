@@ -256,7 +256,14 @@ def test_scheduling_parameters_of_the_wrong_kind_are_refused(
             "simple",
             "wrong_specification",
             grpc.StatusCode.INVALID_ARGUMENT,
-            "failed to get model version from specified version string 'wrong_specification'",
+            "failed to get model version from specified version string 'wrong_specification' "
+            "(details: stol), version should be an integral value > 0",
+        ),
+        (
+            "simple",
+            "-1",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "invalid model version specified '-1' , version should be an integral value > 0",
         ),
     ],
 )
@@ -411,7 +418,10 @@ def test_a_duplicate_input_is_refused_as_triton_does(url: str) -> None:
     with pytest.raises(grpc.RpcError) as e:
         _raw_stub(url).ModelInfer(req)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert e.value.details() == "input 'INPUT0' already exists in request"
+    # Triton's words (2.51): the request names itself
+    assert (
+        e.value.details() == "[request id: <id_unknown>] input 'INPUT0' already exists in request"
+    )
 
 
 @pytest.mark.parametrize("version", ["²", "\u0661", "9" * 5000])  # \u0661: Arabic-Indic 1
@@ -424,7 +434,8 @@ def test_version_strings_python_reads_as_numbers_are_refused(
         client.infer("identity_int64", [inp], model_version=version)
     assert (e.value.status(), e.value.message()) == (
         "StatusCode.INVALID_ARGUMENT",
-        f"failed to get model version from specified version string '{version}'",
+        f"failed to get model version from specified version string '{version}' "
+        "(details: stol), version should be an integral value > 0",
     )
 
 

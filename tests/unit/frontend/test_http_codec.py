@@ -378,9 +378,9 @@ def one_input(**fields: Any) -> dict[str, Any]:
             "output 'O' already exists in request",
         ),
         (
-            {"inputs": one_input()["inputs"] * 2},
+            {"id": "q", "inputs": one_input()["inputs"] * 2},
             Code.INVALID_ARG,
-            "input 'IN' already exists in request",
+            "[request id: q] input 'IN' already exists in request",  # Triton 2.51's words
         ),
         (
             {**one_input(), "parameters": {"triton_x": 1}},
