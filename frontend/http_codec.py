@@ -25,6 +25,7 @@ from frontend.http_raw_input import RawInputMeta, raw_input_tensor
 from frontend.json_tensors import (
     INT64_MAX,
     depth_exceeded,
+    json_error,
     tensor_from_json,
     tensor_to_json,
 )
@@ -162,7 +163,7 @@ def _is_uint(v: object) -> bool:
 def _request_id(doc: dict[str, Any]) -> str:
     rid = doc.get("id", "")
     if not isinstance(rid, str):
-        raise _json_error("id", "attempt to access JSON non-string as string")
+        raise json_error("id", "attempt to access JSON non-string as string")
     return rid
 
 
@@ -184,7 +185,7 @@ def _request_parameters(doc: dict[str, Any]) -> tuple[dict[str, ParamValue], boo
             )
         if key == "binary_data_output":
             if type(value) is not bool:
-                raise _json_error(key, "attempt to access JSON non-boolean as boolean")
+                raise json_error(key, "attempt to access JSON non-boolean as boolean")
             binary_output = value
             continue
         _check_reserved_type(key, value)
@@ -209,22 +210,16 @@ def _check_reserved_type(key: str, value: object) -> None:
         raise invalid_arg(f"Unable to parse '{key}'")
 
 
-def _json_error(key: str, problem: str) -> ServingError:
-    """What Triton's JSON layer (TritonJson) answers for a member it cannot read: INTERNAL
-    (HTTP 500), in its words, as Triton 2.51 does for every member of the request."""
-    return ServingError(Code.INTERNAL, f"Unable to parse '{key}': {problem}")
-
-
 def _not_uint(key: str) -> ServingError:
-    return _json_error(key, "attempt to access JSON non-unsigned-integer as unsigned-integer")
+    return json_error(key, "attempt to access JSON non-unsigned-integer as unsigned-integer")
 
 
 def _member(obj: dict[str, Any], key: str, kind: type, what: str) -> Any:
     if key not in obj:
-        raise _json_error(key, f"attempt to access non-existing object member '{key}'")
+        raise json_error(key, f"attempt to access non-existing object member '{key}'")
     value = obj[key]
     if not isinstance(value, kind) or (kind is not bool and type(value) is bool):
-        raise _json_error(key, f"attempt to access JSON non-{what} as {what}")
+        raise json_error(key, f"attempt to access JSON non-{what} as {what}")
     return value
 
 
@@ -340,7 +335,7 @@ def _input(
     if kind == "data":
         data = item["data"]
         if not isinstance(data, list):
-            raise _json_error("data", "attempt to access JSON non-array as array")
+            raise json_error("data", "attempt to access JSON non-array as array")
         tensor.data = tensor_from_json(name, dt, data, count, model, max_depth)
         return tensor, 0
     size = params["binary_data_size"]
@@ -387,7 +382,7 @@ def _output_encoding(
 ) -> OutputEncoding:
     binary = params.get("binary_data", False)
     if type(binary) is not bool:
-        raise _json_error("binary_data", "attempt to access JSON non-boolean as boolean")
+        raise json_error("binary_data", "attempt to access JSON non-boolean as boolean")
     classes = params.get("classification", 0)
     if not _is_uint(classes):
         raise invalid_arg("Unable to set 'classification'")

@@ -65,11 +65,14 @@ def depth_exceeded(max_depth: int) -> ServingError:
     return invalid_arg(f"JSON nesting depth exceeds maximum allowed limit ({max_depth})")
 
 
+def json_error(key: str, problem: str) -> ServingError:
+    """What Triton's JSON layer (TritonJson) answers for a member it cannot read: INTERNAL
+    (HTTP 500), in its words, as Triton 2.51 does for every member of the request."""
+    return ServingError(Code.INTERNAL, f"Unable to parse '{key}': {problem}")
+
+
 def _parse_error(what: str) -> ServingError:
-    # INTERNAL (HTTP 500): the answer of Triton 2.51's JSON layer
-    return ServingError(
-        Code.INTERNAL, f"Unable to parse 'data': attempt to access JSON non-{what} as {what}"
-    )
+    return json_error("data", f"attempt to access JSON non-{what} as {what}")
 
 
 def tensor_from_json(
@@ -95,11 +98,11 @@ def tensor_from_json(
             )
         return memoryview(datatypes.serialize_bytes(s.encode() for s in flat))
     if len(flat) != element_count:
-        raise ServingError(  # INTERNAL, as Triton 2.51; the counts in brackets are shoal's
-            Code.INTERNAL,
-            "Unable to parse 'data': Shape does not match true shape of 'data' field "
-            f"(unexpected number of elements for inference input '{name}' for model "
-            f"'{model}': expected {element_count}, got {len(flat)})",
+        raise json_error(  # Triton's words; the counts in brackets are shoal's
+            "data",
+            "Shape does not match true shape of 'data' field (unexpected number of elements "
+            f"for inference input '{name}' for model '{model}': expected {element_count}, "
+            f"got {len(flat)})",
         )
     arr = _numeric_array(dt, flat, types)
     return arr.view(np.uint8).data
