@@ -146,6 +146,11 @@ class DynamicBatcher:
     def __len__(self) -> int:
         return sum(len(level) for level in self._levels.values())
 
+    def holds_work(self) -> bool:
+        """Whether ``expire`` or ``take_batch`` may still have something to hand back: a
+        queued request, or a rejection not handed back yet."""
+        return bool(self._levels) or bool(self._rejected)
+
     # -- admission -------------------------------------------------------------------
 
     def _level(self, priority: int) -> int:

@@ -193,9 +193,6 @@ class ModelTable:
     def all_versions(self) -> list[ModelVersion]:
         return [v for e in self.models.values() for v in e.versions.values()]
 
-    def batching_versions(self) -> list[ModelVersion]:
-        return [v for v in self.all_versions() if v.batcher is not None]
-
     def stats(self, name: str, version: int) -> list[m.ModelStats]:
         """Statistics of every version (of ``name``, or of every model when "") that has
         been READY. Triton lists READY versions only; "has been" keeps a version's

@@ -7,6 +7,12 @@ least-recently-used first, which spreads work over all of them. A request in cli
 memory goes only to an instance that can reach it (``batcher.serves``): one on its GPU,
 or one on the CPU; the others pass it over and take the requests behind it. Statistics
 are kept here because this is where arrival, dispatch and completion meet.
+
+The broker calls ``tick``, ``next_wakeup`` and ``overdue`` on every turn of its loop, so
+they cost what is active, not what is loaded: they see only the versions whose batcher
+holds something (``_armed``) and the instances running a batch (``_busy``, in dispatch
+order), never the whole repository. A repository of hundreds of idle models must not
+tax each request to the one that is busy.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ class Router:
         self._next_batch = 1
         self._arrived: dict[tuple[bytes, int], float] = {}
         self._queued_ns: dict[tuple[bytes, int], int] = {}
+        # Batching versions whose batcher holds a request or an unreported rejection.
+        self._armed: dict[tuple[str, int], ModelVersion] = {}
+        # Instances running a batch, oldest dispatch first (re-inserted on each dispatch).
+        self._busy: dict[bytes, Instance] = {}
 
     def submit(self, mv: ModelVersion, item: m.WorkItem, now: float) -> list[Dispatch]:
         """Queue ``item``; raises Rejected when refused. A refused request is not a
@@ -44,6 +54,7 @@ class Router:
         full queue leaves ``fail`` at 0 on Triton 2.51)."""
         if mv.batcher is not None:
             mv.batcher.enqueue(item, now)
+            self._armed[(mv.name, mv.version)] = mv
         else:
             mv.queue.append(item)
         self._arrived[_key(item)] = now
@@ -66,6 +77,7 @@ class Router:
         if batch is None or batch.batch_id != done.batch_id:
             return []
         inst.in_flight = None
+        self._busy.pop(inst.ident, None)
         self._remember_answered(inst, batch, now)
         mv = self.table.version(inst.model, inst.version)
         if mv is not None:
@@ -113,6 +125,7 @@ class Router:
         mv = self.table.version(inst.model, inst.version)
         failed = list(inst.in_flight.items) if inst.in_flight else []
         inst.in_flight = None
+        self._busy.pop(inst.ident, None)
         inst.state = "DEAD"
         if mv is None:
             return failed, []
@@ -138,29 +151,35 @@ class Router:
         """Queue delays and timeouts that ran out: batches to send, requests to refuse."""
         dispatches: list[Dispatch] = []
         failures: list[Failure] = []
-        for mv in self.table.batching_versions():
-            assert mv.batcher is not None
-            for item in mv.batcher.expire(now):
-                self._fail(mv, item, now)
-                failures.append((item, TIMEOUT_EXPIRED))
-            dispatches.extend(self._dispatch(mv, now))
+        for key, mv in list(self._armed.items()):
+            batcher = mv.batcher
+            if batcher is not None:
+                for item in batcher.expire(now):
+                    self._fail(mv, item, now)
+                    failures.append((item, TIMEOUT_EXPIRED))
+                dispatches.extend(self._dispatch(mv, now))
+            if batcher is None or not batcher.holds_work():
+                del self._armed[key]
         return dispatches, failures
 
     def overdue(self, now: float, limit_s: float) -> list[Instance]:
-        """Instances whose current batch has run longer than ``limit_s`` (hung, probably)."""
+        """Instances whose current batch has run longer than ``limit_s`` (hung, probably):
+        the oldest dispatches, up to the first one still within the limit."""
+        out: list[Instance] = []
         if limit_s <= 0:
-            return []
-        return [
-            i for i in self.table.by_ident.values()
-            if i.in_flight is not None and now - i.dispatched_at > limit_s
-        ]  # fmt: skip
+            return out
+        for inst in self._busy.values():
+            if now - inst.dispatched_at <= limit_s:
+                break
+            out.append(inst)
+        return out
 
     def next_wakeup(self) -> float | None:
         """When ``tick`` next has work: a queue timeout, or a queue delay of a version
         with an idle instance (a busy version's next batch waits for its batch_done)."""
         times = [
             t
-            for mv in self.table.batching_versions()
+            for mv in self._armed.values()
             if mv.batcher is not None
             and (t := mv.batcher.next_wakeup([mv.instances[i].gpu for i in mv.idle])) is not None
         ]
@@ -257,5 +276,7 @@ class Router:
             self._next_batch += 1
             inst.in_flight = batch
             inst.dispatched_at = now
+            self._busy.pop(inst.ident, None)  # to the end: the newest dispatch
+            self._busy[inst.ident] = inst
             out.append((inst, batch))
         return out

@@ -233,6 +233,94 @@ def test_a_busy_version_does_not_wake_the_broker_for_its_queue_delay() -> None:
     assert [it.request.req_id for it in second.items] == [2]  # delay long gone: sent at once
 
 
+def _many_batching_versions(
+    count: int, config: bytes | None = None
+) -> tuple[ModelTable, Router, list[Instance]]:
+    """``count`` models, one version each with dynamic batching (``config``, by default
+    a queue delay of 100 ms) and one READY idle instance."""
+    table = ModelTable()
+    router = Router(table)
+    insts = []
+    for k in range(count):
+        name = f"m{k}"
+        table.add_model(name, {1: 1}, "onnxruntime_onnx")
+        mv = table.version(name, 1)
+        assert mv is not None
+        mv.set_config(config or _config_with_batching())
+        inst = Instance(f"w{k}".encode(), name, 1, 0, 1000 + k)
+        mv.instances[inst.ident] = inst
+        table.by_ident[inst.ident] = inst
+        inst.state = "READY"
+        mv.refresh_state()
+        router.instance_ready(inst, 0.0)
+        insts.append(inst)
+    return table, router, insts
+
+
+def _named_item(req_id: int, model: str, timeout_us: int = 0) -> m.WorkItem:
+    return m.WorkItem(b"f0", m.InferRequest(req_id, model, 1, [], [], timeout_us=timeout_us))
+
+
+def test_the_loop_sees_only_the_versions_holding_requests() -> None:
+    """tick and next_wakeup run on every turn of the broker's loop: with hundreds of idle
+    models loaded they must look at the one with a queue, and forget it once it empties."""
+    table, router, _ = _many_batching_versions(300)
+    busy = table.version("m7", 1)
+    assert busy is not None
+    assert router.next_wakeup() is None and router.tick(0.0) == ([], [])
+    assert router._armed == {}
+    router.submit(busy, _named_item(1, "m7"), 0.0)
+    assert list(router._armed) == [("m7", 1)]
+    assert router.next_wakeup() == 0.1
+    ((inst, batch),) = router.tick(0.1)[0]  # the delay ran out: sent
+    assert inst.model == "m7" and [it.request.req_id for it in batch.items] == [1]
+    assert router._armed == {}  # nothing queued any more
+
+
+def test_a_rejection_found_while_forming_a_batch_is_still_handed_back() -> None:
+    """take_batch applies timeouts too: a request it finds expired is handed back by the
+    next tick, even though the queue it left is empty by then."""
+    table = ModelTable()
+    table.add_model("simple", {1: 1}, "onnxruntime_onnx")
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(
+        _batching_config(
+            "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 100000 "
+            "default_queue_policy { default_timeout_microseconds: 1000 } }"
+        )
+    )
+    router = Router(table)
+    router.submit(mv, _named_item(1, "simple"), 0.0)  # no instance yet: queued
+    inst = Instance(b"w0", "simple", 1, 0, 1000)
+    mv.instances[inst.ident] = inst
+    inst.state = "READY"
+    mv.refresh_state()
+    assert router.instance_ready(inst, 0.5) == []  # expired while queued: no batch
+    dispatches, failures = router.tick(0.5)
+    assert dispatches == []
+    assert [(it.request.req_id, why) for it, why in failures] == [(1, "Request timeout expired")]
+    assert router._armed == {}
+
+
+def test_overdue_names_the_batches_running_too_long_oldest_first() -> None:
+    no_delay = _batching_config("max_batch_size: 8 dynamic_batching { }")
+    table, router, insts = _many_batching_versions(3, no_delay)
+    versions = [table.version(f"m{k}", 1) for k in range(3)]
+    for k, (mv, at) in enumerate(zip(versions, (0.0, 1.0, 2.0), strict=True)):
+        assert mv is not None
+        router.submit(mv, _named_item(k + 1, f"m{k}"), at)  # delay 0: runs at once
+    assert [i.model for i in router.overdue(11.5, 10.0)] == ["m0", "m1"]
+    first = insts[0]
+    assert first.in_flight is not None
+    router.batch_done(first, m.BatchDone(first.in_flight.batch_id, 1), 12.6)
+    mv0 = versions[0]
+    assert mv0 is not None
+    router.submit(mv0, _named_item(9, "m0"), 13.0)  # m0 runs again: now the newest
+    assert [i.model for i in router.overdue(13.5, 10.0)] == ["m1", "m2"]
+    assert router.overdue(13.5, 0) == []  # 0: no limit
+
+
 def test_requests_reported_answered_just_before_a_death_are_unconfirmed() -> None:
     table, router, (a,) = _table(1)
     _ready(table, router, a)
