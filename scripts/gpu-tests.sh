@@ -98,6 +98,7 @@ import tempfile
 from pathlib import Path
 
 import cupy
+import numpy as np
 import onnxruntime as ort
 import tritonclient.utils.cuda_shared_memory as cudashm
 
@@ -148,7 +149,9 @@ y = torch.arange(8, dtype=torch.float32, device="cuda") * 2
 assert float(y.sum()) == 56.0
 print(f"preflight: torch {torch.__version__} (CUDA {torch.version.cuda}) works on "
       f"{torch.cuda.get_device_name(0)}")
-x = cupy.arange(8, dtype=cupy.float32)  # a memcpy-only check first: all shoal needs
+# A copy to the device and back first (cupy.arange would launch a compiled kernel):
+# all shoal's GPU paths need.
+x = cupy.asarray(np.arange(8, dtype=np.float32))
 assert cupy.asnumpy(x).tolist() == list(range(8))
 print(f"preflight: cupy {cupy.__version__} (CUDA runtime "
       f"{cupy.cuda.runtime.runtimeGetVersion()}) works")

@@ -50,7 +50,9 @@ def _bytes_after(ptr: int) -> int | None:
     ]
     query.restype = ctypes.c_int
     base, size = ctypes.c_ulonglong(), ctypes.c_size_t()
-    if query(ctypes.byref(base), ctypes.byref(size), ctypes.c_ulonglong(ptr)) != 0:
+    status = query(ctypes.byref(base), ctypes.byref(size), ctypes.c_ulonglong(ptr))
+    if status != 0:  # the code names the cause (CUresult) where the request cannot
+        log.warning("cuMemGetAddressRange on 0x%x failed: CUresult %d", ptr, status)
         return None
     return int(base.value + size.value - ptr)
 
