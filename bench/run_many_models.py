@@ -30,10 +30,9 @@ import time
 from pathlib import Path
 
 from perf_analyzer import Measurement, perf_analyzer_path, perf_analyzer_version
-from perf_analyzer import run_perf_analyzer as _run_pa
 from run import _csv, _csv_ints, _fmt, _git_commit, _ratio, _sigterm
-from run_batching import _link_model, _start
-from servers import REPO_ROOT, ServerProcess, shoal_server, wait_ready
+from run_batching import _link_model, _measure, _start
+from servers import REPO_ROOT, ServerProcess, shoal_server
 
 MODEL, IDLE_SRC = "mlp", "simple"
 _ONE_THREAD = 'parameters { key: "intra_op_thread_count" value: { string_value: "1" } }\n'
@@ -71,25 +70,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     return p.parse_args(argv)
-
-
-def _measure(
-    pa: str, srv: ServerProcess, label: str, protocol: str, c: int, a: argparse.Namespace, raw: Path
-) -> Measurement:
-    wait_ready(srv.http_url, 10)
-    return _run_pa(
-        pa,
-        server=label,
-        url=srv.url(protocol),
-        protocol=protocol,
-        model=MODEL,
-        concurrency=c,
-        csv_path=raw / f"{label}-{protocol}-c{c}.csv",
-        interval_ms=a.measurement_interval,
-        max_trials=a.max_trials,
-        stability_pct=a.stability_percentage,
-        timeout_s=(a.max_trials + 2) * a.measurement_interval / 1e3 + 30,
-    )
 
 
 def _report(a: argparse.Namespace, pa: str, results: dict[tuple, Measurement], load: float) -> str:
@@ -148,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                     for label, srv in live.items():
                         print(f"[bench] perf_analyzer {label} {protocol} c={c}", flush=True)
                         try:
-                            m = _measure(pa, srv, label, protocol, c, a, raw)
+                            m = _measure(pa, srv, label, "many", MODEL, c, protocol, a, raw).m
                         except (RuntimeError, OSError, ValueError) as e:
                             print(f"[bench] {label} {protocol} c={c}: {e}", file=sys.stderr)
                             continue
