@@ -151,11 +151,21 @@ class CudaRegions:
             arr = self._cupy().ndarray(shape, dtype=dtype, memptr=memptr)
             return arr if self.gpu is not None else arr.get()  # get(): a synchronous copy
 
+    def host_bytes(self, region: ClientRegion, offset: int, nbytes: int) -> memoryview:
+        """A host copy of ``nbytes`` at ``offset`` of the client's device memory (a
+        serialized BYTES tensor: no model reads those on the device)."""
+        host = np.empty(nbytes, dtype=np.uint8)
+        with self._on(region):
+            src = self._memptr(region, offset, nbytes)
+            if nbytes:
+                src.copy_to_host(host.ctypes.data_as(ctypes.c_void_p), nbytes)  # synchronous
+        return host.data
+
     def write(self, region: ClientRegion, offset: int, value: Any) -> int:
         """Copy an output (cupy or numpy array) into the client's device memory; the bytes
         have landed when this returns."""
         if getattr(getattr(value, "dtype", None), "kind", "") == "O":
-            raise ValueError("a BYTES tensor cannot be written to CUDA shared memory")
+            raise ValueError("a BYTES tensor goes to CUDA shared memory serialized")
         nbytes = int(value.nbytes)
         cp = self._cupy()
         with self._on(region):

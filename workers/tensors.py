@@ -61,12 +61,15 @@ def input_array(
     if dt is None:
         raise ValueError(f"unknown datatype {ref.datatype}")
     c = client_region(ref.region, clients) if ref.data is None else None
+    buf: memoryview | bytes
     if c is not None and c.kind == "cuda":
-        if cuda is None or dt.numpy is None:
+        if cuda is None:
             raise ValueError(f"input '{ref.name}' cannot be read from CUDA shared memory here")
-        return cuda.array(c, ref.offset, ref.nbytes, dt.numpy, ref.shape)
-    if ref.data is not None:
-        buf: memoryview | bytes = ref.data
+        if dt.numpy is not None:
+            return cuda.array(c, ref.offset, ref.nbytes, dt.numpy, ref.shape)
+        buf = cuda.host_bytes(c, ref.offset, ref.nbytes)  # BYTES: no model reads them there
+    elif ref.data is not None:
+        buf = ref.data
     else:
         buf = tensor_view(ref.region, ref.offset, ref.nbytes, regions, clients)
     count = datatypes.element_count(ref.shape)
@@ -122,6 +125,9 @@ def output_ref(
     if spec is not None and c is not None and c.kind == "cuda":
         if cuda is None:
             raise ValueError(f"output '{name}' cannot be written to CUDA shared memory here")
+        dt = datatypes.datatype(datatype)
+        if dt is None or dt.numpy is None:  # BYTES go up serialized, as the client reads them
+            arr = np.frombuffer(_wire_bytes(arr, datatype), dtype=np.uint8)
         if int(arr.nbytes) > spec.nbytes:
             raise OutputTooLarge(
                 f"shared memory size specified with the request for output '{name}' "

@@ -22,9 +22,11 @@ import onnxruntime
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from shoal import modelgen
+from tests.conftest import ALL_DATATYPES, identity_config
+from tests.integration.test_http_infer import _sample
 from tests.serverctl import ShoalServer
 
 pytestmark = pytest.mark.gpu
@@ -85,6 +87,13 @@ def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer
         _identity(repo, "identity_gpu", "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }")
     _addsub_gpu(repo)
     _addsub_gpu(repo, "addsub_auto", "", batching="")
+    for dt in ALL_DATATYPES:  # CPU instances, as the image's onnxruntime has no CUDA
+        name = f"identity_{dt.lower()}"
+        modelgen.write_model(
+            repo, name, modelgen.identity_model(dt, [-1], batch=True),
+            identity_config(name, dt, "[ -1 ]", 8)
+            + "instance_group [ { count: 1 kind: KIND_CPU } ]\n",
+        )  # fmt: skip
     srv = ShoalServer(repo, "--allow-client-shm=true")
     yield srv
     assert srv.stop() == 0
@@ -322,6 +331,78 @@ def test_a_cpu_instance_serves_cuda_regions_through_the_host(
         assert instance["gpu"] is None and instance["cores"]
     finally:
         client.unregister_cuda_shared_memory(region)
+        cudashm.destroy_shared_memory_region(h)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("datatype", ALL_DATATYPES)
+def test_cuda_shared_memory_round_trip_of_every_datatype(
+    gpu_server: ShoalServer, protocol: str, datatype: str
+) -> None:
+    """Every datatype in and out through tritonclient's CUDA shared-memory utilities,
+    BYTES included (serialized in the region, as the client writes and reads them)."""
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    mod = httpclient if protocol == "http" else grpcclient
+    client = _client(gpu_server, protocol)
+    data = _sample(datatype, 8).reshape(2, 4)
+    wire = serialize_byte_tensor(data) if datatype == "BYTES" else data
+    size = len(wire.item()) if datatype == "BYTES" else data.nbytes
+    regions = [f"dt_{datatype}_{protocol}_in", f"dt_{datatype}_{protocol}_out"]
+    in_h, out_h = (cudashm.create_shared_memory_region(r, size, 0) for r in regions)
+    try:
+        cudashm.set_shared_memory_region(in_h, [wire])
+        for region, h in zip(regions, (in_h, out_h), strict=True):
+            client.register_cuda_shared_memory(region, cudashm.get_raw_handle(h), 0, size)
+        inp = mod.InferInput("INPUT0", [2, 4], datatype)
+        inp.set_shared_memory(regions[0], size)
+        out = mod.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory(regions[1], size)
+        result = client.infer(f"identity_{datatype.lower()}", [inp], outputs=[out])
+        meta = result.get_output("OUTPUT0")
+        shape = list(meta["shape"] if protocol == "http" else meta.shape)
+        dt = meta["datatype"] if protocol == "http" else meta.datatype
+        assert (shape, dt) == ([2, 4], datatype)
+        if datatype == "BYTES":
+            got = cudashm.get_contents_as_numpy(out_h, np.object_, [2, 4])
+            assert list(got.reshape(-1)) == list(data.reshape(-1))
+        else:
+            got = cudashm.get_contents_as_numpy(out_h, data.dtype, [2, 4])
+            assert got.tobytes() == data.tobytes()
+    finally:
+        for region in regions:
+            client.unregister_cuda_shared_memory(region)
+        cudashm.destroy_shared_memory_region(in_h)
+        cudashm.destroy_shared_memory_region(out_h)
+
+
+def test_a_bytes_output_too_large_for_its_cuda_region_is_refused(gpu_server: ShoalServer) -> None:
+    """The serialized BYTES output (4-byte lengths included) must fit the client's region:
+    one byte short is refused with Triton's message and nothing is written."""
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    client = httpclient.InferenceServerClient(gpu_server.url)
+    data = np.array([b"abc", b"defgh"], dtype=np.object_).reshape(1, 2)
+    size = len(serialize_byte_tensor(data).item())  # 4 + 3 + 4 + 5 = 16
+    h = cudashm.create_shared_memory_region("bytes_short", size - 1, 0)
+    try:
+        cudashm.set_shared_memory_region(h, [np.zeros(size - 1, dtype=np.uint8)])
+        client.register_cuda_shared_memory("bytes_short", cudashm.get_raw_handle(h), 0, size - 1)
+        inp = httpclient.InferInput("INPUT0", [1, 2], "BYTES")
+        inp.set_data_from_numpy(data)
+        out = httpclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("bytes_short", size - 1)
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("identity_bytes", [inp], outputs=[out])
+        assert e.value.status() == "500"
+        assert e.value.message().endswith(
+            "shared memory size specified with the request for output 'OUTPUT0' "
+            f"({size - 1} bytes) should be at least {size} bytes to hold the results"
+        )
+        region = cudashm.get_contents_as_numpy(h, np.uint8, [size - 1])
+        assert not region.any()
+    finally:
+        client.unregister_cuda_shared_memory("bytes_short")
         cudashm.destroy_shared_memory_region(h)
 
 
