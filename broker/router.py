@@ -17,7 +17,7 @@ tax each request to the one that is busy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from broker.batcher import TIMEOUT_EXPIRED, cuda_devices, serves
 from broker.models import Instance, ModelTable, ModelVersion
@@ -43,6 +43,8 @@ class Router:
         self._next_batch = 1
         self._arrived: dict[tuple[bytes, int], float] = {}
         self._queued_ns: dict[tuple[bytes, int], int] = {}
+        # The version whose queue holds each queued request: a cancel looks there only.
+        self._queued_in: dict[tuple[bytes, int], ModelVersion] = {}
         # Batching versions whose batcher holds a request or an unreported rejection.
         self._armed: dict[tuple[str, int], ModelVersion] = {}
         # Instances running a batch, oldest dispatch first (re-inserted on each dispatch).
@@ -58,6 +60,7 @@ class Router:
         else:
             mv.queue.append(item)
         self._arrived[_key(item)] = now
+        self._queued_in[_key(item)] = mv
         return self._dispatch(mv, now)
 
     def instance_ready(self, inst: Instance, now: float) -> list[Dispatch]:
@@ -188,7 +191,8 @@ class Router:
     def forget_frontend(self, frontend: bytes, now: float) -> list[m.WorkItem]:
         """Drop the queued requests of a frontend that exited (failures, in the
         statistics); returns them."""
-        return self._take_queued(lambda it: it.frontend == frontend, now)
+        holding = {id(mv): mv for key, mv in self._queued_in.items() if key[0] == frontend}
+        return self._take_queued(holding.values(), lambda it: it.frontend == frontend, now)
 
     def cancel(self, frontend: bytes, req_id: int, now: float) -> m.WorkItem | None:
         """Drop a request its client gave up on, if it is still queued (a failure, in the
@@ -196,12 +200,20 @@ class Router:
         Triton drops cancelled requests only in its dynamic and sequence batchers; shoal
         drops them from every queue, so that an abandoned request costs no execution."""
         key = (frontend, req_id)
-        taken = self._take_queued(lambda it: _key(it) == key, now)
+        mv = self._queued_in.get(key)
+        if mv is None:  # running, answered or unknown: nothing to drop
+            return None
+        taken = self._take_queued([mv], lambda it: _key(it) == key, now)
         return taken[0] if taken else None
 
-    def _take_queued(self, match: Callable[[m.WorkItem], bool], now: float) -> list[m.WorkItem]:
+    def _take_queued(
+        self,
+        versions: Iterable[ModelVersion],
+        match: Callable[[m.WorkItem], bool],
+        now: float,
+    ) -> list[m.WorkItem]:
         taken: list[m.WorkItem] = []
-        for mv in self.table.all_versions():
+        for mv in list(versions):
             gone = self._remove_queued(mv, match)
             for item in gone:
                 self._fail(mv, item, now)
@@ -221,6 +233,7 @@ class Router:
 
     def _fail(self, mv: ModelVersion, item: m.WorkItem, now: float) -> None:
         self._queued_ns.pop(_key(item), None)
+        self._queued_in.pop(_key(item), None)
         arrived = self._arrived.pop(_key(item), now)
         mv.stats.failed(int((now - arrived) * 1e9))
 
@@ -270,8 +283,9 @@ class Router:
                 # completion queue does: a refusal from the queue is answered at once.
                 if mv.ordering is not None:
                     item.seq = mv.ordering.assign()
-                waited = int((now - self._arrived.get(_key(item), now)) * 1e9)
-                self._queued_ns[_key(item)] = waited
+                key = _key(item)
+                self._queued_in.pop(key, None)
+                self._queued_ns[key] = int((now - self._arrived.get(key, now)) * 1e9)
             batch = m.ExecuteBatch(self._next_batch, items)
             self._next_batch += 1
             inst.in_flight = batch

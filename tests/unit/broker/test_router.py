@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from broker.batcher import Rejected
@@ -403,6 +405,48 @@ def test_a_cancelled_request_leaves_the_queue_but_not_a_running_batch() -> None:
     (stats,) = table.stats("simple", -1)
     assert stats.inference_stats.fail.count == 1
     assert _done(router, a) == []  # nothing left to run
+
+
+def test_cancels_and_exits_look_only_where_their_requests_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancel (a gRPC deadline, a client gone) is answered from the version its request
+    queues in, not by searching every loaded version; and nothing of a request stays
+    indexed once it leaves the queue: dispatched, dropped or expired."""
+    table, router, insts = _many_batching_versions(50)
+    m3, m9 = table.version("m3", 1), table.version("m9", 1)
+    assert m3 is not None and m9 is not None
+    insts[3].state = insts[9].state = "LOADING"  # not idle: their requests stay queued
+    m3.idle.clear()
+    m9.idle.clear()
+    router.submit(m3, _named_item(1, "m3"), 0.0)
+    router.submit(m9, _named_item(2, "m9"), 0.0)
+    router.submit(m9, m.WorkItem(b"f1", m.InferRequest(3, "m9", 1, [], [])), 0.0)
+    searched: list[str] = []
+    remove_queued = Router._remove_queued
+
+    def spy(mv: ModelVersion, match: Callable[[m.WorkItem], bool]) -> list[m.WorkItem]:
+        searched.append(mv.name)
+        return remove_queued(mv, match)
+
+    monkeypatch.setattr(Router, "_remove_queued", staticmethod(spy))
+    cancelled = router.cancel(b"f0", 2, 0.5)
+    assert cancelled is not None and cancelled.request.req_id == 2
+    assert router.cancel(b"f0", 2, 0.5) is None  # gone: a second cancel finds nothing
+    assert router.cancel(b"f0", 99, 0.5) is None  # never seen
+    (gone,) = router.forget_frontend(b"f0", 0.6)
+    assert gone.request.req_id == 1
+    assert m9.batcher is not None and len(m9.batcher) == 1  # f1's request stays
+    assert searched == ["m9", "m3"]  # one version per call, the one holding the request
+    assert m3.stats.snapshot().inference_stats.fail.count == 1
+    assert m9.stats.snapshot().inference_stats.fail.count == 1
+    insts[9].state = "READY"
+    m9.refresh_state()
+    router.instance_ready(insts[9], 0.7)
+    router.tick(0.8)  # the queue delay ran out: request 3 runs
+    assert insts[9].in_flight is not None
+    assert router.cancel(b"f1", 3, 0.9) is None  # running: its worker answers
+    assert router._queued_in == {}
 
 
 def test_a_passive_instance_loads_but_is_never_sent_work() -> None:
