@@ -22,6 +22,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import zmq
 
@@ -29,6 +30,7 @@ from broker.batcher import Rejected, cuda_devices
 from broker.client_regions import ClientRegions
 from broker.models import Instance, ModelTable, ModelVersion
 from broker.router import Dispatch, Router
+from broker.wake_timer import WakeTimer
 from configs import repository
 from configs.devices import gpu_count
 from configs.placement import instance_count, passive_instances
@@ -38,6 +40,9 @@ from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_
 from ipc.lifecycle import raise_open_file_limit, settle_gc
 
 log = logging.getLogger("shoal.broker")
+# The longest the loop sleeps with nothing to do: its hang checks and retries run then.
+# Queue delays and timeouts wake it through the timer, not through this.
+_HOUSEKEEPING_MS: Final = 250
 
 
 @dataclass
@@ -73,6 +78,8 @@ class BrokerProc:
         self.poller.register(self.wsock, zmq.POLLIN)
         self.peer_fds = select.epoll()  # the peers' pidfds: readable once a peer exits
         self.poller.register(self.peer_fds.fileno(), zmq.POLLIN)
+        self.timer = WakeTimer()  # the router's next deadline, to the microsecond
+        self.poller.register(self.timer.fileno(), zmq.POLLIN)
         self.pidfds: dict[int, tuple[str, bytes]] = {}  # fd -> (role, ident)
         self._unwatched: dict[bytes, tuple[int, str]] = {}  # pidfd_open failed: retry
         self.frontend_fds: dict[bytes, int] = {}
@@ -115,7 +122,10 @@ class BrokerProc:
                     ", ".join(f"{s.name}/{s.version}={s.state}" for s in self.table.states())
                     or "no models",
                 )
-            events = dict(self.poller.poll(self._poll_timeout_ms()))
+            self.timer.arm(self.router.next_wakeup())
+            events = dict(self.poller.poll(_HOUSEKEEPING_MS))
+            if self.timer.fileno() in events:
+                self.timer.clear()
             if self.fsock in events:
                 self._drain(self.fsock, self._on_frontend)
             if self.wsock in events:
@@ -127,13 +137,6 @@ class BrokerProc:
             self._tick()
         self._shutdown_workers()
         return 0
-
-    def _poll_timeout_ms(self) -> int:
-        """Sleep until the next queue delay or timeout runs out (at most 250 ms)."""
-        wake = self.router.next_wakeup()
-        if wake is None:
-            return 250
-        return max(0, min(250, int((wake - time.monotonic()) * 1000) + 1))
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -492,6 +495,7 @@ class BrokerProc:
         for fd in list(self.pidfds):
             self._unwatch(fd)
         self.peer_fds.close()
+        self.timer.close()
         self.fsock.close(0)
         self.wsock.close(0)
         self.client_regions.table.close()
