@@ -68,11 +68,19 @@ def _check_key(name: str, key: str) -> str:
                 f"cannot register shared memory region '{name}' with key '{key}' as the key "
                 f"contains the reserved prefix '{reserved}'"
             )
-    if not bare or not _KEY_NAME.match(bare) or bare in (".", ".."):
+    if not bare:
         raise invalid_arg(
             f"cannot register shared memory region '{name}' - invalid shm key '{key}'"
         )
+    if not _KEY_NAME.match(bare) or bare in (".", ".."):
+        # A name shm_open refuses (a '/' inside, '.', '..'): Triton's answer is then
+        # shm_open's failure. Refused here, before any path is built from it.
+        raise _cannot_open(key)
     return bare
+
+
+def _cannot_open(key: str) -> ServingError:
+    return ServingError(Code.INTERNAL, f"Unable to open shared memory region: '{key}'")
 
 
 def _already_registered(name: str) -> ServingError:
@@ -89,7 +97,7 @@ def _open_object(key: str, bare: str) -> tuple[int, os.stat_result]:
         # Non-blocking: a FIFO planted in /dev/shm must not hang the broker.
         fd = os.open(SHM_DIR / bare, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
-        raise ServingError(Code.INTERNAL, f"Unable to open shared memory region: '{key}'") from None
+        raise _cannot_open(key) from None
     try:
         return fd, os.fstat(fd)
     except BaseException:

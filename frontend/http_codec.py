@@ -113,7 +113,7 @@ def decode_infer_request(
         request = InferenceRequest(model=model, version=version, inputs=[tensor])
         return request, ResponseOptions(default_binary=True)
     split = len(buf) if header_length is None else header_length
-    doc = _parse_json(buf[:split], max_json_depth)
+    doc = parse_json(buf[:split], max_json_depth)
     request = InferenceRequest(model=model, version=version)
     options = ResponseOptions()
     request.id = _request_id(doc)
@@ -125,7 +125,9 @@ def decode_infer_request(
     return request, options
 
 
-def _parse_json(header: memoryview, max_depth: int) -> dict[str, Any]:
+def parse_json(header: memoryview, max_depth: int) -> dict[str, Any]:
+    """A request's JSON as Triton reads it: unparsable (an empty body too) is INTERNAL;
+    a root that is no object has no members."""
     try:
         doc = msgspec.json.decode(header)
     except RecursionError:
@@ -327,7 +329,8 @@ def _input(
         raise invalid_arg(f"invalid datatype for input {name}")
     count = _check_size(name, dt, shape)
     tensor = InputTensor(name=name, datatype=type_name, shape=shape, data=None)
-    _check_shm(params)
+    if kind != "binary_data_size":  # Triton reads them only for an input not in binary
+        _check_shm(params)
     if kind == _SHM_REGION:
         tensor.parameters = dict(params)
         return tensor, 0
@@ -381,16 +384,21 @@ def _output_encoding(
     name: str, params: dict[str, Any], allow_classification: bool
 ) -> OutputEncoding:
     binary = params.get("binary_data", False)
+    if _SHM_REGION in params:  # Triton's ValidateOutputParameter, before anything is read
+        if "classification" in params:
+            raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
+        if type(binary) is not bool:
+            raise ServingError(
+                Code.INTERNAL,
+                "Unable to set 'binary_data': attempt to access JSON non-boolean as boolean",
+            )
+        if binary:
+            raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
     if type(binary) is not bool:
         raise json_error("binary_data", "attempt to access JSON non-boolean as boolean")
     classes = params.get("classification", 0)
     if not _is_uint(classes):
         raise invalid_arg("Unable to set 'classification'")
-    if _SHM_REGION in params:
-        if "classification" in params:
-            raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
-        if binary:
-            raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
     _check_shm(params)
     if classes and not allow_classification:
         raise ServingError(

@@ -13,20 +13,14 @@ from aiohttp import web
 
 from configs.devices import gpu_count
 from frontend.dataplane import DataPlane
+from frontend.http_codec import parse_json
 from ipc.errors import Code, ServingError, invalid_arg
 
+_MAX_JSON_DEPTH = 100  # deeper than any register body
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw:
-        return {}
-    try:
-        doc = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(doc, dict):
-        raise invalid_arg("the request body must be a JSON object")
-    return doc
+    """The register body, read as the inference one (Triton's EVBufferToJson for both)."""
+    return parse_json(memoryview(await request.read()), _MAX_JSON_DEPTH)
 
 
 def _uint(doc: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -74,8 +68,8 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
         doc = await _body(request)
         _required(doc, "key")
         key = doc["key"]
-        if not isinstance(key, str):
-            raise invalid_arg("Unable to parse 'key': expected a string")
+        if not isinstance(key, str):  # Triton's JSON layer, word for word
+            raise ServingError(Code.INTERNAL, "attempt to access JSON non-string as string")
         offset = _uint(doc, "offset", 0)
         _required(doc, "byte_size")
         await dp(request).shared_memory(

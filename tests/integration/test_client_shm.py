@@ -258,11 +258,15 @@ def test_a_key_the_server_cannot_write_is_refused_at_registration(
         path.unlink()
 
 
-def _post(srv: ShoalServer, path: str, body: dict[str, object]) -> tuple[int, str]:
-    """A raw POST, for bodies tritonclient never sends (it always fills every field)."""
+def _post(
+    srv: ShoalServer, path: str, body: object, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """A raw POST, for bodies tritonclient never sends (it always fills every field);
+    bytes go as they are, anything else as JSON."""
     conn = http.client.HTTPConnection(srv.url, timeout=10)
     try:
-        conn.request("POST", path, body=json.dumps(body))
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn.request("POST", path, body=raw, headers=headers or {})
         resp = conn.getresponse()
         return resp.status, json.loads(resp.read())["error"]
     finally:
@@ -290,6 +294,116 @@ def test_register_requests_missing_a_field(shm_server: ShoalServer, regions: Reg
             500,
             "attempt to access JSON non-unsigned-integer as unsigned-integer",
         )
+
+
+def test_register_bodies_read_as_triton_s_json_layer_reads_them(
+    shm_server: ShoalServer, regions: Regions
+) -> None:
+    """Triton's EVBufferToJson and TritonJson: a body it cannot parse (an empty one too)
+    is INTERNAL; a root that is no object has no 'key'; a key that is no string is its
+    AsString error."""
+    _, _, key = regions.make("jsonlayer", 64, register=False)
+    base = "/v2/systemsharedmemory/region/jsonlayer/register"
+    for raw in (b"", b"{"):
+        status, message = _post(shm_server, base, raw)
+        assert status == 500
+        assert message.startswith("failed to parse the request JSON buffer: ")
+    assert _post(shm_server, base, [{"key": key, "byte_size": 64}]) == (
+        400,
+        "Shared memory register request has no 'key' field",
+    )
+    for bad_key in (5, None, [key]):
+        assert _post(shm_server, base, {"key": bad_key, "byte_size": 64}) == (
+            500,
+            "attempt to access JSON non-string as string",
+        )
+    http_client = httpclient.InferenceServerClient(shm_server.url)
+    assert http_client.get_system_shared_memory_status() == []  # nothing registered
+
+
+@pytest.mark.parametrize("key", ["/a/b", "/.", "/..", "//../etc/passwd"])
+def test_a_key_shm_open_refuses_is_its_open_failure(client: Any, key: str) -> None:
+    """Triton hands such a key to shm_open, which refuses a '/' inside the name, '.' and
+    '..': INTERNAL "Unable to open". shoal refuses it before building any path."""
+    with pytest.raises(InferenceServerException) as e:
+        client.register_system_shared_memory("slashed", key, 64)
+    assert e.value.message() == f"Unable to open shared memory region: '{key}'"
+    assert e.value.status() in ("500", "StatusCode.INTERNAL")
+
+
+def test_a_binary_input_s_stray_shared_memory_parameters_are_ignored(
+    shm_server: ShoalServer,
+) -> None:
+    """Triton reads the shared-memory parameters only of an input not sent in binary
+    (ParseJsonTritonIO): an offset or byte size of any type beside binary_data_size
+    changes nothing."""
+    a, b = np.arange(16, dtype=np.int32), np.full(16, 2, dtype=np.int32)
+    for stray in ({"shared_memory_offset": "x"}, {"shared_memory_byte_size": -5}):
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0", "datatype": "INT32", "shape": [1, 16],
+                        "parameters": {"binary_data_size": 64, **stray},
+                    },
+                    {
+                        "name": "INPUT1", "datatype": "INT32", "shape": [1, 16],
+                        "parameters": {"binary_data_size": 64},
+                    },
+                ],
+                "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}],
+            }
+        ).encode()  # fmt: skip
+        conn = http.client.HTTPConnection(shm_server.url, timeout=10)
+        try:
+            conn.request(
+                "POST",
+                "/v2/models/simple/infer",
+                body=header + a.tobytes() + b.tobytes(),
+                headers={"Inference-Header-Content-Length": str(len(header))},
+            )
+            resp = conn.getresponse()
+            doc = json.loads(resp.read())
+        finally:
+            conn.close()
+        assert resp.status == 200, doc
+        assert doc["outputs"][0]["data"] == (a + b).tolist()
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "message"),
+    [
+        (
+            {"classification": "x"},
+            400,
+            "Output can't set both 'shared_memory_region' and 'classification'",
+        ),
+        (
+            {"binary_data": "x"},
+            500,
+            "Unable to set 'binary_data': attempt to access JSON non-boolean as boolean",
+        ),
+    ],
+)
+def test_an_output_in_shared_memory_is_validated_before_its_values_are_read(
+    shm_server: ShoalServer, regions: Regions, params: dict[str, object], status: int, message: str
+) -> None:
+    """Triton's ValidateOutputParameter runs first and only asks which members exist."""
+    _, region, _ = regions.make("outorder", 64)
+    body = {
+        "inputs": [
+            {"name": n, "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}
+            for n in ("INPUT0", "INPUT1")
+        ],
+        "outputs": [
+            {
+                "name": "OUTPUT0",
+                "parameters": {"shared_memory_region": region, "shared_memory_byte_size": 64}
+                | params,
+            }
+        ],
+    }
+    assert _post(shm_server, "/v2/models/simple/infer", body) == (status, message)
 
 
 def test_register_twice_and_out_of_bounds(client: Any, regions: Regions) -> None:
