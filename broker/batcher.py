@@ -15,9 +15,12 @@ a fake clock. One ``DynamicBatcher`` per model version:
   is configured), when the delay is 0, or once its oldest request has waited
   ``max_queue_delay``; else nothing, and ``next_wakeup`` says when to ask again. Once
   the delay has run out, a batch takes everything that fits, preferred size or not.
-* ``expire`` hands back the requests whose queue timeout passed under REJECT; under DELAY
+* ``expire`` hands back the requests whose queue timeout passed under REJECT. Under DELAY
   they move to their level's delayed queue, behind every request that has not timed out,
-  later arrivals included (Triton's ``delayed_queue_``).
+  later arrivals included (Triton's ``delayed_queue_``), when the walk that forms a batch
+  reaches them, as Triton's ApplyPolicyAtCursor does: a later request with a shorter
+  ``timeout`` does not overtake an earlier one that timed out while every instance was
+  busy, and one past the batch being formed keeps its place until a walk reaches it.
 
 Scheduling order: priority level 1 first; within a level, arrival order, delayed last.
 
@@ -138,7 +141,10 @@ class DynamicBatcher:
         self._active: list[int] = []  # the keys of _levels, ascending: scheduling order
         self._preferred = frozenset(config.preferred_batch_sizes)
         self._max_preferred = max(config.preferred_batch_sizes, default=config.max_batch_size)
-        self._deadlines: list[tuple[float, int, Pending]] = []  # a heap; stale entries skipped
+        # Queue timeouts, heaps by action (stale entries skipped): a REJECT one is acted on
+        # when it passes, a DELAY one when a batch is next formed.
+        self._reject_at: list[tuple[float, int, Pending]] = []
+        self._delay_at: list[tuple[float, int, Pending]] = []
         self._tiebreak = itertools.count()
         self._rejected: list[m.WorkItem] = []  # timed out under REJECT, for the next expire
         self.cuda_queued = 0  # queued requests in client CUDA memory (Pending.devices)
@@ -196,8 +202,9 @@ class DynamicBatcher:
         if p.devices:
             self.cuda_queued += 1
         if deadline is not None:
-            heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), p))
-            if len(self._deadlines) > 2 * len(self) + 64:
+            heap = self._reject_at if policy.timeout_action == "REJECT" else self._delay_at
+            heapq.heappush(heap, (deadline, next(self._tiebreak), p))
+            if len(heap) > 2 * len(self) + 64:
                 self._compact_deadlines()
 
     def _drop_empty(self, touched: Iterable[int]) -> None:
@@ -215,8 +222,8 @@ class DynamicBatcher:
 
     def expire(self, now: float) -> list[m.WorkItem]:
         """Requests whose queue timeout passed with action REJECT (answer them with
-        TIMEOUT_EXPIRED). DELAY requests move behind the others of their level."""
-        self._apply_timeouts(now)
+        TIMEOUT_EXPIRED)."""
+        self._reject_expired(now)
         rejected, self._rejected = self._rejected, []
         return rejected
 
@@ -224,26 +231,23 @@ class DynamicBatcher:
         """Drop the entries of requests that left the queue. They go lazily, when they
         reach the top; a long timeout at the top would keep every later one (and its
         request) alive until it runs out."""
-        self._deadlines = [e for e in self._deadlines if e[2].queued and e[2].deadline is not None]
-        heapq.heapify(self._deadlines)
+        for heap in (self._reject_at, self._delay_at):
+            heap[:] = [e for e in heap if e[2].queued and e[2].deadline is not None]
+            heapq.heapify(heap)
 
-    def _apply_timeouts(self, now: float) -> None:
-        heap = self._deadlines
-        touched: set[int] = set()
+    def _reject_expired(self, now: float) -> None:
+        """Reject the requests whose REJECT timeout passed by ``now``, however deep in
+        the queue (as Triton's RejectTimeoutRequests)."""
+        heap, expired = self._reject_at, []
         while heap and (heap[0][0] <= now or not heap[0][2].queued):
             deadline, _, p = heapq.heappop(heap)
-            if not p.queued or deadline > now:
-                continue  # it left the queue before its timeout
-            level = self._levels[p.level]
-            level.queue.remove(p)  # linear, but only for a request that timed out
-            if level.policy.timeout_action == "REJECT":
-                self._left(p)
-                self._rejected.append(p.item)
-                touched.add(p.level)
-            else:
-                p.deadline = None
-                level.delayed.append(p)
-        self._drop_empty(touched)
+            if p.queued and deadline <= now:  # else it left the queue before its timeout
+                expired.append(p)
+        for p in expired:
+            self._levels[p.level].queue.remove(p)  # linear, but only for a timed-out one
+            self._left(p)
+            self._rejected.append(p.item)
+        self._drop_empty({p.level for p in expired})
 
     # -- batch formation -------------------------------------------------------------
 
@@ -260,12 +264,32 @@ class DynamicBatcher:
         if p.devices:
             self.cuda_queued -= 1
 
-    def _form(self, gpu: int | None = None) -> _Formed:
-        """The batch for an instance on ``gpu``, from the requests it can serve."""
+    def _walk(self, now: float | None) -> Iterator[Pending]:
+        """``_order``, moving the DELAY requests it finds timed out by ``now`` (if given)
+        to their level's delayed queue as it reaches them: Triton's ApplyPolicyAtCursor,
+        which looks only as far as the batch being formed."""
+        for index in self._active:
+            level = self._levels[index]
+            queue, i = level.queue, 0
+            moves_by = now if level.policy.timeout_action == "DELAY" else None
+            while i < len(queue):
+                p = queue[i]
+                if moves_by is not None and p.deadline is not None and p.deadline <= moves_by:
+                    del queue[i]
+                    p.deadline = None
+                    level.delayed.append(p)
+                    continue
+                yield p
+                i += 1
+            yield from level.delayed
+
+    def _form(self, gpu: int | None = None, now: float | None = None) -> _Formed:
+        """The batch for an instance on ``gpu``, from the requests it can serve; with
+        ``now``, to send (timed-out DELAY requests it walks past move behind)."""
         chosen: list[Pending] = []
         total = best = 0
         full = False
-        for p in self._order():
+        for p in self._walk(now):
             if p.devices and not serves(gpu, p.devices):
                 if self.c.preserve_ordering:
                     full = True  # dispatch order must stay scheduling order
@@ -286,8 +310,8 @@ class DynamicBatcher:
     def take_batch(self, now: float, gpu: int | None = None) -> list[m.WorkItem]:
         """The batch to run now on an idle instance on ``gpu`` (None: a CPU instance), or
         [] to wait (see next_wakeup)."""
-        self._apply_timeouts(now)
-        f = self._form(gpu)
+        self._reject_expired(now)
+        f = self._form(gpu, now)
         if not f.chosen:
             return []
         delay = self.c.max_queue_delay_us / 1e6
@@ -305,12 +329,16 @@ class DynamicBatcher:
         ``idle`` instances (their GPUs, None for a CPU one) does. While every instance is
         busy (``idle`` empty) a delay that ran out changes nothing: the next batch forms
         when an instance reports done, so waking for it would only spin."""
-        heap = self._deadlines
-        while heap and not heap[0][2].queued:
-            heapq.heappop(heap)
-        times = [heap[0][0]] if heap else []
+        times: list[float] = []
+        gpus = set(idle)
+        # A DELAY timeout matters once a batch can form: while every instance is busy,
+        # waking for one that passed would only spin.
+        for heap in (self._reject_at, self._delay_at) if gpus else (self._reject_at,):
+            while heap and (not heap[0][2].queued or heap[0][2].deadline is None):
+                heapq.heappop(heap)  # gone, or delayed already
+            if heap:
+                times.append(heap[0][0])
         if self.c.max_queue_delay_us:
-            gpus = set(idle)
             if gpus and not self.cuda_queued:
                 gpus = {None}  # every instance would form the same batch
             for gpu in gpus:

@@ -18,6 +18,7 @@ from ipc.errors import Code, ServingError, invalid_arg
 
 _MAX_JSON_DEPTH = 100  # deeper than any register body
 
+
 async def _body(request: web.Request) -> dict[str, Any]:
     """The register body, read as the inference one (Triton's EVBufferToJson for both)."""
     return parse_json(memoryview(await request.read()), _MAX_JSON_DEPTH)

@@ -204,6 +204,26 @@ def test_timed_out_delay_requests_go_behind_the_others_later_arrivals_too() -> N
     assert [b.take_batch(now=0.0022) for _ in range(3)] == [[before], [after], [late]]
 
 
+def test_requests_that_timed_out_while_busy_are_delayed_in_arrival_order() -> None:
+    """Triton moves a timed-out DELAY request when its batch-forming walk reaches it, and
+    that walk runs only once an instance is free: requests that timed out meanwhile keep
+    their queue order, even when a later one's own ``timeout`` ran out first."""
+    policy = QueuePolicy("DELAY", default_timeout_us=10_000, allow_timeout_override=True)
+    b = DynamicBatcher(BatcherConfig(1, (1,), default_policy=policy))
+    running, first, second, fresh = item(), item(), item(timeout_us=2_000), item()
+    b.enqueue(running, now=0.0)
+    assert b.take_batch(now=0.0) == [running]  # the one instance is busy from here on
+    b.enqueue(first, now=0.001)  # times out at 0.011
+    b.enqueue(second, now=0.002)  # at 0.004: sooner
+    b.enqueue(fresh, now=0.040)
+    for now in (0.005, 0.012, 0.030):
+        assert b.expire(now) == []  # broker ticks while busy: DELAY moves nothing yet
+        assert b.next_wakeup(idle=[]) is None  # and a passed DELAY timeout wakes no one
+    assert b.next_wakeup() == pytest.approx(0.004)  # an idle instance: due at once
+    batches = [b.take_batch(now=0.045) for _ in range(3)]
+    assert batches == [[fresh], [first], [second]]
+
+
 def test_an_expired_reject_request_is_never_batched() -> None:
     policy = QueuePolicy(timeout_action="REJECT", default_timeout_us=1_000)
     b = DynamicBatcher(BatcherConfig(8, default_policy=policy))
@@ -295,7 +315,7 @@ def test_requests_gone_from_the_queue_do_not_pile_up_behind_a_long_timeout() -> 
         b.enqueue(item(priority=1), now=i * 1e-6)
         assert len(b.take_batch(now=i * 1e-6)) == 1
     assert len(b) == 1
-    assert len(b._deadlines) <= 2 * len(b) + 64
+    assert len(b._reject_at) + len(b._delay_at) <= 2 * len(b) + 64
 
 
 def test_waking_at_next_wakeup_always_finds_the_batch_due() -> None:
