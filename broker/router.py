@@ -84,12 +84,14 @@ class Router:
         self._remember_answered(inst, batch, now)
         mv = self.table.version(inst.model, inst.version)
         if mv is not None:
-            failed = set(done.failed)
+            failed, refused = set(done.failed), set(done.refused)
             ok_ns: list[int] = []
             samples = 0
             for pos, item in enumerate(batch.items):
                 elapsed = int((now - self._arrived.pop(_key(item), now)) * 1e9)
                 waited = self._queued_ns.pop(_key(item), 0)
+                if pos in refused:
+                    continue  # malformed: Triton refuses it before any statistic
                 if pos in failed:
                     mv.stats.failed(elapsed)
                 else:

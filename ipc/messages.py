@@ -119,6 +119,9 @@ class BatchDone(msgspec.Struct, array_like=True):
     # positions in the batch's items that got an error instead of outputs (not req_ids:
     # those are numbered per frontend, so two frontends' requests can share one)
     failed: list[int] = []
+    # of those, the ones refused as malformed before anything ran (BYTES in a client
+    # region): Triton refuses these before its scheduler, so they count in no statistic
+    refused: list[int] = []
 
 
 class WorkerHello(msgspec.Struct, array_like=True):

@@ -286,6 +286,7 @@ class WorkerProc:
         frontends (``Unconfirmed``) and the ones still waiting fail there."""
         t0 = time.perf_counter_ns()
         failed: list[int] = []
+        refused: list[int] = []
         answers: list[tuple[m.WorkItem, m.InferResponse]] = []
         live: list[tuple[int, m.WorkItem, dict[str, np.ndarray]]] = []  # (position, ..)
         for pos, item in enumerate(batch.items):
@@ -298,6 +299,7 @@ class WorkerProc:
                 live.append((pos, item, tensors))
             except datatypes.BytesLayoutError as exc:  # Triton's own words, as they are
                 failed.append(pos)
+                refused.append(pos)
                 error = _error(item, Code.INVALID_ARG, exc.message, exc.names_request)
                 answers.append((item, error))
             except Exception as exc:
@@ -340,7 +342,7 @@ class WorkerProc:
                         failed.append(pos)
                     answers.append((it, resp))
         t3 = time.perf_counter_ns()
-        done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed)
+        done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed, refused)
         if self.s.fault == "die-after-report":
             self._die_after_report(done)
         for item, resp in answers:

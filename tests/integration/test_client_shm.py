@@ -858,11 +858,20 @@ def test_malformed_bytes_in_a_region_get_triton_s_answer(
     client: Any, shm_server: ShoalServer, regions: Regions, payload: bytes, message: str
 ) -> None:
     """The worker reads a BYTES input from the client's region and checks its elements
-    as Triton does: the same message and status, and the worker carries on."""
+    as Triton does: the same message and status, and the worker carries on. Triton
+    refuses such a request before its scheduler: it counts in no statistic."""
     mod = _mod(client)
+    stats = httpclient.InferenceServerClient(shm_server.url)
+
+    def counts() -> tuple[int, int, int]:
+        (s,) = stats.get_inference_statistics("identity_bytes")["model_stats"]
+        i = s["inference_stats"]
+        return i["success"]["count"], i["fail"]["count"], s["execution_count"]
+
     handle, region, _ = regions.make("badbytes", 64)
     shm.set_shared_memory_region(handle, [np.frombuffer(payload, dtype=np.uint8)])
     worker = shm_server.worker_pid("identity_bytes")
+    before = counts()
     inp = mod.InferInput("INPUT0", [1, 2], "BYTES")
     inp.set_shared_memory(region, len(payload))
     with pytest.raises(InferenceServerException) as e:
@@ -874,6 +883,8 @@ def test_malformed_bytes_in_a_region_get_triton_s_answer(
     inp.set_shared_memory(region, len(good))
     assert client.infer("identity_bytes", [inp]).as_numpy("OUTPUT0").tolist() == [[b"x", b"yz"]]
     assert shm_server.worker_pid("identity_bytes") == worker
+    success, fail, executions = before
+    assert counts() == (success + 1, fail, executions + 1)  # the good one alone
 
 
 def test_outputs_over_their_own_inputs_get_the_right_values(client: Any, regions: Regions) -> None:
