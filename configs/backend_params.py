@@ -163,15 +163,13 @@ def instance_threads(requested: int | None, cores: Sequence[int]) -> int:
     """The intra-op thread count for an instance pinned to `cores` (none: not pinned,
     as a KIND_GPU instance), given what its config asks for (`intra_op_threads` above).
 
-    Unset: one thread per core the instance owns, 1 when it owns none. 0, "the
-    backend's default": for a pinned instance, its own core count, which is that default
-    seen from inside its cores. ONNX Runtime's own default would size the pool for the
-    whole host and pin each thread to a core of its own, out of the instance's cores and
-    onto other instances'. For an instance not pinned, 0: the backend picks. Above 0:
-    that many.
+    Unset or 0, "the backend's default": for a pinned instance, one thread per core it
+    owns, which is that default seen from inside its cores (ONNX Runtime's own would
+    size the pool for the whole host and pin each thread to a core of its own, out of
+    the instance's cores and onto other instances'). For an instance not pinned (KIND_GPU,
+    whose CPU work is only the operators without a GPU kernel), 0: the backend picks, as
+    Triton leaves it. Above 0: that many.
     """
-    if requested is None:
-        return max(len(cores), 1)
-    if requested <= 0:
+    if requested is None or requested <= 0:
         return len(cores)
     return requested

@@ -2,12 +2,19 @@
 
 Triton's instance_group semantics: a KIND_CPU group of ``count`` makes ``count``
 instances; a KIND_GPU group makes ``count`` instances on every GPU it lists. Each CPU
-instance gets cores of its own while there are enough (an even share of the usable
-cores); beyond that, instances share cores round-robin. A GPU instance sees only its GPU.
+instance gets cores of its own while there are enough: the usable cores split into as
+many contiguous blocks, their sizes at most one apart, so no core is left to no one
+(9 instances on 16 cores: 7 of 2 cores, 2 of 1). Beyond one instance per core, instances
+share cores round-robin. Instances of a ``passive`` group are loaded but never sent work
+(Triton's passive instances): they take no core from the others and run on all of them.
+A GPU instance sees only its GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +33,7 @@ class InstancePlan:
 
 def plan_instances(models: list[tuple[str, list[int], Any]], cpus: list[int]) -> list[InstancePlan]:
     """``models``: (name, versions, completed-enough ModelConfig) of each loadable model."""
-    raw: list[tuple[str, int, int, str, int | None]] = []
+    raw: list[tuple[InstancePlan, bool]] = []  # (a plan without cores yet, passive)
     for name, versions, config in models:
         for version in versions:
             index = 0
@@ -35,23 +42,33 @@ def plan_instances(models: list[tuple[str, list[int], Any]], cpus: list[int]) ->
                 gpus = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else [None]
                 for gpu in gpus:
                     for k in range(count):
-                        raw.append((name, version, index, f"{group.name}_{k}", gpu))
+                        plan = InstancePlan(name, version, index, f"{group.name}_{k}", gpu=gpu)
+                        raw.append((plan, group.passive))
                         index += 1
-    cpu_instances = [r for r in raw if r[4] is None]
-    share = max(len(cpus) // max(len(cpu_instances), 1), 1)
+    active = sum(1 for plan, passive in raw if plan.gpu is None and not passive)
+    blocks = _core_blocks(cpus, active)
     plans: list[InstancePlan] = []
-    cpu_i = 0
-    for name, version, index, iname, gpu in raw:
-        if gpu is None:
-            if len(cpu_instances) <= len(cpus):
-                cores = tuple(cpus[cpu_i * share : (cpu_i + 1) * share])
-            else:
-                cores = (cpus[cpu_i % len(cpus)],)
-            cpu_i += 1
-            plans.append(InstancePlan(name, version, index, iname, cores))
-        else:
-            plans.append(InstancePlan(name, version, index, iname, gpu=gpu))
+    for plan, passive in raw:
+        if plan.gpu is None:
+            cores = tuple(cpus) if passive else next(blocks)
+            plan = dataclasses.replace(plan, cores=cores)
+        plans.append(plan)
     return plans
+
+
+def _core_blocks(cpus: list[int], n: int) -> Iterator[tuple[int, ...]]:
+    """The cores of each of ``n`` instances, in order: contiguous blocks covering every
+    core, the first ``len(cpus) % n`` one core larger; past one instance per core, one
+    core each, round-robin."""
+    if n > len(cpus):
+        for i in itertools.count():
+            yield (cpus[i % len(cpus)],)
+    share, extra = divmod(len(cpus), max(n, 1))
+    start = 0
+    for i in range(n):
+        size = share + (1 if i < extra else 0)
+        yield tuple(cpus[start : start + size])
+        start += size
 
 
 def plan_repository(entries: list[Any], cpus: list[int]) -> list[InstancePlan]:

@@ -165,7 +165,7 @@ def test_bad_shoal_alias_fails_the_load_too() -> None:
     ("requested", "cores", "expected"),
     [
         (None, [4, 5, 6], 3),  # unset: one thread per core owned
-        (None, [], 1),  # not pinned (KIND_GPU)
+        (None, [], 0),  # not pinned (KIND_GPU): the backend's default, as Triton's
         (2, [4, 5, 6], 2),
         (8, [4], 8),  # asked for: more threads than cores is the config's choice
         # "The backend's default", seen from inside the instance's cores: ONNX Runtime's

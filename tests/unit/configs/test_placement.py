@@ -67,3 +67,21 @@ def test_passive_instances_are_numbered_as_plan_instances_numbers_them() -> None
     assert [p.index for p in plans if p.gpu is None][:2] == [2, 3]
     assert passive_instances(cfg) == frozenset({2, 3})
     assert passive_instances(_config("q", (CPU, 2, []))) == frozenset()
+
+
+def test_every_core_goes_to_an_instance_when_they_do_not_divide_evenly() -> None:
+    """5 instances on 8 cores: blocks of 2, 2, 2, 1, 1 (7 of 16 cores would stay idle
+    for 9 instances if each got 16 // 9)."""
+    models = [(f"m{i}", [1], _config(f"m{i}", (CPU, 1, []))) for i in range(5)]
+    plans = plan_instances(models, cpus=list(range(8)))
+    assert [p.cores for p in plans] == [(0, 1), (2, 3), (4, 5), (6,), (7,)]
+    many = [(f"m{i}", [1], _config(f"m{i}", (CPU, 1, []))) for i in range(9)]
+    cores = [c for p in plan_instances(many, cpus=list(range(16))) for c in p.cores]
+    assert sorted(cores) == list(range(16))  # each core once
+
+
+def test_passive_instances_take_no_core_from_the_ones_that_serve() -> None:
+    cfg = _config("p", (CPU, 1, []), (CPU, 3, []))
+    cfg.instance_group[1].passive = True
+    plans = plan_instances([("p", [1], cfg)], cpus=[0, 1, 2, 3])
+    assert [p.cores for p in plans] == [(0, 1, 2, 3)] * 4  # the active one owns them all
