@@ -35,6 +35,7 @@ class Instance:
     dispatched_at: float = 0.0  # when in_flight was sent (monotonic)
     cores: list[int] = field(default_factory=list)
     gpu: int | None = None  # the server's id of its GPU; None: a CPU instance
+    name: str = ""  # Triton's instance name (<group>_<k>), as the worker reported it
     # (when reported, [(frontend, req_id)]): requests it answered straight to their
     # frontends lately; if it dies, those answers may not have left it (router.py).
     answered: deque[tuple[float, list[tuple[bytes, int]]]] = field(default_factory=deque)

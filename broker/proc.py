@@ -394,7 +394,10 @@ class BrokerProc:
             return
         if ident not in self.table.by_ident:
             gpu = hello.gpu if hello.gpu >= 0 else None
-            inst = Instance(ident, hello.model, hello.version, hello.instance, hello.pid, gpu=gpu)
+            inst = Instance(
+                ident, hello.model, hello.version, hello.instance, hello.pid, gpu=gpu,
+                name=hello.name or f"{hello.model}_{hello.instance}",
+            )  # fmt: skip
             self.table.by_ident[ident] = inst
             mv.add_instance(inst)
             self._watch(ident, hello.pid, "worker")
@@ -477,7 +480,7 @@ class BrokerProc:
                 version.load_failed(inst, f"instance {inst.index} exited while loading")
         err = ServingError(
             Code.UNAVAILABLE,
-            f"Failed to process the request(s) for model instance '{inst.model}_{inst.index}', "
+            f"Failed to process the request(s) for model instance '{inst.name}', "
             f"message: the instance's worker process (pid {inst.pid}) exited",
         )
         for item in failed:

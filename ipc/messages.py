@@ -133,6 +133,7 @@ class WorkerHello(msgspec.Struct, array_like=True):
     # the version's other instances (a new broker must not wait for them for ever)
     rejoin: bool = False
     gpu: int = -1  # the server's id of the GPU it runs on; -1: on the CPU
+    name: str = ""  # Triton's instance name, <group>_<k>, for the errors that name it
 
 
 class WorkerReady(msgspec.Struct, array_like=True):

@@ -98,7 +98,9 @@ class WorkerProc:
     def _hello(self) -> None:
         s = self.s
         gpu = -1 if s.gpu is None else s.gpu
-        hello = m.WorkerHello(s.model, s.version, s.instance, os.getpid(), self.rejoin, gpu)
+        hello = m.WorkerHello(
+            s.model, s.version, s.instance, os.getpid(), self.rejoin, gpu, s.instance_name
+        )
         self.sock.send_multipart(m.encode(hello))
 
     def load(self) -> m.WorkerReady | m.WorkerFailed:

@@ -99,28 +99,68 @@ def test_worker_killed_mid_request_fails_that_request_only(fresh_server: ShoalSe
     assert fresh_server.worker_pid("simple") != pid
 
 
+def test_a_stuck_model_holds_back_only_its_own_answers_on_a_grpc_stream(
+    fresh_server: ShoalServer,
+) -> None:
+    """One stream, a request to a model whose worker is stopped, then requests to
+    another model: theirs come back at once (Triton sends stream answers as they are
+    ready); the stuck one's comes once its worker runs again."""
+    import queue
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{fresh_server.grpc_port}")
+    answers: queue.Queue[object] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    pid = fresh_server.worker_pid("mlp")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stuck = grpcclient.InferInput("INPUT0", [1, 256], "FP32")
+        stuck.set_data_from_numpy(np.ones((1, 256), dtype=np.float32))
+        client.async_stream_infer("mlp", [stuck], request_id="stuck")
+        for i in range(3):
+            ins = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+            for t in ins:
+                t.set_data_from_numpy(np.full((1, 16), i, dtype=np.int32))
+            client.async_stream_infer("simple", ins, request_id=f"simple{i}")
+        first = [answers.get(timeout=20) for _ in range(3)]
+        for result in first:
+            assert not isinstance(result, Exception), result
+        assert sorted(r.get_response().id for r in first) == ["simple0", "simple1", "simple2"]
+        assert answers.empty()  # mlp's worker is still stopped
+        os.kill(pid, signal.SIGCONT)
+        last = answers.get(timeout=20)
+        assert not isinstance(last, Exception), last
+        assert last.get_response().id == "stuck" and last.as_numpy("OUTPUT0").shape == (1, 256)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        client.stop_stream()
+
+
 def test_answers_lost_with_a_worker_killed_after_its_report_fail_not_hang(
     small_repo: Path,
 ) -> None:
     """The window between a worker's report and its answers leaving it: the broker has
     let the batch go, the answers died with the process, and the request must still get
-    an error (SHOAL_TEST_FAULT reproduces the window: report, no answers, SIGKILL)."""
-    srv = ShoalServer(small_repo, env={"SHOAL_TEST_FAULT": "die-after-report:simple"})
+    an error (SHOAL_TEST_FAULT reproduces the window: report, no answers, SIGKILL).
+    The error names the instance as Triton does, <group>_<k>: mlp's instance_group has
+    no name, so the group is mlp_0 and its instance mlp_0_0."""
+    srv = ShoalServer(small_repo, env={"SHOAL_TEST_FAULT": "die-after-report:mlp"})
     try:
         client = httpclient.InferenceServerClient(srv.url, network_timeout=30)
-        pid = srv.worker_pid("simple")
+        pid = srv.worker_pid("mlp")
         t0 = time.monotonic()
         with pytest.raises(InferenceServerException) as e:
-            client.infer("simple", simple_inputs())
+            client.infer("mlp", mlp_input())
         assert time.monotonic() - t0 < 5, "the request waited for an answer that had died"
         assert e.value.status() == "503"
-        assert "Failed to process the request(s) for model instance 'simple_0'" in (
+        assert "Failed to process the request(s) for model instance 'mlp_0_0'" in (
             e.value.message()
         )
         assert f"(pid {pid}) exited" in e.value.message()
         assert "1 answer(s) died with their worker" in srv.log()
         # The other model never noticed.
-        assert client.infer("mlp", mlp_input()).as_numpy("OUTPUT0").shape == (1, 256)
+        np.testing.assert_array_equal(
+            client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
+        )
     finally:
         srv.stop()
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)
