@@ -300,11 +300,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        pending: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = asyncio.Queue(
-            STREAM_WINDOW
-        )
-
+        """Requests run concurrently; each answer goes out as soon as it is ready, as
+        Triton's stream sends them (clients match them by id): a model that hangs holds
+        back its own answers only. At most STREAM_WINDOW requests are running or answered
+        but not yet sent; past that, reading pauses."""
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        running: set[asyncio.Task[None]] = set()
         unparsable: list[_Unparsable] = []
+
+        async def answer(request: pb.ModelInferRequest) -> None:
+            answers.put_nowait(await self._stream_one(request))
 
         async def read() -> None:
             try:
@@ -312,23 +318,27 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
                     if isinstance(request, _Unparsable):
                         unparsable.append(request)
                         return  # what came before is answered; then the stream ends
-                    await pending.put(asyncio.create_task(self._stream_one(request)))
+                    await window.acquire()
+                    task = asyncio.create_task(answer(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
             finally:
-                await pending.put(None)
+                while running:  # the answers still to come go out before the end
+                    await asyncio.wait(set(running))
+                answers.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
-            while (task := await pending.get()) is not None:
-                yield await task
+            while (response := await answers.get()) is not None:
+                yield response
+                window.release()
             if unparsable:
                 unparsable[0].log()
                 await context.abort(grpc.StatusCode.INTERNAL, UNPARSABLE_MESSAGE)
         finally:
             reader.cancel()
-            while not pending.empty():
-                leftover = pending.get_nowait()
-                if leftover is not None:
-                    leftover.cancel()
+            for task in list(running):
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
