@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 SHM_DIR: Final[Path] = Path("/dev/shm")
 PREFIX: Final[str] = "shoal-"
 _NAME_RE: Final = re.compile(r"^shoal-(\d+)-([a-z]+)-([0-9a-f]{16})$")
+# A segment being created: not locked yet, so sweepers go by its pid alone.
+_NEW_SUFFIX: Final[str] = ".new"
+_NEW_RE: Final = re.compile(r"^shoal-(\d+)-([a-z]+)-([0-9a-f]{16})\.new$")
 _BROKER_FD_RE: Final = re.compile(r"^/proc/[0-9]+/fd/[0-9]+$")
 ALIGN: Final[int] = 64
 _GROW_GRANULE: Final[int] = 2 << 20
@@ -53,12 +56,22 @@ class ShmSegment:
         self.size = size
         self.name = f"{PREFIX}{os.getpid()}-{role}-{secrets.token_hex(8)}"
         path = SHM_DIR / self.name
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        # The owner holds an exclusive lock on the segment for as long as it lives; the
-        # kernel drops it when the process dies, however it dies. That, not the pid
-        # in the name, is what tells a sweeper the segment is stale: it works across pid
-        # namespaces sharing /dev/shm, with zombies, and with reused pids.
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Created under a name sweepers lock-check never, then renamed once locked: a
+        # sweeper that looked between the creation and the lock would find the lock
+        # free and unlink a live segment (or hold the lock as the owner asks for it).
+        pending = SHM_DIR / (self.name + _NEW_SUFFIX)
+        fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            # The owner holds an exclusive lock on the segment for as long as it lives;
+            # the kernel drops it when the process dies, however it dies. That, not the
+            # pid in the name, is what tells a sweeper the segment is stale: it works
+            # across pid namespaces sharing /dev/shm, with zombies, and with reused pids.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(pending, path)
+        except BaseException:
+            os.unlink(pending)
+            os.close(fd)
+            raise
         try:
             os.ftruncate(fd, size)
             try:
@@ -386,8 +399,18 @@ def _owner_gone(path: Path) -> bool:
 
 
 def owner_pid(name: str) -> int | None:
-    m = _NAME_RE.match(name)
+    m = _NAME_RE.match(name) or _NEW_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def sweep_stale(only_pids: set[int] | None = None) -> list[str]:
@@ -402,7 +425,11 @@ def sweep_stale(only_pids: set[int] | None = None) -> list[str]:
         pid = owner_pid(path.name)
         if pid is None:
             continue
-        if (only_pids is None or pid in only_pids) and _owner_gone(path):
+        if only_pids is not None and pid not in only_pids:
+            continue
+        # One being created is not locked yet: stale once its creator is gone.
+        creating = path.name.endswith(_NEW_SUFFIX)
+        if (not _pid_alive(pid)) if creating else _owner_gone(path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(path.name)

@@ -75,6 +75,38 @@ def test_sweep_removes_only_dead_owners(pool: shm.SlabPool) -> None:
     assert all(os.path.exists(f"/dev/shm/{n}") for n in pool.names())
 
 
+def test_a_segment_is_visible_only_once_its_owner_holds_its_lock() -> None:
+    """A sweep that runs while a segment is being created must not take it for stale:
+    it is created as <name>.new, which sweepers judge by its pid alone, and renamed once
+    locked. Two processes racing (create, sweep) lost 44 of 20,000 live segments before."""
+    import fcntl
+
+    alive = f"shoal-{os.getpid()}-front-00000000000000aa.new"  # mid-creation, not locked
+    dead_proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_proc.wait()
+    dead = f"shoal-{dead_proc.pid}-front-00000000000000bb.new"  # its creator died there
+    for name in (alive, dead):
+        (shm.SHM_DIR / name).write_bytes(b"")
+    try:
+        removed = shm.sweep_stale()
+        assert dead in removed and alive not in removed
+        assert (shm.SHM_DIR / alive).exists()
+    finally:
+        (shm.SHM_DIR / alive).unlink()
+    seg = shm.ShmSegment(4096, "front")
+    try:
+        assert not (shm.SHM_DIR / (seg.name + ".new")).exists()
+        fd = os.open(shm.SHM_DIR / seg.name, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):  # the owner's lock: a sweeper keeps off
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        assert seg.name not in shm.sweep_stale()
+    finally:
+        seg.close()
+
+
 def test_worker_mappings_of_unlinked_or_dead_owner_slabs_are_dropped() -> None:
     pool = shm.SlabPool("test", 2 << 20)
     other = shm.SlabPool("test", 2 << 20)
