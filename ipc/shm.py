@@ -372,8 +372,12 @@ class RegionMap:
             self._drop(name)
 
     def _drop(self, name: str) -> None:
-        mm, mv = self._maps.pop(name)
-        mv.release()
+        mm, mv = self._maps[name]
+        try:
+            mv.release()
+        except BufferError:
+            return  # a view of it is still alive: dropped by a later sweep
+        del self._maps[name]
         with contextlib.suppress(BufferError):
             mm.close()
 

@@ -193,8 +193,9 @@ class WorkerProc:
         last_hello = last_sweep = time.monotonic()
         while not self.stop:
             events = dict(poller.poll(500))
-            if not events and time.monotonic() - last_sweep > _SWEEP_MAPPINGS_S:
-                # Growth slabs a frontend unlinked: let their pages go.
+            if time.monotonic() - last_sweep > _SWEEP_MAPPINGS_S:
+                # Growth slabs a frontend unlinked: let their pages go (busy or not: a
+                # steady trickle of requests must not keep them mapped for ever).
                 self.regions.drop_unlinked()
                 self._forget_exited_frontends()
                 last_sweep = time.monotonic()

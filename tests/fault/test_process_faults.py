@@ -505,3 +505,67 @@ def test_a_hung_instance_is_killed_its_request_answered_and_it_comes_back(
     finally:
         srv.stop()
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def test_a_busy_worker_lets_go_of_slabs_its_frontend_unlinked(model_repo: Path) -> None:
+    """A burst of large requests grows the frontend's pool; once they are answered it
+    unlinks the growth slabs, and the worker that mapped them must unmap them even while
+    a steady trickle of requests never leaves it idle (else /dev/shm stays full of
+    deleted, unlisted pages)."""
+    srv = ShoalServer(model_repo)
+    stop = threading.Event()
+    worker = srv.worker_pid("identity_fp32")
+    try:
+        (frontend,) = srv.pids("frontend")
+        os.kill(worker, signal.SIGSTOP)  # the burst queues: the pool must grow
+        big = np.ones((1, 15 * 2**20), dtype=np.float32)  # 60 MiB a request
+
+        def burst() -> None:
+            c = httpclient.InferenceServerClient(srv.url, network_timeout=120)
+            inp = httpclient.InferInput("INPUT0", list(big.shape), "FP32")
+            inp.set_data_from_numpy(big)
+            out = httpclient.InferRequestedOutput("OUTPUT0")
+            assert c.infer("identity_fp32", [inp], outputs=[out]).as_numpy("OUTPUT0").shape == (
+                big.shape
+            )
+
+        def front_slabs() -> int:
+            return len(list(SHM_DIR.glob(f"shoal-{frontend}-front-*")))
+
+        callers = [threading.Thread(target=burst) for _ in range(5)]
+        for t in callers:
+            t.start()
+        deadline = time.monotonic() + 60
+        while front_slabs() < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert front_slabs() == 5  # the first slab holds one; a growth slab for each other
+
+        def trickle() -> None:
+            c = httpclient.InferenceServerClient(srv.url)
+            inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+            inp.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+            while not stop.is_set():
+                c.infer("identity_fp32", [inp])
+                time.sleep(0.02)
+
+        # Queued behind the burst already: from here on the worker is never idle.
+        threading.Thread(target=trickle, daemon=True).start()
+        os.kill(worker, signal.SIGCONT)
+        for t in callers:
+            t.join(timeout=120)
+        assert front_slabs() < 5  # past its 256 MiB to keep, the pool shrank back
+
+        def deleted_mappings() -> list[str]:
+            with open(f"/proc/{worker}/maps") as f:
+                return [ln for ln in f if f"shoal-{frontend}-front-" in ln and "(deleted)" in ln]
+
+        deadline = time.monotonic() + 20
+        while deleted_mappings() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not deleted_mappings()
+        assert not stop.is_set()  # the trickle ran throughout
+    finally:
+        stop.set()
+        os.kill(worker, signal.SIGCONT)
+        srv.stop()
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
