@@ -223,7 +223,7 @@ class Launcher:
             return None
         if child.role == "broker":
             log.error("broker exited with code %d; stopping the server", rc)
-            return rc or 1
+            return rc if rc > 0 else 1  # killed by a signal (rc < 0): a plain failure
         if rc == EXIT_FATAL:
             if child.role.startswith("frontend"):
                 log.error("%s cannot run; stopping the server", child.role)
