@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -22,10 +23,16 @@ WORKER_SOCKET: Final[str] = "workers.sock"
 _FRONTEND_IDENT = re.compile(rb"^f-\d+-\d+$")
 
 
+_OWN_RUNTIME_DIR = re.compile(r"^shoal-run-(\d+)-[A-Za-z0-9_]+$")
+
+
 def ensure_runtime_dir(path: str | None) -> Path:
-    """Create (or check) the private runtime directory; a fresh temp dir when None."""
+    """Create (or check) the private runtime directory; when None, a fresh temp dir
+    named after this process (``shoal-run-<pid>-...``), first removing the ones of
+    launchers that no longer exist (a SIGKILLed launcher never removes its own)."""
     if not path:
-        return Path(tempfile.mkdtemp(prefix="shoal-run-"))
+        sweep_runtime_dirs()
+        return Path(tempfile.mkdtemp(prefix=f"shoal-run-{os.getpid()}-"))
     p = Path(path)
     p.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = p.stat()
@@ -34,6 +41,28 @@ def ensure_runtime_dir(path: str | None) -> Path:
     if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(p, 0o700)
     return p
+
+
+def sweep_runtime_dirs() -> list[Path]:
+    """Remove the temp runtime dirs, ours by name and owner, whose launcher pid is gone;
+    returns them."""
+    removed: list[Path] = []
+    tmp = Path(tempfile.gettempdir())
+    for entry in tmp.iterdir():
+        m = _OWN_RUNTIME_DIR.match(entry.name)
+        if not m:
+            continue
+        try:
+            st = entry.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+        except OSError:  # gone meanwhile, or a live process of another user's
+            continue
+    return removed
 
 
 def endpoint(runtime_dir: Path | str, name: str) -> str:
