@@ -312,6 +312,12 @@ class DynamicBatcher:
         [] to wait (see next_wakeup)."""
         self._reject_expired(now)
         f = self._form(gpu, now)
+        # DELAY timeouts passed by now: this walk moved those it reached, and the next
+        # walk (an arrival, a finished batch) moves the rest. Waking for them again would
+        # spin: with preserve_ordering a walk may stop short of them while an instance
+        # that cannot take the head of the queue stays idle.
+        while self._delay_at and self._delay_at[0][0] <= now:
+            heapq.heappop(self._delay_at)
         if not f.chosen:
             return []
         delay = self.c.max_queue_delay_us / 1e6

@@ -12,10 +12,15 @@ One instance, random configurations, arrivals, sizes, shapes, priorities and tim
 every admission and every batch must agree. Timeouts are drawn in whole 100 µs steps with
 arrivals jittered inside a step, so no deadline falls on a tick, where ``<`` and ``<=``
 would differ.
+
+The same random traffic, with client CUDA memory on two GPUs and preserve_ordering, also
+checks that next_wakeup never makes the broker turn for nothing (a spin).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -206,3 +211,43 @@ def test_batches_and_admissions_agree_with_triton_s(seed: int) -> None:
         assert got == want, f"t={now:.4f}: {c}"
         if got:
             busy_until = now + r.choice([0.0002, 0.002, 0.01])
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_next_wakeup_never_asks_for_a_turn_that_changes_nothing(seed: int) -> None:
+    """The broker sleeps until next_wakeup: a time already past makes it turn again at
+    once, so such a time must mean that a take_batch now would send something. Random
+    traffic with client CUDA memory on two GPUs (a GPU instance can take only its own)
+    and preserve_ordering, where a walk stops at the first request the instance cannot
+    serve."""
+    r = random.Random(seed)
+    c = dataclasses.replace(_config(r), preserve_ordering=seed % 2 == 1)
+    b = DynamicBatcher(c)
+    gpus: list[int | None] = [0, 1] if seed % 4 >= 2 else [None]
+    busy_until = dict.fromkeys(gpus, 0.0)
+    for step in range(2000):
+        now = step * 1e-4 + r.random() * 1e-5
+        if r.random() < 0.1:
+            size = r.randint(1, c.max_batch_size)
+            req = m.InferRequest(
+                step, "m", 1, [m.TensorRef("IN", "FP32", [size, 4], 4)], [],
+                batch_size=size, priority=r.choice([0, 1, 2, 3]),
+                timeout_us=r.choice([0, 0, 1000, 20000]),
+            )  # fmt: skip
+            on_gpu = gpus != [None] and r.random() < 0.5
+            regions = [m.ClientRegion(1, "cuda", device_id=r.choice([0, 1]))] if on_gpu else []
+            with contextlib.suppress(Rejected):
+                b.enqueue(m.WorkItem(b"f", req, regions=regions), now)
+        b.expire(now)
+        for gpu in gpus:
+            if busy_until[gpu] <= now and b.take_batch(now, gpu):
+                busy_until[gpu] = now + r.choice([0.0002, 0.002, 0.01])
+        idle = [g for g in gpus if busy_until[g] <= now]
+        wake = b.next_wakeup(idle)
+        if wake is not None and wake <= now:  # the broker would turn again at once
+            b.expire(now)
+            sent = {g: b.take_batch(now, g) for g in idle}
+            for gpu in (g for g, batch in sent.items() if batch):
+                busy_until[gpu] = now + 0.002
+            again = b.next_wakeup([g for g, batch in sent.items() if not batch])
+            assert any(sent.values()) or again is None or again > now, f"spins at {now:.4f}: {c}"
