@@ -22,6 +22,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -33,7 +34,9 @@ log = logging.getLogger(__name__)
 SHM_DIR: Final[Path] = Path("/dev/shm")
 PREFIX: Final[str] = "shoal-"
 _NAME_RE: Final = re.compile(r"^shoal-(\d+)-([a-z]+)-([0-9a-f]{16})$")
-# A segment being created: not locked yet, so sweepers go by its pid alone.
+# A segment being created: not locked yet, so sweepers go by its age alone (creation
+# renames it within microseconds; the pid cannot tell across pid namespaces).
+_NEW_STALE_S: Final[float] = 30.0
 _NEW_SUFFIX: Final[str] = ".new"
 _NEW_RE: Final = re.compile(r"^shoal-(\d+)-([a-z]+)-([0-9a-f]{16})\.new$")
 _BROKER_FD_RE: Final = re.compile(r"^/proc/[0-9]+/fd/[0-9]+$")
@@ -69,7 +72,8 @@ class ShmSegment:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(pending, path)
         except BaseException:
-            os.unlink(pending)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(pending)
             os.close(fd)
             raise
         try:
@@ -407,14 +411,12 @@ def owner_pid(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _pid_alive(pid: int) -> bool:
+def _abandoned(path: Path) -> bool:
+    """Whether a segment still being created was left so long ago its creator died."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return time.time() - path.lstat().st_mtime > _NEW_STALE_S
+    except FileNotFoundError:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 def sweep_stale(only_pids: set[int] | None = None) -> list[str]:
@@ -431,9 +433,9 @@ def sweep_stale(only_pids: set[int] | None = None) -> list[str]:
             continue
         if only_pids is not None and pid not in only_pids:
             continue
-        # One being created is not locked yet: stale once its creator is gone.
+        # One being created is not locked yet: stale once it is old.
         creating = path.name.endswith(_NEW_SUFFIX)
-        if (not _pid_alive(pid)) if creating else _owner_gone(path):
+        if _abandoned(path) if creating else _owner_gone(path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(path.name)

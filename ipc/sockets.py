@@ -8,6 +8,7 @@ peer that went away, and every socket closes without lingering.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -23,16 +24,19 @@ WORKER_SOCKET: Final[str] = "workers.sock"
 _FRONTEND_IDENT = re.compile(rb"^f-\d+-\d+$")
 
 
-_OWN_RUNTIME_DIR = re.compile(r"^shoal-run-(\d+)-[A-Za-z0-9_]+$")
+_OWN_RUNTIME_DIR = re.compile(r"^shoal-run-\d+-[A-Za-z0-9_]+$")
+_RUNTIME_LOCK: Final[str] = ".lock"
+_held_locks: list[int] = []  # this process's runtime-dir locks, held until it exits
 
 
 def ensure_runtime_dir(path: str | None) -> Path:
-    """Create (or check) the private runtime directory; when None, a fresh temp dir
-    named after this process (``shoal-run-<pid>-...``), first removing the ones of
-    launchers that no longer exist (a SIGKILLed launcher never removes its own)."""
+    """Create (or check) the private runtime directory. When None, a fresh temp dir
+    (``shoal-run-<pid>-...``) that this process holds a lock on for as long as it lives,
+    after removing the ones whose creator is gone (a SIGKILLed launcher never removes
+    its own)."""
     if not path:
         sweep_runtime_dirs()
-        return Path(tempfile.mkdtemp(prefix=f"shoal-run-{os.getpid()}-"))
+        return _locked_temp_dir()
     p = Path(path)
     p.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = p.stat()
@@ -43,25 +47,42 @@ def ensure_runtime_dir(path: str | None) -> Path:
     return p
 
 
+def _locked_temp_dir() -> Path:
+    """Made under a name sweepers ignore, locked, then renamed: a sweep never sees it
+    unlocked. The lock, not the pid in the name, says whether its creator lives: it holds
+    across pid namespaces sharing /tmp, and with reused pids (as ipc.shm's segments)."""
+    making = Path(tempfile.mkdtemp(prefix=".shoal-run-"))
+    fd = os.open(making / _RUNTIME_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _held_locks.append(fd)
+    final = making.with_name(f"shoal-run-{os.getpid()}-{making.name.rsplit('-', 1)[1]}")
+    os.rename(making, final)
+    return final
+
+
 def sweep_runtime_dirs() -> list[Path]:
-    """Remove the temp runtime dirs, ours by name and owner, whose launcher pid is gone;
-    returns them."""
+    """Remove the temp runtime dirs made by ``ensure_runtime_dir`` (by name, owner and
+    lock file) whose creator is gone (their lock is free); returns them."""
     removed: list[Path] = []
     tmp = Path(tempfile.gettempdir())
     for entry in tmp.iterdir():
-        m = _OWN_RUNTIME_DIR.match(entry.name)
-        if not m:
+        if not _OWN_RUNTIME_DIR.match(entry.name):
             continue
         try:
             st = entry.lstat()
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
                 continue
-            os.kill(int(m.group(1)), 0)
-        except ProcessLookupError:
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry)
-        except OSError:  # gone meanwhile, or a live process of another user's
+            fd = os.open(entry / _RUNTIME_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # gone meanwhile, or not one of ours
             continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its creator lives
+        finally:
+            os.close(fd)
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
     return removed
 
 

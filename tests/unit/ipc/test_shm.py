@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -75,24 +76,27 @@ def test_sweep_removes_only_dead_owners(pool: shm.SlabPool) -> None:
     assert all(os.path.exists(f"/dev/shm/{n}") for n in pool.names())
 
 
-def test_a_segment_is_visible_only_once_its_owner_holds_its_lock() -> None:
+def test_a_segment_is_visible_only_once_its_owner_holds_its_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A sweep that runs while a segment is being created must not take it for stale:
-    it is created as <name>.new, which sweepers judge by its pid alone, and renamed once
-    locked. Two processes racing (create, sweep) lost 44 of 20,000 live segments before."""
+    it is created as <name>.new, which sweepers remove only once it is old (its pid
+    cannot tell across pid namespaces), and renamed once locked. Two processes racing
+    (create, sweep) lost 44 of 20,000 live segments before."""
     import fcntl
 
-    alive = f"shoal-{os.getpid()}-front-00000000000000aa.new"  # mid-creation, not locked
-    dead_proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead_proc.wait()
-    dead = f"shoal-{dead_proc.pid}-front-00000000000000bb.new"  # its creator died there
-    for name in (alive, dead):
+    fresh = f"shoal-{os.getpid()}-front-00000000000000aa.new"  # mid-creation, not locked
+    old = "shoal-999999999-front-00000000000000bb.new"  # its creator died there long ago
+    for name in (fresh, old):
         (shm.SHM_DIR / name).write_bytes(b"")
+    an_hour_ago = time.time() - 3600
+    os.utime(shm.SHM_DIR / old, (an_hour_ago, an_hour_ago))
     try:
         removed = shm.sweep_stale()
-        assert dead in removed and alive not in removed
-        assert (shm.SHM_DIR / alive).exists()
+        assert old in removed and fresh not in removed
+        assert (shm.SHM_DIR / fresh).exists()
     finally:
-        (shm.SHM_DIR / alive).unlink()
+        (shm.SHM_DIR / fresh).unlink()
     seg = shm.ShmSegment(4096, "front")
     try:
         assert not (shm.SHM_DIR / (seg.name + ".new")).exists()
@@ -105,6 +109,17 @@ def test_a_segment_is_visible_only_once_its_owner_holds_its_lock() -> None:
         assert seg.name not in shm.sweep_stale()
     finally:
         seg.close()
+    # A .new another sweeper removed anyway: the creation fails cleanly, nothing held.
+    before = len(os.listdir("/proc/self/fd"))
+
+    def vanished(src: object, dst: object) -> None:
+        os.unlink(str(src))
+        raise FileNotFoundError(str(src))
+
+    monkeypatch.setattr(shm.os, "rename", vanished)
+    with pytest.raises(FileNotFoundError):
+        shm.ShmSegment(4096, "front")
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_worker_mappings_of_unlinked_or_dead_owner_slabs_are_dropped() -> None:

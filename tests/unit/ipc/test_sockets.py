@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -13,24 +14,33 @@ from ipc.sockets import ensure_runtime_dir, sweep_runtime_dirs
 
 
 def test_a_killed_launcher_s_runtime_dir_goes_at_the_next_start() -> None:
+    """A dir goes when nobody holds its lock, whatever pid its name carries (a pid
+    namespace sharing /tmp sees other pids, or none); one without a lock file is not
+    one of ours."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     tmp = Path(tempfile.gettempdir())
-    stale = tmp / f"shoal-run-{gone.pid}-k1lled"
-    live = tmp / f"shoal-run-{os.getpid()}-alive"
-    other = tmp / f"shoal-runner-{gone.pid}-notours"
-    for d in (stale, live, other):
+    stale = tmp / f"shoal-run-{os.getpid()}-k1lled"  # a live pid, but no one holds it
+    held = tmp / f"shoal-run-{gone.pid}-elsewhere"  # a pid not seen here, but held
+    foreign = tmp / f"shoal-run-{gone.pid}-nolock"
+    for d in (stale, held, foreign):
         d.mkdir()
         (d / "workers.sock").touch()
+    for d in (stale, held):
+        (d / ".lock").touch()
+    holder = os.open(held / ".lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
     fresh = None
     try:
         fresh = ensure_runtime_dir(None)  # what a launcher without --runtime-dir does
         assert fresh.name.startswith(f"shoal-run-{os.getpid()}-")
         assert oct(fresh.stat().st_mode & 0o777) == "0o700"
         assert not stale.exists()
-        assert live.exists() and other.exists()  # a live pid's, and a name not ours
-        assert sweep_runtime_dirs() == []
+        assert held.exists() and foreign.exists()
+        assert sweep_runtime_dirs() == []  # the fresh one is held by this process
+        assert fresh.exists()
     finally:
-        for d in (stale, live, other, fresh):
+        os.close(holder)
+        for d in (stale, held, foreign, fresh):
             if d is not None:
                 shutil.rmtree(d, ignore_errors=True)
