@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Final, Literal
 
 from ipc.errors import Code, ServingError, invalid_arg
+from ipc.messages import CUDA_HANDLE_BYTES
 from ipc.shm import PREFIX as INTERNAL_PREFIX
 
 SHM_DIR: Final = Path("/dev/shm")
 TRITON_RESERVED_PREFIX: Final = "triton_python_backend_shm_region_"
 _KEY_NAME: Final = re.compile(r"^[^/\0]+$")
-CUDA_HANDLE_BYTES: Final = 64
 SIZE_MAX: Final = 2**64 - 1  # Triton's offsets and sizes are size_t
 
 Kind = Literal["system", "cuda"]
@@ -160,10 +160,8 @@ class RegionTable:
             raise _already_registered(name)
         if len(raw_handle) != CUDA_HANDLE_BYTES:
             raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
-        if not 0 <= device_id < gpu_count or byte_size <= 0:
-            raise invalid_arg(
-                f"failed to register CUDA shared memory region '{name}': invalid args"
-            )
+        if not 0 <= device_id < gpu_count:  # a size of 0 passes Triton's check too
+            raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         region = Region(
             self._next_id,
             name,

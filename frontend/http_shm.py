@@ -5,7 +5,7 @@ HandleSystemSharedMemory and HandleCudaSharedMemory (src/http_server.cc)."""
 from __future__ import annotations
 
 import base64
-import binascii
+import re
 from typing import Any
 
 import msgspec
@@ -15,8 +15,10 @@ from configs.devices import gpu_count
 from frontend.dataplane import DataPlane
 from frontend.http_codec import parse_json
 from ipc.errors import Code, ServingError, invalid_arg
+from ipc.messages import CUDA_HANDLE_BYTES
 
 _MAX_JSON_DEPTH = 100  # deeper than any register body
+_NOT_B64 = re.compile(r"[^A-Za-z0-9+/]")
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -33,6 +35,15 @@ def _uint(doc: dict[str, Any], key: str, default: int | None = None) -> int:
             Code.INTERNAL, "attempt to access JSON non-unsigned-integer as unsigned-integer"
         )
     return value
+
+
+def _lenient_b64decode(text: str) -> bytes:
+    """Base64 as Triton's decoder (libb64) reads it: characters outside the alphabet are
+    skipped, padding is optional, a lone trailing character is dropped."""
+    clean = _NOT_B64.sub("", text)
+    if len(clean) % 4 == 1:
+        clean = clean[:-1]
+    return base64.b64decode(clean + "=" * (-len(clean) % 4))
 
 
 def _required(doc: dict[str, Any], key: str) -> None:
@@ -100,15 +111,16 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
         doc = await _body(request)
         _required(doc, "raw_handle")
         raw = doc["raw_handle"]
-        b64 = raw.get("b64") if isinstance(raw, dict) else None
+        if not isinstance(raw, dict) or "b64" not in raw:  # Triton's JSON layer, as it says
+            raise ServingError(Code.INTERNAL, "attempt to access non-existing object member 'b64'")
+        b64 = raw["b64"]
         if not isinstance(b64, str):
-            raise invalid_arg("Unable to parse 'raw_handle': expected {\"b64\": <base64>}")
+            raise ServingError(Code.INTERNAL, "attempt to access JSON non-string as string")
         byte_size = _member_uint(doc, "byte_size")
         device_id = _member_uint(doc, "device_id")
-        try:
-            handle = base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise invalid_arg("Unable to parse 'raw_handle': invalid base64") from None
+        handle = _lenient_b64decode(b64)
+        if len(handle) != CUDA_HANDLE_BYTES:  # checked here first, as Triton's HTTP does
+            raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
         await dp(request).shared_memory(
             "register",
             "cuda",
@@ -118,6 +130,10 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
             byte_size=byte_size,
         )
         return web.Response(status=200)
+
+    async def unnamed_register(request: web.Request) -> web.Response:
+        kind = "cuda" if request.path.startswith("/v2/cuda") else "system"
+        raise invalid_arg(f"'region name' is necessary to register {kind} shared memory region")
 
     def unregister(kind: str) -> Any:
         async def handler(request: web.Request) -> web.Response:
@@ -137,6 +153,7 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
             web.get(base + "/status", status),
             web.get(one + "/status", status),
             web.post(one + "/register", register),
+            web.post(base + "/register", unnamed_register),
             web.post(base + "/unregister", unregister(kind)),
             web.post(one + "/unregister", unregister(kind)),
         ]

@@ -77,6 +77,7 @@ class InferResponse(msgspec.Struct, array_like=True):
 # WorkItem then carries that registration so the worker can map it.
 CLIENT_SHM: Final[str] = "shm:"
 CLIENT_REGION: Final[str] = "c"
+CUDA_HANDLE_BYTES: Final[int] = 64  # a cudaIpcMemHandle_t, as a client registers it
 
 
 class ClientRegion(msgspec.Struct, array_like=True):

@@ -438,6 +438,43 @@ def test_wrong_handle_sizes_are_refused(gpu_server: ShoalServer, size: int) -> N
         client.register_cuda_shared_memory("bad", base64.b64encode(b"x" * size), 0, 64)
 
 
+def test_register_bodies_and_handles_read_as_triton_reads_them(gpu_server: ShoalServer) -> None:
+    """raw_handle that is no object or lacks b64, and b64 that is no string: Triton's JSON
+    layer answers (500). b64 is decoded as libb64 does: padding optional, characters
+    outside the alphabet skipped."""
+    import http.client
+
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    def post(body: object) -> tuple[int, str]:
+        conn = http.client.HTTPConnection(gpu_server.url, timeout=10)
+        try:
+            conn.request("POST", "/v2/cudasharedmemory/region/shape/register", json.dumps(body))
+            resp = conn.getresponse()
+            raw = resp.read()
+            return resp.status, json.loads(raw)["error"] if raw else ""
+        finally:
+            conn.close()
+
+    member = (500, "attempt to access non-existing object member 'b64'")
+    for raw_handle in ("x", [], {}):
+        assert post({"raw_handle": raw_handle, "device_id": 0, "byte_size": 64}) == member
+    assert post({"raw_handle": {"b64": 5}, "device_id": 0, "byte_size": 64}) == (
+        500,
+        "attempt to access JSON non-string as string",
+    )
+    client = httpclient.InferenceServerClient(gpu_server.url)
+    h = cudashm.create_shared_memory_region("lenient", 64, 0)
+    try:
+        b64 = cudashm.get_raw_handle(h).decode().rstrip("=")
+        b64 = b64[:40] + "\n" + b64[40:]  # no padding, a stray newline: libb64 takes it
+        assert post({"raw_handle": {"b64": b64}, "device_id": 0, "byte_size": 64}) == (200, "")
+        assert "shape" in [s["name"] for s in client.get_cuda_shared_memory_status()]
+    finally:
+        client.unregister_cuda_shared_memory("shape")
+        cudashm.destroy_shared_memory_region(h)
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_device_the_server_lacks_is_refused(gpu_server: ShoalServer, protocol: str) -> None:
     import tritonclient.utils.cuda_shared_memory as cudashm

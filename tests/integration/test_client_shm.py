@@ -812,6 +812,17 @@ def test_cuda_registration_without_a_gpu(shm_server: ShoalServer) -> None:
     assert http.get_cuda_shared_memory_status() == []
 
 
+@pytest.mark.parametrize("kind", ["system", "cuda"])
+def test_register_without_a_region_name_is_triton_s_400(shm_server: ShoalServer, kind: str) -> None:
+    """Triton's route takes the name as optional and refuses its absence (before it looks
+    for a GPU); a missing route would answer 404."""
+    body = {"key": "/k", "byte_size": 64, "raw_handle": {"b64": ""}, "device_id": 0}
+    assert _post(shm_server, f"/v2/{kind}sharedmemory/register", body) == (
+        400,
+        f"'region name' is necessary to register {kind} shared memory region",
+    )
+
+
 def test_a_fifo_planted_as_a_key_is_refused_without_hanging(shm_server: ShoalServer) -> None:
     fifo = Path(f"/dev/shm/test_fifo_{os.getpid()}")
     os.mkfifo(fifo)
