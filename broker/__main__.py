@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -35,7 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    die_with_parent(args.parent_pid)
+    # SIGKILL, as workers: the launcher is gone (its own stop signals the broker itself),
+    # so there is nothing to drain; and only SIGKILL reaches a broker that is stopped
+    # (SIGSTOP, a debugger), which would otherwise outlive the server holding its clients'
+    # region descriptors. What it leaves, the next start sweeps.
+    die_with_parent(args.parent_pid, signal.SIGKILL)
     setup_logging("broker", args.log_verbose)
     set_cpu_scheduling()
     from broker.proc import BrokerProc, BrokerSettings

@@ -3,6 +3,7 @@ process or /dev/shm segment is left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -568,4 +569,29 @@ def test_a_busy_worker_lets_go_of_slabs_its_frontend_unlinked(model_repo: Path) 
         stop.set()
         os.kill(worker, signal.SIGCONT)
         srv.stop()
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def test_a_stopped_broker_does_not_outlive_a_killed_launcher(small_repo: Path) -> None:
+    """The launcher SIGKILLed while its broker is stopped (SIGSTOP, a debugger): the
+    broker goes with it, and so do the other roles. Here the kernel's orphaned process
+    group rule (SIGHUP, then SIGCONT, to a stopped group) would end it too, as the broker
+    leads its own group; the broker's parent-death signal is SIGKILL so that this holds
+    whatever the groups (a SIGTERM would wait, pending, for a SIGCONT)."""
+    srv = ShoalServer(small_repo)
+    try:
+        (broker,) = srv.pids("broker")
+        srv.seen_pids |= set(srv.pids())
+        os.kill(broker, signal.SIGSTOP)
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait(10)
+        deadline = time.monotonic() + 15
+        while processes_with(srv.runtime_dir) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_with(srv.runtime_dir) == {}
+    finally:
+        for pid in processes_with(srv.runtime_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        srv.stop()  # already gone: checks nothing is left (a frontend's slab, swept)
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)
