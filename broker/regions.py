@@ -158,9 +158,10 @@ class RegionTable:
             )
         if name in self.by_name:
             raise _already_registered(name)
-        if len(raw_handle) != CUDA_HANDLE_BYTES:
-            raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
-        if not 0 <= device_id < gpu_count:  # a size of 0 passes Triton's check too
+        # A handle of another size comes only over gRPC (HTTP checks it first, in its own
+        # words): Triton's gRPC casts the bytes to a handle, whose open then fails.
+        if len(raw_handle) != CUDA_HANDLE_BYTES or not 0 <= device_id < gpu_count:
+            # a byte_size of 0 passes Triton's size check too
             raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         region = Region(
             self._next_id,
