@@ -251,23 +251,17 @@ class DynamicBatcher:
 
     # -- batch formation -------------------------------------------------------------
 
-    def _order(self) -> Iterator[Pending]:
-        """Queued requests in scheduling order: priority, then arrival (delayed last)."""
-        for index in self._active:
-            level = self._levels[index]
-            yield from level.queue
-            yield from level.delayed
-
     def _left(self, p: Pending) -> None:
         """``p`` is no longer queued (batched, rejected or dropped)."""
         p.queued = False
         if p.devices:
             self.cuda_queued -= 1
 
-    def _walk(self, now: float | None) -> Iterator[Pending]:
-        """``_order``, moving the DELAY requests it finds timed out by ``now`` (if given)
-        to their level's delayed queue as it reaches them: Triton's ApplyPolicyAtCursor,
-        which looks only as far as the batch being formed."""
+    def _walk(self, now: float | None = None) -> Iterator[Pending]:
+        """Queued requests in scheduling order: priority, then arrival (delayed last).
+        With ``now``, the DELAY requests it finds timed out by then move to their level's
+        delayed queue as it reaches them: Triton's ApplyPolicyAtCursor, which looks only
+        as far as the batch being formed."""
         for index in self._active:
             level = self._levels[index]
             queue, i = level.queue, 0
@@ -374,9 +368,9 @@ class DynamicBatcher:
     def drain(self) -> list[m.WorkItem]:
         """Remove and return everything queued (the version lost its last instance),
         rejected requests not yet handed out included."""
-        items = self._rejected + [p.item for p in self._order()]
+        items = self._rejected + [p.item for p in self._walk()]
         self._rejected = []
-        for p in self._order():
+        for p in self._walk():
             p.queued = False
         self.cuda_queued = 0
         self._levels.clear()

@@ -26,14 +26,31 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return parse_json(memoryview(await request.read()), _MAX_JSON_DEPTH)
 
 
+def _json_layer(problem: str) -> ServingError:
+    """Triton 2.51's JSON layer (TritonJson), word for word: INTERNAL, and the register
+    handlers name no member."""
+    return ServingError(Code.INTERNAL, f"attempt to access {problem}")
+
+
 def _uint(doc: dict[str, Any], key: str, default: int | None = None) -> int:
     value = doc.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
-        # Triton 2.51's JSON layer, word for word: INTERNAL, the member not named (a
-        # number past uint64 is a double to it).
-        raise ServingError(
-            Code.INTERNAL, "attempt to access JSON non-unsigned-integer as unsigned-integer"
-        )
+        # (a number past uint64 is a double to it)
+        raise _json_layer("JSON non-unsigned-integer as unsigned-integer")
+    return value
+
+
+def _member(doc: Any, key: str) -> Any:
+    """A required member, as MemberAs* reads it: missing (or ``doc`` no object) is the
+    JSON layer's error, not a register-request message."""
+    if not isinstance(doc, dict) or key not in doc:
+        raise _json_layer(f"non-existing object member '{key}'")
+    return doc[key]
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _json_layer("JSON non-string as string")
     return value
 
 
@@ -52,10 +69,7 @@ def _required(doc: dict[str, Any], key: str) -> None:
 
 
 def _member_uint(doc: dict[str, Any], key: str) -> int:
-    """A required member read as Triton's JSON layer reads it (MemberAsUInt): a missing
-    one is its INTERNAL error, not a register-request message."""
-    if key not in doc:
-        raise ServingError(Code.INTERNAL, f"attempt to access non-existing object member '{key}'")
+    _member(doc, key)
     return _uint(doc, key)
 
 
@@ -79,9 +93,7 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
     async def system_register(request: web.Request) -> web.Response:
         doc = await _body(request)
         _required(doc, "key")
-        key = doc["key"]
-        if not isinstance(key, str):  # Triton's JSON layer, word for word
-            raise ServingError(Code.INTERNAL, "attempt to access JSON non-string as string")
+        key = _string(doc["key"])
         offset = _uint(doc, "offset", 0)
         _required(doc, "byte_size")
         await dp(request).shared_memory(
@@ -110,12 +122,7 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
             )
         doc = await _body(request)
         _required(doc, "raw_handle")
-        raw = doc["raw_handle"]
-        if not isinstance(raw, dict) or "b64" not in raw:  # Triton's JSON layer, as it says
-            raise ServingError(Code.INTERNAL, "attempt to access non-existing object member 'b64'")
-        b64 = raw["b64"]
-        if not isinstance(b64, str):
-            raise ServingError(Code.INTERNAL, "attempt to access JSON non-string as string")
+        b64 = _string(_member(doc["raw_handle"], "b64"))
         byte_size = _member_uint(doc, "byte_size")
         device_id = _member_uint(doc, "device_id")
         handle = _lenient_b64decode(b64)

@@ -391,8 +391,9 @@ class RegionMap:
         self.release_clients(list(self._clients))
 
 
-def _owner_gone(path: Path) -> bool:
-    """Whether the process that created this segment has exited (its lock is free)."""
+def owner_gone(path: Path) -> bool:
+    """Whether the process that created ``path`` and held an exclusive flock on it has
+    exited (the lock is free); False when it cannot be opened."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
@@ -435,7 +436,7 @@ def sweep_stale(only_pids: set[int] | None = None) -> list[str]:
             continue
         # One being created is not locked yet: stale once it is old.
         creating = path.name.endswith(_NEW_SUFFIX)
-        if _abandoned(path) if creating else _owner_gone(path):
+        if _abandoned(path) if creating else owner_gone(path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(path.name)

@@ -19,6 +19,8 @@ from typing import Final
 
 import zmq
 
+from ipc.shm import owner_gone
+
 FRONTEND_SOCKET: Final[str] = "frontends.sock"
 WORKER_SOCKET: Final[str] = "workers.sock"
 _FRONTEND_IDENT = re.compile(rb"^f-\d+-\d+$")
@@ -70,17 +72,12 @@ def sweep_runtime_dirs() -> list[Path]:
             continue
         try:
             st = entry.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-                continue
-            fd = os.open(entry / _RUNTIME_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:  # gone meanwhile, or not one of ours
+        except OSError:  # gone meanwhile
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue  # its creator lives
-        finally:
-            os.close(fd)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        if not owner_gone(entry / _RUNTIME_LOCK):  # its creator lives, or not one of ours
+            continue
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
     return removed
