@@ -6,12 +6,13 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tritonclient.http as httpclient
 
 from shoal import modelgen
-from tests.serverctl import SHM_DIR, ShoalServer, processes_with
+from tests.serverctl import SHM_DIR, ShoalServer, finish_logs, processes_with
 
 ALL_DATATYPES = [
     "BOOL",
@@ -90,6 +91,22 @@ def _close_on_the_main_thread_only() -> None:
 
 
 _close_on_the_main_thread_only()
+
+
+_KEPT_LOGS = pytest.StashKey[Path]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The servers' logs go with a run that passed; a failed run keeps them."""
+    kept = finish_logs(keep=exitstatus != 0)
+    if kept is not None:
+        session.config.stash[_KEPT_LOGS] = kept
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    kept = config.stash.get(_KEPT_LOGS, None)
+    if kept is not None:
+        terminalreporter.write_line(f"shoal server logs of this run: {kept}")
 
 
 @pytest.fixture(scope="session", autouse=True)

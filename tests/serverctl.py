@@ -26,6 +26,28 @@ from pathlib import Path
 from typing import Any
 
 SHM_DIR = Path("/dev/shm")
+_log_dir: Path | None = None
+
+
+def log_dir() -> Path:
+    """This test run's folder of server logs (``shoal-test-logs-*`` in the temp dir),
+    made at its first use. conftest removes it when the run passes and names it when
+    one fails."""
+    global _log_dir
+    if _log_dir is None:
+        _log_dir = Path(tempfile.mkdtemp(prefix="shoal-test-logs-"))
+    return _log_dir
+
+
+def finish_logs(keep: bool) -> Path | None:
+    """At the run's end: the logs' folder if one was made and ``keep``; else it is
+    removed (if made) and None."""
+    global _log_dir
+    kept, _log_dir = _log_dir, None
+    if kept is not None and not keep:
+        shutil.rmtree(kept, ignore_errors=True)
+        return None
+    return kept
 
 
 def free_ports(count: int) -> list[int]:
@@ -90,7 +112,7 @@ class ShoalServer:
         self.repo = repo
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.runtime_dir = tempfile.mkdtemp(prefix="shoal-test-run-")
-        self.log_path = Path(self.runtime_dir + ".log")
+        self.log_path = log_dir() / f"{Path(self.runtime_dir).name}.log"
         self.args = args
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
