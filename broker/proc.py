@@ -472,6 +472,7 @@ class BrokerProc:
             "instance %d of %s/%d (pid %d) exited", inst.index, inst.model, inst.version, inst.pid
         )
         was_loading = inst.state == "LOADING"
+        ran = {id(item) for item in inst.in_flight.items} if inst.in_flight else set()
         failed, dispatches = self.router.instance_lost(inst, time.monotonic())
         version = self.table.version(inst.model, inst.version)
         if version is not None:
@@ -483,8 +484,16 @@ class BrokerProc:
             f"Failed to process the request(s) for model instance '{inst.name}', "
             f"message: the instance's worker process (pid {inst.pid}) exited",
         )
+        # Those still queued that no instance left can run (it was the model's last, or
+        # the last on the GPU their CUDA memory is on): no instance ever saw them.
+        orphaned = ServingError(
+            Code.UNAVAILABLE,
+            f"Failed to process the request(s) for model '{inst.model}' version "
+            f"{inst.version}, message: instance '{inst.name}' (pid {inst.pid}) exited "
+            "and no instance left can run them",
+        )
         for item in failed:
-            self._fail_item(item, err)
+            self._fail_item(item, err if id(item) in ran else orphaned)
         error = m.ErrorInfo(int(err.code), err.message)
         for frontend, req_ids in self.router.unconfirmed(inst, time.monotonic()).items():
             self._send(self.fsock, [frontend, *m.encode(m.Unconfirmed(req_ids, error))])

@@ -57,12 +57,14 @@ def mlp_input() -> list[httpclient.InferInput]:
 
 
 def test_worker_killed_mid_request_fails_that_request_only(fresh_server: ShoalServer) -> None:
-    client = httpclient.InferenceServerClient(fresh_server.url, network_timeout=30)
+    """The request it ran fails naming the instance; the one queued behind it (simple's
+    only instance is gone) fails saying no instance ran it; other models keep serving."""
     pid = fresh_server.worker_pid("simple")
-    os.kill(pid, signal.SIGSTOP)  # the request will be in flight on a stuck worker
-    outcome: dict[str, object] = {}
+    os.kill(pid, signal.SIGSTOP)  # the first request will be in flight on a stuck worker
+    outcomes: list[dict[str, object]] = [{}, {}]
 
-    def call() -> None:
+    def call(outcome: dict[str, object]) -> None:
+        client = httpclient.InferenceServerClient(fresh_server.url, network_timeout=30)
         t0 = time.monotonic()
         try:
             client.infer("simple", simple_inputs())
@@ -71,17 +73,29 @@ def test_worker_killed_mid_request_fails_that_request_only(fresh_server: ShoalSe
             outcome["error"] = exc
         outcome["seconds"] = time.monotonic() - t0
 
-    t = threading.Thread(target=call)
-    t.start()
+    threads = [threading.Thread(target=call, args=(o,)) for o in outcomes]
+    threads[0].start()
+    time.sleep(0.5)
+    threads[1].start()  # queued: the instance runs one batch at a time
     time.sleep(0.5)
     os.kill(pid, signal.SIGKILL)
-    t.join(timeout=10)
-    assert not t.is_alive(), "the request hung after its worker died"
-    err = outcome["error"]
-    assert isinstance(err, InferenceServerException)
-    assert err.status() == "503"
-    assert "Failed to process the request(s) for model instance 'simple_0'" in err.message()
-    assert outcome["seconds"] < 5
+    for t in threads:
+        t.join(timeout=10)
+        assert not t.is_alive(), "a request hung after its worker died"
+    ran, queued = (o["error"] for o in outcomes)
+    assert isinstance(ran, InferenceServerException)
+    assert ran.status() == "503"
+    assert ran.message() == (
+        "Failed to process the request(s) for model instance 'simple_0', "
+        f"message: the instance's worker process (pid {pid}) exited"
+    )
+    assert isinstance(queued, InferenceServerException)
+    assert queued.status() == "503"
+    assert queued.message() == (
+        "Failed to process the request(s) for model 'simple' version 1, message: "
+        f"instance 'simple_0' (pid {pid}) exited and no instance left can run them"
+    )
+    assert all(float(str(o["seconds"])) < 5 for o in outcomes)
 
     other = httpclient.InferenceServerClient(fresh_server.url)
     assert other.infer("mlp", mlp_input()).as_numpy("OUTPUT0").shape == (1, 256)
