@@ -204,8 +204,11 @@ class DataPlane:
         return reply.regions
 
     async def model_ready(self, name: str, version: str) -> bool:
+        """Whether that version (or the model, for "") is ready: an unknown one is not.
+        A version string that is no version is refused, as Triton refuses it."""
+        number = parse_version(version)
         try:
-            info = await self._info(name, parse_version(version))
+            info = await self._info(name, number)
         except ServingError:
             return False
         return info.ready

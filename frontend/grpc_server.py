@@ -164,7 +164,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         return pb.ServerReadyResponse(ready=await self.dp.server_ready())
 
     async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=await self.dp.model_ready(request.name, request.version))
+        async def call() -> pb.ModelReadyResponse:
+            return pb.ModelReadyResponse(
+                ready=await self.dp.model_ready(request.name, request.version)
+            )
+
+        return await _guard(context, call)
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         status = self.dp.frontend_status()

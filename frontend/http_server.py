@@ -129,8 +129,12 @@ async def model_config(request: web.Request) -> web.Response:
 
 
 async def model_ready(request: web.Request) -> web.Response:
+    """200 with no body; otherwise Triton's 400 with its one message (an unknown model
+    or version included), where the server health endpoints answer with no body."""
     name, version = _model_args(request)
-    return _empty(await _dp(request).model_ready(name, version))
+    if await _dp(request).model_ready(name, version):
+        return _empty(True)
+    return _error("Model version not ready", 400)
 
 
 def _header_length(request: web.Request) -> int | None:

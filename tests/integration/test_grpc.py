@@ -49,6 +49,29 @@ def test_health_and_metadata(client: grpcclient.InferenceServerClient) -> None:
     assert client.is_server_ready()
     assert client.is_model_ready("simple")
     assert not client.is_model_ready("nope")
+    assert not client.is_model_ready("simple", "7")
+
+
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        ("abc", "failed to get model version from specified version string 'abc' (details: stol)"),
+        ("-1", "invalid model version specified '-1' "),
+        ("9" * 30, f"failed to get model version from specified version string '{'9' * 30}'"),
+    ],
+)
+def test_model_ready_refuses_what_is_no_version_as_triton(
+    client: grpcclient.InferenceServerClient, version: str, message: str
+) -> None:
+    """Triton 2.51 (triton-peer) answers INVALID_ARGUMENT here, not ready: false."""
+    with pytest.raises(InferenceServerException) as exc:
+        client.is_model_ready("simple", version)
+    assert exc.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert exc.value.message().startswith(message)
+    assert exc.value.message().endswith(", version should be an integral value > 0")
+
+
+def test_server_metadata_and_model_config(client: grpcclient.InferenceServerClient) -> None:
     assert client.get_server_metadata().name == "triton"
     meta = client.get_model_metadata("simple")
     assert meta.name == "simple"

@@ -90,7 +90,18 @@ def test_version_policy_selects_versions(
 def test_model_ready(server: ShoalServer, client: httpclient.InferenceServerClient) -> None:
     assert client.is_model_ready("simple")
     assert _get(server, "/v2/models/simple/ready") == (200, b"")
-    assert _get(server, "/v2/models/nope/ready") == (400, b"")
+    assert _get(server, "/v2/models/simple/versions/1/ready") == (200, b"")
+    # Not ready, unknown model or version alike: Triton 2.51's one message (triton-peer).
+    not_ready = (400, b'{"error":"Model version not ready"}')
+    assert _get(server, "/v2/models/nope/ready") == not_ready
+    assert _get(server, "/v2/models/simple/versions/7/ready") == not_ready
+    assert _get(server, "/v2/models/simple/versions/007/ready") == not_ready
+    status, body = _get(server, f"/v2/models/simple/versions/{'9' * 30}/ready")
+    assert status == 400
+    assert json.loads(body)["error"] == (
+        f"failed to get model version from specified version string '{'9' * 30}' "
+        "(details: stol), version should be an integral value > 0"
+    )
 
 
 @pytest.mark.parametrize("path", ["/v2/models/nope", "/v2/models/nope/config"])
