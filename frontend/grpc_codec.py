@@ -27,19 +27,19 @@ from ipc.errors import Code, ServingError, invalid_arg, named
 
 _SHM_REGION: Final = "shared_memory_region"
 
-# datatype -> (InferTensorContents field, numpy dtype the field's values convert through)
-_TYPED: Final[dict[str, tuple[str, str]]] = {
-    "BOOL": ("bool_contents", "bool"),
-    "INT8": ("int_contents", "<i1"),
-    "INT16": ("int_contents", "<i2"),
-    "INT32": ("int_contents", "<i4"),
-    "INT64": ("int64_contents", "<i8"),
-    "UINT8": ("uint_contents", "<u1"),
-    "UINT16": ("uint_contents", "<u2"),
-    "UINT32": ("uint_contents", "<u4"),
-    "UINT64": ("uint64_contents", "<u8"),
-    "FP32": ("fp32_contents", "<f4"),
-    "FP64": ("fp64_contents", "<f8"),
+# The numpy dtype of each datatype typed contents can carry (each field's values too).
+_NUMPY: Final[dict[str, str]] = {
+    "BOOL": "bool",
+    "INT8": "<i1",
+    "INT16": "<i2",
+    "INT32": "<i4",
+    "INT64": "<i8",
+    "UINT8": "<u1",
+    "UINT16": "<u2",
+    "UINT32": "<u4",
+    "UINT64": "<u8",
+    "FP32": "<f4",
+    "FP64": "<f8",
 }
 
 
@@ -65,17 +65,38 @@ def _params(src: Any) -> dict[str, ParamValue]:
     return {k: param_value(v) for k, v in src.items()}
 
 
-#: The request parameters Triton reads itself, and the kinds it accepts for each.
-_SCHEDULING_PARAMS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
+#: The request parameters Triton reads itself, and the kinds it accepts for each, in the
+#: order it looks for them.
+_RESERVED_PARAMS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
+    "sequence_id": (("int64_param", "string_param"), "int64_param or string_param"),
+    "sequence_start": (("bool_param",), "bool_param"),
+    "sequence_end": (("bool_param",), "bool_param"),
     "priority": (("int64_param", "uint64_param"), "int64_param or uint64_param"),
     "timeout": (("int64_param",), "int64_param"),
 }
+#: What any other request parameter may be, and the one "triton_" key a client may set.
+_PLAIN_KINDS: Final = ("int64_param", "bool_param", "string_param", "double_param")
+_ALLOWED_TRITON_KEY: Final = "triton_enable_empty_final_response"
 
 
 def _request_params(src: Any) -> dict[str, ParamValue]:
-    for key, (kinds, expected) in _SCHEDULING_PARAMS.items():
+    """Triton 2.51's checks (SetInferenceRequestMetadata), with its messages."""
+    for key, (kinds, expected) in _RESERVED_PARAMS.items():
         if key in src and src[key].WhichOneof("parameter_choice") not in kinds:
             raise invalid_arg(f"invalid value type for '{key}' parameter, expected {expected}.")
+    for key, value in src.items():
+        if key in _RESERVED_PARAMS:
+            continue
+        if key.startswith("triton_") and key != _ALLOWED_TRITON_KEY:
+            raise invalid_arg(
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only "
+                f"the following keys starting with 'triton_' are allowed: {_ALLOWED_TRITON_KEY}"
+            )
+        if value.WhichOneof("parameter_choice") not in _PLAIN_KINDS:
+            raise invalid_arg(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
+                "or string_param."
+            )
     return _params(src)
 
 
@@ -112,7 +133,9 @@ def _check_shm_params(t: Any) -> bool:
 
 
 def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
-    """A ModelInferRequest as an InferenceRequest (tensor data in wire layout)."""
+    """A ModelInferRequest as an InferenceRequest (tensor data in wire layout), refused
+    where Triton 2.51 refuses it, with its words. A datatype Triton does not know goes on
+    as "<invalid>" (the model's checks then name it so); shapes are checked there too."""
     raw = req.raw_input_contents
     inputs: list[InputTensor] = []
     raw_index = 0
@@ -122,11 +145,8 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
             raise invalid_arg(named(f"input '{t.name}' already exists in request", req.id))
         names.add(t.name)
         params = _params(t.parameters)
-        if datatypes.datatype(t.datatype) is None:
-            raise invalid_arg(f"invalid datatype '{t.datatype}' for input '{t.name}'")
+        datatype = t.datatype if datatypes.datatype(t.datatype) is not None else _INVALID
         shape = list(t.shape)
-        if any(d < 0 for d in shape):
-            raise invalid_arg(f"input '{t.name}' has a negative dimension in its shape {shape}")
         has_contents = t.HasField("contents")
         if _check_shm_params(t):
             if has_contents:
@@ -134,35 +154,26 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
                     "unexpected 'content' provided when using shared memory for input tensor "
                     f"'{t.name}' for model '{req.model_name}'"
                 )
-            inputs.append(InputTensor(t.name, t.datatype, shape, None, params))
+            inputs.append(InputTensor(t.name, datatype, shape, None, params))
             continue
-        if raw:
-            if has_contents:
-                raise invalid_arg(
-                    "contents field must not be specified when using raw_input_contents for "
-                    f"'{t.name}' for model '{req.model_name}'"
-                )
-            if raw_index >= len(raw):
-                raise invalid_arg(
-                    f"expected tensor data for input '{t.name}' for model '{req.model_name}' "
-                    "in raw_input_contents"
-                )
+        if has_contents and raw:
+            raise invalid_arg(
+                "contents field must not be specified when using raw_input_contents for "
+                f"'{t.name}' for model '{req.model_name}'"
+            )
+        if has_contents:
+            data = _typed_contents(t.contents, t.name, datatype, req.model_name)
+        elif raw_index < len(raw):  # raw contents left over at the end are not looked at
             data = memoryview(raw[raw_index])
             raw_index += 1
         else:
-            data = _typed_contents(t, req.model_name)
-        inputs.append(InputTensor(t.name, t.datatype, shape, data, params))
-    if raw and raw_index != len(raw):
-        raise invalid_arg(
-            f"unexpected number of raw_input_contents for model '{req.model_name}': "
-            f"{len(raw)} given for {raw_index} input(s)"
-        )
-    seen: set[str] = set()
-    outputs: list[RequestedOutput] = []
+            raise invalid_arg(
+                f"unable to find data for input tensor '{t.name}' for model "
+                f"'{req.model_name}' in request."
+            )
+        inputs.append(InputTensor(t.name, datatype, shape, data, params))
+    outputs: dict[str, RequestedOutput] = {}
     for o in req.outputs:
-        if o.name in seen:
-            raise invalid_arg(f"output '{o.name}' already exists in request")
-        seen.add(o.name)
         _check_shm_params(o)
         params = _params(o.parameters)
         classes = params.get("classification", 0)
@@ -172,35 +183,63 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
                 f"classification output is not supported: output '{o.name}' requests "
                 f"classification {classes}",
             )
-        outputs.append(RequestedOutput(o.name, params))
+        # Named twice: Triton 2.51's gRPC side serves it once, as first asked for (its
+        # HTTP side refuses it).
+        outputs.setdefault(o.name, RequestedOutput(o.name, params))
     return InferenceRequest(
         model=req.model_name,
         version=req.model_version,
         id=req.id,
         parameters=_request_params(req.parameters),
         inputs=inputs,
-        outputs=outputs,
+        outputs=list(outputs.values()),
     )
 
 
-def _typed_contents(t: Any, model: str) -> memoryview:
-    if t.datatype == "BYTES":
-        return memoryview(
-            datatypes.serialize_bytes(np.array(list(t.contents.bytes_contents), dtype=object))
-        )
-    spec = _TYPED.get(t.datatype)
-    if spec is None:
-        raise invalid_arg(
-            f"{t.datatype} input '{t.name}' for model '{model}' can only be sent in "
-            "raw_input_contents"
-        )
-    field, dtype = spec
-    values = getattr(t.contents, field)
-    try:
-        arr = np.array(values, dtype=dtype)
-    except OverflowError:
-        raise invalid_arg(f"a value of input '{t.name}' does not fit {t.datatype}") from None
-    return memoryview(arr.tobytes())
+#: TRITONSERVER_DataTypeString of a datatype string Triton does not know.
+_INVALID: Final = "<invalid>"
+
+#: InferTensorContents' fields in the order Triton reads them, each with the datatype its
+#: values are (int_contents and uint_contents also carry the 8- and 16-bit types).
+_FIELDS: Final = (
+    ("bool_contents", "BOOL"),
+    ("int_contents", "INT32"),
+    ("int64_contents", "INT64"),
+    ("uint_contents", "UINT32"),
+    ("uint64_contents", "UINT64"),
+    ("fp32_contents", "FP32"),
+    ("fp64_contents", "FP64"),
+    ("bytes_contents", "BYTES"),
+)
+_NARROW: Final = {"INT8": "INT32", "INT16": "INT32", "UINT8": "UINT32", "UINT16": "UINT32"}
+
+
+def _typed_contents(contents: Any, name: str, datatype: str, model: str) -> memoryview:
+    """The tensor's bytes from its typed contents, as Triton reads them: each field that
+    holds values must be of the input's datatype, and only one may hold any. 8- and
+    16-bit integers keep the low bytes of each 32-bit value, as Triton's do."""
+    data = b""
+    for field, field_type in _FIELDS:
+        values = getattr(contents, field)
+        if not values:
+            continue
+        if data:
+            raise invalid_arg(
+                f"unexpected explicit tensor data for input tensor '{name}' for model "
+                f"'{model}', binary data was already supplied."
+            )
+        own = datatype if _NARROW.get(datatype) == field_type else field_type
+        if own != datatype:
+            raise invalid_arg(
+                f"unexpected explicit tensor data for input tensor '{name}' for model "
+                f"'{model}' of type '{field_type}', expected datatype '{datatype}'"
+            )
+        if field_type == "BYTES":
+            data = datatypes.serialize_bytes(np.array(list(values), dtype=object))
+        else:
+            wide = np.array(values, dtype=_NUMPY[field_type])
+            data = wide.astype(_NUMPY[datatype], copy=False).tobytes()
+    return memoryview(data)
 
 
 def encode_infer_response(result: InferenceResult) -> pb.ModelInferResponse:

@@ -201,15 +201,14 @@ def _request_parameters(doc: dict[str, Any]) -> tuple[dict[str, ParamValue], boo
 
 
 def _check_reserved_type(key: str, value: object) -> None:
-    ok = True
-    if key == "sequence_id":
-        ok = _is_uint(value) or isinstance(value, str)
-    elif key in ("sequence_start", "sequence_end"):
-        ok = type(value) is bool
-    elif key in ("priority", "timeout") and not _is_uint(value):
+    """Triton 2.51's JSON layer (500, in its words): a sequence_id that is no uint64 is
+    read as a string, the flags as booleans, priority and timeout as uint64s."""
+    if key == "sequence_id" and not (_is_uint(value) or isinstance(value, str)):
+        raise json_error(key, "attempt to access JSON non-string as string")
+    if key in ("sequence_start", "sequence_end") and type(value) is not bool:
+        raise json_error(key, "attempt to access JSON non-boolean as boolean")
+    if key in ("priority", "timeout") and not _is_uint(value):
         raise _not_uint(key)
-    if not ok:
-        raise invalid_arg(f"Unable to parse '{key}'")
 
 
 def _not_uint(key: str) -> ServingError:

@@ -68,24 +68,45 @@ class ModelHandle:
         self.metadata = model_metadata(cfg, versions)
 
     def batch_size(self, req: InferenceRequest) -> int:
-        """Validate the inputs of ``req``; returns the batch size (0 when not batching)."""
+        """Validate the inputs of ``req``; returns the batch size (0 when not batching).
+
+        In Triton 2.51's order (InferenceRequest::Normalize, then its input checks): the
+        names, the batch size common to all inputs, its limit, then each input's datatype,
+        shape (-1 on either side matches any size) and, last, that no dimension is left
+        unspecified (negative: only gRPC can send one). The inputs are walked newest first,
+        as Triton walks its std::unordered_map of them."""
         self._check_names(req)
-        batch = -1
-        for t in req.inputs:
+        order = req.inputs[::-1]
+        batch = 0
+        if self.max_batch_size > 0:
+            for t in order:
+                if not t.shape:
+                    raise self._shape_error(t, self.inputs[t.name])
+                if batch == 0:
+                    batch = t.shape[0] % 2**32  # Triton keeps it in a uint32
+                elif t.shape[0] != batch:
+                    raise invalid_request(
+                        f"input '{t.name}' batch size does not match other inputs for '{self.name}'"
+                    )
+            if batch < 1 or batch > self.max_batch_size:
+                raise invalid_request(
+                    f"inference request batch-size must be <= {self.max_batch_size} for "
+                    f"'{self.name}'"
+                )
+        for t in order:
             spec = self.inputs[t.name]
             if t.datatype != spec.datatype:
                 raise invalid_request(
                     f"inference input '{t.name}' data-type is '{t.datatype}', but model "
                     f"'{self.name}' expects '{spec.datatype}'"
                 )
-            b = self._check_shape(t, spec)
-            if batch >= 0 and b != batch:
+            self._check_shape(t, spec)
+            if any(d < 0 for d in t.shape):
                 raise invalid_request(
-                    f"inference request batch-size of input '{t.name}' is {b}, but other "
-                    f"inputs of model '{self.name}' have batch-size {batch}"
+                    f"All input dimensions should be specified for input '{t.name}' for "
+                    f"model '{self.name}', got {_dims_str(t.shape)}"
                 )
-            batch = b
-        return max(batch, 0)
+        return batch
 
     def _check_names(self, req: InferenceRequest) -> None:
         """Triton's order: the input count first, then each name."""
@@ -121,24 +142,12 @@ class ModelHandle:
             "input(s)."
         )
 
-    def _check_shape(self, t: InputTensor, spec: TensorSpec) -> int:
-        shape = t.shape
-        batch = -1
-        dims = shape
-        if self.max_batch_size > 0:
-            if not shape:
-                raise self._shape_error(t, spec)
-            batch, dims = shape[0], shape[1:]
-            if batch < 1 or batch > self.max_batch_size:
-                raise invalid_request(
-                    f"inference request batch-size must be <= {self.max_batch_size} for "
-                    f"'{self.name}'"
-                )
+    def _check_shape(self, t: InputTensor, spec: TensorSpec) -> None:
+        dims = t.shape[1:] if self.max_batch_size > 0 else t.shape
         if len(dims) != len(spec.dims) or any(
-            want != -1 and want != got for want, got in zip(spec.dims, dims, strict=True)
+            -1 not in (want, got) and want != got for want, got in zip(spec.dims, dims, strict=True)
         ):
             raise self._shape_error(t, spec)
-        return batch
 
     def _shape_error(self, t: InputTensor, spec: TensorSpec) -> RequestError:
         full = [-1, *spec.dims] if self.max_batch_size > 0 else list(spec.dims)

@@ -220,6 +220,144 @@ def test_mixed_raw_and_typed_contents_refused(url: str) -> None:
     )
 
 
+_ONES = np.ones(16, dtype=np.int32).tobytes()
+
+
+def _typed(req: service_pb2.ModelInferRequest, name: str, datatype: str, **fields: list) -> None:
+    t = req.inputs.add(name=name, datatype=datatype, shape=[1, 16])
+    for field, values in fields.items():
+        getattr(t.contents, field).extend(values)
+
+
+def _raw_input(
+    req: service_pb2.ModelInferRequest, name: str, shape: list[int], datatype: str
+) -> None:
+    req.inputs.add(name=name, datatype=datatype, shape=shape)
+    req.raw_input_contents.append(_ONES)
+
+
+def _ints(req: service_pb2.ModelInferRequest) -> None:
+    _typed(req, "INPUT1", "INT32", int_contents=list(range(16)))
+
+
+def _typed_wrong_field(req: service_pb2.ModelInferRequest) -> None:
+    _typed(req, "INPUT0", "INT32", fp32_contents=[1.0] * 16)
+    _ints(req)
+
+
+def _typed_two_fields(req: service_pb2.ModelInferRequest) -> None:
+    _typed(req, "INPUT0", "INT32", int_contents=list(range(16)), fp32_contents=[1.0] * 16)
+    _ints(req)
+
+
+def _typed_unknown_datatype(req: service_pb2.ModelInferRequest) -> None:
+    _typed(req, "INPUT0", "BOGUS", int_contents=list(range(16)))
+    _ints(req)
+
+
+def _no_data(req: service_pb2.ModelInferRequest) -> None:
+    req.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16])
+    _ints(req)
+
+
+def _raw_unknown_datatype(req: service_pb2.ModelInferRequest) -> None:
+    _raw_input(req, "INPUT0", [1, 16], "BOGUS")
+    _raw_input(req, "INPUT1", [1, 16], "INT32")
+
+
+def _raw_too_few(req: service_pb2.ModelInferRequest) -> None:
+    _raw_input(req, "INPUT0", [1, 16], "INT32")
+    req.inputs.add(name="INPUT1", datatype="INT32", shape=[1, 16])
+
+
+def _negative_dim(req: service_pb2.ModelInferRequest) -> None:
+    _raw_input(req, "INPUT0", [1, 16], "INT32")
+    _raw_input(req, "INPUT1", [1, -1], "INT32")
+
+
+def _batch_mismatch(req: service_pb2.ModelInferRequest) -> None:
+    _raw_input(req, "INPUT0", [1, 16], "INT32")
+    _raw_input(req, "INPUT1", [2, 16], "INT32")
+    req.raw_input_contents[1] = _ONES * 2
+
+
+_PREFIX = "[request id: <id_unknown>] "
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            _typed_wrong_field,
+            "unexpected explicit tensor data for input tensor 'INPUT0' for model 'simple' of "
+            "type 'FP32', expected datatype 'INT32'",
+        ),
+        (
+            _typed_two_fields,
+            "unexpected explicit tensor data for input tensor 'INPUT0' for model 'simple', "
+            "binary data was already supplied.",
+        ),
+        (
+            _typed_unknown_datatype,
+            "unexpected explicit tensor data for input tensor 'INPUT0' for model 'simple' of "
+            "type 'INT32', expected datatype '<invalid>'",
+        ),
+        (
+            _no_data,
+            "unable to find data for input tensor 'INPUT0' for model 'simple' in request.",
+        ),
+        (
+            _raw_too_few,
+            "unable to find data for input tensor 'INPUT1' for model 'simple' in request.",
+        ),
+        (
+            _raw_unknown_datatype,
+            _PREFIX + "inference input 'INPUT0' data-type is '<invalid>', but model 'simple' "
+            "expects 'INT32'",
+        ),
+        (
+            _negative_dim,
+            _PREFIX + "All input dimensions should be specified for input 'INPUT1' for model "
+            "'simple', got [1,-1]",
+        ),
+        (
+            _batch_mismatch,
+            _PREFIX + "input 'INPUT0' batch size does not match other inputs for 'simple'",
+        ),
+    ],
+    ids=lambda v: v.__name__.strip("_") if callable(v) else "",
+)
+def test_input_data_refused_in_triton_s_words(
+    url: str, build: Callable[[service_pb2.ModelInferRequest], None], message: str
+) -> None:
+    """Each answer as Triton 2.51 gives it (triton-peer, same bytes)."""
+    req = service_pb2.ModelInferRequest(model_name="simple")
+    build(req)
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_stub(url).ModelInfer(req)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == message
+
+
+def test_narrow_integers_keep_the_low_bytes_and_extra_raw_contents_are_ignored(
+    url: str,
+) -> None:
+    """As Triton 2.51: an INT8 taken from int_contents keeps each value's low byte; raw
+    contents beyond the inputs are not read; an output named twice is served once."""
+    req = service_pb2.ModelInferRequest(model_name="identity_int8")
+    _typed(req, "INPUT0", "INT8", int_contents=[1, 255, 256, -129] * 4)
+    req.outputs.add(name="OUTPUT0")
+    req.outputs.add(name="OUTPUT0")
+    resp = _raw_stub(url).ModelInfer(req)
+    assert [o.name for o in resp.outputs] == ["OUTPUT0"]
+    out = np.frombuffer(resp.raw_output_contents[0], dtype=np.int8)
+    np.testing.assert_array_equal(out, [1, -1, 0, 127] * 4)
+    req = _simple_request()
+    req.raw_input_contents.append(b"not read")
+    resp = _raw_stub(url).ModelInfer(req)
+    np.testing.assert_array_equal(np.frombuffer(resp.raw_output_contents[0], np.int32), [2] * 16)
+
+
 def test_parameters_are_accepted(client: grpcclient.InferenceServerClient) -> None:
     ins, a, b = simple_inputs()
     result = client.infer("simple", ins, parameters={"custom": "x", "n": 3, "flag": True})
@@ -249,9 +387,12 @@ def test_negative_int64_priority_and_timeout_mean_the_defaults(url: str) -> None
     [
         ("priority", "string_param", "int64_param or uint64_param"),
         ("timeout", "uint64_param", "int64_param"),
+        ("sequence_id", "uint64_param", "int64_param or string_param"),
+        ("sequence_start", "int64_param", "bool_param"),
+        ("custom", "uint64_param", "int64_param, bool_param, or string_param"),
     ],
 )
-def test_scheduling_parameters_of_the_wrong_kind_are_refused(
+def test_parameters_of_the_wrong_kind_are_refused(
     url: str, key: str, kind: str, expected: str
 ) -> None:
     req = _simple_request()
@@ -260,6 +401,21 @@ def test_scheduling_parameters_of_the_wrong_kind_are_refused(
         _raw_stub(url).ModelInfer(req)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert e.value.details() == f"invalid value type for '{key}' parameter, expected {expected}."
+
+
+def test_triton_parameter_keys_are_reserved_but_one(url: str) -> None:
+    req = _simple_request()
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
+    req.parameters["ratio"].double_param = 0.5
+    assert _raw_stub(url).ModelInfer(req).outputs
+    req.parameters["triton_x"].int64_param = 1
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_stub(url).ModelInfer(req)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == (
+        "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+        "following keys starting with 'triton_' are allowed: triton_enable_empty_final_response"
+    )
 
 
 @pytest.mark.parametrize(
@@ -325,8 +481,8 @@ def test_bad_shape_is_invalid_argument(client: grpcclient.InferenceServerClient)
     with pytest.raises(InferenceServerException) as e:
         client.infer("simple", ins, request_id="g1")
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert e.value.message().startswith(
-        "[request id: g1] unexpected shape for input 'INPUT0' for model 'simple'. Expected "
+    assert e.value.message().startswith(  # both wrong: Triton names the newest (2.51)
+        "[request id: g1] unexpected shape for input 'INPUT1' for model 'simple'. Expected "
         "[-1,16], got [2,8]. NOTE: Setting a non-zero max_batch_size"
     )
 

@@ -88,7 +88,8 @@ def test_valid_json_request_works(server: ShoalServer) -> None:
                 ]
             ),
             400,
-            "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2,8]",
+            # both are wrong: Triton 2.51 names the one it walks first, the newest
+            "unexpected shape for input 'INPUT1' for model 'simple'. Expected [-1,16], got [2,8]",
         ),
         (
             simple_json(
@@ -99,6 +100,18 @@ def test_valid_json_request_works(server: ShoalServer) -> None:
             ),
             400,
             "inference request batch-size must be <= 8 for 'simple'",
+        ),
+        (
+            simple_json(
+                inputs=[
+                    {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [0] * 16},
+                    {"name": "INPUT1", "shape": [2, 16], "datatype": "INT32", "data": [1] * 32},
+                ]
+            ),
+            400,
+            # Triton 2.51 (triton-peer): it walks the inputs newest first
+            "[request id: <id_unknown>] input 'INPUT0' batch size does not match other inputs "
+            "for 'simple'",
         ),
         (
             simple_json(
@@ -173,6 +186,7 @@ def test_valid_json_request_works(server: ShoalServer) -> None:
         "input-count",
         "shape",
         "batch-size",
+        "batch-mismatch",
         "datatype",
         "extra-input",
         "unknown-output",

@@ -392,12 +392,27 @@ def one_input(**fields: Any) -> dict[str, Any]:
             Code.INVALID_ARG,
             "parameter 'p' has invalid type",
         ),
-        (
+        (  # Triton 2.51 answers these from its JSON layer, as INTERNAL (triton-peer)
             {**one_input(), "parameters": {"sequence_start": 1}},
-            Code.INVALID_ARG,
-            "Unable to parse 'sequence_start'",
+            Code.INTERNAL,
+            "Unable to parse 'sequence_start': attempt to access JSON non-boolean as boolean",
         ),
-        (  # Triton 2.51 answers these from its JSON layer, as INTERNAL
+        (
+            {**one_input(), "parameters": {"sequence_end": None}},
+            Code.INTERNAL,
+            "Unable to parse 'sequence_end': attempt to access JSON non-boolean as boolean",
+        ),
+        (  # not a uint64: read as a string
+            {**one_input(), "parameters": {"sequence_id": -1}},
+            Code.INTERNAL,
+            "Unable to parse 'sequence_id': attempt to access JSON non-string as string",
+        ),
+        (
+            {**one_input(), "parameters": {"sequence_id": 1.5}},
+            Code.INTERNAL,
+            "Unable to parse 'sequence_id': attempt to access JSON non-string as string",
+        ),
+        (
             {**one_input(), "parameters": {"priority": -1}},
             Code.INTERNAL,
             "Unable to parse 'priority': attempt to access JSON non-unsigned-integer as "
