@@ -127,7 +127,7 @@ class RegionTable:
         if name in self.by_name:
             raise _already_registered(name)
         invalid = invalid_arg(f"failed to register shared memory region '{name}': invalid args")
-        if offset < 0 or byte_size <= 0:
+        if offset < 0 or byte_size < 0:
             raise invalid
         if self._open_fds >= self.max_system_regions:
             raise ServingError(
@@ -139,6 +139,11 @@ class RegionTable:
         try:
             if not stat.S_ISREG(st.st_mode) or offset + byte_size > st.st_size:
                 raise invalid
+            if byte_size == 0:  # in range, but Triton's mmap of nothing fails: its words
+                raise invalid_arg(
+                    f"failed to register shared memory region '{name}': unable to process "
+                    "address spaceInvalid argument"
+                )
             region = Region(self._next_id, name, "system", key, offset, byte_size)
             region.fd, region.dev, region.ino = fd, st.st_dev, st.st_ino
             self._new(region)
