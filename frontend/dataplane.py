@@ -281,15 +281,17 @@ class DataPlane:
     def _build(
         self, req: InferenceRequest, model: ModelHandle, batch: int, slots: list[Slot]
     ) -> m.InferRequest:
+        if not self.allow_client_shm and any(t.data is None for t in req.inputs):
+            raise client_shm.disabled()
+        for t in req.inputs[::-1]:  # Triton checks sizes walking its inputs newest first
+            if t.data is not None:
+                check_byte_size(t, model.name)
         refs: list[m.TensorRef] = []
         for t in req.inputs:
             shape = model.model_shape(t, batch)
             if t.data is None:
-                if not self.allow_client_shm:
-                    raise client_shm.disabled()
                 refs.append(client_shm.input_ref(t, shape, model.name))
                 continue
-            check_byte_size(t, model.name)
             n = len(t.data)
             if n <= m.INLINE_MAX_BYTES:
                 refs.append(m.TensorRef(t.name, t.datatype, shape, n, data=bytes(t.data)))

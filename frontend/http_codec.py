@@ -118,9 +118,7 @@ def decode_infer_request(
     options = ResponseOptions()
     request.id = _request_id(doc)
     request.parameters, options.default_binary = _request_parameters(doc)
-    request.inputs = _inputs(
-        doc, buf[split:], header_length is not None, model, max_json_depth, request.id
-    )
+    request.inputs = _inputs(doc, buf[split:], model, max_json_depth, request.id)
     request.outputs, options.outputs = _outputs(doc, allow_classification)
     return request, options
 
@@ -289,7 +287,6 @@ def _check_shm(params: dict[str, Any]) -> None:
 def _inputs(
     doc: dict[str, Any],
     binary: memoryview,
-    has_header_length: bool,
     model: str,
     max_depth: int,
     request_id: str,
@@ -301,7 +298,7 @@ def _inputs(
     for item in items:
         # an item that is no object has no members (Triton then misses its content)
         item = item if isinstance(item, dict) else {}
-        tensor, used = _input(item, binary[pos:], has_header_length, model, max_depth)
+        tensor, used = _input(item, binary[pos:], model, max_depth)
         if tensor.name in seen:
             # Triton's request refuses it, naming itself
             raise invalid_arg(named(f"input '{tensor.name}' already exists in request", request_id))
@@ -314,7 +311,7 @@ def _inputs(
 
 
 def _input(
-    item: dict[str, Any], binary: memoryview, has_header_length: bool, model: str, max_depth: int
+    item: dict[str, Any], binary: memoryview, model: str, max_depth: int
 ) -> tuple[InputTensor, int]:
     """One input and how many bytes of the binary section it consumed. Triton's order:
     where the content is first, then name, datatype and shape."""
@@ -343,11 +340,8 @@ def _input(
     size = params["binary_data_size"]
     if not _is_uint(size):
         raise _not_uint("binary_data_size")
-    if size > 0 and not has_header_length:
-        raise invalid_arg(
-            "must specify valid 'Infer-Header-Content-Length' in request header and "
-            "'binary_data_size' when passing inputs in binary data format"
-        )
+    # Without Inference-Header-Content-Length the whole body is JSON and no binary
+    # section follows: Triton 2.51 (triton-peer) then answers the size check below.
     if size > len(binary):
         raise invalid_arg(
             f"unexpected size for input '{name}', expecting {size - len(binary)} additional "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from frontend.types import InputTensor
 from ipc.datatypes import datatype
-from ipc.errors import invalid_arg
+from ipc.errors import ServingError, invalid_arg, named
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ def raw_input_tensor(buf: memoryview, model: str, meta: RawInputMeta) -> InputTe
     The data is ``buf`` itself, except BYTES, which gets its 4-byte length prefix (a copy).
     """
     if meta.input_count != 1:
-        raise invalid_arg(
+        raise _refused(
             "Raw request must only have 1 input (found 1) to be deduced but got "
             f"{meta.input_count} inputs in '{model}' model configuration"
         )
@@ -41,7 +41,7 @@ def raw_input_tensor(buf: memoryview, model: str, meta: RawInputMeta) -> InputTe
     for d in meta.dims:
         if d == -1:
             if dynamic != -1:
-                raise invalid_arg(
+                raise _refused(
                     f"The shape of the raw input '{meta.name}' can not be deduced because "
                     "there are more than one variable-sized dimension"
                 )
@@ -52,7 +52,7 @@ def raw_input_tensor(buf: memoryview, model: str, meta: RawInputMeta) -> InputTe
     data = buf
     if meta.datatype == "BYTES":
         if dynamic != -1 or fixed != 1:
-            raise invalid_arg(
+            raise _refused(
                 f"For BYTE datatype raw input '{meta.name}', the model must have input shape [1]"
             )
         data = memoryview(len(buf).to_bytes(4, "little") + bytes(buf))
@@ -62,3 +62,8 @@ def raw_input_tensor(buf: memoryview, model: str, meta: RawInputMeta) -> InputTe
         # A size that does not divide evenly is left for the byte-size check downstream.
         shape[dynamic] = len(buf) // max(fixed * itemsize, 1)
     return InputTensor(name=meta.name, datatype=meta.datatype, shape=shape, data=data)
+
+
+def _refused(message: str) -> ServingError:
+    """Triton refuses a raw request as a request: its (unknown) id comes first."""
+    return invalid_arg(named(message, ""))

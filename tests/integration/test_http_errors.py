@@ -104,6 +104,22 @@ def test_valid_json_request_works(server: ShoalServer) -> None:
         (
             simple_json(
                 inputs=[
+                    {
+                        "name": "INPUT0",
+                        "shape": [1, 16],
+                        "datatype": "INT32",
+                        "parameters": {"binary_data_size": 64},
+                    },
+                    {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                ]
+            ),
+            400,
+            # no Inference-Header-Content-Length: all JSON, no binary section (triton-peer)
+            "unexpected size for input 'INPUT0', expecting 64 additional bytes for model 'simple'",
+        ),
+        (
+            simple_json(
+                inputs=[
                     {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [0] * 16},
                     {"name": "INPUT1", "shape": [2, 16], "datatype": "INT32", "data": [1] * 32},
                 ]
@@ -186,6 +202,7 @@ def test_valid_json_request_works(server: ShoalServer) -> None:
         "input-count",
         "shape",
         "batch-size",
+        "binary-without-header",
         "batch-mismatch",
         "datatype",
         "extra-input",
@@ -279,6 +296,18 @@ def test_binary_byte_size_mismatch(server: ShoalServer) -> None:
         "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model "
         "'simple'. Expected 64, got 32"
     )
+    # Both wrong (60 and 68 bytes): Triton 2.51 names the newest input (triton-peer).
+    header = header.replace(b'"binary_data_size": 32', b'"binary_data_size": 60')
+    header = header.replace(b'"binary_data_size": 64', b'"binary_data_size": 68')
+    body = header + b"\0" * 128
+    status, doc = post(
+        server, "simple", body, {"Inference-Header-Content-Length": str(len(header))}
+    )
+    assert (status, doc["error"]) == (
+        400,
+        "[request id: <id_unknown>] input byte size mismatch for input 'INPUT1' for model "
+        "'simple'. Expected 64, got 68",
+    )
 
 
 def test_binary_sizes_beyond_body(server: ShoalServer) -> None:
@@ -328,8 +357,9 @@ def test_json_nesting_depth_limit(server: ShoalServer) -> None:
 def test_raw_request_needs_a_single_input_model(server: ShoalServer) -> None:
     status, doc = post(server, "simple", b"\0" * 64, {"Inference-Header-Content-Length": "0"})
     assert status == 400
-    assert doc["error"].startswith(
-        "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in"
+    assert doc["error"] == (  # Triton 2.51's words (triton-peer)
+        "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be "
+        "deduced but got 2 inputs in 'simple' model configuration"
     )
 
 
