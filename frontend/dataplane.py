@@ -36,6 +36,7 @@ log = logging.getLogger("shoal.frontend")
 
 SERVER_VERSION = "2.73.0"
 EXTENSIONS = [
+    "classification",
     "schedule_policy",
     "model_configuration",
     "system_shared_memory",
@@ -301,7 +302,10 @@ class DataPlane:
             slot.view[:] = t.data
             refs.append(m.TensorRef(t.name, t.datatype, shape, n, slot.region, slot.offset))
         in_client_shm: dict[str, m.OutputSpec] = {}
+        classification: dict[str, int] = {}  # top K asked of an output (K > 0)
         for o in req.outputs:
+            if (k := o.parameters.get("classification", 0)) and isinstance(k, int) and k > 0:
+                classification[o.name] = min(k, 2**32 - 1)  # Triton keeps K in a uint32
             spec = client_shm.output_spec(o)
             if spec is not None:
                 if not self.allow_client_shm:
@@ -311,6 +315,9 @@ class DataPlane:
         for name in [o.name for o in req.outputs] or list(model.outputs):
             if name in in_client_shm:
                 specs.append(in_client_shm[name])
+                continue
+            if classes := classification.get(name, 0):  # a few strings: inline
+                specs.append(m.OutputSpec(name, classification=classes))
                 continue
             size = model.output_nbytes(name, batch)
             if size is not None and size > m.INLINE_MAX_BYTES:

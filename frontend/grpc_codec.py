@@ -23,7 +23,7 @@ from frontend.types import (
     RequestedOutput,
 )
 from ipc import datatypes
-from ipc.errors import Code, ServingError, invalid_arg, named
+from ipc.errors import invalid_arg, named
 
 _SHM_REGION: Final = "shared_memory_region"
 
@@ -174,15 +174,17 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
         inputs.append(InputTensor(t.name, datatype, shape, data, params))
     outputs: dict[str, RequestedOutput] = {}
     for o in req.outputs:
-        _check_shm_params(o)
+        in_shm = _check_shm_params(o)
         params = _params(o.parameters)
-        classes = params.get("classification", 0)
-        if classes:  # as the HTTP side: no shoal backend produces class labels
-            raise ServingError(
-                Code.UNSUPPORTED,
-                f"classification output is not supported: output '{o.name}' requests "
-                f"classification {classes}",
-            )
+        if "classification" in o.parameters:
+            if o.parameters["classification"].WhichOneof("parameter_choice") != "int64_param":
+                raise invalid_arg(
+                    "invalid value type for 'classification' parameter, expected int64_param."
+                )
+            if in_shm:
+                raise invalid_arg(
+                    "Output can't set both 'shared_memory_region' and 'classification'"
+                )
         # Named twice: Triton 2.51's gRPC side serves it once, as first asked for (its
         # HTTP side refuses it).
         outputs.setdefault(o.name, RequestedOutput(o.name, params))

@@ -59,7 +59,6 @@ class OutputEncoding:
     """How one output goes back: binary after the JSON header, or JSON ``data``."""
 
     binary: bool = False
-    classification: int = 0  # top-K requested; 0 means none
 
 
 @dataclass(slots=True)
@@ -86,15 +85,11 @@ def decode_infer_request(
     *,
     raw_input_meta: Callable[[], RawInputMeta] | None = None,
     max_json_depth: int = 100,
-    allow_classification: bool = False,
 ) -> tuple[InferenceRequest, ResponseOptions]:
     """Decode an ``/infer`` body.
 
     ``header_length`` is the Inference-Header-Content-Length value: None when absent (the
     body is all JSON), 0 for a raw binary request (then ``raw_input_meta`` is required).
-    With ``allow_classification`` the caller promises to turn classification outputs
-    into their BYTES top-K tensors before encoding; otherwise requesting one is
-    UNSUPPORTED.
     """
     buf = memoryview(body)
     if buf.format != "B" or buf.ndim != 1:
@@ -119,7 +114,7 @@ def decode_infer_request(
     request.id = _request_id(doc)
     request.parameters, options.default_binary = _request_parameters(doc)
     request.inputs = _inputs(doc, buf[split:], model, max_json_depth, request.id)
-    request.outputs, options.outputs = _outputs(doc, allow_classification)
+    request.outputs, options.outputs = _outputs(doc)
     return request, options
 
 
@@ -352,7 +347,7 @@ def _input(
 
 
 def _outputs(
-    doc: dict[str, Any], allow_classification: bool
+    doc: dict[str, Any],
 ) -> tuple[list[RequestedOutput], dict[str, OutputEncoding]]:
     if "outputs" not in doc:
         return [], {}
@@ -365,7 +360,7 @@ def _outputs(
         if name in encodings:
             raise invalid_arg(f"output '{name}' already exists in request")
         params = _tensor_params(item)
-        enc = _output_encoding(name, params, allow_classification)
+        enc = _output_encoding(params)
         encodings[name] = enc
         outputs.append(
             RequestedOutput(name, {k: v for k, v in params.items() if k != "binary_data"})
@@ -373,9 +368,7 @@ def _outputs(
     return outputs, encodings
 
 
-def _output_encoding(
-    name: str, params: dict[str, Any], allow_classification: bool
-) -> OutputEncoding:
+def _output_encoding(params: dict[str, Any]) -> OutputEncoding:
     binary = params.get("binary_data", False)
     if _SHM_REGION in params:  # Triton's ValidateOutputParameter, before anything is read
         if "classification" in params:
@@ -393,13 +386,7 @@ def _output_encoding(
     if not _is_uint(classes):
         raise invalid_arg("Unable to set 'classification'")
     _check_shm(params)
-    if classes and not allow_classification:
-        raise ServingError(
-            Code.UNSUPPORTED,
-            f"classification output is not supported: output '{name}' requests "
-            f"classification {classes}",
-        )
-    return OutputEncoding(binary=binary, classification=classes)
+    return OutputEncoding(binary=binary)
 
 
 def encode_infer_response(
@@ -410,7 +397,7 @@ def encode_infer_response(
 
     Binary parts are the result's own views, so ``result.release()`` must wait until
     the body has been written. Raises ServingError(INTERNAL) when an output's data does
-    not match its shape, UNSUPPORTED when a classification output was left unconverted.
+    not match its shape.
     """
     outputs: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
@@ -419,11 +406,6 @@ def encode_infer_response(
         params: dict[str, Any] = dict(out.parameters)
         if out.data is not None:
             enc = options.encoding(out.name)
-            if enc.classification and out.datatype != "BYTES":
-                raise ServingError(
-                    Code.UNSUPPORTED,
-                    f"classification output is not supported for output '{out.name}'",
-                )
             if enc.binary:
                 params["binary_data_size"] = out.data.nbytes
                 chunks.append(out.data)

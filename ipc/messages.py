@@ -52,6 +52,7 @@ class OutputSpec(msgspec.Struct, array_like=True):
     region: str = ""  # "" lets the worker answer inline
     offset: int = 0
     nbytes: int = 0  # capacity of the destination slot
+    classification: int = 0  # > 0: the top K classes as BYTES in place of the values
 
 
 class InferRequest(msgspec.Struct, array_like=True):

@@ -33,6 +33,7 @@ from ipc.errors import Code, ServingError
 from ipc.lifecycle import EXIT_FATAL, settle_gc
 from ipc.shm import RegionMap
 from workers import backend as backends
+from workers import classification
 from workers.batch_io import BatchAssembler
 from workers.cuda_regions import CudaRegions
 from workers.tensors import (
@@ -87,6 +88,7 @@ class WorkerProc:
         self.max_batch_size = 0
         self.assembler = BatchAssembler()
         self.output_types: dict[str, str] = {}
+        self.labels: dict[str, list[str]] = {}  # per output, from its label_filename
         self.output_dims: dict[str, list[int]] = {}
         self.broker_pidfd: int | None = None
         self.rejoin = False  # a broker it served under exited
@@ -131,6 +133,7 @@ class WorkerProc:
                 ac.check_against_model(config, ins, outs)
             validate_io(config)
             assembler = BatchAssembler.from_config(config)
+            labels = classification.labels_of(config, entry.path)
         except Exception as exc:  # any load failure is reported, never raised past here
             msg = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             log.error("failed to load '%s' version %d: %s", s.model, s.version, msg)
@@ -138,6 +141,7 @@ class WorkerProc:
         self.backend = backend
         self.max_batch_size = config.max_batch_size
         self.assembler = assembler
+        self.labels = labels
         self.output_types = {o.name: v2_datatype(o.data_type) for o in config.output}
         # Outputs whose shape is known before the run (fixed dims, no reshape, not split
         # by an input's shape): a lone request's may be written in place (_destinations).
@@ -369,7 +373,10 @@ class WorkerProc:
         specs = [
             s
             for s in item.request.outputs
-            if s.name in self.output_dims and s.region and s.nbytes >= IN_PLACE_MIN_BYTES
+            if s.name in self.output_dims
+            and s.region
+            and s.nbytes >= IN_PLACE_MIN_BYTES
+            and not s.classification
         ]
         if not specs:  # most requests: nothing to look up
             return None
@@ -402,6 +409,15 @@ class WorkerProc:
             for spec in item.request.outputs:
                 dtype = self.output_types.get(spec.name, "")
                 arr = outs[spec.name]
+                if spec.classification > 0:
+                    arr = classification.top_k(
+                        arr,
+                        spec.classification,
+                        dtype,
+                        self.max_batch_size > 0,
+                        self.labels.get(spec.name),
+                    )
+                    dtype = "BYTES"
                 refs.append(
                     output_ref(spec.name, dtype, arr, spec, self.regions, clients, self.cuda)
                 )

@@ -649,17 +649,15 @@ def test_zero_element_tensors_round_trip(
     assert out.shape == tuple(shape)
 
 
-def test_classification_outputs_are_refused_as_over_http(
-    client: grpcclient.InferenceServerClient,
-) -> None:
-    inp = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
-    inp.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
-    out = grpcclient.InferRequestedOutput("OUTPUT0", class_count=2)
-    with pytest.raises(InferenceServerException) as e:
-        client.infer("identity_fp32", [inp], outputs=[out])
-    assert (e.value.status(), e.value.message()) == (
-        "StatusCode.UNIMPLEMENTED",
-        "classification output is not supported: output 'OUTPUT0' requests classification 2",
+def test_classification_parameter_must_be_an_int64(url: str) -> None:
+    req = _simple_request()
+    out = req.outputs.add(name="OUTPUT0")
+    out.parameters["classification"].string_param = "2"
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_stub(url).ModelInfer(req)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == (
+        "invalid value type for 'classification' parameter, expected int64_param."
     )
 
 

@@ -452,9 +452,9 @@ def one_input(**fields: Any) -> dict[str, Any]:
             "failed to get request params.: attempt to get members for non-object",
         ),
         (
-            {**one_input(), "outputs": [{"name": "O", "parameters": {"classification": 3}}]},
-            Code.UNSUPPORTED,
-            "classification output is not supported",
+            {**one_input(), "outputs": [{"name": "O", "parameters": {"classification": -3}}]},
+            Code.INVALID_ARG,
+            "Unable to set 'classification'",
         ),
         (
             {
@@ -481,11 +481,10 @@ def test_request_errors(body: Any, code: Code, message: str) -> None:
     assert message in err.message
 
 
-def test_classification_passes_when_the_caller_handles_it() -> None:
+def test_classification_reaches_the_data_plane_as_a_parameter() -> None:
     body = {**one_input(), "outputs": [{"name": "O", "parameters": {"classification": 3}}]}
-    req, opts = decode(json.dumps(body), allow_classification=True)
+    req, _ = decode(json.dumps(body))
     assert req.outputs[0].parameters == {"classification": 3}
-    assert opts.encoding("O").classification == 3
 
 
 @pytest.mark.parametrize("header_length", [-1, 10**11])
