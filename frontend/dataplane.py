@@ -304,8 +304,8 @@ class DataPlane:
         in_client_shm: dict[str, m.OutputSpec] = {}
         classification: dict[str, int] = {}  # top K asked of an output (K > 0)
         for o in req.outputs:
-            if (k := o.parameters.get("classification", 0)) and isinstance(k, int) and k > 0:
-                classification[o.name] = min(k, 2**32 - 1)  # Triton keeps K in a uint32
+            if type(k := o.parameters.get("classification", 0)) is int and k > 0:
+                classification[o.name] = k
             spec = client_shm.output_spec(o)
             if spec is not None:
                 if not self.allow_client_shm:

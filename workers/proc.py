@@ -373,11 +373,8 @@ class WorkerProc:
         specs = [
             s
             for s in item.request.outputs
-            if s.name in self.output_dims
-            and s.region
-            and s.nbytes >= IN_PLACE_MIN_BYTES
-            and not s.classification
-        ]
+            if s.name in self.output_dims and s.region and s.nbytes >= IN_PLACE_MIN_BYTES
+        ]  # (a classification output has no slot: it always travels inline)
         if not specs:  # most requests: nothing to look up
             return None
         clients = {c.reg_id: c for c in item.regions}
