@@ -136,14 +136,16 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
     """A ModelInferRequest as an InferenceRequest (tensor data in wire layout), refused
     where Triton 2.51 refuses it, with its words. A datatype Triton does not know goes on
     as "<invalid>" (the model's checks then name it so); shapes are checked there too."""
-    raw = req.raw_input_contents
-    inputs: list[InputTensor] = []
-    raw_index = 0
-    names: set[str] = set()
+    parameters = _request_params(req.parameters)  # Triton's order: these, the input
+    names: set[str] = set()  # names, then each input's data, then the outputs
     for t in req.inputs:
         if t.name in names:  # Triton's request refuses it, naming itself
             raise invalid_arg(named(f"input '{t.name}' already exists in request", req.id))
         names.add(t.name)
+    raw = req.raw_input_contents
+    inputs: list[InputTensor] = []
+    raw_index = 0
+    for t in req.inputs:
         params = _params(t.parameters)
         datatype = t.datatype if datatypes.datatype(t.datatype) is not None else _INVALID
         shape = list(t.shape)
@@ -192,7 +194,7 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
         model=req.model_name,
         version=req.model_version,
         id=req.id,
-        parameters=_request_params(req.parameters),
+        parameters=parameters,
         inputs=inputs,
         outputs=list(outputs.values()),
     )

@@ -74,7 +74,8 @@ class ModelHandle:
         names, the batch size common to all inputs, its limit, then each input's datatype,
         shape (-1 on either side matches any size) and, last, that no dimension is left
         unspecified (negative: only gRPC can send one). The inputs are walked newest first,
-        as Triton walks its std::unordered_map of them."""
+        as Triton walks its std::unordered_map of them. Each input's batch dimension is set
+        to the request's (Triton's ShapeWithBatchDim)."""
         self._check_names(req)
         order = req.inputs[::-1]
         batch = 0
@@ -93,6 +94,11 @@ class ModelHandle:
                     f"inference request batch-size must be <= {self.max_batch_size} for "
                     f"'{self.name}'"
                 )
+            for t in order:
+                # A 0 seen before the batch was known, or a size Triton's uint32 wrapped:
+                # Triton holds the tensor to the request's batch (ShapeWithBatchDim), so
+                # its bytes are checked, and it runs, at that batch, never its own.
+                t.shape[0] = batch
         for t in order:
             spec = self.inputs[t.name]
             if t.datatype != spec.datatype:

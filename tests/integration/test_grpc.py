@@ -275,6 +275,13 @@ def _negative_dim(req: service_pb2.ModelInferRequest) -> None:
     _raw_input(req, "INPUT1", [1, -1], "INT32")
 
 
+def _zero_batch_beside_a_real_one(req: service_pb2.ModelInferRequest) -> None:
+    _raw_input(req, "INPUT0", [2, 16], "INT32")
+    req.raw_input_contents[0] = _ONES * 2
+    _raw_input(req, "INPUT1", [0, 16], "INT32")
+    req.raw_input_contents[1] = b""
+
+
 def _batch_mismatch(req: service_pb2.ModelInferRequest) -> None:
     _raw_input(req, "INPUT0", [1, 16], "INT32")
     _raw_input(req, "INPUT1", [2, 16], "INT32")
@@ -323,6 +330,11 @@ _PREFIX = "[request id: <id_unknown>] "
         (
             _batch_mismatch,
             _PREFIX + "input 'INPUT0' batch size does not match other inputs for 'simple'",
+        ),
+        (  # held to the request's batch, as Triton holds it: never run at its own 0
+            _zero_batch_beside_a_real_one,
+            _PREFIX + "input byte size mismatch for input 'INPUT1' for model 'simple'. "
+            "Expected 128, got 0",
         ),
     ],
     ids=lambda v: v.__name__.strip("_") if callable(v) else "",

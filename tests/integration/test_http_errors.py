@@ -132,6 +132,18 @@ def test_valid_json_request_works(server: ShoalServer) -> None:
         (
             simple_json(
                 inputs=[
+                    {"name": "INPUT0", "shape": [2, 16], "datatype": "INT32", "data": [0] * 32},
+                    {"name": "INPUT1", "shape": [0, 16], "datatype": "INT32", "data": []},
+                ]
+            ),
+            400,
+            # a 0 batch seen first is held to the request's batch (2), as Triton holds it
+            "[request id: <id_unknown>] input byte size mismatch for input 'INPUT1' for model "
+            "'simple'. Expected 128, got 0",
+        ),
+        (
+            simple_json(
+                inputs=[
                     {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16},
                     {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
                 ]
@@ -204,6 +216,7 @@ def test_valid_json_request_works(server: ShoalServer) -> None:
         "batch-size",
         "binary-without-header",
         "batch-mismatch",
+        "zero-batch-beside-a-real-one",
         "datatype",
         "extra-input",
         "unknown-output",
