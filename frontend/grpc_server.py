@@ -2,8 +2,9 @@
 grpcio's asyncio server: a thin adapter over the same DataPlane as HTTP.
 
 Errors map to gRPC status codes with Triton's table (ipc.errors.GRPC_STATUS). A stream
-(ModelStreamInfer) runs its requests concurrently and answers them in the order they
-arrived; an error is an ``error_message`` on the stream and the stream goes on.
+(ModelStreamInfer) runs its requests concurrently and answers each as soon as it is ready
+(clients match them by id); an error is an ``error_message`` on the stream and the stream
+goes on.
 
 A message that is not the protobuf its method takes is refused as Triton's C++ server
 refuses it, INTERNAL "Unable to parse request", with one log line: grpcio would answer
@@ -292,14 +293,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             else:
                 log.exception("unhandled error in a stream request")
                 message = _internal(exc)
-            # The id rides along so a client with many requests in flight can match it.
+            # The id rides along so a client with many requests in flight can match it;
+            # nothing else, as Triton 2.51 answers (triton-peer).
             return pb.ModelStreamInferResponse(
-                error_message=message,
-                infer_response=pb.ModelInferResponse(
-                    model_name=request.model_name,
-                    model_version=request.model_version,
-                    id=request.id,
-                ),
+                error_message=message, infer_response=pb.ModelInferResponse(id=request.id)
             )
 
     async def ModelStreamInfer(

@@ -740,6 +740,26 @@ def test_a_method_shoal_does_not_implement_says_so_without_a_traceback(
     assert "Traceback" not in server.log()[seen:]
 
 
+def test_a_stream_error_carries_the_request_id_and_nothing_else(url: str) -> None:
+    """As Triton 2.51 (triton-peer): the stream goes on; the error's infer_response holds
+    only the id, so a client with many requests in flight can match it."""
+    bad = _simple_request()
+    bad.id = "bad"
+    bad.inputs[1].shape[1] = 8
+    good = _simple_request()
+    good.id = "good"
+    answers = list(_raw_stub(url).ModelStreamInfer(iter([bad, good]), timeout=30))
+    by_id = {a.infer_response.id: a for a in answers}
+    assert set(by_id) == {"bad", "good"}
+    error = by_id["bad"]
+    assert error.error_message.startswith(
+        "[request id: bad] unexpected shape for input 'INPUT1' for model 'simple'."
+    )
+    assert error.infer_response == service_pb2.ModelInferResponse(id="bad")
+    assert by_id["good"].error_message == ""
+    assert by_id["good"].infer_response.model_name == "simple"
+
+
 def test_an_unparsable_message_ends_a_stream_after_the_answers_before_it(url: str) -> None:
     good = service_pb2.ModelInferRequest(model_name="identity_int64", id="first")
     good.inputs.add(name="INPUT0", datatype="INT64", shape=[1, 3])
