@@ -21,7 +21,7 @@ import numpy as np
 
 from configs.model_config import ModelConfig
 
-#: The datatypes Triton ranks (its switch), each with how one value is written.
+#: The datatypes Triton ranks (its switch): integers, written in decimal, and floats (%f).
 _INTEGER: Final = frozenset(
     ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
 )

@@ -189,6 +189,13 @@ def _raw_stub(url: str) -> service_pb2_grpc.GRPCInferenceServiceStub:
     return service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(url))
 
 
+def _refusal(url: str, req: service_pb2.ModelInferRequest) -> tuple[grpc.StatusCode, str]:
+    """The status a ModelInfer of ``req`` is refused with (it must be refused)."""
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_stub(url).ModelInfer(req)
+    return e.value.code(), e.value.details()
+
+
 @pytest.mark.parametrize("datatype", sorted(_TYPED_FIELD))
 def test_typed_contents_of_every_type(url: str, datatype: str) -> None:
     data = _sample(datatype, 6).reshape(2, 3)
@@ -211,12 +218,10 @@ def test_mixed_raw_and_typed_contents_refused(url: str) -> None:
     t0.contents.int_contents.extend(range(16))
     req.inputs.add(name="INPUT1", datatype="INT32", shape=[1, 16])
     req.raw_input_contents.append(np.ones(16, dtype=np.int32).tobytes())
-    with pytest.raises(grpc.RpcError) as e:
-        _raw_stub(url).ModelInfer(req)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert e.value.details() == (
+    assert _refusal(url, req) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
         "contents field must not be specified when using raw_input_contents for 'INPUT0' "
-        "for model 'simple'"
+        "for model 'simple'",
     )
 
 
@@ -345,10 +350,7 @@ def test_input_data_refused_in_triton_s_words(
     """Each answer as Triton 2.51 gives it (triton-peer, same bytes)."""
     req = service_pb2.ModelInferRequest(model_name="simple")
     build(req)
-    with pytest.raises(grpc.RpcError) as e:
-        _raw_stub(url).ModelInfer(req)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert e.value.details() == message
+    assert _refusal(url, req) == (grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 def test_narrow_integers_keep_the_low_bytes_and_extra_raw_contents_are_ignored(
@@ -409,10 +411,10 @@ def test_parameters_of_the_wrong_kind_are_refused(
 ) -> None:
     req = _simple_request()
     setattr(req.parameters[key], kind, "1" if kind == "string_param" else 1)
-    with pytest.raises(grpc.RpcError) as e:
-        _raw_stub(url).ModelInfer(req)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert e.value.details() == f"invalid value type for '{key}' parameter, expected {expected}."
+    assert _refusal(url, req) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"invalid value type for '{key}' parameter, expected {expected}.",
+    )
 
 
 def test_triton_parameter_keys_are_reserved_but_one(url: str) -> None:
@@ -421,12 +423,10 @@ def test_triton_parameter_keys_are_reserved_but_one(url: str) -> None:
     req.parameters["ratio"].double_param = 0.5
     assert _raw_stub(url).ModelInfer(req).outputs
     req.parameters["triton_x"].int64_param = 1
-    with pytest.raises(grpc.RpcError) as e:
-        _raw_stub(url).ModelInfer(req)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert e.value.details() == (
+    assert _refusal(url, req) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
         "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
-        "following keys starting with 'triton_' are allowed: triton_enable_empty_final_response"
+        "following keys starting with 'triton_' are allowed: triton_enable_empty_final_response",
     )
 
 
@@ -468,10 +468,7 @@ def test_error_codes(
     for i in ins:
         req.inputs.add(name=i.name(), datatype="INT32", shape=[1, 16])
         req.raw_input_contents.append(np.ones(16, dtype=np.int32).tobytes())
-    with pytest.raises(grpc.RpcError) as e:
-        _raw_stub(url).ModelInfer(req)
-    assert e.value.code() == code
-    assert e.value.details() == message
+    assert _refusal(url, req) == (code, message)
 
 
 def test_an_unknown_model_is_the_answer_before_its_tensors_are_read(url: str) -> None:
@@ -480,10 +477,10 @@ def test_an_unknown_model_is_the_answer_before_its_tensors_are_read(url: str) ->
     req = service_pb2.ModelInferRequest(model_name="nope")
     req.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16]).contents.int_contents.append(1)
     req.raw_input_contents.append(b"\0" * 64)  # raw and typed contents: refused for a model
-    with pytest.raises(grpc.RpcError) as e:
-        _raw_stub(url).ModelInfer(req)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert e.value.details() == "Request for unknown model: 'nope' is not found"
+    assert _refusal(url, req) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "Request for unknown model: 'nope' is not found",
+    )
 
 
 def test_bad_shape_is_invalid_argument(client: grpcclient.InferenceServerClient) -> None:
@@ -608,12 +605,10 @@ def test_a_duplicate_input_is_refused_as_triton_does(url: str) -> None:
     for name in ("INPUT0", "INPUT0"):
         req.inputs.add(name=name, datatype="INT32", shape=[1, 16])
         req.raw_input_contents.append(np.ones(16, dtype=np.int32).tobytes())
-    with pytest.raises(grpc.RpcError) as e:
-        _raw_stub(url).ModelInfer(req)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     # Triton's words (2.51): the request names itself
-    assert (
-        e.value.details() == "[request id: <id_unknown>] input 'INPUT0' already exists in request"
+    assert _refusal(url, req) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "[request id: <id_unknown>] input 'INPUT0' already exists in request",
     )
 
 
@@ -665,11 +660,9 @@ def test_classification_parameter_must_be_an_int64(url: str) -> None:
     req = _simple_request()
     out = req.outputs.add(name="OUTPUT0")
     out.parameters["classification"].string_param = "2"
-    with pytest.raises(grpc.RpcError) as e:
-        _raw_stub(url).ModelInfer(req)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert e.value.details() == (
-        "invalid value type for 'classification' parameter, expected int64_param."
+    assert _refusal(url, req) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "invalid value type for 'classification' parameter, expected int64_param.",
     )
 
 
