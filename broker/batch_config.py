@@ -1,4 +1,5 @@
-"""A model's ``dynamic_batching`` config as the batcher's settings (None: no batching)."""
+"""A model's config, read by the broker: ``dynamic_batching`` as the batcher's settings
+(None: no batching), and ``metric_tags``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ def _policy(p: Any) -> QueuePolicy:
         allow_timeout_override=p.allow_timeout_override,
         max_queue_size=p.max_queue_size,
     )
+
+
+def metric_tags(config_bytes: bytes) -> dict[str, str]:
+    """The config's ``metric_tags``: labels every metric of the model carries."""
+    return dict(mc.ModelConfig.FromString(config_bytes).metric_tags)
 
 
 def batcher_config(config_bytes: bytes) -> BatcherConfig | None:

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from broker.batch_config import batcher_config
+from broker.batch_config import batcher_config, metric_tags
 from broker.batcher import DynamicBatcher, serves
 from broker.ordering import OrderedRelease
 from broker.stats import VersionStats
@@ -61,6 +61,7 @@ class ModelVersion:
     # where its instances that may be sent requests have run (None: the CPU): a restart
     # brings one back to the same place
     placed_on: set[int | None] = field(default_factory=set)
+    metric_tags: dict[str, str] = field(default_factory=dict)  # extra metric labels
     stats: VersionStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +72,7 @@ class ModelVersion:
         if self.config:
             return
         self.config = config
+        self.metric_tags = metric_tags(config)
         cfg = batcher_config(config)
         self.batcher = DynamicBatcher(cfg) if cfg is not None else None
         self.ordering = OrderedRelease() if cfg is not None and cfg.preserve_ordering else None
@@ -79,6 +81,11 @@ class ModelVersion:
     def all_passive(self) -> bool:
         """Every instance is passive: nothing would ever run a request."""
         return len(self.passive) >= self.expected_instances
+
+    @property
+    def pending(self) -> int:
+        """Requests queued and not yet executing."""
+        return len(self.queue) + (len(self.batcher) if self.batcher is not None else 0)
 
     def live(self) -> list[Instance]:
         return [i for i in self.instances.values() if i.state == "READY"]
@@ -160,6 +167,7 @@ class ModelTable:
     def __init__(self) -> None:
         self.models: dict[str, ModelEntryState] = {}
         self.by_ident: dict[bytes, Instance] = {}
+        self.summaries = False  # a frontend serves latency summaries
 
     def add_model(
         self,
@@ -172,7 +180,9 @@ class ModelTable:
         numbered in ``passive`` load but are never sent work."""
         entry = self.models.setdefault(name, ModelEntryState(name))
         for v, count in versions.items():
-            entry.versions[v] = ModelVersion(name, v, count, platform, passive=passive)
+            mv = entry.versions[v] = ModelVersion(name, v, count, platform, passive=passive)
+            if self.summaries:
+                mv.stats.keep_windows()
 
     def add_error(self, name: str, error: str) -> None:
         self.models[name] = ModelEntryState(name, error=error)
@@ -200,11 +210,33 @@ class ModelTable:
         statistics in view while its instance restarts (LOADING for a moment)."""
         return [
             v.stats.snapshot()
-            for v in sorted(self.all_versions(), key=lambda v: (v.name, v.version))
-            if v.ever_ready
-            and (not name or v.name == name)
-            and (version < 0 or v.version == version)
+            for v in self._shown()
+            if (not name or v.name == name) and (version < 0 or v.version == version)
         ]
+
+    def keep_summaries(self) -> None:
+        """A frontend serves latency summaries: observe every version from now on."""
+        self.summaries = True
+        for v in self.all_versions():
+            v.stats.keep_windows()
+
+    def metrics(self, quantiles: list[float], now: float) -> list[m.VersionMetrics]:
+        """The Prometheus metrics' figures, of the versions the statistics show."""
+        return [
+            m.VersionMetrics(
+                v.stats.snapshot(),
+                dict(v.stats.failures),
+                v.pending,
+                v.metric_tags,
+                v.stats.summaries(quantiles, now),
+            )
+            for v in self._shown()
+        ]
+
+    def _shown(self) -> list[ModelVersion]:
+        return sorted(
+            (v for v in self.all_versions() if v.ever_ready), key=lambda v: (v.name, v.version)
+        )
 
     def startup_done(self) -> bool:
         return all(v.state != "LOADING" for e in self.models.values() for v in e.versions.values())
@@ -243,6 +275,5 @@ class ModelTable:
                     )
                     for i in sorted(v.instances.values(), key=lambda i: i.index)
                 ]
-                queued = len(v.queue) + (len(v.batcher) if v.batcher is not None else 0)
-                out.append(m.ModelState(e.name, v.version, v.state, v.reason, instances, queued))
+                out.append(m.ModelState(e.name, v.version, v.state, v.reason, instances, v.pending))
         return out

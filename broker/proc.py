@@ -214,6 +214,10 @@ class BrokerProc:
             self._send(self.fsock, [ident, *m.encode(self._model_info(msg))])
         elif isinstance(msg, m.StatsQuery):
             self._send(self.fsock, [ident, *m.encode(self._stats(msg))])
+        elif isinstance(msg, m.MetricsQuery):
+            versions = self.table.metrics(msg.quantiles, time.monotonic())
+            reply = m.MetricsReply(msg.query_id, versions)
+            self._send(self.fsock, [ident, *m.encode(reply)])
         elif isinstance(msg, m.ShmRequest):
             self._send(self.fsock, [ident, *m.encode(self._on_shm(msg))])
         elif isinstance(msg, m.ServerQuery):
@@ -226,6 +230,8 @@ class BrokerProc:
                 self._fail_item(item, ServingError(Code.CANCELLED, "Request was cancelled"))
         elif isinstance(msg, m.FrontendHello):
             self._watch(ident, msg.pid, "frontend")
+            if msg.summaries:
+                self.table.keep_summaries()
             self._send(self.fsock, [ident, *m.encode(m.Welcome(os.getpid()))])
 
     def _lookup(self, name: str, version: int) -> ModelVersion:

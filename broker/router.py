@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from broker.batcher import TIMEOUT_EXPIRED, cuda_devices, serves
 from broker.models import Instance, ModelTable, ModelVersion
 from ipc import messages as m
+from ipc.messages import FailureReason
 
 #: How long the broker remembers which requests an instance reported answered. A worker
 #: sends its answers, then its report; both sit in its ZeroMQ queues until its I/O thread
@@ -93,7 +94,7 @@ class Router:
                 if pos in refused:
                     continue  # malformed: Triton refuses it before any statistic
                 if pos in failed:
-                    mv.stats.failed(elapsed)
+                    mv.stats.failed(elapsed, "BACKEND")
                 else:
                     mv.stats.queued(waited)  # Triton counts queue time of successes only
                     ok_ns.append(elapsed)
@@ -149,7 +150,7 @@ class Router:
                 mv, lambda it: not any(serves(g, cuda_devices(it.regions)) for g in left)
             )
         for item in failed:
-            self._fail(mv, item, now)
+            self._fail(mv, item, now, "BACKEND")
         return failed, self._dispatch(mv, now)
 
     def tick(self, now: float) -> tuple[list[Dispatch], list[Failure]]:
@@ -160,7 +161,7 @@ class Router:
             batcher = mv.batcher
             if batcher is not None:
                 for item in batcher.expire(now):
-                    self._fail(mv, item, now)
+                    self._fail(mv, item, now, "REJECTED")
                     failures.append((item, TIMEOUT_EXPIRED))
                 dispatches.extend(self._dispatch(mv, now))
             if batcher is None or not batcher.holds_work():
@@ -194,7 +195,7 @@ class Router:
         """Drop the queued requests of a frontend that exited (failures, in the
         statistics); returns them."""
         holding = {id(mv): mv for key, mv in self._queued_in.items() if key[0] == frontend}
-        return self._take_queued(holding.values(), lambda it: it.frontend == frontend, now)
+        return self._take_queued(holding.values(), lambda it: it.frontend == frontend, now, "OTHER")
 
     def cancel(self, frontend: bytes, req_id: int, now: float) -> m.WorkItem | None:
         """Drop a request its client gave up on, if it is still queued (a failure, in the
@@ -205,7 +206,7 @@ class Router:
         mv = self._queued_in.get(key)
         if mv is None:  # running, answered or unknown: nothing to drop
             return None
-        taken = self._take_queued([mv], lambda it: _key(it) == key, now)
+        taken = self._take_queued([mv], lambda it: _key(it) == key, now, "CANCELED")
         return taken[0] if taken else None
 
     def _take_queued(
@@ -213,12 +214,13 @@ class Router:
         versions: Iterable[ModelVersion],
         match: Callable[[m.WorkItem], bool],
         now: float,
+        reason: FailureReason,
     ) -> list[m.WorkItem]:
         taken: list[m.WorkItem] = []
         for mv in list(versions):
             gone = self._remove_queued(mv, match)
             for item in gone:
-                self._fail(mv, item, now)
+                self._fail(mv, item, now, reason)
             taken += gone
         return taken
 
@@ -233,11 +235,11 @@ class Router:
             gone += mv.batcher.remove(match)
         return gone
 
-    def _fail(self, mv: ModelVersion, item: m.WorkItem, now: float) -> None:
+    def _fail(self, mv: ModelVersion, item: m.WorkItem, now: float, reason: FailureReason) -> None:
         self._queued_ns.pop(_key(item), None)
         self._queued_in.pop(_key(item), None)
         arrived = self._arrived.pop(_key(item), now)
-        mv.stats.failed(int((now - arrived) * 1e9))
+        mv.stats.failed(int((now - arrived) * 1e9), reason)
 
     def _next(self, mv: ModelVersion, now: float, gpu: int | None) -> list[m.WorkItem]:
         """The next batch for an idle instance on ``gpu`` (None: the CPU), or []."""

@@ -7,25 +7,69 @@
   from its arrival at the broker to its dispatch; ``success``/``fail`` from arrival to
   its answer.
 * ``batch_stats`` counts executions per batch size.
+* Failures are also counted by reason (``m.FAILURE_REASONS``), for the metrics.
+* Once a frontend serves latency summaries, each success's phases (``m.PHASES``) are
+  kept for a minute, for their quantiles (Triton's summaries have a 60 s window).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
+from typing import Final
 
 from ipc import messages as m
+from ipc.messages import FailureReason
+
+SUMMARY_WINDOW_S: Final = 60.0
+_WINDOW_CAP: Final = 4096  # the latest observations kept per phase: bounded memory, and a
+# scrape sorts at most this many per phase (about 0.4 ms each, in the broker's loop)
+
+
+class _Window:
+    """The last minute's observations of one phase (µs), at most _WINDOW_CAP."""
+
+    def __init__(self) -> None:
+        self.seen: deque[tuple[float, int]] = deque(maxlen=_WINDOW_CAP)
+
+    def add(self, now: float, us: int) -> None:
+        self.seen.append((now, us))
+
+    def quantiles(self, qs: list[float], now: float) -> list[float]:
+        while self.seen and now - self.seen[0][0] > SUMMARY_WINDOW_S:
+            self.seen.popleft()
+        values = sorted(us for _, us in self.seen)
+        if not values:
+            return [math.nan] * len(qs)
+        last = len(values) - 1
+        return [values[min(max(math.ceil(q * len(values)) - 1, 0), last)] for q in qs]
 
 
 class VersionStats:
     def __init__(self, name: str, version: int) -> None:
         self.s = m.ModelStats(name, str(version))
         self._batches: dict[int, m.BatchStats] = {}
+        self.failures: dict[str, int] = dict.fromkeys(m.FAILURE_REASONS, 0)
+        self.windows: dict[str, _Window] | None = None  # None: summaries not served
+
+    def keep_windows(self) -> None:
+        if self.windows is None:
+            self.windows = {phase: _Window() for phase in m.PHASES}
+
+    def summaries(self, qs: list[float], now: float) -> dict[str, list[float]]:
+        if self.windows is None or not qs:
+            return {}
+        return {phase: w.quantiles(qs, now) for phase, w in self.windows.items()}
 
     def queued(self, waited_ns: int) -> None:
         self.s.inference_stats.queue.add(waited_ns)
+        if self.windows is not None:
+            self.windows["queue"].add(time.monotonic(), waited_ns // 1000)
 
-    def failed(self, elapsed_ns: int) -> None:
+    def failed(self, elapsed_ns: int, reason: FailureReason) -> None:
         self.s.inference_stats.fail.add(elapsed_ns)
+        self.failures[reason] += 1
 
     def executed(self, done: m.BatchDone, ok_elapsed_ns: list[int], ok_samples: int) -> None:
         """One execution; ``ok_elapsed_ns`` holds each successful request's time since
@@ -37,6 +81,14 @@ class VersionStats:
         self.s.last_inference = int(time.time() * 1000)
         for ns in ok_elapsed_ns:
             st.success.add(ns)
+        if self.windows is not None:
+            now = time.monotonic()
+            w = self.windows
+            for ns in ok_elapsed_ns:
+                w["request"].add(now, ns // 1000)
+                w["compute_input"].add(now, done.input_ns // 1000)
+                w["compute_infer"].add(now, done.infer_ns // 1000)
+                w["compute_output"].add(now, done.output_ns // 1000)
         st.compute_input.add(done.input_ns * n, n)
         st.compute_infer.add(done.infer_ns * n, n)
         st.compute_output.add(done.output_ns * n, n)

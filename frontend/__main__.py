@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ipc.lifecycle import add_process_flags, die_with_parent, set_cpu_scheduling, setup_logging
-from shoal.flags import bool_flag
+from shoal.flags import add_metrics_flags, bool_flag, metrics_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -25,17 +25,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--id", default="triton")
     p.add_argument("--shm-pool-byte-size", default=64 * 1024 * 1024, type=int)
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
+    add_metrics_flags(p)
+    p.add_argument("--reuse-metrics-port", type=bool_flag, default=False)
     add_process_flags(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        config = metrics_config(args.metrics_config)
+    except argparse.ArgumentTypeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     die_with_parent(args.parent_pid)
     setup_logging(f"frontend#{args.index}", args.log_verbose)
     set_cpu_scheduling()
     import uvloop
 
+    from frontend.metrics import MetricsSettings
     from frontend.proc import FrontendSettings, serve
 
     settings = FrontendSettings(
@@ -54,6 +62,15 @@ def main(argv: list[str] | None = None) -> int:
         grpc_port=args.grpc_port,
         reuse_grpc_port=args.reuse_grpc_port,
         allow_client_shm=args.allow_client_shm,
+        allow_metrics=args.allow_metrics,
+        metrics=MetricsSettings(
+            address=args.metrics_address or args.http_address,
+            port=args.metrics_port,
+            reuse_port=args.reuse_metrics_port,
+            interval_ms=args.metrics_interval_ms,
+            cpu=args.allow_cpu_metrics,
+            config=config,
+        ),
     )
     return uvloop.run(serve(settings))
 

@@ -54,10 +54,11 @@ T = TypeVar("T", bound=msgspec.Struct)
 
 
 class BrokerClient:
-    def __init__(self, runtime_dir: Path, index: int) -> None:
+    def __init__(self, runtime_dir: Path, index: int, summaries: bool = False) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.identity = sockets.frontend_identity(index)
         self.index = index
+        self.summaries = summaries  # it serves latency summaries: the broker keeps windows
         # Bound before the first hello, so a worker's first result always finds it.
         self.results = sockets.pull(self.ctx, sockets.result_endpoint(runtime_dir, self.identity))
         self._broker_addr = sockets.endpoint(runtime_dir, sockets.FRONTEND_SOCKET)
@@ -163,7 +164,7 @@ class BrokerClient:
     async def _greet(self) -> None:
         """Greet until welcomed; then keep the connected broker under watch: ping it when
         it is quiet, and give it up when it stays silent."""
-        hello = m.encode(m.FrontendHello(os.getpid(), self.index))
+        hello = m.encode(m.FrontendHello(os.getpid(), self.index, self.summaries))
         while True:
             if not self._welcomed.is_set():
                 self._send(hello)

@@ -191,6 +191,11 @@ class DataPlane:
             raise ServingError(Code(reply.error.code), reply.error.message)
         return reply.model_stats
 
+    async def metrics(self, quantiles: list[float]) -> list[m.VersionMetrics]:
+        """The figures of the Prometheus metrics, with ``quantiles`` of each latency."""
+        q = m.MetricsQuery(self.broker.next_id(), quantiles)
+        return (await self.broker.query(q, m.MetricsReply)).versions
+
     async def shared_memory(
         self, op: str, kind: str, name: str = "", **fields: int | str | bytes
     ) -> list[m.RegionStatus]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -21,6 +21,7 @@ from frontend.broker_client import BrokerClient
 from frontend.dataplane import DataPlane
 from frontend.grpc_server import build_server as build_grpc_server
 from frontend.http_server import build_app
+from frontend.metrics import MetricsServer, MetricsSettings
 from ipc.lifecycle import EXIT_FATAL, settle_gc
 from ipc.shm import ShmFull, SlabPool, sweep_stale
 
@@ -44,6 +45,8 @@ class FrontendSettings:
     grpc_port: int = 8001
     reuse_grpc_port: bool = False
     allow_client_shm: bool = False
+    allow_metrics: bool = True
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
 
 async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunner:
@@ -93,17 +96,22 @@ async def serve(s: FrontendSettings) -> int:
     except ShmFull as exc:
         log.error("%s", exc)
         return EXIT_FATAL
-    broker = BrokerClient(s.runtime_dir, s.index)
+    summaries = s.allow_metrics and s.metrics.config.summary_latencies
+    broker = BrokerClient(s.runtime_dir, s.index, summaries)
     broker.start()
     dataplane = DataPlane(broker, pool, s.server_id, s.allow_client_shm)
     runner: web.AppRunner | None = None
     grpc_server: grpc.aio.Server | None = None
+    metrics: MetricsServer | None = None
     try:
         try:
             if s.allow_http:
                 runner = await _start_http(s, dataplane)
             if s.allow_grpc:
                 grpc_server = await _start_grpc(s, dataplane)
+            if s.allow_metrics:
+                metrics = MetricsServer(s.metrics, dataplane.metrics)
+                await metrics.start()
         except (OSError, RuntimeError) as exc:
             log.error("cannot listen: %s", exc)
             return EXIT_FATAL
@@ -118,6 +126,8 @@ async def serve(s: FrontendSettings) -> int:
         if runner is not None:
             drains.append(runner.cleanup())
         await asyncio.gather(*drains)
+        if metrics is not None:
+            await metrics.close()
         await broker.close()
         dataplane.pool.close()
     return 0

@@ -18,7 +18,7 @@ frontend's DEALER, and names those a worker reported answered just before it die
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
@@ -150,6 +150,9 @@ class WorkerFailed(msgspec.Struct, array_like=True):
 class FrontendHello(msgspec.Struct, array_like=True):
     pid: int
     index: int
+    # it serves latency summaries (--metrics-config summary_latencies=true): the broker
+    # keeps a window of recent observations from then on
+    summaries: bool = False
 
 
 class Welcome(msgspec.Struct, array_like=True):
@@ -296,6 +299,36 @@ class StatsReply(msgspec.Struct, array_like=True):
     model_stats: list[ModelStats] = []
 
 
+FailureReason = Literal["REJECTED", "CANCELED", "BACKEND", "OTHER"]
+# Triton's reasons for a failed request, its metrics' ``reason`` label: REJECTED (its
+# queue timeout expired), CANCELED (its client gave up), BACKEND (its execution failed,
+# or its instance died), OTHER (anything else: its frontend exited).
+FAILURE_REASONS: Final[tuple[FailureReason, ...]] = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+# The phases of a request that latency summaries observe, in Triton's order.
+PHASES: Final = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+class MetricsQuery(msgspec.Struct, array_like=True):
+    query_id: int
+    quantiles: list[float] = []  # of the latency summaries, when they are served
+
+
+class VersionMetrics(msgspec.Struct, array_like=True):
+    """What the Prometheus metrics of one model version are made from."""
+
+    stats: ModelStats
+    failures: dict[str, int]  # failed requests by Triton's reason label
+    pending: int  # queued, not yet executing
+    tags: dict[str, str] = {}  # the config's metric_tags: extra labels
+    # phase -> the query's quantiles of the last minute's observations, in µs (NaN: none)
+    summaries: dict[str, list[float]] = {}
+
+
+class MetricsReply(msgspec.Struct, array_like=True):
+    query_id: int
+    versions: list[VersionMetrics] = []
+
+
 class ShmRequest(msgspec.Struct, array_like=True):
     """Frontend -> broker: the shared-memory extension's register/unregister/status."""
 
@@ -357,6 +390,8 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     FrontendGone: b"G",
     StatsQuery: b"t",
     StatsReply: b"T",
+    MetricsQuery: b"p",
+    MetricsReply: b"P",
     ShmRequest: b"k",
     ShmReply: b"K",
     RegionsReleased: b"L",

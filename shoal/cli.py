@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ipc.lifecycle import run_until_stopped, setup_logging
-from shoal.flags import bool_flag
+from shoal.flags import add_metrics_flags, bool_flag, metrics_config
 
 
 def _backend_config(values: list[str]) -> dict[str, str]:
@@ -38,7 +38,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
         default=False,
         help="allow clients to register system/CUDA shared memory (as Triton)",
     )
-    p.add_argument("--metrics-port", default=8002, type=int)
+    add_metrics_flags(p)
     p.add_argument("--id", default="triton", help="server name in /v2 metadata")
     p.add_argument("--log-verbose", default=0, type=int)
     p.add_argument("--exit-on-error", type=bool_flag, default=True)
@@ -81,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     if not repo.is_dir():
         print(f"error: model repository '{repo}' is not a directory", file=sys.stderr)
         return 2
+    try:
+        metrics_config(args.metrics_config)
+    except argparse.ArgumentTypeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
     backend_cfg = _backend_config(args.backend_config)
     settings = ServeSettings(
@@ -93,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         grpc_address=args.grpc_address,
         reuse_grpc_port=args.reuse_grpc_port,
         allow_client_shm=args.allow_client_shm,
+        allow_metrics=args.allow_metrics,
+        metrics_address=args.metrics_address or args.http_address,
         metrics_port=args.metrics_port,
+        metrics_interval_ms=args.metrics_interval_ms,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        metrics_config=args.metrics_config,
         server_id=args.id,
         log_verbose=args.log_verbose,
         exit_on_error=args.exit_on_error,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -16,3 +17,82 @@ def bool_flag(value: str) -> bool:
     if v in _FALSE:
         return False
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false/1/0), got '{value}'")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """tritonserver's ``--metrics-config key=value`` settings."""
+
+    counter_latencies: bool = True
+    summary_latencies: bool = False
+    # Triton's histogram is of the first response of decoupled models, which shoal does
+    # not serve: accepted, nothing to show (as Triton shows nothing for other models).
+    histogram_latencies: bool = False
+    # quantile -> allowed error (Triton's form "0.5:0.05,0.9:0.01"); shoal's are exact
+    summary_quantiles: tuple[tuple[float, float], ...] = (
+        (0.5, 0.05),
+        (0.9, 0.01),
+        (0.95, 0.001),
+        (0.99, 0.001),
+        (0.999, 0.0001),
+    )
+
+
+def add_metrics_flags(p: argparse.ArgumentParser) -> None:
+    """tritonserver's metrics flags, for ``shoal serve`` and each frontend process."""
+    p.add_argument("--allow-metrics", type=bool_flag, default=True)
+    p.add_argument("--metrics-address", default="", help="default: the HTTP address")
+    p.add_argument("--metrics-port", default=8002, type=int)
+    p.add_argument("--metrics-interval-ms", default=2000, type=int)
+    p.add_argument("--allow-cpu-metrics", type=bool_flag, default=True)
+    p.add_argument(
+        "--allow-gpu-metrics",
+        type=bool_flag,
+        default=True,
+        help="accepted; shoal has no GPU metrics yet",
+    )
+    p.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="counter_latencies, summary_latencies, summary_quantiles, histogram_latencies",
+    )
+
+
+def _quantiles(value: str) -> tuple[tuple[float, float], ...]:
+    out: list[tuple[float, float]] = []
+    for part in value.split(","):
+        q, sep, err = part.partition(":")
+        try:
+            pair = (float(q), float(err))
+        except ValueError:
+            pair = (-1.0, -1.0)
+        if not sep or not (0 <= pair[0] <= 1 and 0 <= pair[1] <= 1):
+            raise argparse.ArgumentTypeError(
+                f"summary_quantiles: expected 'quantile:error' pairs in [0, 1] separated "
+                f"by commas, got '{value}'"
+            )
+        out.append(pair)
+    return tuple(out)
+
+
+def metrics_config(values: list[str]) -> MetricsConfig:
+    """Every ``--metrics-config`` value, in order (a later one wins); an unknown key or
+    a bad value raises ArgumentTypeError."""
+    fields: dict[str, object] = {}
+    for v in values:
+        key, sep, val = v.partition("=")
+        key = key.strip()
+        if not sep:
+            raise argparse.ArgumentTypeError(f"--metrics-config: expected key=value, got '{v}'")
+        if key in ("counter_latencies", "summary_latencies", "histogram_latencies"):
+            fields[key] = bool_flag(val)
+        elif key == "summary_quantiles":
+            fields[key] = _quantiles(val)
+        else:
+            raise argparse.ArgumentTypeError(
+                f"--metrics-config: unknown key '{key}' (known: counter_latencies, "
+                "summary_latencies, summary_quantiles, histogram_latencies)"
+            )
+    return MetricsConfig(**fields)  # type: ignore[arg-type]

@@ -46,7 +46,12 @@ class ServeSettings:
     grpc_address: str = "0.0.0.0"
     reuse_grpc_port: bool = False
     allow_client_shm: bool = False
+    allow_metrics: bool = True
+    metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    metrics_interval_ms: int = 2000
+    allow_cpu_metrics: bool = True
+    metrics_config: list[str] = field(default_factory=list)  # --metrics-config values
     server_id: str = "triton"
     log_verbose: int = 0
     exit_on_error: bool = True
@@ -143,6 +148,16 @@ class Launcher:
             str(s.grpc_port),
             f"--reuse-grpc-port={str(s.reuse_grpc_port or s.frontend_processes > 1).lower()}",
             f"--allow-client-shm={str(s.allow_client_shm).lower()}",
+            f"--allow-metrics={str(s.allow_metrics).lower()}",
+            "--metrics-address",
+            s.metrics_address,
+            "--metrics-port",
+            str(s.metrics_port),
+            f"--reuse-metrics-port={str(s.frontend_processes > 1).lower()}",
+            "--metrics-interval-ms",
+            str(s.metrics_interval_ms),
+            f"--allow-cpu-metrics={str(s.allow_cpu_metrics).lower()}",
+            *(f"--metrics-config={v}" for v in s.metrics_config),
             *s.extra_frontend_args,
         ]
 

@@ -42,6 +42,7 @@ class Roles:
                 f"--http-port={self.port}",
                 "--http-address=127.0.0.1",
                 "--allow-grpc=false",
+                "--allow-metrics=false",
             ],
             "worker": [
                 "-m",

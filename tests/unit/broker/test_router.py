@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -83,6 +84,7 @@ def test_lost_instance_fails_its_batch_and_queue_when_none_left() -> None:
     failed, dispatches = router.instance_lost(a, 0.0)
     assert [it.request.req_id for it in failed] == [1, 2]
     assert dispatches == []
+    assert mv.stats.failures == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 2, "OTHER": 0}
     assert mv.state == "UNAVAILABLE"
     assert not table.all_ready()
     assert table.resolve("simple", -1) is None
@@ -171,6 +173,7 @@ def test_a_failure_is_counted_for_its_own_request_not_a_namesake_of_another_fron
     assert stats.inference_stats.success.count == 1
     assert stats.inference_stats.fail.count == 1
     assert stats.inference_count == 1
+    assert mv.stats.failures["BACKEND"] == 1  # its execution failed
 
 
 def _batching_one_instance() -> tuple[ModelTable, Router, ModelVersion, Instance]:
@@ -214,6 +217,7 @@ def test_forget_frontend_returns_its_queued_requests() -> None:
     assert [it.request.req_id for it in dropped] == [1]
     assert [it.request.req_id for it in mv.queue] == [2]
     assert mv.stats.snapshot().inference_stats.fail.count == 1  # cancelled: a failure
+    assert mv.stats.failures["OTHER"] == 1  # its frontend exited
 
 
 def test_a_busy_version_does_not_wake_the_broker_for_its_queue_delay() -> None:
@@ -303,6 +307,7 @@ def test_a_rejection_found_while_forming_a_batch_is_still_handed_back() -> None:
     assert dispatches == []
     assert [(it.request.req_id, why) for it, why in failures] == [(1, "Request timeout expired")]
     assert router._armed == {}
+    assert mv.stats.failures == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
 
 
 def test_overdue_names_the_batches_running_too_long_oldest_first() -> None:
@@ -404,6 +409,7 @@ def test_a_cancelled_request_leaves_the_queue_but_not_a_running_batch() -> None:
     assert not mv.queue and router.cancel(b"f0", 2, 0.5) is None
     (stats,) = table.stats("simple", -1)
     assert stats.inference_stats.fail.count == 1
+    assert mv.stats.failures["CANCELED"] == 1
     assert _done(router, a) == []  # nothing left to run
 
 
@@ -492,3 +498,37 @@ def test_a_passive_instance_alone_does_not_make_a_version_ready() -> None:
     assert mv is not None and mv.state == "LOADING"  # the active one is still loading
     _ready(table, router, active)
     assert mv.state == "READY"
+
+
+def test_metrics_carry_failures_pending_requests_tags_and_summaries() -> None:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    table = ModelTable()
+    table.add_model("simple", {1: 1}, "onnxruntime_onnx")
+    table.keep_summaries()  # a frontend serves latency summaries
+    mv = table.version("simple", 1)
+    assert mv is not None
+    cfg = mc.ModelConfig(name="simple", max_batch_size=8)
+    cfg.dynamic_batching.max_queue_delay_microseconds = 100_000
+    cfg.metric_tags["team"] = "vision"
+    mv.set_config(cfg.SerializeToString())
+    assert table.metrics([0.5], 0.0) == []  # never READY yet: not shown, as in /stats
+    inst = Instance(b"w0", "simple", 1, 0, 1000)
+    mv.instances[inst.ident] = inst
+    inst.state = "READY"
+    mv.refresh_state()
+    router = Router(table)
+    router.instance_ready(inst, 0.0)
+    router.submit(mv, _item(1), 0.0)
+    router.submit(mv, _item(2), 0.0)
+    (before,) = table.metrics([0.5], 0.0)
+    assert before.pending == 2 and before.tags == {"team": "vision"}
+    assert all(math.isnan(v) for (v,) in before.summaries.values())
+    ((_, batch),) = router.tick(0.2)[0]  # the queue delay ran out
+    assert table.metrics([], 0.2)[0].pending == 0  # running, no longer pending
+    router.batch_done(inst, m.BatchDone(batch.batch_id, 2, 10_000, 300_000, 20_000), 0.5)
+    (after,) = table.metrics([0.5, 0.99], 0.5)
+    assert after.stats.inference_stats.success.count == 2
+    assert after.summaries["compute_infer"] == [300, 300]  # µs, each request's batch
+    assert after.summaries["queue"][0] >= 0
+    assert table.metrics([], 0.5)[0].summaries == {}  # no quantiles asked: none computed

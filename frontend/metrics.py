@@ -1,0 +1,297 @@
+"""Triton's Prometheus metrics: ``GET /metrics`` on ``--metrics-port``, text format 0.0.4.
+
+Names, HELP texts, labels and units are Triton 2.51's, so that its dashboards and alerts
+work unchanged. The per-model figures come from the broker at each scrape (the same
+statistics ``/v2/models/stats`` shows), so every frontend answers alike and several
+frontends share the port (SO_REUSEPORT) as they share the HTTP port. The host's CPU
+figures are sampled every ``--metrics-interval-ms``, as Triton does.
+
+prometheus_client's exposition is not used to render: it names every counter with a
+``_total`` suffix (the OpenMetrics rule), and Triton's counters have none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from aiohttp import web
+
+from ipc import messages as m
+from ipc.errors import ServingError
+from shoal.flags import MetricsConfig
+
+log = logging.getLogger("shoal.frontend")
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+
+_Value = Callable[[m.ModelStats], int]
+_COUNTERS: Final[tuple[tuple[str, str, _Value], ...]] = (
+    (
+        "nv_inference_request_success",
+        "Number of successful inference requests, all batch sizes",
+        lambda s: s.inference_stats.success.count,
+    ),
+    (
+        "nv_inference_count",
+        "Number of inferences performed (does not include cached requests)",
+        lambda s: s.inference_count,
+    ),
+    (
+        "nv_inference_exec_count",
+        "Number of model executions performed (does not include cached requests)",
+        lambda s: s.execution_count,
+    ),
+)
+_CACHED = "(includes cached requests)"
+_NOT_CACHED = "(does not include cached requests)"
+# (phase, counter name, counter help, summary name, summary help, cumulative ns)
+_PHASES: Final[tuple[tuple[str, str, str, str, str, _Value], ...]] = (
+    (
+        "request",
+        "nv_inference_request_duration_us",
+        f"Cumulative inference request duration in microseconds {_CACHED}",
+        "nv_inference_request_summary_us",
+        f"Summary of inference request duration in microseconds {_CACHED}",
+        lambda s: s.inference_stats.success.ns,
+    ),
+    (
+        "queue",
+        "nv_inference_queue_duration_us",
+        f"Cumulative inference queuing duration in microseconds {_CACHED}",
+        "nv_inference_queue_summary_us",
+        f"Summary of inference queuing duration in microseconds {_CACHED}",
+        lambda s: s.inference_stats.queue.ns,
+    ),
+    (
+        "compute_input",
+        "nv_inference_compute_input_duration_us",
+        f"Cumulative compute input duration in microseconds {_NOT_CACHED}",
+        "nv_inference_compute_input_summary_us",
+        f"Summary of compute input duration in microseconds {_NOT_CACHED}",
+        lambda s: s.inference_stats.compute_input.ns,
+    ),
+    (
+        "compute_infer",
+        "nv_inference_compute_infer_duration_us",
+        f"Cumulative compute inference duration in microseconds {_NOT_CACHED}",
+        "nv_inference_compute_infer_summary_us",
+        f"Summary of compute inference duration in microseconds {_NOT_CACHED}",
+        lambda s: s.inference_stats.compute_infer.ns,
+    ),
+    (
+        "compute_output",
+        "nv_inference_compute_output_duration_us",
+        f"Cumulative inference compute output duration in microseconds {_NOT_CACHED}",
+        "nv_inference_compute_output_summary_us",
+        f"Summary of inference compute output duration in microseconds {_NOT_CACHED}",
+        lambda s: s.inference_stats.compute_output.ns,
+    ),
+)
+_SUMMARY_COUNTS: Final[dict[str, _Value]] = {  # each phase's observations so far
+    "request": lambda s: s.inference_stats.success.count,
+    "queue": lambda s: s.inference_stats.queue.count,
+    "compute_input": lambda s: s.inference_stats.compute_input.count,
+    "compute_infer": lambda s: s.inference_stats.compute_infer.count,
+    "compute_output": lambda s: s.inference_stats.compute_output.count,
+}
+_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+@dataclass
+class MetricsSettings:
+    address: str = "0.0.0.0"
+    port: int = 8002
+    reuse_port: bool = False
+    interval_ms: int = 2000
+    cpu: bool = True
+    config: MetricsConfig = field(default_factory=MetricsConfig)
+
+
+class HostSampler:
+    """Triton's CPU metrics from /proc: utilization over the last interval (busy time
+    over all time, idle and iowait counting as idle), and RAM in use (total less
+    available)."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
+        self.utilization = 0.0
+        self.memory_total = 0
+        self.memory_used = 0
+        self._last: tuple[int, int] | None = None
+
+    def sample(self) -> None:
+        try:
+            busy, total = self._cpu_times()
+            mem = self._meminfo()
+        except (OSError, ValueError, IndexError, KeyError) as exc:
+            log.debug("cannot sample the host's CPU and memory: %s", exc)
+            return
+        if self._last is not None and total > self._last[1]:
+            self.utilization = (busy - self._last[0]) / (total - self._last[1])
+        self._last = (busy, total)
+        self.memory_total = mem["MemTotal"] * 1024
+        self.memory_used = (mem["MemTotal"] - mem["MemAvailable"]) * 1024
+
+    def _cpu_times(self) -> tuple[int, int]:
+        first = (self.proc / "stat").read_text().splitlines()[0].split()
+        # user nice system idle iowait irq softirq steal (guest time is within user)
+        ticks = [int(x) for x in first[1:9]]
+        idle = ticks[3] + ticks[4]
+        return sum(ticks) - idle, sum(ticks)
+
+    def _meminfo(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for line in (self.proc / "meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("MemTotal", "MemAvailable"):
+                out[key] = int(rest.split()[0])
+        return out
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(v: float) -> str:
+    """Integers as integers (Triton's counters and µs figures), NaN as Prometheus spells it."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if float(v).is_integer():
+        return str(int(v))
+    return repr(float(v))
+
+
+class _Text:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, help_: str, kind: str) -> None:
+        escaped = help_.replace("\\", "\\\\").replace("\n", "\\n")
+        self.lines.append(f"# HELP {name} {escaped}")
+        self.lines.append(f"# TYPE {name} {kind}")
+
+    def sample(self, name: str, labels: Iterable[tuple[str, str]], value: float) -> None:
+        body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+        self.lines.append(
+            f"{name}{{{body}}} {_number(value)}" if body else f"{name} {_number(value)}"
+        )
+
+    def render(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _labels(v: m.VersionMetrics) -> list[tuple[str, str]]:
+    """model and version, and ``_<key>`` for each of the config's metric_tags."""
+    out = [("model", v.stats.name), ("version", v.stats.version)]
+    out += [("_" + _LABEL_NAME.sub("_", k), val) for k, val in sorted(v.tags.items())]
+    return out
+
+
+def render(versions: list[m.VersionMetrics], cfg: MetricsConfig, host: HostSampler | None) -> str:
+    """The metrics page, families in Triton's order."""
+    t = _Text()
+    rows = [(v, _labels(v)) for v in versions]
+
+    def counter(name: str, help_: str, value: _Value, per: int = 1) -> None:
+        t.family(name, help_, "counter")
+        for v, labels in rows:
+            t.sample(name, labels, value(v.stats) // per)
+
+    (name, help_, count), *counts = _COUNTERS
+    counter(name, help_, count)
+    failures = "nv_inference_request_failure"
+    t.family(failures, "Number of failed inference requests, all batch sizes", "counter")
+    for v, labels in rows:
+        for reason in m.FAILURE_REASONS:
+            t.sample(failures, [*labels, ("reason", reason)], v.failures.get(reason, 0))
+    for name, help_, count in counts:
+        counter(name, help_, count)
+    if cfg.counter_latencies:
+        for _, name, help_, _, _, ns in _PHASES:
+            counter(name, help_, ns, per=1000)  # µs
+    if cfg.summary_latencies:
+        for phase, _, _, name, help_, ns in _PHASES:
+            t.family(name, help_, "summary")
+            for v, labels in rows:
+                t.sample(f"{name}_count", labels, _SUMMARY_COUNTS[phase](v.stats))
+                t.sample(f"{name}_sum", labels, ns(v.stats) // 1000)
+                values = v.summaries.get(phase, [])
+                for i, (q, _) in enumerate(cfg.summary_quantiles):
+                    got = values[i] if i < len(values) else math.nan
+                    t.sample(name, [*labels, ("quantile", repr(q))], got)
+    pending = "nv_inference_pending_request_count"
+    t.family(
+        pending, "Instantaneous number of pending requests awaiting execution per-model.", "gauge"
+    )
+    for v, labels in rows:
+        t.sample(pending, labels, v.pending)
+    if host is not None:
+        for name, help_, value in (
+            ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", host.utilization),
+            ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", host.memory_total),
+            ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", host.memory_used),
+        ):
+            t.family(name, help_, "gauge")
+            t.sample(name, [], value)
+    return t.render()
+
+
+class MetricsServer:
+    """The metrics port of one frontend process."""
+
+    def __init__(
+        self, s: MetricsSettings, fetch: Callable[[list[float]], Awaitable[list[m.VersionMetrics]]]
+    ) -> None:
+        self.s = s
+        self._fetch = fetch  # the broker's figures, with these quantiles of each latency
+        self.host = HostSampler() if s.cpu else None
+        self._runner: web.AppRunner | None = None
+        self._sampler: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.s.address, self.s.port, reuse_port=self.s.reuse_port)
+        try:
+            await site.start()
+        except OSError:
+            await self._runner.cleanup()
+            self._runner = None
+            raise
+        if self.host is not None:
+            self.host.sample()
+            self._sampler = asyncio.get_running_loop().create_task(self._sample())
+        log.info("metrics on %s:%d", self.s.address, self.s.port)
+
+    async def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _sample(self) -> None:
+        assert self.host is not None
+        while True:
+            await asyncio.sleep(max(self.s.interval_ms, 1) / 1000)
+            self.host.sample()
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        quantiles = [q for q, _ in self.s.config.summary_quantiles]
+        try:
+            versions = await self._fetch(quantiles if self.s.config.summary_latencies else [])
+        except ServingError as err:
+            return web.Response(status=503, text=f"metrics unavailable: {err.message}\n")
+        body = render(versions, self.s.config, self.host)
+        return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})

@@ -1,0 +1,24 @@
+"""Latency windows for the metrics' summaries (pure)."""
+
+from __future__ import annotations
+
+import math
+
+from broker.stats import SUMMARY_WINDOW_S, _Window
+
+
+def test_quantiles_are_nearest_rank_over_the_window() -> None:
+    w = _Window()
+    for us in range(1, 101):  # 1..100 µs
+        w.add(0.0, us)
+    assert w.quantiles([0.5, 0.9, 0.99, 1.0, 0.0], 1.0) == [50, 90, 99, 100, 1]
+
+
+def test_observations_older_than_the_window_drop_out() -> None:
+    w = _Window()
+    w.add(0.0, 1000)
+    w.add(30.0, 10)
+    assert w.quantiles([0.5], 30.0) == [10]  # ranks 1 of 2
+    assert w.quantiles([1.0], SUMMARY_WINDOW_S + 1) == [10]  # the first has expired
+    (q,) = w.quantiles([0.5], 30.0 + SUMMARY_WINDOW_S + 1)
+    assert math.isnan(q)  # nothing in the last minute

@@ -1,0 +1,143 @@
+"""The metrics page (Triton's names, labels and units), the host sampler and the
+``--metrics-config`` flag, without a server. The page is read back with
+prometheus_client's parser, as a scraper would."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from frontend.metrics import HostSampler, render
+from ipc import messages as m
+from shoal.flags import MetricsConfig, metrics_config
+
+
+def _version(name: str = "mlp", **tags: str) -> m.VersionMetrics:
+    s = m.ModelStats(name, "1", inference_count=3, execution_count=2)
+    st = s.inference_stats
+    st.success.add(9_000_999, 2)  # two requests: 9001 µs in all (rounded down)
+    st.queue.add(2_000, 2)
+    st.compute_input.add(4_000, 2)
+    st.compute_infer.add(5_000_000, 2)
+    st.compute_output.add(6_000, 2)
+    failures = {"REJECTED": 1, "CANCELED": 0, "BACKEND": 2, "OTHER": 0}
+    return m.VersionMetrics(s, failures, 4, tags, {"request": [4000.0, math.nan]})
+
+
+def _families(text: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    return {
+        f.name: [(s.name, s.labels, s.value) for s in f.samples]
+        for f in text_string_to_metric_families(text)
+    }
+
+
+def test_the_page_has_tritons_families_types_and_values() -> None:
+    text = render([_version()], MetricsConfig(), None)
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert [name for name in fams] == [
+        "nv_inference_request_success",
+        "nv_inference_request_failure",
+        "nv_inference_count",
+        "nv_inference_exec_count",
+        "nv_inference_request_duration_us",
+        "nv_inference_queue_duration_us",
+        "nv_inference_compute_input_duration_us",
+        "nv_inference_compute_infer_duration_us",
+        "nv_inference_compute_output_duration_us",
+        "nv_inference_pending_request_count",
+    ]
+    assert fams["nv_inference_pending_request_count"].type == "gauge"
+    assert all(f.type == "counter" for n, f in fams.items() if "pending" not in n)
+    values = {n: [s.value for s in f.samples] for n, f in fams.items()}
+    assert values["nv_inference_request_success"] == [2]
+    assert values["nv_inference_count"] == [3]
+    assert values["nv_inference_exec_count"] == [2]
+    assert values["nv_inference_request_duration_us"] == [9000]
+    assert values["nv_inference_compute_infer_duration_us"] == [5000]
+    assert values["nv_inference_pending_request_count"] == [4]
+    by_reason = {s.labels["reason"]: s.value for s in fams["nv_inference_request_failure"].samples}
+    assert by_reason == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 2, "OTHER": 0}
+    # Triton's own spelling: no "_total", integers without ".0"
+    assert 'nv_inference_request_success{model="mlp",version="1"} 2\n' in text
+    assert not re.search(r"_total[{ ]", text)  # no OpenMetrics suffix on a counter
+
+
+def test_metric_tags_become_underscored_labels_and_values_are_escaped() -> None:
+    text = render(
+        [_version('a"b\\c', team="vision", **{"cost-centre": "x\ny"})], MetricsConfig(), None
+    )
+    (sample,) = _families(text)["nv_inference_count"]
+    assert sample[1] == {
+        "model": 'a"b\\c',
+        "version": "1",
+        "_cost_centre": "x\ny",
+        "_team": "vision",
+    }
+
+
+def test_counter_latencies_off_drops_the_duration_counters() -> None:
+    fams = _families(render([_version()], MetricsConfig(counter_latencies=False), None))
+    assert not [n for n in fams if n.endswith("_duration_us")]
+    assert "nv_inference_request_success" in fams
+
+
+def test_summaries_have_count_sum_and_each_quantile() -> None:
+    cfg = MetricsConfig(summary_latencies=True, summary_quantiles=((0.5, 0.05), (0.9, 0.01)))
+    fams = _families(render([_version()], cfg, None))
+    request = fams["nv_inference_request_summary_us"]
+    assert request[:2] == [
+        ("nv_inference_request_summary_us_count", {"model": "mlp", "version": "1"}, 2),
+        ("nv_inference_request_summary_us_sum", {"model": "mlp", "version": "1"}, 9000),
+    ]
+    assert [(s[1]["quantile"], s[2]) for s in request[2:3]] == [("0.5", 4000)]
+    assert math.isnan(request[3][2])  # no observation for that quantile
+    queue = fams["nv_inference_queue_summary_us"]
+    assert len(queue) == 4 and all(math.isnan(s[2]) for s in queue[2:])  # none observed
+
+
+def test_cpu_figures_come_from_proc(tmp_path: Path) -> None:
+    (tmp_path / "meminfo").write_text(
+        "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n"
+    )
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 100 700 100 0 0 0 50 0\ncpu0 1 2 3\n")
+    host = HostSampler(tmp_path)
+    host.sample()
+    assert host.utilization == 0.0  # one reading: no interval yet
+    stat.write_text("cpu  250 0 150 850 100 0 0 0 50 0\ncpu0 1 2 3\n")
+    host.sample()
+    assert host.utilization == pytest.approx(200 / 350)  # busy 200 of 350 ticks
+    assert (host.memory_total, host.memory_used) == (1000 * 1024, 600 * 1024)
+    fams = _families(render([], MetricsConfig(), host))
+    assert fams["nv_cpu_utilization"][0][2] == pytest.approx(200 / 350)
+    assert fams["nv_cpu_memory_used_bytes"][0][2] == 600 * 1024
+
+
+def test_an_unreadable_proc_keeps_the_last_figures(tmp_path: Path) -> None:
+    host = HostSampler(tmp_path)  # no stat, no meminfo
+    host.sample()
+    assert (host.utilization, host.memory_total) == (0.0, 0)
+
+
+def test_metrics_config_keys_and_refusals() -> None:
+    cfg = metrics_config(
+        ["summary_latencies=true", "counter_latencies=0", "summary_quantiles=0.5:0.05,0.99:0.001"]
+    )
+    assert cfg.summary_latencies and not cfg.counter_latencies
+    assert cfg.summary_quantiles == ((0.5, 0.05), (0.99, 0.001))
+    assert metrics_config([]) == MetricsConfig()
+    for bad, words in [
+        ("latencies=true", "unknown key 'latencies'"),
+        ("summary_latencies", "expected key=value"),
+        ("summary_latencies=maybe", "expected a boolean"),
+        ("summary_quantiles=0.5", "quantile:error"),
+        ("summary_quantiles=1.5:0.1", "quantile:error"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            metrics_config([bad])
