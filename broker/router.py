@@ -96,11 +96,11 @@ class Router:
                 if pos in failed:
                     mv.stats.failed(elapsed, "BACKEND")
                 else:
-                    mv.stats.queued(waited)  # Triton counts queue time of successes only
+                    mv.stats.queued(waited, now)  # Triton counts queue time of successes only
                     ok_ns.append(elapsed)
                     samples += max(item.request.batch_size, 1)
             if ok_ns:
-                mv.stats.executed(done, ok_ns, samples)
+                mv.stats.executed(done, ok_ns, samples, now)
         if inst.state != "READY":
             return []
         return self.instance_ready(inst, now)

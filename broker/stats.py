@@ -24,26 +24,31 @@ from ipc.messages import FailureReason
 
 SUMMARY_WINDOW_S: Final = 60.0
 _WINDOW_CAP: Final = 4096  # the latest observations kept per phase: bounded memory, and a
-# scrape sorts at most this many per phase (about 0.4 ms each, in the broker's loop)
+# scrape sorts at most this many per phase (about 0.25 ms each, in the broker's loop)
 
 
 class _Window:
     """The last minute's observations of one phase (µs), at most _WINDOW_CAP."""
 
     def __init__(self) -> None:
-        self.seen: deque[tuple[float, int]] = deque(maxlen=_WINDOW_CAP)
+        # two deques in step (not one of pairs): a scrape sorts the values alone
+        self.times: deque[float] = deque(maxlen=_WINDOW_CAP)
+        self.values: deque[int] = deque(maxlen=_WINDOW_CAP)
 
     def add(self, now: float, us: int) -> None:
-        self.seen.append((now, us))
+        self.times.append(now)
+        self.values.append(us)
 
     def quantiles(self, qs: list[float], now: float) -> list[float]:
-        while self.seen and now - self.seen[0][0] > SUMMARY_WINDOW_S:
-            self.seen.popleft()
-        values = sorted(us for _, us in self.seen)
-        if not values:
+        while self.times and now - self.times[0] > SUMMARY_WINDOW_S:
+            self.times.popleft()
+            self.values.popleft()
+        if not self.values:
             return [math.nan] * len(qs)
-        last = len(values) - 1
-        return [values[min(max(math.ceil(q * len(values)) - 1, 0), last)] for q in qs]
+        values = sorted(self.values)
+        n = len(values)
+        # a quantile outside [0, 1] (a frontend's bug) gets NaN, not an exception
+        return [values[max(math.ceil(q * n) - 1, 0)] if 0 <= q <= 1 else math.nan for q in qs]
 
 
 class VersionStats:
@@ -62,18 +67,21 @@ class VersionStats:
             return {}
         return {phase: w.quantiles(qs, now) for phase, w in self.windows.items()}
 
-    def queued(self, waited_ns: int) -> None:
+    def queued(self, waited_ns: int, now: float) -> None:
         self.s.inference_stats.queue.add(waited_ns)
         if self.windows is not None:
-            self.windows["queue"].add(time.monotonic(), waited_ns // 1000)
+            self.windows["queue"].add(now, waited_ns // 1000)
 
     def failed(self, elapsed_ns: int, reason: FailureReason) -> None:
         self.s.inference_stats.fail.add(elapsed_ns)
         self.failures[reason] += 1
 
-    def executed(self, done: m.BatchDone, ok_elapsed_ns: list[int], ok_samples: int) -> None:
-        """One execution; ``ok_elapsed_ns`` holds each successful request's time since
-        arrival, ``ok_samples`` the sum of their batch sizes."""
+    def executed(
+        self, done: m.BatchDone, ok_elapsed_ns: list[int], ok_samples: int, now: float
+    ) -> None:
+        """One execution, reported at ``now`` (monotonic); ``ok_elapsed_ns`` holds each
+        successful request's time since arrival, ``ok_samples`` the sum of their batch
+        sizes."""
         st = self.s.inference_stats
         n = len(ok_elapsed_ns)
         self.s.execution_count += 1
@@ -82,7 +90,6 @@ class VersionStats:
         for ns in ok_elapsed_ns:
             st.success.add(ns)
         if self.windows is not None:
-            now = time.monotonic()
             w = self.windows
             for ns in ok_elapsed_ns:
                 w["request"].add(now, ns // 1000)

@@ -8,6 +8,7 @@ of the config and raise ConfigError on the first problem found.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from math import prod
 
@@ -179,7 +180,19 @@ def _validate_ensemble(config: pb.ModelConfig) -> None:
                 )
 
 
+# A tag's label is "_" + its key: a valid Prometheus label name that does not start with
+# "__" (reserved). Triton's Prometheus library would refuse any other.
+_TAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]*")
+
+
 def _validate_metrics(config: pb.ModelConfig) -> None:
+    for key in config.metric_tags:
+        if not _TAG_KEY.fullmatch(key):
+            raise ConfigError(
+                config.name,
+                f"metric_tags key '{key}' cannot be a metric label ('_{key}'): use letters, "
+                "digits and '_', not starting with '_'",
+            )
     if not config.HasField("model_metrics"):
         return
     for control in config.model_metrics.metric_control:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ipc.lifecycle import add_process_flags, die_with_parent, set_cpu_scheduling, setup_logging
-from shoal.flags import add_metrics_flags, bool_flag, metrics_config
+from shoal.flags import add_metrics_flags, bool_flag, metrics_config, metrics_port_clash
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
         config = metrics_config(args.metrics_config)
     except argparse.ArgumentTypeError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if clash := metrics_port_clash(args):
+        print(f"error: {clash}", file=sys.stderr)
         return 2
     die_with_parent(args.parent_pid)
     setup_logging(f"frontend#{args.index}", args.log_verbose)

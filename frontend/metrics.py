@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,7 +101,6 @@ _SUMMARY_COUNTS: Final[dict[str, _Value]] = {  # each phase's observations so fa
     "compute_infer": lambda s: s.inference_stats.compute_infer.count,
     "compute_output": lambda s: s.inference_stats.compute_output.count,
 }
-_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
 
 @dataclass
@@ -193,7 +191,7 @@ class _Text:
 def _labels(v: m.VersionMetrics) -> list[tuple[str, str]]:
     """model and version, and ``_<key>`` for each of the config's metric_tags."""
     out = [("model", v.stats.name), ("version", v.stats.version)]
-    out += [("_" + _LABEL_NAME.sub("_", k), val) for k, val in sorted(v.tags.items())]
+    out += [("_" + key, val) for key, val in sorted(v.tags.items())]  # keys checked at load
     return out
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ipc.lifecycle import run_until_stopped, setup_logging
-from shoal.flags import add_metrics_flags, bool_flag, metrics_config
+from shoal.flags import add_metrics_flags, bool_flag, metrics_config, metrics_port_clash
 
 
 def _backend_config(values: list[str]) -> dict[str, str]:
@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics_config(args.metrics_config)
     except argparse.ArgumentTypeError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if clash := metrics_port_clash(args):
+        print(f"error: {clash}", file=sys.stderr)
         return 2
     autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
     backend_cfg = _backend_config(args.backend_config)

@@ -60,6 +60,24 @@ def add_metrics_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def metrics_port_clash(args: argparse.Namespace) -> str | None:
+    """Why the metrics listener cannot be where the flags put it, or None. On the HTTP or
+    gRPC port of an overlapping address it would bind beside that listener (several
+    frontends set SO_REUSEPORT) and take part of its connections."""
+    if not args.allow_metrics:
+        return None
+    address = args.metrics_address or args.http_address
+    wildcard = {"", "0.0.0.0", "::"}
+    for name, on, port, addr in (
+        ("HTTP", args.allow_http, args.http_port, args.http_address),
+        ("gRPC", args.allow_grpc, args.grpc_port, args.grpc_address),
+    ):
+        overlap = address == addr or address in wildcard or addr in wildcard
+        if on and port == args.metrics_port and overlap:
+            return f"--metrics-port {port} is also the {name} port"
+    return None
+
+
 def _quantiles(value: str) -> tuple[tuple[float, float], ...]:
     out: list[tuple[float, float]] = []
     for part in value.split(","):
@@ -73,6 +91,8 @@ def _quantiles(value: str) -> tuple[tuple[float, float], ...]:
                 f"summary_quantiles: expected 'quantile:error' pairs in [0, 1] separated "
                 f"by commas, got '{value}'"
             )
+        if any(q == pair[0] for q, _ in out):
+            raise argparse.ArgumentTypeError(f"summary_quantiles: quantile {q} given twice")
         out.append(pair)
     return tuple(out)
 

@@ -153,7 +153,7 @@ class Launcher:
             s.metrics_address,
             "--metrics-port",
             str(s.metrics_port),
-            f"--reuse-metrics-port={str(s.frontend_processes > 1).lower()}",
+            f"--reuse-metrics-port={str(s.reuse_http_port or s.frontend_processes > 1).lower()}",
             "--metrics-interval-ms",
             str(s.metrics_interval_ms),
             f"--allow-cpu-metrics={str(s.allow_cpu_metrics).lower()}",

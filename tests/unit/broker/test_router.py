@@ -532,3 +532,6 @@ def test_metrics_carry_failures_pending_requests_tags_and_summaries() -> None:
     assert after.summaries["compute_infer"] == [300, 300]  # µs, each request's batch
     assert after.summaries["queue"][0] >= 0
     assert table.metrics([], 0.5)[0].summaries == {}  # no quantiles asked: none computed
+    (later,) = table.metrics([0.5], 0.5 + 61)  # a minute on: nothing left in the window
+    assert all(math.isnan(v) for (v,) in later.summaries.values())
+    assert later.stats.inference_stats.success.count == 2  # the counters stay

@@ -22,3 +22,11 @@ def test_observations_older_than_the_window_drop_out() -> None:
     assert w.quantiles([1.0], SUMMARY_WINDOW_S + 1) == [10]  # the first has expired
     (q,) = w.quantiles([0.5], 30.0 + SUMMARY_WINDOW_S + 1)
     assert math.isnan(q)  # nothing in the last minute
+
+
+def test_a_quantile_outside_zero_to_one_is_nan_not_an_error() -> None:
+    w = _Window()
+    w.add(0.0, 5)
+    got = w.quantiles([math.nan, 1.5, -0.1, math.inf, 0.5], 0.0)
+    assert [math.isnan(v) for v in got] == [True, True, True, True, False]
+    assert got[-1] == 5

@@ -115,6 +115,14 @@ def test_valid_minimal_config_passes() -> None:
             'platform: "onnxruntime_onnx" model_metrics { metric_control [ { } ] }',
             "metric control must specify 'metric_identifier'",
         ),
+        (
+            'platform: "onnxruntime_onnx" metric_tags { key: "cost-centre" value: "x" }',
+            "metric_tags key 'cost-centre' cannot be a metric label ('_cost-centre')",
+        ),
+        (
+            'platform: "onnxruntime_onnx" metric_tags { key: "_team" value: "x" }',
+            "metric_tags key '_team' cannot be a metric label",
+        ),
     ],
 )
 def test_config_errors(text: str, message: str) -> None:

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from frontend.metrics import HostSampler, render
 from ipc import messages as m
-from shoal.flags import MetricsConfig, metrics_config
+from shoal.flags import MetricsConfig, metrics_config, metrics_port_clash
 
 
 def _version(name: str = "mlp", **tags: str) -> m.VersionMetrics:
@@ -68,16 +68,9 @@ def test_the_page_has_tritons_families_types_and_values() -> None:
 
 
 def test_metric_tags_become_underscored_labels_and_values_are_escaped() -> None:
-    text = render(
-        [_version('a"b\\c', team="vision", **{"cost-centre": "x\ny"})], MetricsConfig(), None
-    )
+    text = render([_version('a"b\\c', team="vision", cost="x\ny")], MetricsConfig(), None)
     (sample,) = _families(text)["nv_inference_count"]
-    assert sample[1] == {
-        "model": 'a"b\\c',
-        "version": "1",
-        "_cost_centre": "x\ny",
-        "_team": "vision",
-    }
+    assert sample[1] == {"model": 'a"b\\c', "version": "1", "_cost": "x\ny", "_team": "vision"}
 
 
 def test_counter_latencies_off_drops_the_duration_counters() -> None:
@@ -120,9 +113,19 @@ def test_cpu_figures_come_from_proc(tmp_path: Path) -> None:
 
 
 def test_an_unreadable_proc_keeps_the_last_figures(tmp_path: Path) -> None:
-    host = HostSampler(tmp_path)  # no stat, no meminfo
+    (tmp_path / "meminfo").write_text("MemTotal: 1000 kB\nMemAvailable: 400 kB\n")
+    (tmp_path / "stat").write_text("cpu  100 0 100 700 100 0 0 0\n")
+    host = HostSampler(tmp_path)
     host.sample()
-    assert (host.utilization, host.memory_total) == (0.0, 0)
+    (tmp_path / "stat").write_text("cpu  200 0 100 800 100 0 0 0\n")
+    host.sample()
+    before = (host.utilization, host.memory_total, host.memory_used)
+    assert before == (0.5, 1000 * 1024, 600 * 1024)
+    (tmp_path / "stat").write_text("cpu garbled\n")
+    host.sample()
+    (tmp_path / "meminfo").unlink()
+    host.sample()
+    assert (host.utilization, host.memory_total, host.memory_used) == before
 
 
 def test_metrics_config_keys_and_refusals() -> None:
@@ -138,6 +141,33 @@ def test_metrics_config_keys_and_refusals() -> None:
         ("summary_latencies=maybe", "expected a boolean"),
         ("summary_quantiles=0.5", "quantile:error"),
         ("summary_quantiles=1.5:0.1", "quantile:error"),
+        ("summary_quantiles=0.5:0.1,0.5:0.01", "quantile 0.5 given twice"),
     ]:
         with pytest.raises(argparse.ArgumentTypeError, match=words):
             metrics_config([bad])
+
+
+def test_the_metrics_port_may_not_be_a_listener_port_on_an_overlapping_address() -> None:
+    def clash(**over: object) -> str | None:
+        flags = dict(
+            allow_metrics=True, metrics_address="", metrics_port=8002,
+            allow_http=True, http_address="0.0.0.0", http_port=8000,
+            allow_grpc=True, grpc_address="0.0.0.0", grpc_port=8001,
+        )  # fmt: skip
+        return metrics_port_clash(argparse.Namespace(**{**flags, **over}))
+
+    assert clash() is None
+    assert clash(metrics_port=8000) == "--metrics-port 8000 is also the HTTP port"
+    assert clash(metrics_port=8001) == "--metrics-port 8001 is also the gRPC port"
+    assert clash(metrics_port=8000, allow_http=False) is None
+    assert clash(metrics_port=8000, allow_metrics=False) is None
+    assert clash(metrics_port=8001, metrics_address="127.0.0.1") is not None  # gRPC on all
+    assert (
+        clash(
+            metrics_port=8000,
+            http_address="10.0.0.5",
+            grpc_address="10.0.0.5",
+            metrics_address="127.0.0.1",
+        )
+        is None
+    )  # two addresses: two sockets
