@@ -37,6 +37,8 @@ log = logging.getLogger("shoal.frontend")
 SERVER_VERSION = "2.73.0"
 EXTENSIONS = [
     "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
     "system_shared_memory",
@@ -151,6 +153,33 @@ class DataPlane:
                 for s in versions
             ],
         }
+
+    async def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
+        """Triton's repository index: each model version's state (and why, when it is
+        not ready); a model whose config failed is listed by name, without a version."""
+        state = await self._server_state()
+        if state is None:
+            raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
+        out: list[dict[str, str]] = []
+        for s in state.models:  # by name, then version
+            if ready_only and s.state != "READY":
+                continue
+            entry = {"name": s.name}
+            if s.version >= 0:
+                entry["version"] = str(s.version)
+            entry["state"] = s.state
+            if s.reason:
+                entry["reason"] = s.reason
+            out.append(entry)
+        return out
+
+    @staticmethod
+    def refuse_model_control() -> ServingError:
+        """Load and unload under model control mode "none" (Triton's default, and shoal's
+        only mode): every model of the repository loads at start. Triton 2.51's words."""
+        return ServingError(
+            Code.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled"
+        )
 
     async def server_live(self) -> bool:
         state = await self._server_state()

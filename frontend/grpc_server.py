@@ -203,6 +203,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
         return await _guard(context, call)
 
+    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        async def call() -> pb.RepositoryIndexResponse:
+            entries = await self.dp.repository_index(request.ready)
+            models = [pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries]
+            return pb.RepositoryIndexResponse(models=models)
+
+        return await _guard(context, call)
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            raise self.dp.refuse_model_control()
+
+        return await _guard(context, call)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        return await self.RepositoryModelLoad(request, context)
+
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             resp = pb.SystemSharedMemoryStatusResponse()

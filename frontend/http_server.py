@@ -37,6 +37,7 @@ FRONTEND_HEADER = "Shoal-Frontend"
 IHCL = "Inference-Header-Content-Length"
 _JSON = "application/json"
 _DECODERS = ("gzip", "deflate")
+_CONTROL_JSON_DEPTH = 100  # deeper than any repository request
 # Bodies larger than this are inflated on a thread (zlib releases the GIL), not on the
 # event loop; 64 KiB of deflate inflates to at most ~64 MiB.
 _INLINE_INFLATE_BYTES = 64 * 1024
@@ -286,6 +287,43 @@ async def model_stats(request: web.Request) -> web.Response:
     return _json({"model_stats": stats})
 
 
+async def repository_index(request: web.Request) -> web.Response:
+    """The body is optional; its ``ready`` (a boolean) keeps READY versions only."""
+    body = await request.read()
+    ready = False
+    if body:
+        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+        if "ready" in doc:
+            if not isinstance(doc["ready"], bool):
+                raise ServingError(Code.INTERNAL, "attempt to access JSON non-boolean as boolean")
+            ready = doc["ready"]
+    return _json(await _dp(request).repository_index(ready))
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    """Refused (model control mode "none"), after the body's checks, in Triton 2.51's
+    order and words: every parameter a string, named ``config`` or ``file:<path>``."""
+    body = await request.read()
+    if body:
+        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+        if "parameters" in doc:
+            params = doc["parameters"]
+            if not isinstance(params, dict):
+                raise ServingError(Code.INTERNAL, "attempt to get members for non-object")
+            for key, value in params.items():
+                if not isinstance(value, str):
+                    raise ServingError(Code.INTERNAL, "attempt to access JSON non-string as string")
+                if key != "config" and not key.startswith("file:"):
+                    raise ServingError(
+                        Code.INTERNAL, "unexpected error on creating Triton parameter"
+                    )
+    raise _dp(request).refuse_model_control()
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    raise _dp(request).refuse_model_control()  # Triton reads no body first
+
+
 async def model_instances(request: web.Request) -> web.Response:
     return _json(await _dp(request).model_instances(request.match_info["model"]))
 
@@ -344,6 +382,10 @@ def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
     r.add_get("/v2/shoal/frontend", frontend_status)
     r.add_get("/v2/shoal/models/{model:[^/]+}", model_instances)
     r.add_get("/v2/models/stats", model_stats)
+    for repo in ("/v2/repository", "/v2/repository/{repository:[^/]+}"):  # the name is unused
+        r.add_post(repo + "/index", repository_index)
+        r.add_post(repo + "/models/{model:[^/]+}/load", repository_load)
+        r.add_post(repo + "/models/{model:[^/]+}/unload", repository_unload)
     app.add_routes(http_shm.routes(_dp))
     for base in (model, versioned):
         r.add_get(base + "/stats", model_stats)

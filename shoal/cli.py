@@ -51,6 +51,11 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
         help="deprecated alias of --disable-auto-complete-config",
     )
     p.add_argument("--model-config-name", default="")
+    p.add_argument(
+        "--model-control-mode",
+        default="none",
+        help="none (the only mode: every model loads at start; load/unload are refused)",
+    )
     p.add_argument("--backend-config", action="append", default=[])
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
     p.add_argument("--http-max-input-size", default=64 * 1024 * 1024, type=int)
@@ -85,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         metrics_config(args.metrics_config)
     except argparse.ArgumentTypeError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.model_control_mode != "none":
+        print(
+            f"error: --model-control-mode={args.model_control_mode} is not supported: shoal "
+            "loads every model of the repository at start (mode none)",
+            file=sys.stderr,
+        )
         return 2
     if clash := metrics_port_clash(args):
         print(f"error: {clash}", file=sys.stderr)

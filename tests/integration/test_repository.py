@@ -1,0 +1,129 @@
+"""Triton's model repository extension under model control mode "none" (Triton's
+default, shoal's only mode): the index over HTTP and gRPC, and load / unload refused in
+Triton 2.51's words after its body checks (checked side by side with triton-peer)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from shoal import modelgen
+from tests.serverctl import ShoalServer
+
+REFUSED = "explicit model load / unload is not allowed if polling is enabled"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+    repo = tmp_path_factory.mktemp("repository-ext")
+    modelgen.write_shipped_repository(repo)
+    shutil.rmtree(repo / "mlp_large", ignore_errors=True)
+    broken = repo / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: -3\n')
+    srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
+    srv.wait_settled(("simple", "mlp"))
+    yield srv
+    assert srv.stop() == 0
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def _post(server: ShoalServer, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://{server.url}{path}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return int(r.status), r.read()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read()
+
+
+def test_the_index_lists_every_version_and_why_one_is_not_ready(server: ShoalServer) -> None:
+    index = httpclient.InferenceServerClient(server.url).get_model_repository_index()
+    (broken,) = [e for e in index if e["name"] == "broken"]
+    assert broken["state"] == "UNAVAILABLE" and "version" not in broken  # its config failed
+    assert "max_batch_size" in broken["reason"]
+    assert [e for e in index if e["name"] != "broken"] == [
+        {"name": "mlp", "version": "1", "state": "READY"},
+        {"name": "simple", "version": "1", "state": "READY"},
+    ]
+    assert [e["name"] for e in index] == sorted(e["name"] for e in index)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    over_grpc = client.get_model_repository_index(as_json=True)["models"]
+    assert over_grpc == index
+    # ready: READY versions only (both protocols); a named repository is the same one
+    ready = [e for e in index if e["state"] == "READY"]
+    assert len(ready) == 2
+    assert _post(server, "/v2/repository/index", b'{"ready":true}') == (200, _json(ready))
+    assert _post(server, "/v2/repository/mine/index", b'{"ready":true}') == (200, _json(ready))
+    request = grpcclient.service_pb2.RepositoryIndexRequest(ready=True)
+    reply = client._client_stub.RepositoryIndex(request)
+    assert [(m.name, m.state) for m in reply.models] == [("mlp", "READY"), ("simple", "READY")]
+
+
+def _json(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/v2/repository/index", b'{"ready":"x"}', 500,
+         "attempt to access JSON non-boolean as boolean"),
+        ("/v2/repository/index", b"junk", 500, "failed to parse the request JSON buffer"),
+        ("/v2/repository/models/simple/load", b"", 503, REFUSED),
+        ("/v2/repository/models/nope/load", b'{"parameters":{"config":"{}"}}', 503, REFUSED),
+        ("/v2/repository/models/simple/load", b'{"parameters":5}', 500,
+         "attempt to get members for non-object"),
+        ("/v2/repository/models/simple/load", b'{"parameters":{"config":5}}', 500,
+         "attempt to access JSON non-string as string"),
+        ("/v2/repository/models/simple/load", b'{"parameters":{"other":"s"}}', 500,
+         "unexpected error on creating Triton parameter"),
+        ("/v2/repository/models/simple/unload", b"junk", 503, REFUSED),  # no body read
+        ("/v2/repository/mine/models/simple/unload", b"", 503, REFUSED),
+    ],
+)  # fmt: skip
+def test_load_and_unload_are_refused_after_tritons_body_checks(
+    server: ShoalServer, path: str, body: bytes, status: int, message: str
+) -> None:
+    got, reply = _post(server, path, body)
+    assert got == status
+    assert message in reply.decode()
+    assert server.http_status("/v2/models/simple/ready") == 200  # nothing was unloaded
+
+
+def test_tritonclient_load_and_unload_get_unavailable(server: ShoalServer) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    for call, status in [
+        (lambda: http.load_model("simple"), "503"),
+        (lambda: http.unload_model("simple", unload_dependents=True), "503"),
+        (
+            lambda: grpc.load_model("simple", config='{"max_batch_size": 4}'),
+            "StatusCode.UNAVAILABLE",
+        ),
+        (lambda: grpc.unload_model("simple"), "StatusCode.UNAVAILABLE"),
+    ]:
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert (e.value.status(), e.value.message()) == (status, REFUSED)
+    assert "model_repository" in http.get_server_metadata()["extensions"]
+
+
+def test_another_model_control_mode_is_refused_at_start(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "shoal", "serve", f"--model-repository={tmp_path}"]
+    done = subprocess.run(
+        [*argv, "--model-control-mode=explicit"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "--model-control-mode=explicit is not supported" in done.stderr
