@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.devices import cpu_only_backends
 from configs.model_config import fill_defaults, parse_config_text, validate
-from configs.schema import NON_VERSION_DIRS, PYTHON_BACKEND, ConfigError
+from configs.schema import ENSEMBLE_PLATFORM, NON_VERSION_DIRS, PYTHON_BACKEND, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +152,24 @@ def load_entry(
             _detect_platform(config, model_dir, entry.available_versions)
         fill_defaults(config, name, gpu_count=gpu_count, cpu_only_backends=cpu_only_backends())
         validate(config, name, gpu_count=gpu_count, check_io=not autocomplete_enabled)
+        _refuse_unsupported(config, name)
         entry.versions = select_versions(config, entry.available_versions, name)
     except ConfigError as err:
         entry.error = err.message
     except OSError as err:
         entry.error = f"failed to load '{name}': {err}"
     return entry
+
+
+def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
+    """Valid configs that shoal cannot serve yet fail their load saying so, rather than
+    being served as something else."""
+    if config.platform == ENSEMBLE_PLATFORM or config.HasField("ensemble_scheduling"):
+        raise ConfigError(name, f"failed to load '{name}': ensemble models are not supported yet")
+    if config.HasField("sequence_batching"):
+        # Served as a plain model, a stateful model would see its sequences' requests on
+        # any instance, in any batch, and without the control inputs it expects.
+        raise ConfigError(name, f"failed to load '{name}': sequence batching is not supported yet")
 
 
 def _read_config(

@@ -32,6 +32,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     broken = repo / "broken"
     (broken / "1").mkdir(parents=True)
     (broken / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: -3\n')
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "ens" / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "IN0" data_type: TYPE_INT32 dims: [ 16 ] }, '
+        '{ name: "IN1" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "simple" model_version: -1 '
+        'input_map { key: "INPUT0" value: "IN0" } input_map { key: "INPUT1" value: "IN1" } '
+        'output_map { key: "OUTPUT0" value: "OUT" } } ] }\n'
+    )
+    shutil.copytree(repo / "simple", repo / "seq")
+    config = (repo / "simple" / "config.pbtxt").read_text().replace('"simple"', '"seq"')
+    (repo / "seq" / "config.pbtxt").write_text(
+        config + "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n"
+    )
     srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
     srv.wait_settled(("simple", "mlp"))
     yield srv
@@ -53,7 +68,13 @@ def test_the_index_lists_every_version_and_why_one_is_not_ready(server: ShoalSer
     (broken,) = [e for e in index if e["name"] == "broken"]
     assert broken["state"] == "UNAVAILABLE" and "version" not in broken  # its config failed
     assert "max_batch_size" in broken["reason"]
-    assert [e for e in index if e["name"] != "broken"] == [
+    # valid configs shoal cannot serve yet fail their load saying so
+    unsupported = {e["name"]: e.get("reason") for e in index if e["name"] in ("ens", "seq")}
+    assert unsupported == {
+        "ens": "failed to load 'ens': ensemble models are not supported yet",
+        "seq": "failed to load 'seq': sequence batching is not supported yet",
+    }
+    assert [e for e in index if e["name"] not in ("broken", "ens", "seq")] == [
         {"name": "mlp", "version": "1", "state": "READY"},
         {"name": "simple", "version": "1", "state": "READY"},
     ]
