@@ -12,9 +12,9 @@ from ipc.lifecycle import (
     die_with_parent,
     run_until_stopped,
     set_cpu_scheduling,
-    setup_logging,
 )
-from shoal.flags import bool_flag
+from ipc.logs import setup_logging
+from shoal.flags import add_log_flags, bool_flag, log_settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,6 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="kill (and so restart) an instance whose batch runs longer; 0: never",
     )
     add_process_flags(p)
+    add_log_flags(p)
     return p.parse_args(argv)
 
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     # (SIGSTOP, a debugger), which would otherwise outlive the server holding its clients'
     # region descriptors. What it leaves, the next start sweeps.
     die_with_parent(args.parent_pid, signal.SIGKILL)
-    setup_logging("broker", args.log_verbose)
+    setup_logging("broker", log_settings(args))
     set_cpu_scheduling()
     from broker.proc import BrokerProc, BrokerSettings
     from ipc.sockets import ensure_runtime_dir

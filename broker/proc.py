@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import msgspec
 import zmq
 
 from broker.batcher import Rejected, cuda_devices
@@ -34,8 +35,8 @@ from broker.wake_timer import WakeTimer
 from configs import repository
 from configs.devices import gpu_count
 from configs.placement import instance_count, passive_instances
+from ipc import logs, shm, sockets
 from ipc import messages as m
-from ipc import shm, sockets
 from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_model
 from ipc.lifecycle import raise_open_file_limit, settle_gc
 
@@ -84,6 +85,7 @@ class BrokerProc:
         self._unwatched: dict[bytes, tuple[int, str]] = {}  # pidfd_open failed: retry
         self.frontend_fds: dict[bytes, int] = {}
         self.startup_reported = False
+        self.log_changed = False  # the log settings, changed at run time (logging extension)
 
     def load_repository(self) -> None:
         entries = repository.scan(
@@ -214,6 +216,10 @@ class BrokerProc:
             self._send(self.fsock, [ident, *m.encode(self._model_info(msg))])
         elif isinstance(msg, m.StatsQuery):
             self._send(self.fsock, [ident, *m.encode(self._stats(msg))])
+        elif isinstance(msg, m.LogQuery):
+            if msg.changes:
+                self._change_log_settings(msg.changes)
+            self._send(self.fsock, [ident, *m.encode(m.LogReply(msg.query_id, logs.current()))])
         elif isinstance(msg, m.MetricsQuery):
             versions = self.table.metrics(msg.quantiles, time.monotonic())
             reply = m.MetricsReply(msg.query_id, versions)
@@ -232,7 +238,26 @@ class BrokerProc:
             self._watch(ident, msg.pid, "frontend")
             if msg.summaries:
                 self.table.keep_summaries()
-            self._send(self.fsock, [ident, *m.encode(m.Welcome(os.getpid()))])
+            self._send(self.fsock, [ident, *m.encode(self._welcome())])
+
+    def _welcome(self) -> m.Welcome:
+        """A (re)joining peer's welcome: the log settings too, once changed at run time
+        (until then each process keeps those of its own flags)."""
+        return m.Welcome(os.getpid(), logs.current() if self.log_changed else None)
+
+    def _change_log_settings(self, changes: dict[str, bool | int | str]) -> None:
+        """The logging extension's update (``changes`` checked by the frontend): applied
+        here, then sent to every frontend and worker."""
+        settings = msgspec.structs.replace(logs.current(), **changes)
+        logs.apply(settings)
+        self.log_changed = True
+        log.info("log settings changed: %s", msgspec.to_builtins(settings))
+        frames = m.encode(settings)
+        for ident in self.frontend_fds:
+            self._send(self.fsock, [ident, *frames])
+        for ident, inst in self.table.by_ident.items():
+            if inst.state != "DEAD":
+                self._send(self.wsock, [ident, *frames])
 
     def _lookup(self, name: str, version: int) -> ModelVersion:
         """The READY version a request or query names, else Triton's error for why not
@@ -279,6 +304,8 @@ class BrokerProc:
             self._reply_error(ident, req.req_id, RequestError(Code.UNAVAILABLE, exc.message))
             return
         self.client_regions.acquire(clients)
+        if log.isEnabledFor(logging.DEBUG):  # --log-verbose > 0
+            log.debug("request %d of %r for %s/%d admitted", req.req_id, ident, mv.name, mv.version)
         self._dispatch(dispatches)
 
     def _admissible(self, req: m.InferRequest) -> tuple[ModelVersion, list[m.ClientRegion]]:
@@ -413,7 +440,7 @@ class BrokerProc:
             # instance of it never comes back (its load failed after a crash, say).
             mv.ever_ready = True
             mv.refresh_state()
-        self._send(self.wsock, [ident, *m.encode(m.Welcome(os.getpid()))])
+        self._send(self.wsock, [ident, *m.encode(self._welcome())])
 
     def _dispatch(self, dispatches: list[Dispatch]) -> None:
         for inst, batch in dispatches:

@@ -5,8 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ipc.lifecycle import add_process_flags, die_with_parent, set_cpu_scheduling, setup_logging
-from shoal.flags import add_metrics_flags, bool_flag, metrics_config, metrics_port_clash
+from ipc.lifecycle import add_process_flags, die_with_parent, set_cpu_scheduling
+from ipc.logs import setup_logging
+from shoal.flags import (
+    add_log_flags,
+    add_metrics_flags,
+    bool_flag,
+    log_settings,
+    metrics_config,
+    metrics_port_clash,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,6 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_metrics_flags(p)
     p.add_argument("--reuse-metrics-port", type=bool_flag, default=False)
     add_process_flags(p)
+    add_log_flags(p)
     return p.parse_args(argv)
 
 
@@ -42,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {clash}", file=sys.stderr)
         return 2
     die_with_parent(args.parent_pid)
-    setup_logging(f"frontend#{args.index}", args.log_verbose)
+    setup_logging(f"frontend#{args.index}", log_settings(args))
     set_cpu_scheduling()
     import uvloop
 

@@ -34,8 +34,8 @@ from typing import TypeVar
 import msgspec
 import zmq
 
+from ipc import logs, sockets
 from ipc import messages as m
-from ipc import sockets
 from ipc.errors import Code, ServingError
 
 log = logging.getLogger("shoal.frontend.broker")
@@ -212,7 +212,12 @@ class BrokerClient:
         msg = m.decode(kind, frames[1])
         if isinstance(msg, m.Welcome):
             self._watch_broker(msg.broker_pid)
+            if msg.log is not None:
+                logs.apply(msg.log)
             self._welcomed.set()
+            return
+        if isinstance(msg, m.LogSettings):
+            logs.apply(msg)
             return
         if isinstance(msg, m.Unconfirmed):
             assert self._loop is not None

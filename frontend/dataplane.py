@@ -46,6 +46,7 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "logging",
 ]
 
 
@@ -172,6 +173,12 @@ class DataPlane:
                 entry["reason"] = s.reason
             out.append(entry)
         return out
+
+    async def log_settings(self, changes: dict[str, bool | int | str]) -> m.LogSettings:
+        """The server's log settings, after ``changes`` (checked) if any: the broker
+        applies them and sends them to every process."""
+        query = m.LogQuery(self.broker.next_id(), changes)
+        return (await self.broker.query(query, m.LogReply)).settings
 
     @staticmethod
     def refuse_model_control() -> ServingError:

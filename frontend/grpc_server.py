@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from frontend import grpc_codec
+from frontend import grpc_codec, log_settings
 from frontend.dataplane import DataPlane
 from ipc.errors import GRPC_STATUS, ServingError
 
@@ -200,6 +200,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         async def call() -> pb.ModelStatisticsResponse:
             stats = await self.dp.statistics(request.name, request.version)
             return grpc_codec.model_statistics(stats)
+
+        return await _guard(context, call)
+
+    async def LogSettings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
+        async def call() -> pb.LogSettingsResponse:
+            changes = log_settings.grpc_changes(request.settings)
+            settings = await self.dp.log_settings(changes)
+            return log_settings.grpc_settings(settings, pb.LogSettingsResponse())
 
         return await _guard(context, call)
 

@@ -21,7 +21,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from frontend import http_codec, http_shm
+from frontend import http_codec, http_shm, log_settings
 from frontend.dataplane import DataPlane
 from frontend.http_raw_input import RawInputMeta
 from ipc.errors import Code, ServingError, invalid_arg
@@ -324,6 +324,16 @@ async def repository_unload(request: web.Request) -> web.Response:
     raise _dp(request).refuse_model_control()  # Triton reads no body first
 
 
+async def logging_get(request: web.Request) -> web.Response:
+    return _json(log_settings.as_json(await _dp(request).log_settings({})))
+
+
+async def logging_update(request: web.Request) -> web.Response:
+    doc = http_codec.parse_json(memoryview(await request.read()), _CONTROL_JSON_DEPTH)
+    changes = log_settings.http_changes(doc)
+    return _json(log_settings.as_json(await _dp(request).log_settings(changes)))
+
+
 async def model_instances(request: web.Request) -> web.Response:
     return _json(await _dp(request).model_instances(request.match_info["model"]))
 
@@ -382,6 +392,8 @@ def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
     r.add_get("/v2/shoal/frontend", frontend_status)
     r.add_get("/v2/shoal/models/{model:[^/]+}", model_instances)
     r.add_get("/v2/models/stats", model_stats)
+    r.add_get("/v2/logging", logging_get)
+    r.add_post("/v2/logging", logging_update)
     for repo in ("/v2/repository", "/v2/repository/{repository:[^/]+}"):  # the name is unused
         r.add_post(repo + "/index", repository_index)
         r.add_post(repo + "/models/{model:[^/]+}/load", repository_load)

@@ -1,4 +1,4 @@
-"""Process plumbing every role shares: logging setup and dying with the parent.
+"""Process plumbing every role shares: its flags and dying with the parent.
 
 PDEATHSIG makes a child of ``shoal serve`` die when the launcher dies, so a SIGKILLed
 launcher never leaves orphans. It is armed in the child itself, and the child checks
@@ -109,16 +109,6 @@ def _policy_name(policy: int) -> str:
     return str(policy)
 
 
-def setup_logging(role: str, verbose: int) -> None:
-    level = logging.DEBUG if verbose > 0 else logging.INFO
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s.%(msecs)03d {role}[%(process)d] %(levelname).1s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
-
-
 class Stoppable(Protocol):
     stop: bool
 
@@ -142,7 +132,6 @@ def run_until_stopped(proc: Stoppable) -> int:
 
 
 def add_process_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags every role process takes."""
+    """Flags every role process takes (and shoal.flags.add_log_flags)."""
     parser.add_argument("--runtime-dir", required=True, type=Path)
-    parser.add_argument("--log-verbose", default=0, type=int)
     parser.add_argument("--parent-pid", default=None, type=int, help=argparse.SUPPRESS)

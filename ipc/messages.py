@@ -155,8 +155,24 @@ class FrontendHello(msgspec.Struct, array_like=True):
     summaries: bool = False
 
 
+LOG_FORMATS: Final = ("default", "ISO8601")
+
+
+class LogSettings(msgspec.Struct, array_like=True):
+    """tritonserver's log settings (the logging extension's log_info, log_warning,
+    log_error, log_verbose_level and log_format). Broker -> frontends and workers when
+    they change."""
+
+    info: bool = True
+    warning: bool = True
+    error: bool = True
+    verbose: int = 0
+    format: str = "default"
+
+
 class Welcome(msgspec.Struct, array_like=True):
     broker_pid: int
+    log: LogSettings | None = None  # the server's, once changed at run time
 
 
 class ModelQuery(msgspec.Struct, array_like=True):
@@ -329,6 +345,19 @@ class MetricsReply(msgspec.Struct, array_like=True):
     versions: list[VersionMetrics] = []
 
 
+class LogQuery(msgspec.Struct, array_like=True):
+    """Frontend -> broker: the log settings, after ``changes`` (checked by the frontend:
+    keys of LogSettings, values of their types) if there are any."""
+
+    query_id: int
+    changes: dict[str, bool | int | str] = {}
+
+
+class LogReply(msgspec.Struct, array_like=True):
+    query_id: int
+    settings: LogSettings
+
+
 class ShmRequest(msgspec.Struct, array_like=True):
     """Frontend -> broker: the shared-memory extension's register/unregister/status."""
 
@@ -392,6 +421,9 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     StatsReply: b"T",
     MetricsQuery: b"p",
     MetricsReply: b"P",
+    LogQuery: b"g",
+    LogReply: b"l",
+    LogSettings: b"V",
     ShmRequest: b"k",
     ShmReply: b"K",
     RegionsReleased: b"L",

@@ -7,8 +7,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from ipc.lifecycle import run_until_stopped, setup_logging
-from shoal.flags import add_metrics_flags, bool_flag, metrics_config, metrics_port_clash
+from ipc.lifecycle import run_until_stopped
+from ipc.logs import setup_logging
+from shoal.flags import (
+    add_log_flags,
+    add_metrics_flags,
+    bool_flag,
+    log_settings,
+    metrics_config,
+    metrics_port_clash,
+)
 
 
 def _backend_config(values: list[str]) -> dict[str, str]:
@@ -40,7 +48,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
     )
     add_metrics_flags(p)
     p.add_argument("--id", default="triton", help="server name in /v2 metadata")
-    p.add_argument("--log-verbose", default=0, type=int)
+    add_log_flags(p)
     p.add_argument("--exit-on-error", type=bool_flag, default=True)
     p.add_argument("--strict-readiness", type=bool_flag, default=True)
     p.add_argument("--disable-auto-complete-config", action="store_true")
@@ -79,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
     args = parser.parse_args(argv)
-    setup_logging("shoal", args.log_verbose)
+    setup_logging("shoal", log_settings(args))
     from shoal.launcher import Launcher, ServeSettings
 
     repo = args.model_repository
@@ -120,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         allow_cpu_metrics=args.allow_cpu_metrics,
         metrics_config=args.metrics_config,
         server_id=args.id,
-        log_verbose=args.log_verbose,
+        log=log_settings(args),
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
         autocomplete=autocomplete,

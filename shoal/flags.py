@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ipc.messages import LOG_FORMATS, LogSettings
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -36,6 +38,32 @@ class MetricsConfig:
         (0.99, 0.001),
         (0.999, 0.0001),
     )
+
+
+def add_log_flags(p: argparse.ArgumentParser) -> None:
+    """tritonserver's logging flags, for ``shoal serve`` and each role process."""
+    p.add_argument("--log-verbose", default=0, type=int)
+    p.add_argument("--log-info", type=bool_flag, default=True)
+    p.add_argument("--log-warning", type=bool_flag, default=True)
+    p.add_argument("--log-error", type=bool_flag, default=True)
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="default")
+
+
+def log_settings(args: argparse.Namespace) -> LogSettings:
+    return LogSettings(
+        args.log_info, args.log_warning, args.log_error, max(args.log_verbose, 0), args.log_format
+    )
+
+
+def log_flags(s: LogSettings) -> list[str]:
+    """The flags that give a role process these settings."""
+    return [
+        f"--log-verbose={s.verbose}",
+        f"--log-info={str(s.info).lower()}",
+        f"--log-warning={str(s.warning).lower()}",
+        f"--log-error={str(s.error).lower()}",
+        f"--log-format={s.format}",
+    ]
 
 
 def add_metrics_flags(p: argparse.ArgumentParser) -> None:

@@ -27,7 +27,9 @@ from configs.devices import gpu_count
 from configs.placement import plan_repository
 from ipc import shm
 from ipc.lifecycle import EXIT_FATAL
+from ipc.messages import LogSettings
 from ipc.sockets import ensure_runtime_dir
+from shoal.flags import log_flags
 
 log = logging.getLogger("shoal.serve")
 
@@ -53,7 +55,7 @@ class ServeSettings:
     allow_cpu_metrics: bool = True
     metrics_config: list[str] = field(default_factory=list)  # --metrics-config values
     server_id: str = "triton"
-    log_verbose: int = 0
+    log: LogSettings = field(default_factory=LogSettings)
     exit_on_error: bool = True
     strict_readiness: bool = True
     autocomplete: bool = True
@@ -93,8 +95,7 @@ class Launcher:
         return [
             "--runtime-dir",
             str(self.runtime_dir),
-            "--log-verbose",
-            str(self.s.log_verbose),
+            *log_flags(self.s.log),
             "--parent-pid",
             str(os.getpid()),
         ]

@@ -27,8 +27,9 @@ from ipc.lifecycle import (
     raise_open_file_limit,
     run_until_stopped,
     set_cpu_scheduling,
-    setup_logging,
 )
+from ipc.logs import setup_logging
+from shoal.flags import add_log_flags, log_settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu", default=None, type=int, help="the one GPU this instance sees")
     p.add_argument("--instance-name", default="")
     add_process_flags(p)
+    add_log_flags(p)
     return p.parse_args(argv)
 
 
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     # handler, and would outlive its parent (and the broker whose execution timeout would
     # have killed it). It owns no shared-memory segment, so dying hard leaves nothing.
     die_with_parent(args.parent_pid, signal.SIGKILL)
-    setup_logging(f"worker:{args.model}/{args.version}#{args.instance}", args.log_verbose)
+    setup_logging(f"worker:{args.model}/{args.version}#{args.instance}", log_settings(args))
     set_cpu_scheduling()
     raise_open_file_limit()  # one descriptor per client region it maps
     if args.cores is None and args.gpu is None:

@@ -27,7 +27,7 @@ from configs import repository
 from configs.backend_params import instance_threads, ort_session_params, torch_thread_params
 from configs.devices import gpu_count
 from configs.model_config import ConfigError, ModelConfig, v2_datatype, validate_io
-from ipc import datatypes, sockets
+from ipc import datatypes, logs, sockets
 from ipc import messages as m
 from ipc.errors import Code, ServingError
 from ipc.lifecycle import EXIT_FATAL, settle_gc
@@ -231,6 +231,10 @@ class WorkerProc:
                 self.execute(msg)
             elif isinstance(msg, m.Welcome):
                 self._watch_broker(msg.broker_pid, poller)
+                if msg.log is not None:
+                    logs.apply(msg.log)
+            elif isinstance(msg, m.LogSettings):
+                logs.apply(msg)
             elif isinstance(msg, m.RegionsReleased):
                 self.regions.release_clients(msg.reg_ids)
                 self.cuda.release(msg.reg_ids)
@@ -355,6 +359,12 @@ class WorkerProc:
         for item, resp in answers:
             self._answer(item, resp)
         self.sock.send_multipart(m.encode(done))
+        if log.isEnabledFor(logging.DEBUG):  # --log-verbose > 0
+            log.debug(
+                "batch %d: %d request(s), %d sample(s), %d failed; input %d µs, infer %d µs, "
+                "output %d µs", batch.batch_id, len(batch.items), samples, len(failed),
+                done.input_ns // 1000, done.infer_ns // 1000, done.output_ns // 1000,
+            )  # fmt: skip
 
     def _die_after_report(self, done: m.BatchDone) -> None:
         """Fault injection for tests: the report reaches the broker, the answers never

@@ -688,7 +688,7 @@ def _raw(
         ("inference.GRPCInferenceService", "ServerLive"),
         ("inference.GRPCInferenceService", "SystemSharedMemoryRegister"),
         ("inference.GRPCInferenceService", "RepositoryIndex"),
-        ("inference.GRPCInferenceService", "LogSettings"),  # not implemented by shoal
+        ("inference.GRPCInferenceService", "TraceSetting"),  # not implemented by shoal
         ("grpc.health.v1.Health", "Check"),
         ("grpc.health.v1.Health", "Watch"),
     ],
@@ -714,7 +714,6 @@ def test_an_unparsable_message_is_refused_as_triton_does(
 @pytest.mark.parametrize(
     ("service", "method", "request_bytes"),
     [
-        ("inference.GRPCInferenceService", "LogSettings", b""),
         ("inference.GRPCInferenceService", "TraceSetting", b""),
         ("grpc.health.v1.Health", "Watch", b""),
     ],

@@ -1,0 +1,79 @@
+"""Logging of every role, with tritonserver's settings: ``--log-verbose``, ``--log-info``,
+``--log-warning``, ``--log-error`` and ``--log-format``.
+
+The flags set them when a process starts. Triton's logging extension changes them while
+it runs: the broker holds the server's settings and sends them to every frontend and
+worker, now and in the welcome of any that (re)joins later. A process applies them to
+its root logger (verbose > 0: DEBUG) and to a gate that drops whole severities.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from ipc import messages as m
+
+
+class _Gate(logging.Filter):
+    """Drops the severities switched off (``log_info`` false drops INFO records...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.info = self.warning = self.error = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return self.error
+        if record.levelno >= logging.WARNING:
+            return self.warning
+        if record.levelno >= logging.INFO:
+            return self.info
+        return True
+
+
+class _Formatter(logging.Formatter):
+    """``HH:MM:SS.mmm`` (default) or ISO 8601 in UTC, as Triton's ``--log-format``."""
+
+    iso = False
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if self.iso:
+            return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
+        return time.strftime("%H:%M:%S", time.localtime(record.created)) + (
+            f".{int(record.msecs):03d}"
+        )
+
+
+_gate = _Gate()
+_formatter: _Formatter | None = None
+_current = m.LogSettings()
+
+
+def setup_logging(role: str, settings: m.LogSettings) -> None:
+    """One stderr handler for the process, its lines naming ``role`` and the pid."""
+    global _formatter
+    handler = logging.StreamHandler(sys.stderr)
+    line = f"%(asctime)s {role}[%(process)d] %(levelname).1s %(name)s: %(message)s"
+    _formatter = _Formatter(line)
+    handler.setFormatter(_formatter)
+    handler.addFilter(_gate)
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    apply(settings)
+
+
+def apply(settings: m.LogSettings) -> None:
+    global _current
+    logging.getLogger().setLevel(logging.DEBUG if settings.verbose > 0 else logging.INFO)
+    _gate.info, _gate.warning, _gate.error = settings.info, settings.warning, settings.error
+    if _formatter is not None:
+        _formatter.iso = settings.format == "ISO8601"
+    _current = settings
+
+
+def current() -> m.LogSettings:
+    return _current
