@@ -23,51 +23,43 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from shoal import modelgen
+from tests.repos import write_identity
 from tests.serverctl import ShoalServer
-
-
-def _identity(repo: Path, name: str, extra: str, dims: str = "[ 4 ]", mbs: int = 8) -> None:
-    modelgen.write_model(
-        repo, name, modelgen.identity_model("FP32", [-1], batch=True),
-        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {mbs}\n'
-        f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: {dims} }} ]\n'
-        f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: {dims} }} ]\n{extra}',
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("batching-repo")
-    _identity(
+    write_identity(
         repo,
         "preferred6",
         "dynamic_batching { preferred_batch_size: [ 6 ] max_queue_delay_microseconds: 5000000 }",
     )
-    _identity(
+    write_identity(
         repo,
         "queue2",
         "dynamic_batching { max_queue_delay_microseconds: 1500000 "
         "default_queue_policy { max_queue_size: 2 } }",
     )
-    _identity(
+    write_identity(
         repo,
         "timeout",
         "dynamic_batching { max_queue_delay_microseconds: 3000000 "
         "default_queue_policy { timeout_action: REJECT "
         "default_timeout_microseconds: 200000 } }",
     )
-    _identity(
+    write_identity(
         repo, "shapes", "dynamic_batching { max_queue_delay_microseconds: 1000000 }", dims="[ -1 ]"
     )
-    _identity(repo, "nobatcher", "instance_group [ { count: 2 kind: KIND_CPU } ]")
-    _identity(repo, "auto_kind", "instance_group [ { kind: KIND_AUTO } ]")
-    _identity(
+    write_identity(repo, "nobatcher", "instance_group [ { count: 2 kind: KIND_CPU } ]")
+    write_identity(repo, "auto_kind", "instance_group [ { kind: KIND_AUTO } ]")
+    write_identity(
         repo,
         "standby",
         "instance_group [ { count: 1 kind: KIND_CPU }, { count: 1 kind: KIND_CPU passive: true } ]",
     )
-    _identity(repo, "passive_only", "instance_group [ { kind: KIND_CPU passive: true } ]")
-    _identity(
+    write_identity(repo, "passive_only", "instance_group [ { kind: KIND_CPU passive: true } ]")
+    write_identity(
         repo,
         "ordered",
         "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
@@ -80,7 +72,7 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalS
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         "dynamic_batching { priority_levels: 2 default_priority_level: 2 }",
     )  # fmt: skip
-    _identity(
+    write_identity(
         repo,
         "override",
         "dynamic_batching { default_queue_policy { timeout_action: REJECT "
@@ -219,7 +211,7 @@ def test_kind_auto_falls_back_to_cpu(batching_server: ShoalServer) -> None:
 
 
 def test_kind_gpu_without_a_gpu_fails_to_load_clearly(tmp_path: Path) -> None:
-    _identity(tmp_path, "wants_gpu", "instance_group [ { kind: KIND_GPU } ]")
+    write_identity(tmp_path, "wants_gpu", "instance_group [ { kind: KIND_GPU } ]")
     srv = ShoalServer(tmp_path, wait_ready=False)
     try:
         assert srv.proc.wait(60) != 0

@@ -25,37 +25,28 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
+from tests.repos import write_identity
 from tests.serverctl import ShoalServer
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
-def _identity(repo: Path, name: str, extra: str) -> None:
-    modelgen.write_model(
-        repo, name, modelgen.identity_model("FP32", [-1], batch=True),
-        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]\n{extra}',
-    )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("metrics-repo")
-    _identity(
+    write_identity(
         repo,
         "pair",
         "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 20000000 }\n"
         'metric_tags { key: "team" value: "vision" }',
     )
-    _identity(
+    write_identity(
         repo,
         "timeout",
         "dynamic_batching { max_queue_delay_microseconds: 3000000 "
         "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 200000 } }",
     )
-    _identity(repo, "waits", "dynamic_batching { max_queue_delay_microseconds: 20000000 }")
+    write_identity(repo, "waits", "dynamic_batching { max_queue_delay_microseconds: 20000000 }")
     srv = ShoalServer(
         repo,
         "--frontend-processes=2",
@@ -233,7 +224,7 @@ def test_other_paths_and_methods_are_refused(server: ShoalServer) -> None:
 
 def test_flags_turn_families_and_the_port_off(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    _identity(repo, "plain", "")
+    write_identity(repo, "plain", "")
     srv = ShoalServer(repo, "--allow-cpu-metrics=false", "--metrics-config=counter_latencies=false")
     try:
         _infer(srv.url, "plain", 1.0)
