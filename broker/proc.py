@@ -85,7 +85,6 @@ class BrokerProc:
         self._unwatched: dict[bytes, tuple[int, str]] = {}  # pidfd_open failed: retry
         self.frontend_fds: dict[bytes, int] = {}
         self.startup_reported = False
-        self.log_changed = False  # the log settings, changed at run time (logging extension)
 
     def load_repository(self) -> None:
         entries = repository.scan(
@@ -241,19 +240,23 @@ class BrokerProc:
             self._send(self.fsock, [ident, *m.encode(self._welcome())])
 
     def _welcome(self) -> m.Welcome:
-        """A (re)joining peer's welcome: the log settings too, once changed at run time
-        (until then each process keeps those of its own flags)."""
-        return m.Welcome(os.getpid(), logs.current() if self.log_changed else None)
+        """A (re)joining peer's welcome, with the server's log settings: the broker's,
+        from its flags or changed since. After a broker restart, every process takes
+        those of the new broker's flags again, as GET /v2/logging then shows."""
+        return m.Welcome(os.getpid(), logs.current())
 
     def _change_log_settings(self, changes: dict[str, bool | int | str]) -> None:
         """The logging extension's update (``changes`` checked by the frontend): applied
         here, then sent to every frontend and worker."""
         settings = msgspec.structs.replace(logs.current(), **changes)
         logs.apply(settings)
-        self.log_changed = True
-        log.info("log settings changed: %s", msgspec.to_builtins(settings))
+        log.info(
+            "log settings changed: %s",
+            {f: getattr(settings, f) for f in settings.__struct_fields__},
+        )
         frames = m.encode(settings)
-        for ident in self.frontend_fds:
+        frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]
+        for ident in [*self.frontend_fds, *frontends]:
             self._send(self.fsock, [ident, *frames])
         for ident, inst in self.table.by_ident.items():
             if inst.state != "DEAD":

@@ -181,6 +181,11 @@ class DataPlane:
         return (await self.broker.query(query, m.LogReply)).settings
 
     @staticmethod
+    def refuse_named_repository() -> ServingError:
+        """Load, unload (and, over gRPC, the index) naming a repository: Triton 2.51's."""
+        return ServingError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
+
+    @staticmethod
     def refuse_model_control() -> ServingError:
         """Load and unload under model control mode "none" (Triton's default, and shoal's
         only mode): every model of the repository loads at start. Triton 2.51's words."""

@@ -286,3 +286,26 @@ def model_statistics(stats: list[Any]) -> pb.ModelStatisticsResponse:
     resp = pb.ModelStatisticsResponse()
     json_format.ParseDict({"model_stats": msgspec.to_builtins(stats)}, resp)
     return resp
+
+
+def check_load_parameters(params: Any) -> None:
+    """A RepositoryModelLoadRequest's parameters, as Triton 2.51 checks them: each named
+    ``config`` (a string_param) or ``file:<path>`` (a bytes_param)."""
+    for key in sorted(params):
+        if key != "config" and not key.startswith("file:"):
+            raise invalid_arg(f"unrecognized load parameter '{key}'.")
+    for key in sorted(params):
+        want = "string_param" if key == "config" else "bytes_param"
+        if params[key].WhichOneof("parameter_choice") != want:
+            raise invalid_arg(f"invalid value type for load parameter '{key}', expected {want}.")
+
+
+def check_unload_parameters(params: Any) -> None:
+    """``unload_dependents``, if given, is a bool_param; other parameters are ignored."""
+    if (
+        "unload_dependents" in params
+        and params["unload_dependents"].WhichOneof("parameter_choice") != "bool_param"
+    ):
+        raise invalid_arg(
+            "invalid value type for 'unload_dependents' parameter, expected bool_param."
+        )

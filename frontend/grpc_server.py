@@ -213,6 +213,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         async def call() -> pb.RepositoryIndexResponse:
+            if request.repository_name:
+                raise self.dp.refuse_named_repository()
             entries = await self.dp.repository_index(request.ready)
             models = [pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries]
             return pb.RepositoryIndexResponse(models=models)
@@ -221,12 +223,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
+            if request.repository_name:
+                raise self.dp.refuse_named_repository()
+            grpc_codec.check_load_parameters(request.parameters)
             raise self.dp.refuse_model_control()
 
         return await _guard(context, call)
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
-        return await self.RepositoryModelLoad(request, context)
+        async def call() -> Any:
+            if request.repository_name:
+                raise self.dp.refuse_named_repository()
+            grpc_codec.check_unload_parameters(request.parameters)
+            raise self.dp.refuse_model_control()
+
+        return await _guard(context, call)
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         async def call() -> Any:

@@ -288,7 +288,8 @@ async def model_stats(request: web.Request) -> web.Response:
 
 
 async def repository_index(request: web.Request) -> web.Response:
-    """The body is optional; its ``ready`` (a boolean) keeps READY versions only."""
+    """The body is optional; its ``ready`` (a boolean) keeps READY versions only. A
+    repository name in the path is ignored here, as Triton 2.51 does."""
     body = await request.read()
     ready = False
     if body:
@@ -303,6 +304,8 @@ async def repository_index(request: web.Request) -> web.Response:
 async def repository_load(request: web.Request) -> web.Response:
     """Refused (model control mode "none"), after the body's checks, in Triton 2.51's
     order and words: every parameter a string, named ``config`` or ``file:<path>``."""
+    if "repository" in request.match_info:
+        raise _dp(request).refuse_named_repository()
     body = await request.read()
     if body:
         doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
@@ -321,6 +324,8 @@ async def repository_load(request: web.Request) -> web.Response:
 
 
 async def repository_unload(request: web.Request) -> web.Response:
+    if "repository" in request.match_info:
+        raise _dp(request).refuse_named_repository()
     raise _dp(request).refuse_model_control()  # Triton reads no body first
 
 
@@ -394,7 +399,7 @@ def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
     r.add_get("/v2/models/stats", model_stats)
     r.add_get("/v2/logging", logging_get)
     r.add_post("/v2/logging", logging_update)
-    for repo in ("/v2/repository", "/v2/repository/{repository:[^/]+}"):  # the name is unused
+    for repo in ("/v2/repository", "/v2/repository/{repository:[^/]+}"):
         r.add_post(repo + "/index", repository_index)
         r.add_post(repo + "/models/{model:[^/]+}/load", repository_load)
         r.add_post(repo + "/models/{model:[^/]+}/unload", repository_unload)

@@ -40,7 +40,9 @@ def _format(value: str, flag: str) -> str:
 
 
 def http_changes(doc: dict[str, Any]) -> Changes:
-    """The changes an HTTP update's JSON object asks for (other members are ignored)."""
+    """The changes an HTTP update's JSON object asks for (other members, and members
+    that are null, are ignored, as by Triton)."""
+    doc = {k: v for k, v in doc.items() if v is not None}
     if "log_file" in doc:
         raise ServingError(Code.UNSUPPORTED, FILE_REFUSED)
     changes: Changes = {}
@@ -55,7 +57,7 @@ def http_changes(doc: dict[str, Any]) -> Changes:
             raise ServingError(
                 Code.INTERNAL, "attempt to access JSON non-unsigned-integer as unsigned-integer"
             )
-        changes["verbose"] = min(level, 2**31 - 1)
+        changes["verbose"] = min(level, 2**32 - 1)
     if "log_format" in doc:
         if not isinstance(doc["log_format"], str):
             raise ServingError(Code.INTERNAL, "attempt to access JSON non-string as string")
@@ -79,7 +81,7 @@ def grpc_changes(settings: Any) -> Changes:
         if key in settings:
             changes[field] = value(key, "bool_param", "boolean")
     if "log_verbose_level" in settings:
-        changes["verbose"] = min(value("log_verbose_level", "uint32_param", "int32"), 2**31 - 1)
+        changes["verbose"] = value("log_verbose_level", "uint32_param", "int32")
     if "log_format" in settings:
         changes["format"] = _format(value("log_format", "string_param", "string"), "log_format")
     return changes

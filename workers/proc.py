@@ -54,6 +54,9 @@ IN_PLACE_MIN_BYTES = 256 << 10
 _HELLO_RETRY_S = 1.0
 _SWEEP_MAPPINGS_S = 5.0
 _FAILED_REPORT_WAIT_S = 10.0
+# How long a starting worker waits for the broker's welcome before it loads its model:
+# the welcome carries the server's log settings, which the load's own lines should obey.
+_WELCOME_BEFORE_LOAD_S = 0.5
 
 
 @dataclass
@@ -182,18 +185,46 @@ class WorkerProc:
 
     # -- loop ------------------------------------------------------------------------
 
+    def _welcome_before_load(self) -> int | None:
+        """The broker's pid from its welcome, if one comes within _WELCOME_BEFORE_LOAD_S
+        (its log settings applied); None if the broker is not there yet. Nothing else
+        the broker sends before WorkerReady needs this worker (no region is mapped yet),
+        but a shutdown."""
+        deadline = time.monotonic() + _WELCOME_BEFORE_LOAD_S
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                return None
+            frames = self.sock.recv_multipart(copy=True)
+            try:
+                msg = m.decode(frames[0], frames[1])
+            except (ValueError, IndexError):
+                continue
+            if isinstance(msg, m.Welcome | m.LogSettings):
+                settings = msg.log if isinstance(msg, m.Welcome) else msg
+                if settings is not None:
+                    logs.apply(settings)
+            if isinstance(msg, m.Welcome):
+                return msg.broker_pid
+            if isinstance(msg, m.Shutdown):
+                self.stop = True
+        return None
+
     def run(self) -> int:
         self._hello()
+        broker_pid = self._welcome_before_load()
         outcome = self.load()
         self.sock.send_multipart(m.encode(outcome))
         if isinstance(outcome, m.WorkerFailed):
-            self._await_welcome()
+            if broker_pid is None:  # welcomed already: the broker reads what follows
+                self._await_welcome()
             time.sleep(0.2)  # the failure is read before the broker sees this pid exit
             return EXIT_FATAL  # a restart would fail the same way
         settle_gc()
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
-        welcomed = False
+        if broker_pid is not None:
+            self._watch_broker(broker_pid, poller)
+        welcomed = self.broker_pidfd is not None
         last_hello = last_sweep = time.monotonic()
         while not self.stop:
             events = dict(poller.poll(500))

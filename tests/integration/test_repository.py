@@ -13,9 +13,12 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from shoal import modelgen
@@ -111,7 +114,10 @@ def _json(obj: object) -> bytes:
         ("/v2/repository/models/simple/load", b'{"parameters":{"other":"s"}}', 500,
          "unexpected error on creating Triton parameter"),
         ("/v2/repository/models/simple/unload", b"junk", 503, REFUSED),  # no body read
-        ("/v2/repository/mine/models/simple/unload", b"", 503, REFUSED),
+        ("/v2/repository/mine/models/simple/unload", b"", 501,
+         "'repository_name' specification is not supported"),
+        ("/v2/repository/mine/models/simple/load", b'{"parameters":{"config":5}}', 501,
+         "'repository_name' specification is not supported"),
     ],
 )  # fmt: skip
 def test_load_and_unload_are_refused_after_tritons_body_checks(
@@ -139,6 +145,48 @@ def test_tritonclient_load_and_unload_get_unavailable(server: ShoalServer) -> No
             call()
         assert (e.value.status(), e.value.message()) == (status, REFUSED)
     assert "model_repository" in http.get_server_metadata()["extensions"]
+
+
+def _grpc_refusal(server: ShoalServer, method: str, repo: str = "", **params: object) -> tuple:
+    request = getattr(pb, f"Repository{method}Request")(repository_name=repo)
+    if method != "Index":
+        request.model_name = "simple"
+    for key, (choice, value) in params.items():  # type: ignore[misc]
+        setattr(request.parameters[key], choice, value)
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            getattr(stub, f"Repository{method}")(request, timeout=10)
+    return e.value.code().name, e.value.details()
+
+
+def test_grpc_checks_names_and_parameters_as_triton(server: ShoalServer) -> None:
+    named = ("UNIMPLEMENTED", "'repository_name' specification is not supported")
+    for method in ("Index", "ModelLoad", "ModelUnload"):
+        assert _grpc_refusal(server, method, "mine") == named
+    bad = "INVALID_ARGUMENT"
+    assert _grpc_refusal(server, "ModelLoad", bogus=("bool_param", True)) == (
+        bad,
+        "unrecognized load parameter 'bogus'.",
+    )
+    assert _grpc_refusal(server, "ModelLoad", config=("int64_param", 1)) == (
+        bad,
+        "invalid value type for load parameter 'config', expected string_param.",
+    )
+    assert _grpc_refusal(server, "ModelLoad", **{"file:1/model.onnx": ("string_param", "x")}) == (
+        bad,
+        "invalid value type for load parameter 'file:1/model.onnx', expected bytes_param.",
+    )
+    assert _grpc_refusal(server, "ModelUnload", unload_dependents=("int64_param", 1)) == (
+        bad,
+        "invalid value type for 'unload_dependents' parameter, expected bool_param.",
+    )
+    good = {"config": ("string_param", "{}"), "file:1/model.onnx": ("bytes_param", b"x")}
+    assert _grpc_refusal(server, "ModelLoad", **good) == ("UNAVAILABLE", REFUSED)
+    assert _grpc_refusal(server, "ModelUnload", other=("int64_param", 1)) == (
+        "UNAVAILABLE",
+        REFUSED,
+    )  # other unload parameters are ignored
 
 
 def test_another_model_control_mode_is_refused_at_start(tmp_path: Path) -> None:
