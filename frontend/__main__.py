@@ -10,10 +10,10 @@ from ipc.logs import setup_logging
 from shoal.flags import (
     add_log_flags,
     add_metrics_flags,
+    add_restriction_flags,
     bool_flag,
+    frontend_flags,
     log_settings,
-    metrics_config,
-    metrics_port_clash,
 )
 
 
@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shm-pool-byte-size", default=64 * 1024 * 1024, type=int)
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
     add_metrics_flags(p)
+    add_restriction_flags(p)
     p.add_argument("--reuse-metrics-port", type=bool_flag, default=False)
     add_process_flags(p)
     add_log_flags(p)
@@ -43,12 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = metrics_config(args.metrics_config)
-    except argparse.ArgumentTypeError as exc:
+        flags = frontend_flags(args)
+    except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if clash := metrics_port_clash(args):
-        print(f"error: {clash}", file=sys.stderr)
         return 2
     die_with_parent(args.parent_pid)
     setup_logging(f"frontend#{args.index}", log_settings(args))
@@ -81,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             reuse_port=args.reuse_metrics_port,
             interval_ms=args.metrics_interval_ms,
             cpu=args.allow_cpu_metrics,
-            config=config,
+            config=flags.metrics,
         ),
+        http_restricted=flags.http_restricted,
+        grpc_restricted=flags.grpc_restricted,
     )
     return uvloop.run(serve(settings))
 

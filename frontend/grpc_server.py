@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from frontend import grpc_codec, log_settings
+from frontend import grpc_codec, log_settings, restricted
 from frontend.dataplane import DataPlane
 from ipc.errors import GRPC_STATUS, ServingError
 
@@ -397,13 +397,21 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         return health_pb2.HealthCheckResponse(status=status)
 
 
-def build_server(dataplane: DataPlane, address: str, reuse_port: bool) -> grpc.aio.Server:
+def build_server(
+    dataplane: DataPlane,
+    address: str,
+    reuse_port: bool,
+    restrictions: restricted.Rules | None = None,
+) -> grpc.aio.Server:
+    """``restrictions``: the restricted protocol groups (--grpc-restricted-protocol),
+    checked by an interceptor for every call, whatever its service."""
     server = grpc.aio.server(
+        interceptors=[restricted.GrpcRestriction(restrictions)] if restrictions else None,
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ]
+        ],
     )
     registration = _GuardedRegistration(server)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane), registration)

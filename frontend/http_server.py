@@ -20,8 +20,9 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Middleware
 
-from frontend import http_codec, http_shm, log_settings
+from frontend import http_codec, http_shm, log_settings, restricted
 from frontend.dataplane import DataPlane
 from frontend.http_raw_input import RawInputMeta
 from ipc.errors import Code, ServingError, invalid_arg
@@ -376,10 +377,17 @@ class ClientErrorLogFilter(logging.Filter):
 protocol_log.addFilter(ClientErrorLogFilter())
 
 
-def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
+def build_app(
+    dataplane: DataPlane, max_input_size: int, restrictions: restricted.Rules | None = None
+) -> web.Application:
+    """``restrictions``: the restricted API groups (--http-restricted-api), checked for
+    every request before its handler, whatever its route."""
+    middlewares: list[Middleware] = [errors_middleware]
+    if restrictions:
+        middlewares.append(restricted.http_middleware(restrictions))
     app = web.Application(
         client_max_size=max_input_size,
-        middlewares=[errors_middleware],
+        middlewares=middlewares,
         # Bodies are decompressed in _read_body; aiohttp's connection handlers log
         # through ClientErrorLogFilter.
         handler_args={"auto_decompress": False, "logger": protocol_log},

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 
+from frontend import restricted
 from frontend.broker_client import BrokerClient
 from frontend.dataplane import DataPlane
 from frontend.grpc_server import build_server as build_grpc_server
@@ -47,10 +48,12 @@ class FrontendSettings:
     allow_client_shm: bool = False
     allow_metrics: bool = True
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    http_restricted: restricted.Rules = field(default_factory=dict)
+    grpc_restricted: restricted.Rules = field(default_factory=dict)
 
 
 async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunner:
-    app = build_app(dataplane, s.http_max_input_size)
+    app = build_app(dataplane, s.http_max_input_size, s.http_restricted)
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -76,7 +79,7 @@ async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunne
 
 async def _start_grpc(s: FrontendSettings, dataplane: DataPlane) -> grpc.aio.Server:
     address = f"{s.grpc_address}:{s.grpc_port}"
-    server = build_grpc_server(dataplane, address, s.reuse_grpc_port)
+    server = build_grpc_server(dataplane, address, s.reuse_grpc_port, s.grpc_restricted)
     await server.start()
     log.info("gRPC on %s", address)
     return server

@@ -12,10 +12,10 @@ from ipc.logs import setup_logging
 from shoal.flags import (
     add_log_flags,
     add_metrics_flags,
+    add_restriction_flags,
     bool_flag,
+    frontend_flags,
     log_settings,
-    metrics_config,
-    metrics_port_clash,
 )
 
 
@@ -47,6 +47,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
         help="allow clients to register system/CUDA shared memory (as Triton)",
     )
     add_metrics_flags(p)
+    add_restriction_flags(p)
     p.add_argument("--id", default="triton", help="server name in /v2 metadata")
     add_log_flags(p)
     p.add_argument("--exit-on-error", type=bool_flag, default=True)
@@ -94,11 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     if not repo.is_dir():
         print(f"error: model repository '{repo}' is not a directory", file=sys.stderr)
         return 2
-    try:
-        metrics_config(args.metrics_config)
-    except argparse.ArgumentTypeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     if args.model_control_mode != "none":
         print(
             f"error: --model-control-mode={args.model_control_mode} is not supported: shoal "
@@ -106,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if clash := metrics_port_clash(args):
-        print(f"error: {clash}", file=sys.stderr)
+    try:
+        frontend_flags(args)  # each frontend reads them again; refused here at once
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
     backend_cfg = _backend_config(args.backend_config)
@@ -127,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics_interval_ms=args.metrics_interval_ms,
         allow_cpu_metrics=args.allow_cpu_metrics,
         metrics_config=args.metrics_config,
+        http_restricted_api=args.http_restricted_api,
+        grpc_restricted_protocol=args.grpc_restricted_protocol,
         server_id=args.id,
         log=log_settings(args),
         exit_on_error=args.exit_on_error,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Final
 
 from ipc.messages import LOG_FORMATS, LogSettings
 
@@ -64,6 +65,48 @@ def log_flags(s: LogSettings) -> list[str]:
         f"--log-error={str(s.error).lower()}",
         f"--log-format={s.format}",
     ]
+
+
+RESTRICTED_GROUPS: Final = (
+    "health",
+    "metadata",
+    "inference",
+    "shared-memory",
+    "model-config",
+    "model-repository",
+    "statistics",
+    "trace",
+    "logging",
+)
+RestrictionRule = tuple[str, str]  # (header key, value)
+Restrictions = dict[str, RestrictionRule]  # group -> the header it asks for
+
+
+def restrictions(values: list[str], flag: str) -> Restrictions:
+    """Every ``<apis>:<key>=<value>`` of one flag; ValueError says what is wrong (as
+    Triton, an API may be in one group only)."""
+    rules: Restrictions = {}
+    for v in values:
+        apis, sep, header = v.partition(":")  # a value may hold ":" and "="
+        key, eq, value = header.partition("=")
+        if not sep or not apis or not eq or not key.strip():
+            raise ValueError(f"{flag}: expected '<apis>:<key>=<value>', got '{v}'")
+        for api in (a.strip() for a in apis.split(",")):
+            if api not in RESTRICTED_GROUPS:
+                kind = "api" if flag.startswith("--http") else "protocol"
+                raise ValueError(f"unknown restricted {kind} '{api}'")
+            if api in rules:
+                raise ValueError(
+                    f"restricted api '{api}' can not be specified in multiple config groups"
+                )
+            rules[api] = (key.strip(), value)
+    return rules
+
+
+def add_restriction_flags(p: argparse.ArgumentParser) -> None:
+    """tritonserver's restricted API groups, for ``shoal serve`` and each frontend."""
+    for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
+        p.add_argument(flag, action="append", default=[], metavar="APIS:KEY=VALUE")
 
 
 def add_metrics_flags(p: argparse.ArgumentParser) -> None:
@@ -144,3 +187,28 @@ def metrics_config(values: list[str]) -> MetricsConfig:
                 "summary_latencies, summary_quantiles, histogram_latencies)"
             )
     return MetricsConfig(**fields)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class FrontendFlags:
+    """What a frontend's flags mean beyond their plain values."""
+
+    metrics: MetricsConfig
+    http_restricted: Restrictions
+    grpc_restricted: Restrictions
+
+
+def frontend_flags(args: argparse.Namespace) -> FrontendFlags:
+    """The metrics config and restricted groups of ``args`` (``shoal serve``'s or a
+    frontend's); ValueError says what is wrong with them."""
+    try:
+        metrics = metrics_config(args.metrics_config)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(str(exc)) from None
+    if clash := metrics_port_clash(args):
+        raise ValueError(clash)
+    return FrontendFlags(
+        metrics,
+        restrictions(args.http_restricted_api, "--http-restricted-api"),
+        restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol"),
+    )

@@ -54,6 +54,8 @@ class ServeSettings:
     metrics_interval_ms: int = 2000
     allow_cpu_metrics: bool = True
     metrics_config: list[str] = field(default_factory=list)  # --metrics-config values
+    http_restricted_api: list[str] = field(default_factory=list)
+    grpc_restricted_protocol: list[str] = field(default_factory=list)
     server_id: str = "triton"
     log: LogSettings = field(default_factory=LogSettings)
     exit_on_error: bool = True
@@ -159,6 +161,8 @@ class Launcher:
             str(s.metrics_interval_ms),
             f"--allow-cpu-metrics={str(s.allow_cpu_metrics).lower()}",
             *(f"--metrics-config={v}" for v in s.metrics_config),
+            *(f"--http-restricted-api={v}" for v in s.http_restricted_api),
+            *(f"--grpc-restricted-protocol={v}" for v in s.grpc_restricted_protocol),
             *s.extra_frontend_args,
         ]
 
