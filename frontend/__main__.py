@@ -8,6 +8,7 @@ import sys
 from ipc.lifecycle import add_process_flags, die_with_parent, set_cpu_scheduling
 from ipc.logs import setup_logging
 from shoal.flags import (
+    add_grpc_flags,
     add_log_flags,
     add_metrics_flags,
     add_restriction_flags,
@@ -35,6 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
     add_metrics_flags(p)
     add_restriction_flags(p)
+    add_grpc_flags(p)
     p.add_argument("--reuse-metrics-port", type=bool_flag, default=False)
     add_process_flags(p)
     add_log_flags(p)
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
         http_restricted=flags.http_restricted,
         grpc_restricted=flags.grpc_restricted,
+        grpc_options=flags.grpc_options,
+        grpc_tls=flags.grpc_tls,
     )
     return uvloop.run(serve(settings))
 

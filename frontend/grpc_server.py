@@ -31,6 +31,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from frontend import grpc_codec, log_settings, restricted
 from frontend.dataplane import DataPlane
 from ipc.errors import GRPC_STATUS, ServingError
+from shoal.flags import GrpcTls
 
 log = logging.getLogger("shoal.frontend.grpc")
 
@@ -402,15 +403,20 @@ def build_server(
     address: str,
     reuse_port: bool,
     restrictions: restricted.Rules | None = None,
+    options: list[tuple[str, int]] | None = None,
+    tls: GrpcTls | None = None,
 ) -> grpc.aio.Server:
     """``restrictions``: the restricted protocol groups (--grpc-restricted-protocol),
-    checked by an interceptor for every call, whatever its service."""
+    checked by an interceptor for every call, whatever its service; ``options``: channel
+    settings (keepalive...); ``tls``: serve TLS (mutual: clients must present a
+    certificate that chains to its root)."""
     server = grpc.aio.server(
         interceptors=[restricted.GrpcRestriction(restrictions)] if restrictions else None,
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
+            *(options or []),
         ],
     )
     registration = _GuardedRegistration(server)
@@ -419,7 +425,13 @@ def build_server(
     if len(registration.services) != 2:  # generated code that registers some other way
         raise RuntimeError(f"gRPC services not registered: {registration.services}")
     try:
-        bound = server.add_insecure_port(address)
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(tls.key, tls.cert)], root_certificates=tls.root, require_client_auth=tls.mutual
+            )
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         raise OSError(f"cannot listen on {address}: {exc}") from None
     if bound == 0:

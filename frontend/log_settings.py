@@ -22,9 +22,9 @@ Changes = dict[str, bool | int | str]
 
 
 def as_json(s: LogSettings) -> dict[str, Any]:
-    """The settings as Triton's HTTP answer shows them, in its order (no log file)."""
+    """The settings as Triton's HTTP answer shows them, in its order."""
     return {
-        "log_file": "",
+        "log_file": s.file,
         "log_info": s.info,
         "log_warning": s.warning,
         "log_error": s.error,
@@ -90,7 +90,7 @@ def grpc_changes(settings: Any) -> Changes:
 def grpc_settings(s: LogSettings, response: Any) -> Any:
     """Fill a LogSettingsResponse's ``settings`` map."""
     out = response.settings
-    out["log_file"].string_param = ""
+    out["log_file"].string_param = s.file
     out["log_info"].bool_param = s.info
     out["log_warning"].bool_param = s.warning
     out["log_error"].bool_param = s.error

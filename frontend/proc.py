@@ -25,6 +25,7 @@ from frontend.http_server import build_app
 from frontend.metrics import MetricsServer, MetricsSettings
 from ipc.lifecycle import EXIT_FATAL, settle_gc
 from ipc.shm import ShmFull, SlabPool, sweep_stale
+from shoal.flags import GrpcTls
 
 log = logging.getLogger("shoal.frontend")
 
@@ -50,6 +51,8 @@ class FrontendSettings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     http_restricted: restricted.Rules = field(default_factory=dict)
     grpc_restricted: restricted.Rules = field(default_factory=dict)
+    grpc_options: list[tuple[str, int]] = field(default_factory=list)  # keepalive...
+    grpc_tls: GrpcTls | None = None
 
 
 async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunner:
@@ -79,9 +82,11 @@ async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunne
 
 async def _start_grpc(s: FrontendSettings, dataplane: DataPlane) -> grpc.aio.Server:
     address = f"{s.grpc_address}:{s.grpc_port}"
-    server = build_grpc_server(dataplane, address, s.reuse_grpc_port, s.grpc_restricted)
+    server = build_grpc_server(
+        dataplane, address, s.reuse_grpc_port, s.grpc_restricted, s.grpc_options, s.grpc_tls
+    )
     await server.start()
-    log.info("gRPC on %s", address)
+    log.info("gRPC on %s%s", address, " (TLS)" if s.grpc_tls is not None else "")
     return server
 
 

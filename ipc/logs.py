@@ -13,6 +13,8 @@ import logging
 import sys
 import time
 
+import msgspec
+
 from ipc import messages as m
 
 
@@ -52,9 +54,16 @@ _current = m.LogSettings()
 
 
 def setup_logging(role: str, settings: m.LogSettings) -> None:
-    """One stderr handler for the process, its lines naming ``role`` and the pid."""
-    global _formatter
-    handler = logging.StreamHandler(sys.stderr)
+    """One handler for the process, its lines naming ``role`` and the pid: stderr, or the
+    log file, appended to (every process of a server writes whole lines to the same
+    file; O_APPEND keeps them from overwriting one another)."""
+    global _formatter, _current
+    _current = settings
+    handler: logging.Handler
+    if settings.file:
+        handler = logging.FileHandler(settings.file, mode="a", encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
     line = f"%(asctime)s {role}[%(process)d] %(levelname).1s %(name)s: %(message)s"
     _formatter = _Formatter(line)
     handler.setFormatter(_formatter)
@@ -67,12 +76,13 @@ def setup_logging(role: str, settings: m.LogSettings) -> None:
 
 
 def apply(settings: m.LogSettings) -> None:
+    """The settings a process may change while it runs (not its log file)."""
     global _current
     logging.getLogger().setLevel(logging.DEBUG if settings.verbose > 0 else logging.INFO)
     _gate.info, _gate.warning, _gate.error = settings.info, settings.warning, settings.error
     if _formatter is not None:
         _formatter.iso = settings.format == "ISO8601"
-    _current = settings
+    _current = msgspec.structs.replace(settings, file=_current.file)  # set at start only
 
 
 def current() -> m.LogSettings:

@@ -168,6 +168,7 @@ class LogSettings(msgspec.Struct, array_like=True):
     error: bool = True
     verbose: int = 0
     format: str = "default"
+    file: str = ""  # --log-file ("": stderr); set at start only, never through the API
 
 
 class Welcome(msgspec.Struct, array_like=True):

@@ -4,19 +4,26 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
 from ipc.lifecycle import run_until_stopped
 from ipc.logs import setup_logging
 from shoal.flags import (
+    add_grpc_flags,
     add_log_flags,
     add_metrics_flags,
+    add_no_effect_flags,
     add_restriction_flags,
     bool_flag,
     frontend_flags,
+    grpc_flag_values,
     log_settings,
+    no_effect,
 )
+
+log = logging.getLogger("shoal.serve")
 
 
 def _backend_config(values: list[str]) -> dict[str, str]:
@@ -31,7 +38,8 @@ def _backend_config(values: list[str]) -> dict[str, str]:
 
 def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve a Triton model repository")
-    p.add_argument("--model-repository", "--model-store", required=True, type=Path)
+    # Repeatable in Triton (one server over several repositories); shoal serves one.
+    p.add_argument("--model-repository", "--model-store", required=True, action="append", type=Path)
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", default=8000, type=int)
     p.add_argument("--allow-http", type=bool_flag, default=True)
@@ -48,6 +56,9 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
     )
     add_metrics_flags(p)
     add_restriction_flags(p)
+    add_grpc_flags(p)
+    add_no_effect_flags(p)
+    p.add_argument("--model-namespacing", type=bool_flag, default=False)
     p.add_argument("--id", default="triton", help="server name in /v2 metadata")
     add_log_flags(p)
     p.add_argument("--exit-on-error", type=bool_flag, default=True)
@@ -88,10 +99,27 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
     args = parser.parse_args(argv)
+    if args.log_file:
+        args.log_file = str(Path(args.log_file).resolve())  # the same file for every role
+        try:
+            open(args.log_file, "a").close()
+        except OSError as exc:
+            print(f"error: cannot write the log file: {exc}", file=sys.stderr)
+            return 2
     setup_logging("shoal", log_settings(args))
     from shoal.launcher import Launcher, ServeSettings
 
-    repo = args.model_repository
+    if len(args.model_repository) > 1:
+        print(
+            f"error: --model-repository given {len(args.model_repository)} times: shoal "
+            "serves one model repository",
+            file=sys.stderr,
+        )
+        return 2
+    if args.model_namespacing:
+        print("error: --model-namespacing=true is not supported", file=sys.stderr)
+        return 2
+    repo = args.model_repository[0]
     if not repo.is_dir():
         print(f"error: model repository '{repo}' is not a directory", file=sys.stderr)
         return 2
@@ -107,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for line in no_effect(args):
+        log.warning("%s", line)
     autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
     backend_cfg = _backend_config(args.backend_config)
     settings = ServeSettings(
@@ -127,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_config=args.metrics_config,
         http_restricted_api=args.http_restricted_api,
         grpc_restricted_protocol=args.grpc_restricted_protocol,
+        grpc_flags=grpc_flag_values(args),
         server_id=args.id,
         log=log_settings(args),
         exit_on_error=args.exit_on_error,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from ipc.messages import LOG_FORMATS, LogSettings
@@ -48,11 +49,17 @@ def add_log_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-warning", type=bool_flag, default=True)
     p.add_argument("--log-error", type=bool_flag, default=True)
     p.add_argument("--log-format", choices=LOG_FORMATS, default="default")
+    p.add_argument("--log-file", default="", help="append the log here, not to stderr")
 
 
 def log_settings(args: argparse.Namespace) -> LogSettings:
     return LogSettings(
-        args.log_info, args.log_warning, args.log_error, max(args.log_verbose, 0), args.log_format
+        args.log_info,
+        args.log_warning,
+        args.log_error,
+        max(args.log_verbose, 0),
+        args.log_format,
+        args.log_file,
     )
 
 
@@ -64,6 +71,7 @@ def log_flags(s: LogSettings) -> list[str]:
         f"--log-warning={str(s.warning).lower()}",
         f"--log-error={str(s.error).lower()}",
         f"--log-format={s.format}",
+        f"--log-file={s.file}",
     ]
 
 
@@ -196,6 +204,8 @@ class FrontendFlags:
     metrics: MetricsConfig
     http_restricted: Restrictions
     grpc_restricted: Restrictions
+    grpc_options: list[tuple[str, int]]
+    grpc_tls: GrpcTls | None
 
 
 def frontend_flags(args: argparse.Namespace) -> FrontendFlags:
@@ -211,4 +221,154 @@ def frontend_flags(args: argparse.Namespace) -> FrontendFlags:
         metrics,
         restrictions(args.http_restricted_api, "--http-restricted-api"),
         restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol"),
+        grpc_options(args),
+        grpc_tls(args),
+    )
+
+
+_EVENT_LOOP = "shoal's frontends are event loops (--frontend-processes adds processes)"
+_NO_CACHE = "shoal has no response cache"
+_NO_TRACE = "shoal writes no traces yet"
+_NO_LIMITER = "shoal has no rate limiter: an instance runs as soon as it has work"
+_NO_GPU_POOLS = "shoal keeps no pinned or CUDA memory pools"
+# tritonserver flags taken so that a Triton command line starts shoal, which they do not
+# change: flag -> (repeatable, why). Each one given is named in a warning at start.
+NO_EFFECT_FLAGS: Final[dict[str, tuple[bool, str]]] = {
+    "--http-thread-count": (False, _EVENT_LOOP),
+    "--grpc-infer-thread-count": (False, _EVENT_LOOP),
+    "--model-load-thread-count": (False, "each instance loads in its own process, all at once"),
+    "--model-load-retry-count": (False, "a failed load is not retried"),
+    "--load-model": (True, "every model of the repository loads (model control mode none)"),
+    "--repository-poll-secs": (False, "the repository is not polled (model control mode none)"),
+    "--backend-directory": (False, "shoal's backends are built in"),
+    "--repoagent-directory": (False, "shoal has no repository agents"),
+    "--cache-directory": (False, _NO_CACHE),
+    "--cache-config": (True, _NO_CACHE),
+    "--response-cache-byte-size": (False, _NO_CACHE),
+    "--pinned-memory-pool-byte-size": (False, _NO_GPU_POOLS),
+    "--cuda-memory-pool-byte-size": (True, _NO_GPU_POOLS),
+    "--buffer-manager-thread-count": (False, _NO_GPU_POOLS),
+    "--host-policy": (True, "instances are placed by their instance groups"),
+    "--enable-peer-access": (False, "GPU instances see their own GPU only"),
+    "--min-supported-compute-capability": (False, "every GPU the driver lists is used"),
+    "--model-load-gpu-limit": (True, "GPU memory is not budgeted per load"),
+    "--http-header-forward-pattern": (False, "no backend of shoal's reads request headers"),
+    "--grpc-header-forward-pattern": (False, "no backend of shoal's reads request headers"),
+    "--grpc-infer-response-compression-level": (False, "responses are not compressed"),
+    "--rate-limit": (False, _NO_LIMITER),
+    "--rate-limit-resource": (True, _NO_LIMITER),
+    "--trace-config": (True, _NO_TRACE),
+    "--trace-file": (False, _NO_TRACE),
+    "--trace-level": (True, _NO_TRACE),
+    "--trace-rate": (False, _NO_TRACE),
+    "--trace-count": (False, _NO_TRACE),
+    "--trace-log-frequency": (False, _NO_TRACE),
+}
+
+
+def add_no_effect_flags(p: argparse.ArgumentParser) -> None:
+    for flag, (repeatable, _) in NO_EFFECT_FLAGS.items():
+        p.add_argument(
+            flag, action="append" if repeatable else "store", default=None, help=argparse.SUPPRESS
+        )
+
+
+def no_effect(args: argparse.Namespace) -> list[str]:
+    """A line for each flag of NO_EFFECT_FLAGS that ``args`` gives."""
+    out = []
+    for flag, (_, why) in NO_EFFECT_FLAGS.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            shown = ",".join(value) if isinstance(value, list) else value
+            out.append(f"{flag}={shown} has no effect: {why}")
+    return out
+
+
+# tritonserver's gRPC channel flags -> grpcio server options (ms, or 0/1). Unset ones
+# keep grpcio's defaults, which are Triton's.
+GRPC_OPTION_FLAGS: Final[dict[str, str]] = {
+    "--grpc-keepalive-time": "grpc.keepalive_time_ms",
+    "--grpc-keepalive-timeout": "grpc.keepalive_timeout_ms",
+    "--grpc-keepalive-permit-without-calls": "grpc.keepalive_permit_without_calls",
+    "--grpc-http2-max-pings-without-data": "grpc.http2.max_pings_without_data",
+    "--grpc-http2-min-recv-ping-interval-without-data": (
+        "grpc.http2.min_recv_ping_interval_without_data_ms"
+    ),
+    "--grpc-http2-max-ping-strikes": "grpc.http2.max_ping_strikes",
+    "--grpc-max-connection-age": "grpc.max_connection_age_ms",
+    "--grpc-max-connection-age-grace": "grpc.max_connection_age_grace_ms",
+}
+
+
+@dataclass(frozen=True)
+class GrpcTls:
+    """--grpc-use-ssl[-mutual]: the server's key and certificate, and the root
+    certificates a client's certificate must chain to (mutual TLS)."""
+
+    key: bytes
+    cert: bytes
+    root: bytes | None
+    mutual: bool
+
+
+def add_grpc_flags(p: argparse.ArgumentParser) -> None:
+    """tritonserver's gRPC channel and TLS flags, for ``shoal serve`` and each frontend."""
+    for flag in GRPC_OPTION_FLAGS:
+        kind = bool_flag if flag.endswith("without-calls") else int
+        p.add_argument(flag, type=kind, default=None)
+    p.add_argument("--grpc-use-ssl", type=bool_flag, default=False)
+    p.add_argument("--grpc-use-ssl-mutual", type=bool_flag, default=False)
+    p.add_argument("--grpc-server-cert", default="")
+    p.add_argument("--grpc-server-key", default="")
+    p.add_argument("--grpc-root-cert", default="")
+
+
+def grpc_flag_values(args: argparse.Namespace) -> list[str]:
+    """The gRPC flags ``args`` gives, as flags again (for a frontend's command line)."""
+    out = []
+    for flag in GRPC_OPTION_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            out.append(f"{flag}={str(value).lower()}")
+    out += [f"--grpc-use-ssl={str(args.grpc_use_ssl).lower()}"]
+    out += [f"--grpc-use-ssl-mutual={str(args.grpc_use_ssl_mutual).lower()}"]
+    for flag in ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert"):
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value:
+            out.append(f"{flag}={Path(value).resolve()}")
+    return out
+
+
+def grpc_options(args: argparse.Namespace) -> list[tuple[str, int]]:
+    out = []
+    for flag, option in GRPC_OPTION_FLAGS.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            if int(value) < 0:
+                raise ValueError(f"{flag} must not be negative")
+            out.append((option, int(value)))
+    return out
+
+
+def grpc_tls(args: argparse.Namespace) -> GrpcTls | None:
+    """The TLS material the flags name, read now; ValueError says what is missing."""
+    if not (args.grpc_use_ssl or args.grpc_use_ssl_mutual):
+        return None
+    files: dict[str, bytes] = {}
+    for flag in ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert"):
+        path = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if not path:
+            if flag == "--grpc-root-cert" and not args.grpc_use_ssl_mutual:
+                continue
+            using = "--grpc-use-ssl-mutual" if args.grpc_use_ssl_mutual else "--grpc-use-ssl"
+            raise ValueError(f"{using} needs {flag}")
+        try:
+            files[flag] = Path(path).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
+    return GrpcTls(
+        files["--grpc-server-key"],
+        files["--grpc-server-cert"],
+        files.get("--grpc-root-cert"),
+        args.grpc_use_ssl_mutual,
     )

@@ -56,6 +56,7 @@ class ServeSettings:
     metrics_config: list[str] = field(default_factory=list)  # --metrics-config values
     http_restricted_api: list[str] = field(default_factory=list)
     grpc_restricted_protocol: list[str] = field(default_factory=list)
+    grpc_flags: list[str] = field(default_factory=list)  # channel and TLS flags, as given
     server_id: str = "triton"
     log: LogSettings = field(default_factory=LogSettings)
     exit_on_error: bool = True
@@ -163,6 +164,7 @@ class Launcher:
             *(f"--metrics-config={v}" for v in s.metrics_config),
             *(f"--http-restricted-api={v}" for v in s.http_restricted_api),
             *(f"--grpc-restricted-protocol={v}" for v in s.grpc_restricted_protocol),
+            *s.grpc_flags,
             *s.extra_frontend_args,
         ]
 

@@ -1,0 +1,186 @@
+"""A tritonserver command line starts shoal: flags shoal has no use for are taken and
+named in a warning, the ones it cannot honour are refused, and --log-file, the gRPC
+channel flags and gRPC TLS (one-way and mutual) work, with tritonclient."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from tritonclient.utils import InferenceServerException
+
+from shoal import modelgen
+from tests.serverctl import ShoalServer, processes_with
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("flags-repo")
+    modelgen.write_shipped_repository(path, ("simple",))
+    return path
+
+
+@contextlib.contextmanager
+def _started(repo: Path, *flags: str) -> Iterator[ShoalServer]:
+    srv = ShoalServer(repo, *flags)
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def _simple(client: object, module: object, **kw: object) -> np.ndarray:
+    inputs = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]  # type: ignore[attr-defined]
+    for i in inputs:
+        i.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    return client.infer("simple", inputs, **kw).as_numpy("OUTPUT0")  # type: ignore[attr-defined]
+
+
+def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> None:
+    flags = [
+        "--http-thread-count=8", "--grpc-infer-thread-count=4", "--model-load-thread-count=2",
+        "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
+        "--cuda-memory-pool-byte-size=1:0", "--backend-directory=/opt/tritonserver/backends",
+        "--trace-config=rate=100", "--cache-config=local,size=1048576", "--rate-limit=off",
+        "--load-model=simple", "--grpc-keepalive-time=10000",
+        "--grpc-keepalive-permit-without-calls=true", "--grpc-http2-max-pings-without-data=0",
+    ]  # fmt: skip
+    with _started(repo, *flags) as srv:
+        log = srv.log()
+        assert "--http-thread-count=8 has no effect: shoal's frontends are event loops" in log
+        assert "--cuda-memory-pool-byte-size=0:0,1:0 has no effect" in log
+        assert "--trace-config=rate=100 has no effect: shoal writes no traces yet" in log
+        assert "--grpc-keepalive-time=10000 has no effect" not in log  # it has: a gRPC option
+        (frontend,) = srv.pids("frontend")
+        argv = Path(f"/proc/{frontend}/cmdline").read_bytes().split(b"\0")
+        assert b"--grpc-keepalive-time=10000" in argv
+        assert b"--grpc-keepalive-permit-without-calls=true" in argv
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+        np.testing.assert_array_equal(_simple(client, grpcclient), np.full((1, 16), 2))
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--model-repository=/tmp"], "--model-repository given 2 times: shoal serves one"),
+        (["--model-namespacing=true"], "--model-namespacing=true is not supported"),
+        (["--grpc-use-ssl=true"], "--grpc-use-ssl needs --grpc-server-cert"),
+        (["--grpc-keepalive-time=-1"], "--grpc-keepalive-time must not be negative"),
+        (["--log-file=/nonexistent/dir/x.log"], "cannot write the log file"),
+    ],
+)
+def test_flags_shoal_cannot_honour_are_refused(repo: Path, flags: list[str], words: str) -> None:
+    argv = [sys.executable, "-m", "shoal", "serve", f"--model-repository={repo}", *flags]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def test_log_file_takes_every_process_lines(repo: Path, tmp_path: Path) -> None:
+    path = tmp_path / "server.log"
+    with _started(repo, f"--log-file={path}") as srv:
+        client = httpclient.InferenceServerClient(srv.url)
+        _simple(client, httpclient)
+        settings = client.get_log_settings()
+        assert settings["log_file"] == str(path)
+        with pytest.raises(InferenceServerException, match="log file location can not be"):
+            client.update_log_settings({"log_file": str(tmp_path / "other.log")})
+    text = path.read_text()
+    for role in ("shoal[", "broker[", "frontend#0[", "worker:simple/1#0["):  # "stopped"...
+        assert role in text, text
+    assert "broker[" not in srv.log() and "frontend#0[" not in srv.log()  # not on stderr
+
+
+def _pki(where: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files."""
+
+    def key() -> ec.EllipticCurvePrivateKey:
+        return ec.generate_private_key(ec.SECP256R1())
+
+    def cert(
+        subject: str,
+        k: ec.EllipticCurvePrivateKey,
+        issuer: x509.Name,
+        signer: ec.EllipticCurvePrivateKey,
+        ca: bool,
+        san: x509.GeneralName | None = None,
+    ) -> x509.Certificate:
+        now = datetime.datetime.now(datetime.UTC)
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(issuer)
+            .public_key(k.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if san is not None:
+            b = b.add_extension(x509.SubjectAlternativeName([san]), critical=False)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key = key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "shoal test CA")])
+    ca = cert("shoal test CA", ca_key, ca_name, ca_key, True)
+    server_key, client_key = key(), key()
+    san = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+    server = cert("127.0.0.1", server_key, ca_name, ca_key, False, san)
+    client = cert("client", client_key, ca_name, ca_key, False)
+    files = {}
+    for name, obj in (("ca", ca), ("server", server), ("client", client)):
+        files[name] = where / f"{name}.pem"
+        files[name].write_bytes(obj.public_bytes(serialization.Encoding.PEM))
+    for name, k in (("server_key", server_key), ("client_key", client_key)):
+        files[name] = where / f"{name}.pem"
+        files[name].write_bytes(
+            k.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    return files
+
+
+def test_grpc_tls_one_way_and_mutual(repo: Path, tmp_path: Path) -> None:
+    pki = _pki(tmp_path)
+    tls = [f"--grpc-server-cert={pki['server']}", f"--grpc-server-key={pki['server_key']}"]
+    with _started(repo, "--grpc-use-ssl=true", *tls) as srv:
+        url = f"127.0.0.1:{srv.grpc_port}"
+        secure = grpcclient.InferenceServerClient(url, ssl=True, root_certificates=str(pki["ca"]))
+        np.testing.assert_array_equal(_simple(secure, grpcclient), np.full((1, 16), 2))
+        plain = grpcclient.InferenceServerClient(url)
+        with pytest.raises(InferenceServerException):
+            plain.is_server_live(client_timeout=5)
+    with _started(repo, "--grpc-use-ssl-mutual=true", *tls, f"--grpc-root-cert={pki['ca']}") as srv:
+        url = f"127.0.0.1:{srv.grpc_port}"
+        anonymous = grpcclient.InferenceServerClient(
+            url, ssl=True, root_certificates=str(pki["ca"])
+        )
+        with pytest.raises(InferenceServerException):
+            anonymous.is_server_live(client_timeout=5)  # no client certificate
+        known = grpcclient.InferenceServerClient(
+            url,
+            ssl=True,
+            root_certificates=str(pki["ca"]),
+            private_key=str(pki["client_key"]),
+            certificate_chain=str(pki["client"]),
+        )
+        assert known.is_server_live()
+        np.testing.assert_array_equal(_simple(known, grpcclient), np.full((1, 16), 2))
+    assert not processes_with(str(tmp_path))
