@@ -94,7 +94,9 @@ def grpc_category(method: str) -> str | None:
 
 
 def _allowed(rule: Rule, got: str | None) -> bool:
-    return got is not None and hmac.compare_digest(got.encode(), rule[1].encode())
+    # aiohttp hands bytes that are no UTF-8 over as surrogate escapes: compared as sent
+    sent = got.encode("utf-8", "surrogateescape") if got is not None else None
+    return sent is not None and hmac.compare_digest(sent, rule[1].encode())
 
 
 def http_middleware(rules: Rules) -> Middleware:

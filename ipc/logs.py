@@ -10,6 +10,7 @@ its root logger (verbose > 0: DEBUG) and to a gate that drops whole severities.
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import sys
 import time
 
@@ -59,11 +60,14 @@ def setup_logging(role: str, settings: m.LogSettings) -> None:
     file; O_APPEND keeps them from overwriting one another)."""
     global _formatter, _current
     _current = settings
-    handler: logging.Handler
+    handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    failed: OSError | None = None
     if settings.file:
-        handler = logging.FileHandler(settings.file, mode="a", encoding="utf-8")
-    else:
-        handler = logging.StreamHandler(sys.stderr)
+        try:
+            # reopened when logrotate renames it (a copytruncate rotation needs nothing)
+            handler = logging.handlers.WatchedFileHandler(settings.file, encoding="utf-8")
+        except OSError as exc:
+            failed = exc
     line = f"%(asctime)s {role}[%(process)d] %(levelname).1s %(name)s: %(message)s"
     _formatter = _Formatter(line)
     handler.setFormatter(_formatter)
@@ -73,6 +77,8 @@ def setup_logging(role: str, settings: m.LogSettings) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     apply(settings)
+    if failed is not None:
+        logging.getLogger("shoal").error("cannot open the log file, logging to stderr: %s", failed)
 
 
 def apply(settings: m.LogSettings) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -97,8 +98,9 @@ def restrictions(values: list[str], flag: str) -> Restrictions:
     for v in values:
         apis, sep, header = v.partition(":")  # a value may hold ":" and "="
         key, eq, value = header.partition("=")
-        if not sep or not apis or not eq or not key.strip():
-            raise ValueError(f"{flag}: expected '<apis>:<key>=<value>', got '{v}'")
+        if not sep or not apis or not eq or not key.strip() or not value:
+            # an empty value would let any request with an empty header through
+            raise ValueError(f"{flag} option format is '<config name>:<setting>=<value>'. Got {v}")
         for api in (a.strip() for a in apis.split(",")):
             if api not in RESTRICTED_GROUPS:
                 kind = "api" if flag.startswith("--http") else "protocol"
@@ -229,7 +231,7 @@ def frontend_flags(args: argparse.Namespace) -> FrontendFlags:
 _EVENT_LOOP = "shoal's frontends are event loops (--frontend-processes adds processes)"
 _NO_CACHE = "shoal has no response cache"
 _NO_TRACE = "shoal writes no traces yet"
-_NO_LIMITER = "shoal has no rate limiter: an instance runs as soon as it has work"
+_NO_LIMITER = "shoal has no rate limiter: each instance runs one batch at a time, at once"
 _NO_GPU_POOLS = "shoal keeps no pinned or CUDA memory pools"
 # tritonserver flags taken so that a Triton command line starts shoal, which they do not
 # change: flag -> (repeatable, why). Each one given is named in a warning at start.
@@ -263,6 +265,8 @@ NO_EFFECT_FLAGS: Final[dict[str, tuple[bool, str]]] = {
     "--trace-rate": (False, _NO_TRACE),
     "--trace-count": (False, _NO_TRACE),
     "--trace-log-frequency": (False, _NO_TRACE),
+    "--grpc-infer-allocation-pool-size": (False, _EVENT_LOOP),
+    "--cuda-virtual-address-size": (True, _NO_GPU_POOLS),
 }
 
 
@@ -292,7 +296,7 @@ GRPC_OPTION_FLAGS: Final[dict[str, str]] = {
     "--grpc-keepalive-permit-without-calls": "grpc.keepalive_permit_without_calls",
     "--grpc-http2-max-pings-without-data": "grpc.http2.max_pings_without_data",
     "--grpc-http2-min-recv-ping-interval-without-data": (
-        "grpc.http2.min_recv_ping_interval_without_data_ms"
+        "grpc.http2.min_ping_interval_without_data_ms"
     ),
     "--grpc-http2-max-ping-strikes": "grpc.http2.max_ping_strikes",
     "--grpc-max-connection-age": "grpc.max_connection_age_ms",
@@ -350,6 +354,23 @@ def grpc_options(args: argparse.Namespace) -> list[tuple[str, int]]:
     return out
 
 
+def _check_tls(args: argparse.Namespace) -> None:
+    """The key matches the certificate, and each file is PEM that parses: grpc would say
+    so only on its own stderr, as a failure to bind."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(args.grpc_server_cert, args.grpc_server_key)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ValueError(
+            f"--grpc-server-cert and --grpc-server-key are not a certificate and its key: {exc}"
+        ) from None
+    if args.grpc_root_cert:
+        try:
+            context.load_verify_locations(cafile=args.grpc_root_cert)
+        except (ssl.SSLError, ValueError) as exc:
+            raise ValueError(f"--grpc-root-cert holds no certificate: {exc}") from None
+
+
 def grpc_tls(args: argparse.Namespace) -> GrpcTls | None:
     """The TLS material the flags name, read now; ValueError says what is missing."""
     if not (args.grpc_use_ssl or args.grpc_use_ssl_mutual):
@@ -366,6 +387,7 @@ def grpc_tls(args: argparse.Namespace) -> GrpcTls | None:
             files[flag] = Path(path).read_bytes()
         except OSError as exc:
             raise ValueError(f"{flag}: {exc}") from None
+    _check_tls(args)
     return GrpcTls(
         files["--grpc-server-key"],
         files["--grpc-server-cert"],

@@ -5,6 +5,7 @@ or with a wrong value, service with it, unrestricted groups untouched."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import shutil
 import subprocess
 import sys
@@ -74,6 +75,14 @@ def test_http_groups_need_their_header(server: ShoalServer) -> None:
     assert _http(server, "/v2/repository/index", {}, b"") == refused
     # the restriction comes before everything else: even an unknown model is refused
     assert _http(server, "/v2/models/nope/infer", ADMIN, b"{}")[0] == 403
+    # a value that is no UTF-8 is compared as sent: refused, not a 500
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    conn.putrequest("GET", "/v2/models/stats")
+    conn.putheader("admin-key", b"\xff\xfe")
+    conn.endheaders()
+    response = conn.getresponse()
+    assert (response.status, response.read()) == refused
+    conn.close()
     # unrestricted groups and unknown paths are as ever
     assert _http(server, "/v2/health/ready", {})[0] == 200
     assert _http(server, "/v2/models/simple/config", {})[0] == 200
@@ -143,7 +152,7 @@ def test_a_stream_needs_the_inference_metadata(server: ShoalServer) -> None:
     ("flag", "words"),
     [
         ("--http-restricted-api=bogus:k=v", "unknown restricted api 'bogus'"),
-        ("--grpc-restricted-protocol=health", "expected '<apis>:<key>=<value>'"),
+        ("--grpc-restricted-protocol=health", "option format is '<config name>:<setting>=<value>'"),
     ],
 )
 def test_bad_groups_are_refused_at_start(tmp_path: Path, flag: str, words: str) -> None:

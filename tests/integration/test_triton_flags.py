@@ -10,9 +10,11 @@ import ipaddress
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -155,6 +157,51 @@ def _pki(where: Path) -> dict[str, Path]:
             )
         )
     return files
+
+
+def test_tls_material_that_does_not_fit_is_refused_at_start(repo: Path, tmp_path: Path) -> None:
+    pki = _pki(tmp_path)
+    base = [sys.executable, "-m", "shoal", "serve", f"--model-repository={repo}"]
+    for flags, words in [
+        (
+            ["--grpc-use-ssl=true", f"--grpc-server-cert={pki['server']}",
+             f"--grpc-server-key={pki['client_key']}"],
+            "--grpc-server-cert and --grpc-server-key are not a certificate and its key",
+        ),
+        (
+            ["--grpc-use-ssl-mutual=true", f"--grpc-server-cert={pki['server']}",
+             f"--grpc-server-key={pki['server_key']}", f"--grpc-root-cert={pki['server_key']}"],
+            "--grpc-root-cert holds no certificate",
+        ),
+    ]:  # fmt: skip
+        argv = [*base, *flags]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def test_keepalive_pings_the_flags_allow_keep_the_connection(repo: Path) -> None:
+    """A client pinging every second without calls: allowed by these flags (grpcio's
+    defaults would answer GOAWAY "too_many_pings" within seconds and drop it)."""
+    flags = [
+        "--grpc-keepalive-permit-without-calls=true",
+        "--grpc-http2-min-recv-ping-interval-without-data=500",
+    ]
+    with _started(repo, *flags) as srv:
+        options = [
+            ("grpc.keepalive_time_ms", 1000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+        with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}", options=options) as channel:
+            states: list[grpc.ChannelConnectivity] = []
+            channel.subscribe(states.append, try_to_connect=True)
+            grpc.channel_ready_future(channel).result(timeout=10)
+            time.sleep(5)  # five pings without a call
+            assert states[-1] == grpc.ChannelConnectivity.READY, states
+            assert (
+                grpc.ChannelConnectivity.IDLE
+                not in states[states.index(grpc.ChannelConnectivity.READY) :]
+            )
 
 
 def test_grpc_tls_one_way_and_mutual(repo: Path, tmp_path: Path) -> None:

@@ -29,9 +29,10 @@ def test_groups_parse_and_refuse_as_triton() -> None:
     for values, words in [
         (["bogus:k=v"], "unknown restricted api 'bogus'"),
         (["health:k=v", "health:j=w"], "'health' can not be specified in multiple config groups"),
-        (["health"], "expected '<apis>:<key>=<value>'"),
-        (["health:k"], "expected '<apis>:<key>=<value>'"),
-        ([":k=v"], "expected '<apis>:<key>=<value>'"),
+        (["health"], "option format is '<config name>:<setting>=<value>'. Got health"),
+        (["health:k"], "option format is '<config name>:<setting>=<value>'. Got health:k"),
+        ([":k=v"], "option format is '<config name>:<setting>=<value>'. Got :k=v"),
+        (["inference:k="], "Got inference:k="),  # an empty value: any empty header would do
     ]:
         with pytest.raises(ValueError, match=re.escape(words)):
             restrictions(values, "--http-restricted-api")
