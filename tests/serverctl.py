@@ -242,3 +242,15 @@ def settled_server(repo: Path, models: tuple[str, ...]) -> Iterator[ShoalServer]
     yield srv
     assert srv.stop() == 0
     shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def served(repo: Path, *args: str) -> Iterator[ShoalServer]:
+    """A server for the ``with`` block: stopped after it, failing or not, and checked to
+    have exited cleanly and left nothing behind."""
+    srv = ShoalServer(repo, *args)
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)

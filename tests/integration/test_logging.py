@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import time
 import urllib.error
@@ -24,7 +23,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from shoal import modelgen
-from tests.serverctl import ShoalServer
+from tests.serverctl import ShoalServer, served
 
 DEFAULTS = {
     "log_file": "",
@@ -40,10 +39,8 @@ DEFAULTS = {
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("logging-repo")
     modelgen.write_shipped_repository(repo, ("simple",))
-    srv = ShoalServer(repo)
-    yield srv
-    assert srv.stop() == 0
-    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+    with served(repo) as srv:
+        yield srv
 
 
 @pytest.fixture

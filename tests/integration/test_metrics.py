@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from tests.repos import write_identity
-from tests.serverctl import ShoalServer
+from tests.serverctl import ShoalServer, served
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -47,15 +46,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 200000 } }",
     )
     write_identity(repo, "waits", "dynamic_batching { max_queue_delay_microseconds: 20000000 }")
-    srv = ShoalServer(
+    with served(
         repo,
         "--frontend-processes=2",
         "--metrics-config=summary_latencies=true",
         "--metrics-interval-ms=100",
-    )
-    yield srv
-    assert srv.stop() == 0
-    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+    ) as srv:
+        yield srv
 
 
 def _page(port: int) -> tuple[str, str]:

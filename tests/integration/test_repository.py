@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from shoal import modelgen
-from tests.serverctl import ShoalServer
+from tests.serverctl import ShoalServer, served
 
 REFUSED = "explicit model load / unload is not allowed if polling is enabled"
 
@@ -50,11 +50,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     (repo / "seq" / "config.pbtxt").write_text(
         config + "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n"
     )
-    srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
-    srv.wait_settled(("simple", "mlp"))
-    yield srv
-    assert srv.stop() == 0
-    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+    with served(repo, "--exit-on-error=false", "--strict-readiness=false") as srv:
+        srv.wait_settled(("simple", "mlp"))
+        yield srv
 
 
 def _post(server: ShoalServer, path: str, body: bytes = b"") -> tuple[int, bytes]:

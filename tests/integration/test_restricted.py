@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from shoal import modelgen
-from tests.serverctl import ShoalServer
+from tests.serverctl import ShoalServer, served
 
 ADMIN = {"admin-key": "s3cret"}
 INFER = {"infer-key": "go"}
@@ -36,16 +35,14 @@ GRPC_INFER = {"triton-grpc-protocol-infer-key": "go"}
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("restricted-repo")
     modelgen.write_shipped_repository(repo, ("simple",))
-    srv = ShoalServer(
+    with served(
         repo,
         "--http-restricted-api=model-repository,statistics,logging:admin-key=s3cret",
         "--http-restricted-api=inference:infer-key=go",
         "--grpc-restricted-protocol=statistics,health:admin-key=s3cret",
         "--grpc-restricted-protocol=inference:infer-key=go",
-    )
-    yield srv
-    assert srv.stop() == 0
-    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+    ) as srv:
+        yield srv
 
 
 def _http(

@@ -4,14 +4,11 @@ channel flags and gRPC TLS (one-way and mutual) work, with tritonclient."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import ipaddress
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -26,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from tritonclient.utils import InferenceServerException
 
 from shoal import modelgen
-from tests.serverctl import ShoalServer, processes_with
+from tests.serverctl import processes_with, served
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +31,6 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("flags-repo")
     modelgen.write_shipped_repository(path, ("simple",))
     return path
-
-
-@contextlib.contextmanager
-def _started(repo: Path, *flags: str) -> Iterator[ShoalServer]:
-    srv = ShoalServer(repo, *flags)
-    try:
-        yield srv
-    finally:
-        assert srv.stop() == 0
-        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
 
 
 def _simple(client: object, module: object, **kw: object) -> np.ndarray:
@@ -62,7 +49,7 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         "--load-model=simple", "--grpc-keepalive-time=10000",
         "--grpc-keepalive-permit-without-calls=true", "--grpc-http2-max-pings-without-data=0",
     ]  # fmt: skip
-    with _started(repo, *flags) as srv:
+    with served(repo, *flags) as srv:
         log = srv.log()
         assert "--http-thread-count=8 has no effect: shoal's frontends are event loops" in log
         assert "--cuda-memory-pool-byte-size=0:0,1:0 has no effect" in log
@@ -94,7 +81,7 @@ def test_flags_shoal_cannot_honour_are_refused(repo: Path, flags: list[str], wor
 
 def test_log_file_takes_every_process_lines(repo: Path, tmp_path: Path) -> None:
     path = tmp_path / "server.log"
-    with _started(repo, f"--log-file={path}") as srv:
+    with served(repo, f"--log-file={path}") as srv:
         client = httpclient.InferenceServerClient(srv.url)
         _simple(client, httpclient)
         settings = client.get_log_settings()
@@ -186,7 +173,7 @@ def test_keepalive_pings_the_flags_allow_keep_the_connection(repo: Path) -> None
         "--grpc-keepalive-permit-without-calls=true",
         "--grpc-http2-min-recv-ping-interval-without-data=500",
     ]
-    with _started(repo, *flags) as srv:
+    with served(repo, *flags) as srv:
         options = [
             ("grpc.keepalive_time_ms", 1000),
             ("grpc.keepalive_permit_without_calls", 1),
@@ -207,14 +194,14 @@ def test_keepalive_pings_the_flags_allow_keep_the_connection(repo: Path) -> None
 def test_grpc_tls_one_way_and_mutual(repo: Path, tmp_path: Path) -> None:
     pki = _pki(tmp_path)
     tls = [f"--grpc-server-cert={pki['server']}", f"--grpc-server-key={pki['server_key']}"]
-    with _started(repo, "--grpc-use-ssl=true", *tls) as srv:
+    with served(repo, "--grpc-use-ssl=true", *tls) as srv:
         url = f"127.0.0.1:{srv.grpc_port}"
         secure = grpcclient.InferenceServerClient(url, ssl=True, root_certificates=str(pki["ca"]))
         np.testing.assert_array_equal(_simple(secure, grpcclient), np.full((1, 16), 2))
         plain = grpcclient.InferenceServerClient(url)
         with pytest.raises(InferenceServerException):
             plain.is_server_live(client_timeout=5)
-    with _started(repo, "--grpc-use-ssl-mutual=true", *tls, f"--grpc-root-cert={pki['ca']}") as srv:
+    with served(repo, "--grpc-use-ssl-mutual=true", *tls, f"--grpc-root-cert={pki['ca']}") as srv:
         url = f"127.0.0.1:{srv.grpc_port}"
         anonymous = grpcclient.InferenceServerClient(
             url, ssl=True, root_certificates=str(pki["ca"])
