@@ -228,6 +228,11 @@ def frontend_flags(args: argparse.Namespace) -> FrontendFlags:
     )
 
 
+def _dest(flag: str) -> str:
+    """argparse's attribute for ``--a-flag``: ``a_flag``."""
+    return flag.lstrip("-").replace("-", "_")
+
+
 _EVENT_LOOP = "shoal's frontends are event loops (--frontend-processes adds processes)"
 _NO_CACHE = "shoal has no response cache"
 _NO_TRACE = "shoal writes no traces yet"
@@ -281,7 +286,7 @@ def no_effect(args: argparse.Namespace) -> list[str]:
     """A line for each flag of NO_EFFECT_FLAGS that ``args`` gives."""
     out = []
     for flag, (_, why) in NO_EFFECT_FLAGS.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        value = getattr(args, _dest(flag))
         if value is not None:
             shown = ",".join(value) if isinstance(value, list) else value
             out.append(f"{flag}={shown} has no effect: {why}")
@@ -331,13 +336,13 @@ def grpc_flag_values(args: argparse.Namespace) -> list[str]:
     """The gRPC flags ``args`` gives, as flags again (for a frontend's command line)."""
     out = []
     for flag in GRPC_OPTION_FLAGS:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        value = getattr(args, _dest(flag))
         if value is not None:
             out.append(f"{flag}={str(value).lower()}")
     out += [f"--grpc-use-ssl={str(args.grpc_use_ssl).lower()}"]
     out += [f"--grpc-use-ssl-mutual={str(args.grpc_use_ssl_mutual).lower()}"]
     for flag in ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert"):
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        value = getattr(args, _dest(flag))
         if value:
             out.append(f"{flag}={Path(value).resolve()}")
     return out
@@ -346,7 +351,7 @@ def grpc_flag_values(args: argparse.Namespace) -> list[str]:
 def grpc_options(args: argparse.Namespace) -> list[tuple[str, int]]:
     out = []
     for flag, option in GRPC_OPTION_FLAGS.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        value = getattr(args, _dest(flag))
         if value is not None:
             if int(value) < 0:
                 raise ValueError(f"{flag} must not be negative")
@@ -377,7 +382,7 @@ def grpc_tls(args: argparse.Namespace) -> GrpcTls | None:
         return None
     files: dict[str, bytes] = {}
     for flag in ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert"):
-        path = getattr(args, flag.lstrip("-").replace("-", "_"))
+        path = getattr(args, _dest(flag))
         if not path:
             if flag == "--grpc-root-cert" and not args.grpc_use_ssl_mutual:
                 continue
