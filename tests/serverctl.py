@@ -146,6 +146,17 @@ class ShoalServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def http(
+        self, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """One HTTP request (POST when ``body`` is given): its status and body."""
+        req = urllib.request.Request(f"http://{self.url}{path}", data=body, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return int(r.status), r.read()
+        except urllib.error.HTTPError as e:
+            return int(e.code), e.read()
+
     def http_status(self, path: str) -> int:
         try:
             with urllib.request.urlopen(f"http://{self.url}{path}", timeout=2) as r:

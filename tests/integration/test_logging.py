@@ -9,8 +9,6 @@ import os
 import re
 import signal
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -52,12 +50,8 @@ def server(shared_server: ShoalServer) -> Iterator[ShoalServer]:
 
 
 def _post(server: ShoalServer, body: bytes) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://{server.url}/v2/logging", data=body, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return int(r.status), json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return int(e.code), json.loads(e.read())
+    status, reply = server.http("/v2/logging", body)
+    return status, json.loads(reply)
 
 
 def _infer(server: ShoalServer) -> None:

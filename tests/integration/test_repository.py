@@ -8,8 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,15 +53,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         yield srv
 
 
-def _post(server: ShoalServer, path: str, body: bytes = b"") -> tuple[int, bytes]:
-    req = urllib.request.Request(f"http://{server.url}{path}", data=body, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return int(r.status), r.read()
-    except urllib.error.HTTPError as e:
-        return int(e.code), e.read()
-
-
 def test_the_index_lists_every_version_and_why_one_is_not_ready(server: ShoalServer) -> None:
     index = httpclient.InferenceServerClient(server.url).get_model_repository_index()
     (broken,) = [e for e in index if e["name"] == "broken"]
@@ -86,8 +75,8 @@ def test_the_index_lists_every_version_and_why_one_is_not_ready(server: ShoalSer
     # ready: READY versions only (both protocols); a named repository is the same one
     ready = [e for e in index if e["state"] == "READY"]
     assert len(ready) == 2
-    assert _post(server, "/v2/repository/index", b'{"ready":true}') == (200, _json(ready))
-    assert _post(server, "/v2/repository/mine/index", b'{"ready":true}') == (200, _json(ready))
+    assert server.http("/v2/repository/index", b'{"ready":true}') == (200, _json(ready))
+    assert server.http("/v2/repository/mine/index", b'{"ready":true}') == (200, _json(ready))
     request = grpcclient.service_pb2.RepositoryIndexRequest(ready=True)
     reply = client._client_stub.RepositoryIndex(request)
     assert [(m.name, m.state) for m in reply.models] == [("mlp", "READY"), ("simple", "READY")]
@@ -121,7 +110,7 @@ def _json(obj: object) -> bytes:
 def test_load_and_unload_are_refused_after_tritons_body_checks(
     server: ShoalServer, path: str, body: bytes, status: int, message: str
 ) -> None:
-    got, reply = _post(server, path, body)
+    got, reply = server.http(path, body)
     assert got == status
     assert message in reply.decode()
     assert server.http_status("/v2/models/simple/ready") == 200  # nothing was unloaded

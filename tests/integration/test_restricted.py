@@ -9,8 +9,6 @@ import http.client
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,17 +43,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         yield srv
 
 
-def _http(
-    server: ShoalServer, path: str, headers: dict[str, str], body: bytes | None = None
-) -> tuple[int, bytes]:
-    req = urllib.request.Request(f"http://{server.url}{path}", data=body, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return int(r.status), r.read()
-    except urllib.error.HTTPError as e:
-        return int(e.code), e.read()
-
-
 def _inputs(module: object) -> list:
     inputs = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]  # type: ignore[attr-defined]
     for i in inputs:
@@ -66,12 +53,12 @@ def _inputs(module: object) -> list:
 def test_http_groups_need_their_header(server: ShoalServer) -> None:
     refused = (403, b'{"error":"This API is restricted, expecting header \'admin-key\'"}')
     for path in ("/v2/models/stats", "/v2/models/simple/stats", "/v2/logging"):
-        assert _http(server, path, {}) == refused
-        assert _http(server, path, {"admin-key": "wrong"}) == refused
-        assert _http(server, path, {"Admin-Key": "s3cret"})[0] == 200  # any case of name
-    assert _http(server, "/v2/repository/index", {}, b"") == refused
+        assert server.http(path) == refused
+        assert server.http(path, headers={"admin-key": "wrong"}) == refused
+        assert server.http(path, headers={"Admin-Key": "s3cret"})[0] == 200  # any case of name
+    assert server.http("/v2/repository/index", b"") == refused
     # the restriction comes before everything else: even an unknown model is refused
-    assert _http(server, "/v2/models/nope/infer", ADMIN, b"{}")[0] == 403
+    assert server.http("/v2/models/nope/infer", b"{}", ADMIN)[0] == 403
     # a value that is no UTF-8 is compared as sent: refused, not a 500
     conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
     conn.putrequest("GET", "/v2/models/stats")
@@ -81,9 +68,9 @@ def test_http_groups_need_their_header(server: ShoalServer) -> None:
     assert (response.status, response.read()) == refused
     conn.close()
     # unrestricted groups and unknown paths are as ever
-    assert _http(server, "/v2/health/ready", {})[0] == 200
-    assert _http(server, "/v2/models/simple/config", {})[0] == 200
-    assert _http(server, "/v2/nothing", {})[0] == 404
+    assert server.http("/v2/health/ready")[0] == 200
+    assert server.http("/v2/models/simple/config")[0] == 200
+    assert server.http("/v2/nothing")[0] == 404
     client = httpclient.InferenceServerClient(server.url)
     with pytest.raises(InferenceServerException, match="expecting header 'infer-key'"):
         client.infer("simple", _inputs(httpclient))
