@@ -127,10 +127,12 @@ class BrokerProc:
             events = dict(self.poller.poll(_HOUSEKEEPING_MS))
             if self.timer.fileno() in events:
                 self.timer.clear()
-            if self.fsock in events:
-                self._drain(self.fsock, self._on_frontend)
+            # Workers first: a batch's report is read before a statistics query that
+            # came in the same turn (its answers may already be with the client).
             if self.wsock in events:
                 self._drain(self.wsock, self._on_worker)
+            if self.fsock in events:
+                self._drain(self.fsock, self._on_frontend)
             if self.peer_fds.fileno() in events:
                 for fd, _ in self.peer_fds.poll(0):
                     if fd in self.pidfds:

@@ -387,9 +387,19 @@ class WorkerProc:
         done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed, refused)
         if self.s.fault == "die-after-report":
             self._die_after_report(done)
+        # The report goes before the answers sent straight to frontends, so that a client
+        # holding its answer finds its request in the statistics (the broker reads the
+        # workers' messages before the frontends' in each turn). Answers in order
+        # (preserve_ordering) go before it on the same socket: a report the broker has
+        # read always follows them. A death between the report and the direct answers
+        # leaves those to the broker's unconfirmed-answers rule (router.unconfirmed).
         for item, resp in answers:
-            self._answer(item, resp)
+            if item.seq:
+                self._answer(item, resp)
         self.sock.send_multipart(m.encode(done))
+        for item, resp in answers:
+            if not item.seq:
+                self._answer(item, resp)
         if log.isEnabledFor(logging.DEBUG):  # --log-verbose > 0
             log.debug(
                 "batch %d: %d request(s), %d sample(s), %d failed; input %d µs, infer %d µs, "
