@@ -44,6 +44,7 @@ log = logging.getLogger("shoal.broker")
 # The longest the loop sleeps with nothing to do: its hang checks and retries run then.
 # Queue delays and timeouts wake it through the timer, not through this.
 _HOUSEKEEPING_MS: Final = 250
+_INFER: Final = m.KINDS[m.InferRequest]
 
 
 @dataclass
@@ -210,10 +211,17 @@ class BrokerProc:
 
     def _on_frontend(self, frames: list[bytes]) -> None:
         ident, kind, payload = frames[0], frames[1], frames[2]
+        if kind == _INFER:  # [ident, I, request, request, ...]: one turn of its loop
+            for request in frames[2:]:
+                try:
+                    req = m.decode(kind, request)
+                except ValueError as exc:  # the others of the group still run
+                    log.warning("dropped a malformed request: %s", exc)
+                    continue
+                self._on_infer(ident, req)  # type: ignore[arg-type]
+            return
         msg = m.decode(kind, payload)
-        if isinstance(msg, m.InferRequest):
-            self._on_infer(ident, msg)
-        elif isinstance(msg, m.ModelQuery):
+        if isinstance(msg, m.ModelQuery):
             self._send(self.fsock, [ident, *m.encode(self._model_info(msg))])
         elif isinstance(msg, m.StatsQuery):
             self._send(self.fsock, [ident, *m.encode(self._stats(msg))])

@@ -10,6 +10,13 @@ callback drains them, which costs one callback per wake-up instead of a future p
 message. ZMQ_FD is edge-triggered, so every drain reads until nothing is left, and a
 send on the DEALER re-checks for input it may have absorbed.
 
+Requests leave in groups: those that reach ``infer`` in one turn of the event loop go
+in one message (``ipc.messages`` framing), sent at the end of the turn, and a worker
+sends the answers of one batch to this frontend in one message too. Each message wakes
+the broker (and the ZeroMQ I/O threads on its way) once, and a wake-up is what a hop
+costs most on a small host. A request alone in flight leaves at once: there is nobody
+to wait for.
+
 A worker that dies just after reporting a batch answered may take the answers with it;
 the broker names those requests (``Unconfirmed``) and the ones still waiting here after a
 short grace fail as the dead worker's other requests do.
@@ -66,6 +73,7 @@ class BrokerClient:
         self.on_broker_lost: list[Callable[[], None]] = []
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[msgspec.Struct]] = {}
+        self._outbox: list[bytes] = []  # encoded requests of this turn, not sent yet
         self._welcomed = asyncio.Event()
         self._broker_pidfd: int | None = None
         self._greeter: asyncio.Task[None] | None = None
@@ -114,7 +122,7 @@ class BrokerClient:
         if not self.connected:
             raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
         fut = self._expect(req.req_id)
-        self._send(m.encode(req))
+        self._queue(m.encode_payload(req))
         try:
             resp = await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -155,7 +163,28 @@ class BrokerClient:
         self._pending[key] = fut
         return fut
 
+    def _queue(self, request: bytes) -> None:
+        """Send an encoded InferRequest with the others of this turn of the loop."""
+        self._outbox.append(request)
+        if len(self._outbox) > 1:
+            return  # a flush is already due
+        if len(self._pending) == 1:  # alone in flight: nothing to group it with
+            self._flush()
+        else:
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._outbox and not self._closed:
+            frames = [m.KINDS[m.InferRequest], *self._outbox]
+            self._outbox = []
+            self._send_now(frames)
+
     def _send(self, frames: list[bytes]) -> None:
+        self._flush()  # in order: a Cancel must not overtake the request it cancels
+        self._send_now(frames)
+
+    def _send_now(self, frames: list[bytes]) -> None:
         # The DEALER has no high-water mark, so a non-blocking send never fails with EAGAIN.
         self.sock.send_multipart(frames, zmq.NOBLOCK)
         if int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN and self._loop is not None:
@@ -179,13 +208,10 @@ class BrokerClient:
     def _drain_results(self) -> None:
         while not self._closed:  # a drain scheduled with call_soon may run after close()
             try:
-                payload = self.results.recv(zmq.NOBLOCK)
+                payloads = self.results.recv_multipart(zmq.NOBLOCK)  # a batch's answers
             except zmq.Again:
                 return
-            try:
-                self._resolve(m.decode_response(payload))
-            except Exception as exc:  # one bad message must not stall the edge-triggered fd
-                log.warning("dropped a malformed result: %s", exc)
+            self._resolve_all(payloads)
 
     def _drain_broker(self) -> None:
         while not self._closed:
@@ -199,15 +225,21 @@ class BrokerClient:
             except Exception as exc:  # one bad message must not stall the edge-triggered fd
                 log.warning("dropped a malformed message from the broker: %s", exc)
 
-    def _resolve(self, resp: m.InferResponse) -> None:
-        fut = self._pending.get(resp.req_id)
-        if fut is not None and not fut.done():
-            fut.set_result(resp)
+    def _resolve_all(self, payloads: list[bytes]) -> None:
+        for payload in payloads:
+            try:
+                resp = m.decode_response(payload)
+            except ValueError as exc:  # the others must still reach their callers
+                log.warning("dropped a malformed result: %s", exc)
+                continue
+            fut = self._pending.get(resp.req_id)
+            if fut is not None and not fut.done():
+                fut.set_result(resp)
 
     def _dispatch(self, frames: list[bytes]) -> None:
         kind = frames[0]
         if kind == m.RESULT:
-            self._resolve(m.decode_response(frames[1]))
+            self._resolve_all(frames[1:])
             return
         msg = m.decode(kind, frames[1])
         if isinstance(msg, m.Welcome):
@@ -264,6 +296,7 @@ class BrokerClient:
         log.error("%s; failing %d waiting request(s)", reason, len(self._pending))
         self._unwatch()
         self._welcomed.clear()
+        self._outbox = []  # their callers are answered below; no broker may run them
         err = ServingError(Code.UNAVAILABLE, reason)
         for fut in self._pending.values():
             if not fut.done():

@@ -2,7 +2,13 @@
 
 A message travels as ZeroMQ frames ``[kind, payload]``: a one-byte kind and a typed
 msgspec msgpack payload (``array_like`` structs: small and fast to decode). No pickle,
-no ``Any``: decoding validates types, so a malformed peer cannot run code.
+no ``Any``: decoding validates types, so a malformed peer cannot run code. Two kinds
+carry several payloads, one per frame, so that a burst costs one message (one wake-up
+of each process on its way) and not one per request: a frontend's ``InferRequest``
+message holds every request of one turn of its event loop, ``[I, req, req, ...]``, and
+a worker's answers to one frontend (on that frontend's PULL socket, no kind frame) hold
+every answer of one batch, ``[resp, resp, ...]``; the broker's ``RESULT`` messages may
+hold several too.
 
 Tensor bytes stay out of messages: a ``TensorRef`` points into a POSIX shared-memory
 region. Only tensors of at most ``INLINE_MAX_BYTES`` ride inside the message (``data``).

@@ -395,11 +395,14 @@ class WorkerProc:
         # leaves those to the broker's unconfirmed-answers rule (router.unconfirmed).
         for item, resp in answers:
             if item.seq:
-                self._answer(item, resp)
+                self._answer_ordered(item, resp)
         self.sock.send_multipart(m.encode(done))
+        direct: dict[bytes, list[bytes]] = {}  # per frontend: one message for the batch
         for item, resp in answers:
             if not item.seq:
-                self._answer(item, resp)
+                direct.setdefault(item.frontend, []).append(m.encode_payload(resp))
+        for frontend, payloads in direct.items():
+            self._answer_frontend(frontend, payloads)
         if log.isEnabledFor(logging.DEBUG):  # --log-verbose > 0
             log.debug(
                 "batch %d: %d request(s), %d sample(s), %d failed; input %d µs, infer %d µs, "
@@ -477,14 +480,14 @@ class WorkerProc:
             return _error(item, Code.INTERNAL, f"failed to write output: {exc}")
         return m.InferResponse(item.request.req_id, refs, None, self.s.version)
 
-    def _answer(self, item: m.WorkItem, resp: m.InferResponse) -> None:
-        """Straight to the frontend that asked; through the broker when the model
-        preserves ordering (it releases answers in arrival order)."""
-        if item.seq:
-            frames = [m.RESULT, item.frontend, str(item.seq).encode(), m.encode_payload(resp)]
-            self.sock.send_multipart(frames)
-            return
-        frontend = item.frontend
+    def _answer_ordered(self, item: m.WorkItem, resp: m.InferResponse) -> None:
+        """Through the broker, for a model that preserves ordering (it releases answers
+        in arrival order)."""
+        frames = [m.RESULT, item.frontend, str(item.seq).encode(), m.encode_payload(resp)]
+        self.sock.send_multipart(frames)
+
+    def _answer_frontend(self, frontend: bytes, payloads: list[bytes]) -> None:
+        """Answers straight to the frontend that asked, in one message."""
         sock = self.result_socks.get(frontend)
         if sock is None:
             try:
@@ -494,9 +497,9 @@ class WorkerProc:
                 return
             sock = self.result_socks[frontend] = sockets.push(self.ctx, addr)
         try:
-            sock.send(m.encode_payload(resp), zmq.NOBLOCK)
+            sock.send_multipart(payloads, zmq.NOBLOCK)
         except zmq.Again:
-            log.warning("frontend %r is not reading; result dropped", frontend)
+            log.warning("frontend %r is not reading; %d result(s) dropped", frontend, len(payloads))
 
     def close(self) -> None:
         self.cuda.close()

@@ -93,3 +93,20 @@ def test_a_request_the_broker_fails_to_admit_is_answered_not_dropped(
     assert resp.error is not None and resp.error.code == int(Code.INTERNAL)
     assert resp.error.message == "KeyError: 'a bug'"
     assert len(mv.queue) == 0 and inst.in_flight is None
+
+
+def test_every_request_of_a_frontend_s_message_is_admitted_in_order(
+    broker: BrokerProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A frontend sends the requests of one turn of its loop as one message; a malformed
+    # one among them is dropped, and the others still run.
+    sent = _capture_sends(broker, monkeypatch)
+    mv, inst = _serving(broker, 1, mc.ModelConfig(name="simple"))
+    kind = m.KINDS[m.InferRequest]
+    reqs = [m.encode_payload(m.InferRequest(i, "simple", 1, [], [])) for i in (1, 2, 3)]
+    broker._on_frontend([b"fe", kind, reqs[0], b"\xc1 not msgpack", reqs[1], reqs[2]])
+    assert inst.in_flight is not None
+    assert [it.request.req_id for it in inst.in_flight.items] == [1]
+    assert [it.request.req_id for it in mv.queue] == [2, 3]
+    ((worker, batch_kind, _),) = sent
+    assert (worker, batch_kind) == (inst.ident, m.KINDS[m.ExecuteBatch])

@@ -1,0 +1,155 @@
+"""The frontend's connection to the broker groups what one turn of its event loop sends:
+the requests of a turn leave in one message, and the answers of a batch arrive in one.
+The broker's side is a real ROUTER socket bound where the broker binds it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import zmq
+
+from frontend.broker_client import BrokerClient
+from ipc import messages as m
+from ipc import sockets
+
+
+class _Broker:
+    """The test's stand-in for the broker's frontend socket."""
+
+    def __init__(self, runtime_dir: Path) -> None:
+        self.runtime_dir = runtime_dir
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.sock = sockets.router(self.ctx, sockets.endpoint(runtime_dir, sockets.FRONTEND_SOCKET))
+
+    def recv(self, timeout_ms: int = 2000) -> list[bytes] | None:
+        """The next message (without the routing id), or None if none came in time.
+        It blocks the event loop: nothing the client defers can be sent meanwhile."""
+        if not self.sock.poll(timeout_ms):
+            return None
+        return self.sock.recv_multipart()[1:]
+
+    def welcome(self, client: BrokerClient) -> None:
+        frames = self.recv()
+        assert frames is not None and frames[0] == m.KINDS[m.FrontendHello]
+        self.sock.send_multipart([client.identity, *m.encode(m.Welcome(os.getpid()))])
+
+    def answer(self, client: BrokerClient, req_ids: list[int]) -> None:
+        """Answers as a worker sends them: one message on the client's result socket."""
+        push = sockets.push(self.ctx, sockets.result_endpoint(self.runtime_dir, client.identity))
+        payloads = [m.encode_payload(m.InferResponse(i, model_version=i)) for i in req_ids]
+        push.send_multipart(payloads)
+        push.close(linger=1000)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+Scenario = Callable[[BrokerClient, _Broker], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def _connected(tmp_path: Path) -> AsyncIterator[tuple[BrokerClient, _Broker]]:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    broker = _Broker(run)
+    client = BrokerClient(run, 0)
+    client.start()
+    await asyncio.sleep(0.05)  # the greeter's first hello leaves
+    broker.welcome(client)
+    assert await client.wait_connected(2.0)
+    try:
+        yield client, broker
+    finally:
+        await client.close()
+        broker.close()
+
+
+def _run(tmp_path: Path, scenario: Scenario) -> None:
+    async def main() -> None:
+        async with _connected(tmp_path) as (client, broker):
+            await scenario(client, broker)
+
+    asyncio.run(main())
+
+
+def _request(client: BrokerClient) -> m.InferRequest:
+    return m.InferRequest(client.next_id(), "simple", -1, [], [])
+
+
+def _req_ids(frames: list[bytes]) -> list[int]:
+    assert frames[0] == m.KINDS[m.InferRequest]
+    return [m.decode(frames[0], f).req_id for f in frames[1:]]  # type: ignore[attr-defined]
+
+
+def test_the_requests_of_one_turn_share_a_message_and_each_gets_its_answer(tmp_path: Path) -> None:
+    _run(tmp_path, _one_turn_one_message)
+
+
+async def _one_turn_one_message(client: BrokerClient, broker: _Broker) -> None:
+    first = _request(client)
+    lone = asyncio.create_task(client.infer(first, lambda: None))
+    await asyncio.sleep(0)  # alone in flight: it leaves at once, without a turn of the loop
+    frames = broker.recv(timeout_ms=2000)
+    assert frames is not None and _req_ids(frames) == [first.req_id]
+
+    reqs = [_request(client) for _ in range(5)]
+    tasks = [asyncio.create_task(client.infer(r, lambda: None)) for r in reqs]
+    await asyncio.sleep(0)  # each reaches the client in this turn; none is sent yet
+    assert broker.recv(timeout_ms=100) is None
+    await asyncio.sleep(0)  # the turn's end: one message, in the order they came
+    frames = broker.recv()
+    assert frames is not None and _req_ids(frames) == [r.req_id for r in reqs]
+    assert broker.recv(timeout_ms=100) is None
+
+    # One batch's answers in one message, in another order: each caller gets its own.
+    broker.answer(client, [r.req_id for r in reversed(reqs)] + [first.req_id])
+    answers = await asyncio.wait_for(asyncio.gather(lone, *tasks), 5.0)
+    assert [a.req_id for a in answers] == [first.req_id] + [r.req_id for r in reqs]
+    assert all(a.model_version == a.req_id for a in answers)
+    assert client.waiting == 0
+
+
+def test_a_cancel_never_overtakes_the_request_it_cancels(tmp_path: Path) -> None:
+    _run(tmp_path, _cancel_after_request)
+
+
+async def _cancel_after_request(client: BrokerClient, broker: _Broker) -> None:
+    a, b = _request(client), _request(client)
+    task_a = asyncio.create_task(client.infer(a, lambda: None))
+    task_b = asyncio.create_task(client.infer(b, lambda: None))
+    await asyncio.sleep(0)  # a leaves at once (alone then); b waits for the turn's end
+    task_b.cancel()  # its caller goes before b has left
+    with pytest.raises(asyncio.CancelledError):
+        await task_b
+    first, second, third = broker.recv(), broker.recv(), broker.recv()
+    assert first is not None and _req_ids(first) == [a.req_id]
+    assert second is not None and _req_ids(second) == [b.req_id]
+    assert third is not None and third[0] == m.KINDS[m.Cancel]
+    assert m.decode(third[0], third[1]) == m.Cancel(b.req_id)
+    broker.answer(client, [a.req_id, b.req_id])
+    assert (await asyncio.wait_for(task_a, 5.0)).req_id == a.req_id
+
+
+def test_requests_unsent_when_the_broker_is_lost_never_reach_the_next_one(tmp_path: Path) -> None:
+    _run(tmp_path, _lost_broker_drops_unsent)
+
+
+async def _lost_broker_drops_unsent(client: BrokerClient, broker: _Broker) -> None:
+    reqs = [_request(client) for _ in range(3)]
+    tasks = [asyncio.create_task(client.infer(r, lambda: None)) for r in reqs]
+    await asyncio.sleep(0)
+    first = broker.recv()  # the first, alone in flight, left; the others wait
+    assert first is not None and _req_ids(first) == [reqs[0].req_id]
+    client._broker_lost("the server's broker process exited")
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all("broker process exited" in str(r) for r in results)
+    await asyncio.sleep(0.05)
+    # Only the new socket's greeting reaches the broker, not the two unsent requests.
+    while (frames := broker.recv(timeout_ms=300)) is not None:
+        assert frames[0] == m.KINDS[m.FrontendHello]

@@ -1,0 +1,59 @@
+"""A worker answers each frontend once per batch: the answers of a batch's requests from
+one frontend travel in one message, in the batch's order."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from ipc import messages as m
+from ipc import sockets
+from tests.repos import write_identity
+from workers.proc import WorkerProc, WorkerSettings
+
+
+def _item(frontend: bytes, req_id: int, value: float) -> m.WorkItem:
+    data = np.full((1, 4), value, dtype=np.float32).tobytes()
+    x = m.TensorRef("INPUT0", "FP32", [1, 4], len(data), data=data)
+    return m.WorkItem(frontend, m.InferRequest(req_id, "ident", 1, [x], [m.OutputSpec("OUTPUT0")]))
+
+
+def test_the_answers_of_a_batch_go_to_each_frontend_in_one_message(tmp_path: Path) -> None:
+    repo, run = tmp_path / "repo", tmp_path / "run"
+    run.mkdir(mode=0o700)
+    write_identity(repo, "ident")
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    broker = sockets.router(ctx, sockets.endpoint(run, sockets.WORKER_SOCKET))
+    fe_a, fe_b = (f"f-{i}-{os.getpid()}".encode() for i in (0, 1))
+    pulls = {fe: sockets.pull(ctx, sockets.result_endpoint(run, fe)) for fe in (fe_a, fe_b)}
+    worker = WorkerProc(WorkerSettings(repo, "ident", 1, 0, run))
+    try:
+        assert isinstance(worker.load(), m.WorkerReady)
+        items = [_item(fe_a, 7, 1.0), _item(fe_b, 7, 2.0), _item(fe_a, 8, 3.0)]
+        worker.execute(m.ExecuteBatch(1, items))
+        _, kind, payload = broker.recv_multipart()
+        done = m.decode(kind, payload)
+        assert isinstance(done, m.BatchDone)
+        assert (done.batch_id, done.batch_size, done.failed) == (1, 3, [])
+
+        def answers(fe: bytes) -> list[tuple[int, float]]:
+            assert pulls[fe].poll(2000)
+            out = []
+            for payload in pulls[fe].recv_multipart():  # one message for the batch
+                resp = m.decode_response(payload)
+                (ref,) = resp.outputs
+                assert resp.error is None and ref.data is not None
+                out.append((resp.req_id, float(np.frombuffer(ref.data, np.float32)[0])))
+            assert not pulls[fe].poll(100)  # and nothing else
+            return out
+
+        assert answers(fe_a) == [(7, 1.0), (8, 3.0)]
+        assert answers(fe_b) == [(7, 2.0)]
+    finally:
+        worker.close()
+        for s in (broker, *pulls.values()):
+            s.close(0)
+        ctx.term()
