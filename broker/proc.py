@@ -212,13 +212,19 @@ class BrokerProc:
     def _on_frontend(self, frames: list[bytes]) -> None:
         ident, kind, payload = frames[0], frames[1], frames[2]
         if kind == _INFER:  # [ident, I, request, request, ...]: one turn of its loop
+            # All of them are queued before any batch is formed: they arrived together,
+            # and the first must not leave alone while the others wait for its batch.
+            held: dict[int, ModelVersion] = {}
             for request in frames[2:]:
                 try:
                     req = m.decode(kind, request)
                 except ValueError as exc:  # the others of the group still run
                     log.warning("dropped a malformed request: %s", exc)
                     continue
-                self._on_infer(ident, req)  # type: ignore[arg-type]
+                self._on_infer(ident, req, held)  # type: ignore[arg-type]
+            now = time.monotonic()
+            for mv in held.values():
+                self._dispatch(self.router.dispatch(mv, now))
             return
         msg = m.decode(kind, payload)
         if isinstance(msg, m.ModelQuery):
@@ -299,7 +305,11 @@ class BrokerProc:
             )
         return mv
 
-    def _on_infer(self, ident: bytes, req: m.InferRequest) -> None:
+    def _on_infer(
+        self, ident: bytes, req: m.InferRequest, held: dict[int, ModelVersion] | None = None
+    ) -> None:
+        """Admit and queue a request. With ``held``, no batch is formed yet: its version
+        joins ``held`` (by id) for the caller to dispatch once the group is queued."""
         try:
             mv, clients = self._admissible(req)
         except ServingError as err:
@@ -311,11 +321,22 @@ class BrokerProc:
             self._reply_error(ident, req.req_id, internal)
             return
         item = m.WorkItem(ident, req, regions=clients)
+        now = time.monotonic()
         try:
-            dispatches = self.router.submit(mv, item, time.monotonic())
+            try:
+                dispatches = self.router.submit(mv, item, now, dispatch=held is None)
+            except Rejected:
+                if held is None or held.pop(id(mv), None) is None:
+                    raise
+                # Full with the group's own requests, which an idle instance would
+                # have taken one by one: it takes them now, then this one is queued.
+                self._dispatch(self.router.dispatch(mv, now))
+                dispatches = self.router.submit(mv, item, now, dispatch=False)
         except Rejected as exc:
             self._reply_error(ident, req.req_id, RequestError(Code.UNAVAILABLE, exc.message))
             return
+        if held is not None:
+            held[id(mv)] = mv
         self.client_regions.acquire(clients)
         if log.isEnabledFor(logging.DEBUG):  # --log-verbose > 0
             log.debug("request %d of %r for %s/%d admitted", req.req_id, ident, mv.name, mv.version)

@@ -51,10 +51,14 @@ class Router:
         # Instances running a batch, oldest dispatch first (re-inserted on each dispatch).
         self._busy: dict[bytes, Instance] = {}
 
-    def submit(self, mv: ModelVersion, item: m.WorkItem, now: float) -> list[Dispatch]:
+    def submit(
+        self, mv: ModelVersion, item: m.WorkItem, now: float, dispatch: bool = True
+    ) -> list[Dispatch]:
         """Queue ``item``; raises Rejected when refused. A refused request is not a
         statistic: Triton hands the error back before its scheduler owns the request (a
-        full queue leaves ``fail`` at 0 on Triton 2.51)."""
+        full queue leaves ``fail`` at 0 on Triton 2.51). ``dispatch=False`` leaves the
+        batches to a later ``dispatch``: requests that arrived together are all queued
+        before any batch is formed from them."""
         if mv.batcher is not None:
             mv.batcher.enqueue(item, now)
             self._armed[(mv.name, mv.version)] = mv
@@ -62,6 +66,10 @@ class Router:
             mv.queue.append(item)
         self._arrived[_key(item)] = now
         self._queued_in[_key(item)] = mv
+        return self._dispatch(mv, now) if dispatch else []
+
+    def dispatch(self, mv: ModelVersion, now: float) -> list[Dispatch]:
+        """Batches for the idle instances of ``mv``, after submits that did not dispatch."""
         return self._dispatch(mv, now)
 
     def instance_ready(self, inst: Instance, now: float) -> list[Dispatch]:

@@ -110,3 +110,42 @@ def test_every_request_of_a_frontend_s_message_is_admitted_in_order(
     assert [it.request.req_id for it in mv.queue] == [2, 3]
     ((worker, batch_kind, _),) = sent
     assert (worker, batch_kind) == (inst.ident, m.KINDS[m.ExecuteBatch])
+
+
+def test_requests_that_arrive_together_are_batched_together(
+    broker: BrokerProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # max_queue_delay 0 sends whatever is queued when an instance is idle: the group's
+    # first request must not leave alone while the others wait for its batch to end.
+    sent = _capture_sends(broker, monkeypatch)
+    cfg = mc.ModelConfig(name="simple", max_batch_size=8)
+    cfg.dynamic_batching.SetInParent()
+    _, inst = _serving(broker, 1, cfg)
+    kind = m.KINDS[m.InferRequest]
+    reqs = [m.encode_payload(m.InferRequest(i, "simple", 1, [], [])) for i in (1, 2, 3)]
+    broker._on_frontend([b"fe", kind, *reqs])
+    assert inst.in_flight is not None
+    assert [it.request.req_id for it in inst.in_flight.items] == [1, 2, 3]
+    assert len(sent) == 1
+
+
+def test_a_group_fills_a_bounded_queue_only_after_an_idle_instance_took_its_batch(
+    broker: BrokerProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # max_queue_size 2: a group of 5 is not refused for the requests an idle instance
+    # would have taken anyway. The instance takes the first two; the next two queue;
+    # the fifth finds the queue full while the instance is busy.
+    sent = _capture_sends(broker, monkeypatch)
+    cfg = mc.ModelConfig(name="simple", max_batch_size=8)
+    cfg.dynamic_batching.default_queue_policy.max_queue_size = 2
+    mv, inst = _serving(broker, 1, cfg)
+    kind = m.KINDS[m.InferRequest]
+    reqs = [m.encode_payload(m.InferRequest(i, "simple", 1, [], [])) for i in range(1, 6)]
+    broker._on_frontend([b"fe", kind, *reqs])
+    assert inst.in_flight is not None
+    assert [it.request.req_id for it in inst.in_flight.items] == [1, 2]
+    refused = [m.decode_response(f[2]) for f in sent if f[1] == m.RESULT]
+    assert [r.req_id for r in refused] == [5]
+    assert refused[0].error is not None and refused[0].error.code == int(Code.UNAVAILABLE)
+    assert refused[0].error.message == "Exceeds maximum queue size"
+    assert mv.batcher is not None and len(mv.batcher) == 2
