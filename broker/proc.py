@@ -162,11 +162,13 @@ class BrokerProc:
         self._dispatch(dispatches)
 
     def _drain(self, sock: zmq.Socket, handle: object) -> None:
-        for _ in range(512):  # bounded, so one busy side cannot starve the other
+        budget = 512  # frames, so one busy side cannot starve the other
+        while budget > 0:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            budget -= max(len(frames) - 2, 1)  # a frontend's message may hold many requests
             if len(frames) < 3:
                 log.warning("dropped a message of %d frame(s)", len(frames))
                 continue
@@ -215,16 +217,13 @@ class BrokerProc:
             # All of them are queued before any batch is formed: they arrived together,
             # and the first must not leave alone while the others wait for its batch.
             held: dict[int, ModelVersion] = {}
-            for request in frames[2:]:
-                try:
-                    req = m.decode(kind, request)
-                except ValueError as exc:  # the others of the group still run
-                    log.warning("dropped a malformed request: %s", exc)
-                    continue
-                self._on_infer(ident, req, held)  # type: ignore[arg-type]
-            now = time.monotonic()
-            for mv in held.values():
-                self._dispatch(self.router.dispatch(mv, now))
+            try:
+                for request in frames[2:]:
+                    self._on_grouped(ident, request, held)
+            finally:  # even after a bug: what was queued must not wait for the next message
+                now = time.monotonic()
+                for mv in held.values():
+                    self._dispatch(self.router.dispatch(mv, now))
             return
         msg = m.decode(kind, payload)
         if isinstance(msg, m.ModelQuery):
@@ -304,6 +303,23 @@ class BrokerProc:
                 entry.error or f"{UNKNOWN_MODEL}'{name}' has no available versions",
             )
         return mv
+
+    def _on_grouped(self, ident: bytes, payload: bytes, held: dict[int, ModelVersion]) -> None:
+        """One request of a frontend's group: whatever becomes of it, the others of the
+        group still run, and it is answered unless it was queued (then its batch does)."""
+        try:
+            req = m.decode(_INFER, payload)
+        except ValueError as exc:
+            log.warning("dropped a malformed request: %s", exc)
+            return
+        assert isinstance(req, m.InferRequest)
+        try:
+            self._on_infer(ident, req, held)
+        except Exception as exc:  # a bug must not leave the request waiting for ever
+            log.exception("failed to queue request %d for '%s'", req.req_id, req.model)
+            if not self.router.holds(ident, req.req_id):
+                internal = ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")
+                self._reply_error(ident, req.req_id, internal)
 
     def _on_infer(
         self, ident: bytes, req: m.InferRequest, held: dict[int, ModelVersion] | None = None

@@ -68,6 +68,10 @@ class Router:
         self._queued_in[_key(item)] = mv
         return self._dispatch(mv, now) if dispatch else []
 
+    def holds(self, frontend: bytes, req_id: int) -> bool:
+        """The request is queued or running here: its batch (or its failure) answers it."""
+        return (frontend, req_id) in self._arrived
+
     def dispatch(self, mv: ModelVersion, now: float) -> list[Dispatch]:
         """Batches for the idle instances of ``mv``, after submits that did not dispatch."""
         return self._dispatch(mv, now)

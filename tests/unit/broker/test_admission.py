@@ -149,3 +149,50 @@ def test_a_group_fills_a_bounded_queue_only_after_an_idle_instance_took_its_batc
     assert refused[0].error is not None and refused[0].error.code == int(Code.UNAVAILABLE)
     assert refused[0].error.message == "Exceeds maximum queue size"
     assert mv.batcher is not None and len(mv.batcher) == 2
+
+
+def test_a_request_that_fails_in_a_group_strands_none_of_the_others(
+    broker: BrokerProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bug while queueing the second request: it is answered (INTERNAL), the third is
+    # still admitted, and the queued ones are dispatched without waiting for a message.
+    sent = _capture_sends(broker, monkeypatch)
+    mv, inst = _serving(broker, 1, mc.ModelConfig(name="simple"))
+    submit = broker.router.submit
+
+    def failing(mv: ModelVersion, item: m.WorkItem, now: float, dispatch: bool = True) -> object:
+        if item.request.req_id == 2:
+            raise KeyError("a bug")
+        return submit(mv, item, now, dispatch)
+
+    monkeypatch.setattr(broker.router, "submit", failing)
+    kind = m.KINDS[m.InferRequest]
+    reqs = [m.encode_payload(m.InferRequest(i, "simple", 1, [], [])) for i in (1, 2, 3)]
+    broker._on_frontend([b"fe", kind, *reqs])
+    assert inst.in_flight is not None
+    assert [it.request.req_id for it in inst.in_flight.items] == [1]
+    assert [it.request.req_id for it in mv.queue] == [3]
+    (refused,) = [m.decode_response(f[2]) for f in sent if f[1] == m.RESULT]
+    assert refused.req_id == 2 and refused.error is not None
+    assert (refused.error.code, refused.error.message) == (int(Code.INTERNAL), "KeyError: 'a bug'")
+
+
+def test_a_request_queued_before_a_failure_is_left_to_its_batch(
+    broker: BrokerProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The failure comes after the request was queued: its batch answers it, not an error
+    # now (it would be answered twice), and the batch still goes out at once.
+    sent = _capture_sends(broker, monkeypatch)
+    mv, inst = _serving(broker, 1, mc.ModelConfig(name="simple"))
+
+    def failing(clients: list[m.ClientRegion]) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(broker.client_regions, "acquire", failing)
+    kind = m.KINDS[m.InferRequest]
+    reqs = [m.encode_payload(m.InferRequest(i, "simple", 1, [], [])) for i in (1, 2)]
+    broker._on_frontend([b"fe", kind, *reqs])
+    assert inst.in_flight is not None
+    assert [it.request.req_id for it in inst.in_flight.items] == [1]
+    assert [it.request.req_id for it in mv.queue] == [2]
+    assert not [f for f in sent if f[1] == m.RESULT]

@@ -34,6 +34,7 @@ def test_the_answers_of_a_batch_go_to_each_frontend_in_one_message(tmp_path: Pat
         assert isinstance(worker.load(), m.WorkerReady)
         items = [_item(fe_a, 7, 1.0), _item(fe_b, 7, 2.0), _item(fe_a, 8, 3.0)]
         worker.execute(m.ExecuteBatch(1, items))
+        assert broker.poll(2000)
         _, kind, payload = broker.recv_multipart()
         done = m.decode(kind, payload)
         assert isinstance(done, m.BatchDone)
