@@ -151,6 +151,36 @@ async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable
         raise
 
 
+class LateAnswerLogFilter(logging.Filter):
+    """grpcio logs at ERROR, with a traceback, an answer it could not send because the
+    call had already ended: the client cancelled it or its deadline passed in the instant
+    between the handler's last await and the send (before that instant the handler is
+    cancelled quietly). The client already has its CANCELLED or DEADLINE_EXCEEDED, and
+    an operator alerting on errors would be paged for a client's timeout. Such a record
+    becomes one DEBUG line (shown with ``--log-verbose``); any other record of that
+    logger, a failure to start a batch included, passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if type(exc).__name__ != "ExecuteBatchError" or not str(exc).startswith(
+            'Failed "execute_batch"'
+        ):
+            return True
+        method = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        record.msg = (
+            "%s: the call ended (cancelled, or past its deadline) before its answer was sent"
+        )
+        record.args = (method,)
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno = logging.DEBUG
+        record.levelname = logging.getLevelName(logging.DEBUG)
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+logging.getLogger("grpc._cython.cygrpc").addFilter(LateAnswerLogFilter())
+
+
 def _internal(exc: Exception) -> str:
     return f"internal error: {type(exc).__name__}: {exc}"
 
