@@ -8,6 +8,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from broker.batcher import BatcherConfig, QueuePolicy, TimeoutAction
+from configs.backend_params import share_min_compute_us
 
 
 def _policy(p: Any) -> QueuePolicy:
@@ -43,4 +44,5 @@ def batcher_config(config_bytes: bytes) -> BatcherConfig | None:
         default_policy=_policy(db.default_queue_policy),
         priority_policies={int(k): _policy(v) for k, v in db.priority_queue_policy.items()},
         ragged_inputs=frozenset(i.name for i in cfg.input if i.allow_ragged_batch),
+        share_min_compute_us=share_min_compute_us(cfg),  # checked at load
     )

@@ -15,6 +15,8 @@ a fake clock. One ``DynamicBatcher`` per model version:
   is configured), when the delay is 0, or once its oldest request has waited
   ``max_queue_delay``; else nothing, and ``next_wakeup`` says when to ask again. Once
   the delay has run out, a batch takes everything that fits, preferred size or not.
+  ``take_batches`` does the same for several idle instances at once and, where Triton
+  would leave all but one idle, shares a batch that goes before it is full among them.
 * ``expire`` hands back the requests whose queue timeout passed under REJECT. Under DELAY
   they move to their level's delayed queue, behind every request that has not timed out,
   later arrivals included (Triton's ``delayed_queue_``), when the walk that forms a batch
@@ -77,6 +79,9 @@ class BatcherConfig:
     default_policy: QueuePolicy = field(default_factory=QueuePolicy)
     priority_policies: dict[int, QueuePolicy] = field(default_factory=dict)
     ragged_inputs: frozenset[str] = frozenset()
+    # A batch is shared among idle instances only in parts each expected to compute this
+    # long (µs), judged by the executions seen so far; 0: whenever instances are idle.
+    share_min_compute_us: int = 1000
 
 
 def cuda_devices(regions: list[m.ClientRegion]) -> frozenset[int]:
@@ -103,6 +108,24 @@ class Pending:
     level: int
     devices: frozenset[int] = frozenset()  # cuda_devices(item.regions)
     queued: bool = True  # False once it left the queue (a batch, a rejection, a drop)
+
+
+def _shares(chosen: list[Pending], total: int, share: int) -> list[list[Pending]]:
+    """``chosen`` (``total`` samples) cut, in order, into at most ``share`` parts of about
+    ``total / share`` samples each (a request is never cut)."""
+    target = -(-total // share)
+    parts: list[list[Pending]] = []
+    part: list[Pending] = []
+    size = 0
+    for p in chosen:
+        part.append(p)
+        size += p.size
+        if size >= target and len(parts) < share - 1:
+            parts.append(part)
+            part, size = [], 0
+    if part:
+        parts.append(part)
+    return parts
 
 
 class Rejected(Exception):
@@ -141,6 +164,11 @@ class DynamicBatcher:
         self._active: list[int] = []  # the keys of _levels, ascending: scheduling order
         self._preferred = frozenset(config.preferred_batch_sizes)
         self._max_preferred = max(config.preferred_batch_sizes, default=config.max_batch_size)
+        # No size preferred but a full batch (the [max_batch_size] Triton's normalization
+        # fills in for an empty preferred_batch_size): a batch that goes before it is full
+        # may be shared among idle instances.
+        self._shareable = all(n >= config.max_batch_size for n in self._preferred)
+        self._ns_per_sample = 0.0  # compute per sample, a moving average of executions
         # Queue timeouts, heaps by action (stale entries skipped): a REJECT one is acted on
         # when it passes, a DELAY one when a batch is next formed.
         self._reject_at: list[tuple[float, int, Pending]] = []
@@ -304,6 +332,20 @@ class DynamicBatcher:
     def take_batch(self, now: float, gpu: int | None = None) -> list[m.WorkItem]:
         """The batch to run now on an idle instance on ``gpu`` (None: a CPU instance), or
         [] to wait (see next_wakeup)."""
+        batches = self.take_batches(now, gpu)
+        return batches[0] if batches else []
+
+    def take_batches(
+        self, now: float, gpu: int | None = None, share: int = 1
+    ) -> list[list[m.WorkItem]]:
+        """The batches to run now on ``share`` idle instances (on ``gpu``; None: CPU
+        ones), or [] to wait. One batch, as Triton forms it, unless it goes before it is
+        full (its queue delay ran out, or the delay is 0), the model prefers no size but
+        a full batch, and its executions so far say the parts would be worth their hops
+        (``_parts``): then it is shared among the idle instances, in parts of about equal
+        samples, in scheduling order. Triton gives it all to one instance and leaves the
+        others idle until more requests come; a burst then runs on one core (or GPU)
+        while the rest of the model's instances wait."""
         self._reject_expired(now)
         f = self._form(gpu, now)
         # DELAY timeouts passed by now: this walk moved those it reached, and the next
@@ -318,10 +360,37 @@ class DynamicBatcher:
         # The same sum next_wakeup returns, so waking at that time always finds it due.
         exceeded = delay > 0 and now >= min(p.arrived for p in f.chosen) + delay
         if f.best and not exceeded:
-            return self._pop(f.chosen[: f.best])
-        if f.full or f.total >= self._max_preferred or exceeded or delay == 0:
-            return self._pop(f.chosen)
+            return [self._pop(f.chosen[: f.best])]
+        if f.full or f.total >= self._max_preferred:
+            return [self._pop(f.chosen)]
+        if exceeded or delay == 0:
+            parts = self._parts(f.total, share)
+            if parts > 1:
+                return [self._pop(part) for part in _shares(f.chosen, f.total, parts)]
+            return [self._pop(f.chosen)]
         return []
+
+    def _parts(self, samples: int, share: int) -> int:
+        """How many idle instances a batch of ``samples`` that goes short of full is
+        shared among: each part must be expected to compute at least
+        ``share_min_compute_us``, since a part costs an execution's hops (the broker,
+        the worker, their sockets: about 100 µs of CPU) whatever it computes."""
+        if share < 2 or not self._shareable:
+            return 1
+        least_ns = self.c.share_min_compute_us * 1000
+        if not least_ns:
+            return share
+        return max(1, min(share, int(self._ns_per_sample * samples // least_ns)))
+
+    def observe(self, samples: int, compute_ns: int) -> None:
+        """An execution of ``samples`` took ``compute_ns`` (input, infer and output)."""
+        if samples > 0:
+            per_sample = compute_ns / samples
+            self._ns_per_sample = (
+                per_sample
+                if not self._ns_per_sample
+                else 0.8 * self._ns_per_sample + 0.2 * per_sample
+            )
 
     def next_wakeup(self, idle: Iterable[int | None] = (None,)) -> float | None:
         """When the caller must next ask (absolute), if ever: a queued request's timeout

@@ -113,6 +113,8 @@ class Router:
                     samples += max(item.request.batch_size, 1)
             if ok_ns:
                 mv.stats.executed(done, ok_ns, samples, now)
+            if mv.batcher is not None:
+                mv.batcher.observe(done.batch_size, done.input_ns + done.infer_ns + done.output_ns)
         if inst.state != "READY":
             return []
         return self.instance_ready(inst, now)
@@ -263,18 +265,20 @@ class Router:
                 return [item]
         return []
 
-    def _take(self, mv: ModelVersion, now: float) -> tuple[Instance, list[m.WorkItem]] | None:
-        """The least recently used idle instance that has a batch to run, and the batch.
-        Instances on the same GPU see the same requests: one of them asks for them all;
-        while no request in CUDA memory is queued, every instance would see the same."""
+    def _take(self, mv: ModelVersion, now: float) -> list[tuple[Instance, list[m.WorkItem]]]:
+        """Idle instances that have a batch to run, least recently used first, and their
+        batches: one, or (a batch shared among the idle instances, see
+        DynamicBatcher.take_batches) several. Instances on the same GPU see the same
+        requests: one of them asks for them all; while no request in CUDA memory is
+        queued, every instance would see the same."""
         if mv.batcher is not None and not mv.batcher.cuda_queued:
-            items = mv.batcher.take_batch(now)
-            return (mv.instances[mv.idle.popleft()], items) if items else None
+            batches = mv.batcher.take_batches(now, share=len(mv.idle))
+            return [(mv.instances[mv.idle.popleft()], items) for items in batches]
         if mv.batcher is None:
             if not mv.queue:
-                return None
+                return []
             if not mv.queue[0].regions:  # in host memory: for any instance
-                return mv.instances[mv.idle.popleft()], [mv.queue.popleft()]
+                return [(mv.instances[mv.idle.popleft()], [mv.queue.popleft()])]
         asked: set[int | None] = set()
         for ident in mv.idle:
             inst = mv.instances[ident]
@@ -283,30 +287,32 @@ class Router:
             items = self._next(mv, now, inst.gpu)
             if items:
                 mv.idle.remove(ident)
-                return inst, items
+                return [(inst, items)]
             asked.add(inst.gpu)
-        return None
+        return []
 
     def _dispatch(self, mv: ModelVersion, now: float) -> list[Dispatch]:
         out: list[Dispatch] = []
-        while mv.idle:
-            taken = self._take(mv, now)
-            if taken is None:
-                break
-            inst, items = taken
-            for item in items:
-                # preserve_ordering orders the requests taken into batches, as Triton's
-                # completion queue does: a refusal from the queue is answered at once.
-                if mv.ordering is not None:
-                    item.seq = mv.ordering.assign()
-                key = _key(item)
-                self._queued_in.pop(key, None)
-                self._queued_ns[key] = int((now - self._arrived.get(key, now)) * 1e9)
-            batch = m.ExecuteBatch(self._next_batch, items)
-            self._next_batch += 1
-            inst.in_flight = batch
-            inst.dispatched_at = now
-            self._busy.pop(inst.ident, None)  # to the end: the newest dispatch
-            self._busy[inst.ident] = inst
-            out.append((inst, batch))
+        while mv.idle and (taken := self._take(mv, now)):
+            out += [self._send(mv, inst, items, now) for inst, items in taken]
         return out
+
+    def _send(
+        self, mv: ModelVersion, inst: Instance, items: list[m.WorkItem], now: float
+    ) -> Dispatch:
+        """``items`` become the batch ``inst`` runs."""
+        for item in items:
+            # preserve_ordering orders the requests taken into batches, as Triton's
+            # completion queue does: a refusal from the queue is answered at once.
+            if mv.ordering is not None:
+                item.seq = mv.ordering.assign()
+            key = _key(item)
+            self._queued_in.pop(key, None)
+            self._queued_ns[key] = int((now - self._arrived.get(key, now)) * 1e9)
+        batch = m.ExecuteBatch(self._next_batch, items)
+        self._next_batch += 1
+        inst.in_flight = batch
+        inst.dispatched_at = now
+        self._busy.pop(inst.ident, None)  # to the end: the newest dispatch
+        self._busy[inst.ident] = inst
+        return inst, batch

@@ -41,6 +41,10 @@ INTER_OP_THREAD_COUNT: Final = "inter_op_thread_count"
 EXECUTION_MODE: Final = "execution_mode"
 # shoal's older name for intra_op_thread_count, read only when that one is absent.
 _INTRA_OP_ALIAS: Final = "shoal_intra_op_threads"
+#: shoal's: the least compute time (µs) each part of a shared batch must be expected to
+#: take (broker.batcher.DynamicBatcher.take_batches); 0 shares whenever instances idle.
+SHARE_MIN_COMPUTE_US: Final = "shoal_share_min_compute_us"
+DEFAULT_SHARE_MIN_COMPUTE_US: Final = 1000
 # Triton's pytorch backend's keys.
 TORCH_INTRA_OP_THREAD_COUNT: Final = "INTRA_OP_THREAD_COUNT"
 TORCH_INTER_OP_THREAD_COUNT: Final = "INTER_OP_THREAD_COUNT"
@@ -173,3 +177,14 @@ def instance_threads(requested: int | None, cores: Sequence[int]) -> int:
     if requested is None or requested <= 0:
         return len(cores)
     return requested
+
+
+def share_min_compute_us(config: pb.ModelConfig) -> int:
+    """`shoal_share_min_compute_us` (default 1000). Raises ConfigError for a value that is
+    not a non-negative integer."""
+    value = int_parameter(config, SHARE_MIN_COMPUTE_US)
+    if value is None:
+        return DEFAULT_SHARE_MIN_COMPUTE_US
+    if value < 0:
+        raise ConfigError(config.name, f"{SHARE_MIN_COMPUTE_US} must be >= 0 for {config.name}")
+    return value

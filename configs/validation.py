@@ -14,6 +14,7 @@ from math import prod
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from configs.backend_params import share_min_compute_us
 from configs.schema import (
     ENSEMBLE_PLATFORM,
     KNOWN_BACKENDS,
@@ -109,6 +110,7 @@ def _validate_platform(config: pb.ModelConfig, known_backends: Collection[str]) 
 
 def _validate_dynamic_batching(config: pb.ModelConfig) -> None:
     name, db = config.name, config.dynamic_batching
+    share_min_compute_us(config)  # shoal's parameter: an integer >= 0
     for size in db.preferred_batch_size:
         if size <= 0:
             raise ConfigError(name, f"dynamic batching preferred size must be positive for {name}")

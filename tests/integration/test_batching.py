@@ -72,6 +72,17 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalS
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         "dynamic_batching { priority_levels: 2 default_priority_level: 2 }",
     )  # fmt: skip
+    modelgen.write_model(
+        repo, "shared", _batch_sum_model(),
+        'name: "shared"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
+        "dynamic_batching { max_queue_delay_microseconds: 2000000 }\n"
+        # shared even though it computes in microseconds (by default a part must be
+        # expected to take 1 ms)
+        'parameters { key: "shoal_share_min_compute_us" value { string_value: "0" } }',
+    )  # fmt: skip
     write_identity(
         repo,
         "override",
@@ -388,6 +399,41 @@ def test_the_priority_parameter_jumps_the_queue(batching_server: ShoalServer) ->
         "low-1": 102.0,
         "low-2": 20.0,  # alone, last
     }
+
+
+def test_a_batch_that_goes_for_its_delay_is_shared_by_the_idle_instances(
+    batching_server: ShoalServer,
+) -> None:
+    """Six requests wait out the 2 s delay with both instances idle. Triton would run all
+    six on one instance and leave the other idle; shoal gives each instance three. The
+    model adds the batch's sum to each input, so every answer tells its batch-mates."""
+    url = batching_server.url
+    values = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]  # any three of them have a sum of their own
+
+    def call(value: float) -> float:
+        client = httpclient.InferenceServerClient(url, network_timeout=60)
+        inp = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.full((1, 1), value, dtype=np.float32))
+        try:
+            return float(client.infer("shared", [inp]).as_numpy("OUTPUT0")[0, 0])
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(6) as pool:
+        jobs = [pool.submit(call, v) for v in values]
+        _wait_queued(url, "shared", 6)  # all six inside the delay: they form one batch
+        answers = [j.result(60) for j in jobs]
+    batch_sums = [a - v for a, v in zip(answers, values, strict=True)]
+    together: dict[float, list[float]] = {}
+    for value, total in zip(values, batch_sums, strict=True):
+        together.setdefault(total, []).append(value)
+    assert sorted(len(batch) for batch in together.values()) == [3, 3]
+    assert all(sum(batch) == total for total, batch in together.items())
+    stats = _stats(url, "shared")
+    assert stats["execution_count"] == 2
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (3, 2)
+    ]
 
 
 @pytest.mark.parametrize("proto", ["http", "grpc"])

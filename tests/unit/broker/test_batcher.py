@@ -435,3 +435,102 @@ def test_a_level_emptied_by_rejected_timeouts_is_dropped() -> None:
     assert b.expire(now=0.002) == [one, two]
     assert open_levels(b) == [3] and len(b) == 1
     assert b.next_wakeup() == pytest.approx(1000.0)  # the delay of `three` alone
+
+
+def ids(batch: list[m.WorkItem]) -> list[int]:
+    return [it.request.req_id for it in batch]
+
+
+def test_a_batch_that_goes_for_its_delay_is_shared_among_the_idle_instances() -> None:
+    b = DynamicBatcher(BatcherConfig(64, (), max_queue_delay_us=2000, share_min_compute_us=0))
+    queued = [item() for _ in range(7)]
+    for it in queued:
+        b.enqueue(it, now=0.0)
+    assert b.take_batches(now=0.001, share=2) == []  # the delay has not run out
+    parts = b.take_batches(now=0.002, share=2)
+    assert [ids(p) for p in parts] == [ids(queued[:4]), ids(queued[4:])]  # in order
+    assert len(b) == 0
+
+
+def test_with_delay_zero_a_burst_is_shared_at_once() -> None:
+    b = DynamicBatcher(BatcherConfig(64, (), share_min_compute_us=0))
+    for n in (3, 1, 1, 1, 2):
+        b.enqueue(item(batch=n), now=0.0)
+    parts = b.take_batches(now=0.0, share=3)
+    assert [sizes(p) for p in parts] == [[3], [1, 1, 1], [2]]  # 8 samples: 3 + 3 + 2
+
+
+def test_sharing_never_makes_more_parts_than_requests_or_instances() -> None:
+    b = DynamicBatcher(BatcherConfig(64, (), share_min_compute_us=0))
+    for _ in range(2):
+        b.enqueue(item(), now=0.0)
+    assert [len(p) for p in b.take_batches(now=0.0, share=4)] == [1, 1]
+    b.enqueue(item(batch=5), now=0.0)
+    assert [sizes(p) for p in b.take_batches(now=0.0, share=2)] == [[5]]  # never cut
+
+
+def test_a_full_batch_or_a_preferred_size_is_not_shared() -> None:
+    # Full: it is what Triton sends, and the next requests make the next instance's batch.
+    b = DynamicBatcher(BatcherConfig(4, (), max_queue_delay_us=10**9, share_min_compute_us=0))
+    for _ in range(6):
+        b.enqueue(item(), now=0.0)
+    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [4]
+    # A model that names its sizes gets them, even once the delay ran out.
+    b = DynamicBatcher(BatcherConfig(64, (4,), max_queue_delay_us=1000, share_min_compute_us=0))
+    for _ in range(6):
+        b.enqueue(item(), now=0.0)
+    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [4]
+    assert [len(p) for p in b.take_batches(now=0.01, share=2)] == [2]
+
+
+def test_the_preferred_size_triton_fills_in_does_not_stop_sharing() -> None:
+    # An empty preferred_batch_size becomes [max_batch_size] (Triton's normalization):
+    # no size is preferred but a full one, so a batch that goes short of it is shared.
+    b = DynamicBatcher(BatcherConfig(8, (8,), max_queue_delay_us=1000, share_min_compute_us=0))
+    for _ in range(6):
+        b.enqueue(item(), now=0.0)
+    assert [len(p) for p in b.take_batches(now=0.01, share=2)] == [3, 3]
+    # A smaller size named beside it is a preference: the batch is not shared (and, its
+    # delay run out, it takes all that fits, as Triton's does).
+    b = DynamicBatcher(BatcherConfig(8, (4, 8), max_queue_delay_us=1000, share_min_compute_us=0))
+    for _ in range(6):
+        b.enqueue(item(), now=0.0)
+    assert [len(p) for p in b.take_batches(now=0.01, share=2)] == [6]
+
+
+def test_a_batch_is_shared_only_in_parts_worth_an_execution() -> None:
+    """By default each part must be expected to compute 1 ms, judged by the executions
+    seen: a part costs an execution's hops whatever it computes."""
+
+    def burst(b: DynamicBatcher, n: int) -> None:
+        for _ in range(n):
+            b.enqueue(item(), now=0.0)
+
+    b = DynamicBatcher(BatcherConfig(64, (64,)))
+    burst(b, 6)
+    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [6]  # nothing seen yet
+    b.observe(8, 80_000)  # 10 µs a sample: a small model
+    burst(b, 6)
+    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [6]
+    b = DynamicBatcher(BatcherConfig(64, (64,)))
+    b.observe(8, 4_000_000)  # 500 µs a sample
+    burst(b, 6)  # 3 ms: three parts would be worth it, but two instances are idle
+    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [3, 3]
+    burst(b, 5)  # 2.5 ms: two parts of at least 1 ms, though four instances are idle
+    assert [len(p) for p in b.take_batches(now=0.0, share=4)] == [3, 2]
+    burst(b, 3)  # 1.5 ms: one part
+    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [3]
+
+
+def test_the_compute_estimate_follows_the_executions() -> None:
+    b = DynamicBatcher(BatcherConfig(64, (64,)))
+    b.observe(4, 4_000_000)  # 1 ms a sample
+    for _ in range(30):
+        b.observe(4, 40_000)  # then 10 µs a sample, for a while
+    for _ in range(6):
+        b.enqueue(item(), now=0.0)
+    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [6]
+    b.observe(0, 5_000_000)  # an execution of nothing (every request refused) says nothing
+    for _ in range(6):
+        b.enqueue(item(), now=0.0)
+    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [6]

@@ -535,3 +535,73 @@ def test_metrics_carry_failures_pending_requests_tags_and_summaries() -> None:
     (later,) = table.metrics([0.5], 0.5 + 61)  # a minute on: nothing left in the window
     assert all(math.isnan(v) for (v,) in later.summaries.values())
     assert later.stats.inference_stats.success.count == 2  # the counters stay
+
+
+def test_a_burst_is_shared_among_the_idle_instances_in_order() -> None:
+    table, router, (a, b, c) = _table(3)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(
+        _batching_config(
+            "max_batch_size: 64 dynamic_batching { preserve_ordering: 1 } parameters { "
+            'key: "shoal_share_min_compute_us" value { string_value: "0" } }'
+        )
+    )
+    for inst in (a, b, c):
+        _ready(table, router, inst)
+    for i in range(1, 6):  # one frontend message: all queued, then dispatched
+        assert router.submit(mv, _item(i), 0.0, dispatch=False) == []
+    sent = router.dispatch(mv, 0.0)
+    assert [(inst.ident, [it.request.req_id for it in batch.items]) for inst, batch in sent] == [
+        (b"w0", [1, 2]),
+        (b"w1", [3, 4]),
+        (b"w2", [5]),
+    ]
+    # answered in arrival order: the sequence runs on across the shares
+    assert [it.seq for _, batch in sent for it in batch.items] == [1, 2, 3, 4, 5]
+    assert not mv.idle
+    assert router.submit(mv, _item(6), 0.0) == []  # every instance busy: it waits
+    ((inst, batch),) = _done(router, b)
+    assert inst is b and [it.request.req_id for it in batch.items] == [6]
+
+
+def test_a_busy_instance_takes_no_share() -> None:
+    table, router, (a, b) = _table(2)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(
+        _batching_config(
+            "max_batch_size: 64 dynamic_batching { } parameters { "
+            'key: "shoal_share_min_compute_us" value { string_value: "0" } }'
+        )
+    )
+    _ready(table, router, a)
+    _ready(table, router, b)
+    router.submit(mv, _item(1), 0.0)  # a lone request: the first idle instance runs it
+    assert a.in_flight is not None and b.in_flight is None
+    for i in range(2, 6):
+        router.submit(mv, _item(i), 0.0, dispatch=False)
+    ((inst, batch),) = router.dispatch(mv, 0.0)
+    assert inst is b and [it.request.req_id for it in batch.items] == [2, 3, 4, 5]
+
+
+def test_the_executions_a_version_reports_decide_whether_a_burst_is_shared() -> None:
+    table, router, (a, b) = _table(2)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(_batching_config("max_batch_size: 64 dynamic_batching { }"))  # 1 ms parts
+    _ready(table, router, a)
+    _ready(table, router, b)
+
+    def burst(first: int) -> list[list[int]]:
+        for i in range(first, first + 4):
+            router.submit(mv, _item(i), 0.0, dispatch=False)
+        sent = router.dispatch(mv, 0.0)
+        return [[it.request.req_id for it in batch.items] for _, batch in sent]
+
+    assert burst(1) == [[1, 2, 3, 4]]  # nothing known of its compute: Triton's one batch
+    assert a.in_flight is not None
+    # 4 samples in 4 ms (input, infer and output): 1 ms a sample
+    done = m.BatchDone(a.in_flight.batch_id, 4, 500_000, 3_000_000, 500_000)
+    assert router.batch_done(a, done, 1.0) == []
+    assert burst(5) == [[5, 6], [7, 8]]  # two parts of 2 ms

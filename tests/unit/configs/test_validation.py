@@ -336,3 +336,21 @@ def test_sequence_errors(sequence: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         check(f'platform: "onnxruntime_onnx" max_batch_size: 4 sequence_batching {{ {sequence} }}')
     assert message in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("soon", "failed to convert 'soon' to integral number"),
+        ("-1", "shoal_share_min_compute_us must be >= 0 for m"),
+    ],
+)
+def test_share_min_compute_must_be_a_non_negative_integer(value: str, message: str) -> None:
+    text = (
+        'platform: "onnxruntime_onnx" max_batch_size: 8 dynamic_batching { } '
+        f'parameters {{ key: "shoal_share_min_compute_us" value {{ string_value: "{value}" }} }}'
+    )
+    with pytest.raises(ConfigError) as e:
+        check(text)
+    assert message in str(e.value)
+    check(text.replace(f'"{value}"', '"0"'))
