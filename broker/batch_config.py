@@ -8,7 +8,8 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from broker.batcher import BatcherConfig, QueuePolicy, TimeoutAction
-from configs.backend_params import share_min_compute_us
+from configs.backend_params import DEFAULT_SHARE_MIN_COMPUTE_US, share_min_compute_us
+from configs.schema import ConfigError
 
 
 def _policy(p: Any) -> QueuePolicy:
@@ -44,5 +45,14 @@ def batcher_config(config_bytes: bytes) -> BatcherConfig | None:
         default_policy=_policy(db.default_queue_policy),
         priority_policies={int(k): _policy(v) for k, v in db.priority_queue_policy.items()},
         ragged_inputs=frozenset(i.name for i in cfg.input if i.allow_ragged_batch),
-        share_min_compute_us=share_min_compute_us(cfg),  # checked at load
+        share_min_compute_us=_share_min_compute_us(cfg),
     )
+
+
+def _share_min_compute_us(cfg: mc.ModelConfig) -> int:
+    """Checked at load (the model fails to load with a bad value); should one get this far
+    the default serves, not an exception halfway through taking the config."""
+    try:
+        return share_min_compute_us(cfg)
+    except ConfigError:
+        return DEFAULT_SHARE_MIN_COMPUTE_US

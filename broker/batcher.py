@@ -47,6 +47,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -79,8 +80,9 @@ class BatcherConfig:
     default_policy: QueuePolicy = field(default_factory=QueuePolicy)
     priority_policies: dict[int, QueuePolicy] = field(default_factory=dict)
     ragged_inputs: frozenset[str] = frozenset()
-    # A batch is shared among idle instances only in parts each expected to compute this
-    # long (µs), judged by the executions seen so far; 0: whenever instances are idle.
+    # A batch is shared among idle instances only in parts each expected to take this much
+    # compute (µs) off the others, judged by the executions seen so far (see _share);
+    # 0: whenever instances are idle; -1: never (Triton's batching).
     share_min_compute_us: int = 1000
 
 
@@ -110,22 +112,66 @@ class Pending:
     queued: bool = True  # False once it left the queue (a batch, a rejection, a drop)
 
 
-def _shares(chosen: list[Pending], total: int, share: int) -> list[list[Pending]]:
-    """``chosen`` (``total`` samples) cut, in order, into at most ``share`` parts of about
-    ``total / share`` samples each (a request is never cut)."""
-    target = -(-total // share)
-    parts: list[list[Pending]] = []
-    part: list[Pending] = []
-    size = 0
-    for p in chosen:
-        part.append(p)
-        size += p.size
-        if size >= target and len(parts) < share - 1:
-            parts.append(part)
-            part, size = [], 0
-    if part:
-        parts.append(part)
-    return parts
+def _cut(chosen: list[Pending], total: int, parts: int, least: int) -> list[list[Pending]]:
+    """``chosen`` (``total`` samples) cut in order into at most ``parts`` parts of about
+    equal samples, at the request boundaries nearest the even cuts (a request is never
+    cut), then each part of fewer than ``least`` samples joined to its neighbour."""
+    ends = list(itertools.accumulate(p.size for p in chosen))  # samples through each
+    cuts: list[int] = []  # a part ends after chosen[i]
+    for k in range(1, parts):
+        lo = cuts[-1] + 1 if cuts else 0
+        hi = len(chosen) - (parts - k) - 1  # leave a request for each part still to come
+        if lo > hi:
+            break
+        even = k * total / parts
+        cuts.append(min(range(lo, hi + 1), key=lambda i: abs(ends[i] - even)))
+    out: list[list[Pending]] = []
+    start = 0
+    for i in [*cuts, len(chosen) - 1]:
+        out.append(chosen[start : i + 1])
+        start = i + 1
+    i = 0
+    while len(out) > 1 and i < len(out):
+        if sum(p.size for p in out[i]) < least:
+            if i == 0:
+                out[1][:0] = out.pop(0)
+            else:
+                out[i - 1] += out.pop(i)
+            i = 0
+        else:
+            i += 1
+    return out
+
+
+class _Cost:
+    """What one more sample adds to an execution of this version (ns): the slope of
+    compute time over batch size, fitted by least squares with recent executions weighing
+    most. A fixed cost per execution (large on a GPU) is what sharing a batch cannot
+    divide, so the slope, not the mean, says what a part takes off the others. Until
+    executions of different sizes have been seen, the mean per sample stands in."""
+
+    DECAY = 0.9  # each execution's weight, against the one after it
+
+    def __init__(self) -> None:
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+
+    def add(self, samples: int, ns: int) -> None:
+        d = self.DECAY
+        self.w = d * self.w + 1
+        self.x = d * self.x + samples
+        self.y = d * self.y + ns
+        self.xx = d * self.xx + samples * samples
+        self.xy = d * self.xy + samples * ns
+
+    def per_sample(self) -> float:
+        if not self.x:
+            return 0.0
+        mean = self.y / self.x
+        spread = self.w * self.xx - self.x * self.x
+        if spread <= 1e-9 * self.w * self.xx:  # one size only: no slope to fit
+            return mean
+        slope = (self.w * self.xy - self.x * self.y) / spread
+        return min(max(slope, 0.0), mean)
 
 
 class Rejected(Exception):
@@ -168,7 +214,7 @@ class DynamicBatcher:
         # fills in for an empty preferred_batch_size): a batch that goes before it is full
         # may be shared among idle instances.
         self._shareable = all(n >= config.max_batch_size for n in self._preferred)
-        self._ns_per_sample = 0.0  # compute per sample, a moving average of executions
+        self._cost = _Cost()  # of the executions reported (observe)
         # Queue timeouts, heaps by action (stale entries skipped): a REJECT one is acted on
         # when it passes, a DELAY one when a batch is next formed.
         self._reject_at: list[tuple[float, int, Pending]] = []
@@ -342,7 +388,7 @@ class DynamicBatcher:
         ones), or [] to wait. One batch, as Triton forms it, unless it goes before it is
         full (its queue delay ran out, or the delay is 0), the model prefers no size but
         a full batch, and its executions so far say the parts would be worth their hops
-        (``_parts``): then it is shared among the idle instances, in parts of about equal
+        (``_share``): then it is shared among the idle instances, in parts of about equal
         samples, in scheduling order. Triton gives it all to one instance and leaves the
         others idle until more requests come; a burst then runs on one core (or GPU)
         while the rest of the model's instances wait."""
@@ -364,33 +410,32 @@ class DynamicBatcher:
         if f.full or f.total >= self._max_preferred:
             return [self._pop(f.chosen)]
         if exceeded or delay == 0:
-            parts = self._parts(f.total, share)
-            if parts > 1:
-                return [self._pop(part) for part in _shares(f.chosen, f.total, parts)]
-            return [self._pop(f.chosen)]
+            return [self._pop(part) for part in self._share(f, share)]
         return []
 
-    def _parts(self, samples: int, share: int) -> int:
-        """How many idle instances a batch of ``samples`` that goes short of full is
-        shared among: each part must be expected to compute at least
-        ``share_min_compute_us``, since a part costs an execution's hops (the broker,
-        the worker, their sockets: about 100 µs of CPU) whatever it computes."""
-        if share < 2 or not self._shareable:
-            return 1
-        least_ns = self.c.share_min_compute_us * 1000
-        if not least_ns:
-            return share
-        return max(1, min(share, int(self._ns_per_sample * samples // least_ns)))
+    def _share(self, f: _Formed, share: int) -> list[list[Pending]]:
+        """``f``, which goes short of full, as the batches of up to ``share`` idle
+        instances. Each part must be expected to take at least ``share_min_compute_us``
+        of compute off the others (by ``_Cost``): a part costs an execution's hops (the
+        broker, the worker, their sockets: about 100 µs of CPU) whatever it computes.
+        -1 never shares; 0 shares whenever instances are idle."""
+        least_us = self.c.share_min_compute_us
+        if share < 2 or not self._shareable or least_us < 0 or len(f.chosen) < 2:
+            return [f.chosen]
+        least = 1
+        if least_us:
+            per_sample = self._cost.per_sample()
+            if per_sample <= 0:
+                return [f.chosen]  # nothing known yet
+            least = max(1, math.ceil(least_us * 1000 / per_sample))
+        parts = min(share, f.total // least)
+        return _cut(f.chosen, f.total, parts, least) if parts > 1 else [f.chosen]
 
     def observe(self, samples: int, compute_ns: int) -> None:
-        """An execution of ``samples`` took ``compute_ns`` (input, infer and output)."""
+        """An execution of ``samples`` that all succeeded took ``compute_ns`` (input,
+        infer and output)."""
         if samples > 0:
-            per_sample = compute_ns / samples
-            self._ns_per_sample = (
-                per_sample
-                if not self._ns_per_sample
-                else 0.8 * self._ns_per_sample + 0.2 * per_sample
-            )
+            self._cost.add(samples, compute_ns)
 
     def next_wakeup(self, idle: Iterable[int | None] = (None,)) -> float | None:
         """When the caller must next ask (absolute), if ever: a queued request's timeout

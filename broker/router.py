@@ -113,7 +113,8 @@ class Router:
                     samples += max(item.request.batch_size, 1)
             if ok_ns:
                 mv.stats.executed(done, ok_ns, samples, now)
-            if mv.batcher is not None:
+            if mv.batcher is not None and not failed and not refused:  # a quick failure
+                # says nothing of what the model takes
                 mv.batcher.observe(done.batch_size, done.input_ns + done.infer_ns + done.output_ns)
         if inst.state != "READY":
             return []

@@ -41,8 +41,9 @@ INTER_OP_THREAD_COUNT: Final = "inter_op_thread_count"
 EXECUTION_MODE: Final = "execution_mode"
 # shoal's older name for intra_op_thread_count, read only when that one is absent.
 _INTRA_OP_ALIAS: Final = "shoal_intra_op_threads"
-#: shoal's: the least compute time (µs) each part of a shared batch must be expected to
-#: take (broker.batcher.DynamicBatcher.take_batches); 0 shares whenever instances idle.
+#: shoal's: the least compute (µs) each part of a shared batch must be expected to take
+#: off the others (broker.batcher.DynamicBatcher.take_batches); 0 shares whenever
+#: instances idle, -1 never.
 SHARE_MIN_COMPUTE_US: Final = "shoal_share_min_compute_us"
 DEFAULT_SHARE_MIN_COMPUTE_US: Final = 1000
 # Triton's pytorch backend's keys.
@@ -181,10 +182,13 @@ def instance_threads(requested: int | None, cores: Sequence[int]) -> int:
 
 def share_min_compute_us(config: pb.ModelConfig) -> int:
     """`shoal_share_min_compute_us` (default 1000). Raises ConfigError for a value that is
-    not a non-negative integer."""
+    not an integer >= -1."""
     value = int_parameter(config, SHARE_MIN_COMPUTE_US)
     if value is None:
         return DEFAULT_SHARE_MIN_COMPUTE_US
-    if value < 0:
-        raise ConfigError(config.name, f"{SHARE_MIN_COMPUTE_US} must be >= 0 for {config.name}")
+    if value < -1:
+        raise ConfigError(
+            config.name,
+            f"{SHARE_MIN_COMPUTE_US} must be -1 (never share) or >= 0 for {config.name}",
+        )
     return value

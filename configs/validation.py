@@ -57,6 +57,9 @@ def validate(
         raise ConfigError(name, f"'max_batch_size' must be non-negative value for {name}")
     if not config.HasField("version_policy"):
         raise ConfigError(name, f"must specify 'version policy' for {name}")
+    # shoal's parameter, checked whether or not the config names dynamic_batching: the
+    # auto-complete may add it
+    share_min_compute_us(config)
     if config.HasField("dynamic_batching"):
         _validate_dynamic_batching(config)
     if config.HasField("sequence_batching"):
@@ -110,7 +113,6 @@ def _validate_platform(config: pb.ModelConfig, known_backends: Collection[str]) 
 
 def _validate_dynamic_batching(config: pb.ModelConfig) -> None:
     name, db = config.name, config.dynamic_batching
-    share_min_compute_us(config)  # shoal's parameter: an integer >= 0
     for size in db.preferred_batch_size:
         if size <= 0:
             raise ConfigError(name, f"dynamic batching preferred size must be positive for {name}")

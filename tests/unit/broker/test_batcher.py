@@ -448,7 +448,7 @@ def test_a_batch_that_goes_for_its_delay_is_shared_among_the_idle_instances() ->
         b.enqueue(it, now=0.0)
     assert b.take_batches(now=0.001, share=2) == []  # the delay has not run out
     parts = b.take_batches(now=0.002, share=2)
-    assert [ids(p) for p in parts] == [ids(queued[:4]), ids(queued[4:])]  # in order
+    assert [ids(p) for p in parts] == [ids(queued[:3]), ids(queued[3:])]  # in order
     assert len(b) == 0
 
 
@@ -457,7 +457,7 @@ def test_with_delay_zero_a_burst_is_shared_at_once() -> None:
     for n in (3, 1, 1, 1, 2):
         b.enqueue(item(batch=n), now=0.0)
     parts = b.take_batches(now=0.0, share=3)
-    assert [sizes(p) for p in parts] == [[3], [1, 1, 1], [2]]  # 8 samples: 3 + 3 + 2
+    assert [sizes(p) for p in parts] == [[3], [1, 1], [1, 2]]  # cut nearest 8/3 and 16/3
 
 
 def test_sharing_never_makes_more_parts_than_requests_or_instances() -> None:
@@ -498,39 +498,91 @@ def test_the_preferred_size_triton_fills_in_does_not_stop_sharing() -> None:
     assert [len(p) for p in b.take_batches(now=0.01, share=2)] == [6]
 
 
+def test_a_batch_is_cut_at_the_request_boundaries_nearest_an_even_share() -> None:
+    def parts(batches: tuple[int, ...], share: int) -> list[list[int]]:
+        b = DynamicBatcher(BatcherConfig(64, (), share_min_compute_us=0))
+        for n in batches:
+            b.enqueue(item(batch=n), now=0.0)
+        return [sizes(p) for p in b.take_batches(now=0.0, share=share)]
+
+    assert parts((1, 3), 2) == [[1], [3]]
+    assert parts((1, 1, 4), 2) == [[1, 1], [4]]
+    assert parts((1,) * 10, 4) == [[1, 1], [1, 1, 1], [1, 1], [1, 1, 1]]
+    assert parts((1, 1, 1), 5) == [[1], [1], [1]]
+
+
+def burst(b: DynamicBatcher, n: int, batch: int = 1) -> None:
+    for _ in range(n):
+        b.enqueue(item(batch=batch), now=0.0)
+
+
+def shares(b: DynamicBatcher, share: int) -> list[int]:
+    return [sum(sizes(p)) for p in b.take_batches(now=0.0, share=share)]
+
+
 def test_a_batch_is_shared_only_in_parts_worth_an_execution() -> None:
-    """By default each part must be expected to compute 1 ms, judged by the executions
-    seen: a part costs an execution's hops whatever it computes."""
-
-    def burst(b: DynamicBatcher, n: int) -> None:
-        for _ in range(n):
-            b.enqueue(item(), now=0.0)
-
+    """By default each part must be expected to take 1 ms of compute off the others,
+    judged by the executions seen: a part costs an execution's hops whatever it computes."""
     b = DynamicBatcher(BatcherConfig(64, (64,)))
     burst(b, 6)
-    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [6]  # nothing seen yet
+    assert shares(b, 2) == [6]  # nothing seen yet
     b.observe(8, 80_000)  # 10 µs a sample: a small model
     burst(b, 6)
-    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [6]
+    assert shares(b, 2) == [6]
     b = DynamicBatcher(BatcherConfig(64, (64,)))
-    b.observe(8, 4_000_000)  # 500 µs a sample
-    burst(b, 6)  # 3 ms: three parts would be worth it, but two instances are idle
-    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [3, 3]
-    burst(b, 5)  # 2.5 ms: two parts of at least 1 ms, though four instances are idle
-    assert [len(p) for p in b.take_batches(now=0.0, share=4)] == [3, 2]
+    b.observe(8, 4_000_000)  # 500 µs a sample: a part needs 2
+    burst(b, 6)  # three parts would be worth it, but two instances are idle
+    assert shares(b, 2) == [3, 3]
+    burst(b, 5)  # four idle: two parts of at least 2 samples, not four
+    assert shares(b, 4) == [2, 3]
     burst(b, 3)  # 1.5 ms: one part
-    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [3]
+    assert shares(b, 2) == [3]
+
+
+def test_a_part_too_small_to_be_worth_it_joins_its_neighbour() -> None:
+    b = DynamicBatcher(BatcherConfig(64, (64,)))
+    b.observe(10, 4_000_000)  # 400 µs a sample: a part needs 3
+    burst(b, 10)  # 4 ms: three parts, not 3 + 3 + 3 + 1 over four instances
+    assert shares(b, 4) == [3, 4, 3]
+    b = DynamicBatcher(BatcherConfig(64, (64,)))
+    b.observe(10, 4_000_000)
+    for n in (5, 1, 1):  # 7 samples: two parts of 3.5 would do, but [5], [1, 1] is short
+        b.enqueue(item(batch=n), now=0.0)
+    assert shares(b, 2) == [7]
+
+
+def test_a_fixed_cost_per_execution_is_not_what_sharing_saves() -> None:
+    """A model that takes 900 µs an execution plus 1 µs a sample (a GPU, typically): a
+    part of a few samples takes nothing off the others, however long it runs."""
+    b = DynamicBatcher(BatcherConfig(64, (64,)))
+    b.observe(1, 901_000)
+    b.observe(8, 908_000)
+    burst(b, 8)
+    assert shares(b, 4) == [8]
+    proportional = DynamicBatcher(BatcherConfig(64, (64,)))
+    proportional.observe(1, 900_000)
+    proportional.observe(8, 7_200_000)
+    burst(proportional, 8)
+    assert shares(proportional, 4) == [2, 2, 2, 2]
 
 
 def test_the_compute_estimate_follows_the_executions() -> None:
     b = DynamicBatcher(BatcherConfig(64, (64,)))
     b.observe(4, 4_000_000)  # 1 ms a sample
+    b.observe(4, 40_000)  # then 10 µs a sample: the earlier one still counts
+    burst(b, 6)
+    assert shares(b, 2) == [3, 3]
     for _ in range(30):
-        b.observe(4, 40_000)  # then 10 µs a sample, for a while
-    for _ in range(6):
-        b.enqueue(item(), now=0.0)
-    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [6]
-    b.observe(0, 5_000_000)  # an execution of nothing (every request refused) says nothing
-    for _ in range(6):
-        b.enqueue(item(), now=0.0)
-    assert [len(p) for p in b.take_batches(now=0.0, share=2)] == [6]
+        b.observe(4, 40_000)  # 10 µs a sample, for a while: it is forgotten
+    burst(b, 6)
+    assert shares(b, 2) == [6]
+    b.observe(0, 5_000_000)  # an execution of nothing says nothing
+    burst(b, 6)
+    assert shares(b, 2) == [6]
+
+
+def test_minus_one_never_shares() -> None:
+    b = DynamicBatcher(BatcherConfig(64, (64,), share_min_compute_us=-1))
+    b.observe(8, 80_000_000)  # 10 ms a sample
+    burst(b, 8)
+    assert shares(b, 4) == [8]

@@ -553,9 +553,9 @@ def test_a_burst_is_shared_among_the_idle_instances_in_order() -> None:
         assert router.submit(mv, _item(i), 0.0, dispatch=False) == []
     sent = router.dispatch(mv, 0.0)
     assert [(inst.ident, [it.request.req_id for it in batch.items]) for inst, batch in sent] == [
-        (b"w0", [1, 2]),
-        (b"w1", [3, 4]),
-        (b"w2", [5]),
+        (b"w0", [1, 2]),  # cut nearest 5/3 and 10/3
+        (b"w1", [3]),
+        (b"w2", [4, 5]),
     ]
     # answered in arrival order: the sequence runs on across the shares
     assert [it.seq for _, batch in sent for it in batch.items] == [1, 2, 3, 4, 5]
@@ -605,3 +605,49 @@ def test_the_executions_a_version_reports_decide_whether_a_burst_is_shared() -> 
     done = m.BatchDone(a.in_flight.batch_id, 4, 500_000, 3_000_000, 500_000)
     assert router.batch_done(a, done, 1.0) == []
     assert burst(5) == [[5, 6], [7, 8]]  # two parts of 2 ms
+
+
+def test_the_samples_executed_not_the_requests_feed_the_estimate() -> None:
+    table, router, (a, b) = _table(2)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(
+        _batching_config(
+            "max_batch_size: 64 dynamic_batching { } parameters { "
+            'key: "shoal_share_min_compute_us" value { string_value: "1500" } }'
+        )
+    )
+    _ready(table, router, a)
+    _ready(table, router, b)
+
+    def pairs(first: int, n: int) -> list[list[int]]:
+        for i in range(first, first + n):
+            req = m.InferRequest(i, "simple", 1, [], [], batch_size=2)
+            router.submit(mv, m.WorkItem(b"f0", req), 0.0, dispatch=False)
+        return [[it.request.req_id for it in batch.items] for _, batch in router.dispatch(mv, 0.0)]
+
+    assert pairs(1, 4) == [[1, 2, 3, 4]]
+    assert a.in_flight is not None
+    router.batch_done(a, m.BatchDone(a.in_flight.batch_id, 8, 0, 4_000_000, 0), 1.0)
+    # 500 µs a sample: a part of 1.5 ms needs 3 samples, so 4 samples stay one batch
+    # (counted by requests, 1 ms each, it would be cut in two)
+    assert pairs(5, 2) == [[5, 6]]
+
+
+def test_a_failed_execution_does_not_feed_the_estimate() -> None:
+    table, router, (a, b) = _table(2)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    mv.set_config(_batching_config("max_batch_size: 64 dynamic_batching { }"))
+    _ready(table, router, a)
+    _ready(table, router, b)
+    for i in range(1, 5):
+        router.submit(mv, _item(i), 0.0, dispatch=False)
+    router.dispatch(mv, 0.0)
+    assert a.in_flight is not None
+    slow = m.BatchDone(a.in_flight.batch_id, 4, 0, 40_000_000, 0, failed=[0])
+    router.batch_done(a, slow, 1.0)  # 10 ms a sample, but a request failed: not counted
+    for i in range(5, 9):
+        router.submit(mv, _item(i), 1.0, dispatch=False)
+    ((_, batch),) = router.dispatch(mv, 1.0)
+    assert len(batch.items) == 4

@@ -342,15 +342,19 @@ def test_sequence_errors(sequence: str, message: str) -> None:
     ("value", "message"),
     [
         ("soon", "failed to convert 'soon' to integral number"),
-        ("-1", "shoal_share_min_compute_us must be >= 0 for m"),
+        ("-2", "shoal_share_min_compute_us must be -1 (never share) or >= 0 for m"),
     ],
 )
-def test_share_min_compute_must_be_a_non_negative_integer(value: str, message: str) -> None:
+@pytest.mark.parametrize("batching", ["dynamic_batching { }", ""])  # auto-complete may add it
+def test_share_min_compute_must_be_an_integer_from_minus_one(
+    value: str, message: str, batching: str
+) -> None:
     text = (
-        'platform: "onnxruntime_onnx" max_batch_size: 8 dynamic_batching { } '
+        f'platform: "onnxruntime_onnx" max_batch_size: 8 {batching} '
         f'parameters {{ key: "shoal_share_min_compute_us" value {{ string_value: "{value}" }} }}'
     )
     with pytest.raises(ConfigError) as e:
         check(text)
     assert message in str(e.value)
-    check(text.replace(f'"{value}"', '"0"'))
+    for good in ("0", "-1", "5000"):
+        check(text.replace(f'"{value}"', f'"{good}"'))
