@@ -133,10 +133,11 @@ def _cut(chosen: list[Pending], total: int, parts: int, least: int) -> list[list
     i = 0
     while len(out) > 1 and i < len(out):
         if sum(p.size for p in out[i]) < least:
+            small = out.pop(i)
             if i == 0:
-                out[1][:0] = out.pop(0)
+                out[0][:0] = small  # the first part joins the one after it
             else:
-                out[i - 1] += out.pop(i)
+                out[i - 1] += small
             i = 0
         else:
             i += 1

@@ -549,6 +549,12 @@ def test_a_part_too_small_to_be_worth_it_joins_its_neighbour() -> None:
     for n in (5, 1, 1):  # 7 samples: two parts of 3.5 would do, but [5], [1, 1] is short
         b.enqueue(item(batch=n), now=0.0)
     assert shares(b, 2) == [7]
+    for n in (1, 5):  # [1], [5] at first: the first part joins the one after it
+        b.enqueue(item(batch=n), now=0.0)
+    assert [sizes(p) for p in b.take_batches(now=0.0, share=2)] == [[1, 5]]
+    for n in (1, 5, 1, 1, 5):  # [1, 5], [1, 1], [5] at first
+        b.enqueue(item(batch=n), now=0.0)
+    assert [sizes(p) for p in b.take_batches(now=0.0, share=3)] == [[1, 5, 1, 1], [5]]
 
 
 def test_a_fixed_cost_per_execution_is_not_what_sharing_saves() -> None:
@@ -586,3 +592,29 @@ def test_minus_one_never_shares() -> None:
     b.observe(8, 80_000_000)  # 10 ms a sample
     burst(b, 8)
     assert shares(b, 4) == [8]
+
+
+def test_sharing_keeps_every_request_once_in_order_in_parts_worth_it() -> None:
+    """Over many random bursts: the parts, joined, are the batch Triton would send; none
+    is empty; there are no more parts than idle instances; each part is worth its
+    execution (or there is only one)."""
+    import random
+
+    rng = random.Random(20261203)
+    for _ in range(2000):
+        per_sample_us = rng.choice([10, 200, 400, 700, 1500])
+        least_us = rng.choice([0, 1000, 2500])
+        b = DynamicBatcher(BatcherConfig(64, (64,), share_min_compute_us=least_us))
+        b.observe(8, per_sample_us * 8 * 1000)
+        queued = [item(batch=rng.choice([1, 1, 1, 2, 3, 5])) for _ in range(rng.randint(1, 12))]
+        if sum(sizes(queued)) > 64:
+            continue
+        for it in queued:
+            b.enqueue(it, now=0.0)
+        share = rng.randint(1, 5)
+        parts = b.take_batches(now=0.0, share=share)
+        assert [i for p in parts for i in ids(p)] == ids(queued)
+        assert all(parts) and len(parts) <= share
+        least = max(1, -(-least_us // per_sample_us)) if least_us else 1
+        assert len(parts) == 1 or all(sum(sizes(p)) >= least for p in parts)
+        assert len(b) == 0
