@@ -113,35 +113,24 @@ class Pending:
 
 
 def _cut(chosen: list[Pending], total: int, parts: int, least: int) -> list[list[Pending]]:
-    """``chosen`` (``total`` samples) cut in order into at most ``parts`` parts of about
-    equal samples, at the request boundaries nearest the even cuts (a request is never
-    cut), then each part of fewer than ``least`` samples joined to its neighbour."""
+    """``chosen`` (``total`` samples) cut in order into as many parts as it can, at most
+    ``parts`` (<= len(chosen)), each of at least ``least`` samples: for each count from
+    ``parts`` down, the cut at the request boundaries nearest the even shares (a request
+    is never cut), the first whose parts are all large enough."""
     ends = list(itertools.accumulate(p.size for p in chosen))  # samples through each
-    cuts: list[int] = []  # a part ends after chosen[i]
-    for k in range(1, parts):
-        lo = cuts[-1] + 1 if cuts else 0
-        hi = len(chosen) - (parts - k) - 1  # leave a request for each part still to come
-        if lo > hi:
-            break
-        even = k * total / parts
-        cuts.append(min(range(lo, hi + 1), key=lambda i: abs(ends[i] - even)))
-    out: list[list[Pending]] = []
-    start = 0
-    for i in [*cuts, len(chosen) - 1]:
-        out.append(chosen[start : i + 1])
-        start = i + 1
-    i = 0
-    while len(out) > 1 and i < len(out):
-        if sum(p.size for p in out[i]) < least:
-            small = out.pop(i)
-            if i == 0:
-                out[0][:0] = small  # the first part joins the one after it
-            else:
-                out[i - 1] += small
-            i = 0
-        else:
-            i += 1
-    return out
+    for k in range(parts, 1, -1):
+        cuts: list[int] = []  # a part ends after chosen[i]
+        for j in range(1, k):
+            lo = cuts[-1] + 1 if cuts else 0
+            hi = len(chosen) - (k - j) - 1  # a request left for each part still to come
+            even = j * total / k
+            cuts.append(min(range(lo, hi + 1), key=lambda i: abs(ends[i] - even)))
+        bounds = [-1, *cuts, len(chosen) - 1]
+        if all(
+            ends[b] - (ends[a] if a >= 0 else 0) >= least for a, b in itertools.pairwise(bounds)
+        ):
+            return [chosen[a + 1 : b + 1] for a, b in itertools.pairwise(bounds)]
+    return [chosen]
 
 
 class _Cost:
@@ -149,7 +138,7 @@ class _Cost:
     compute time over batch size, fitted by least squares with recent executions weighing
     most. A fixed cost per execution (large on a GPU) is what sharing a batch cannot
     divide, so the slope, not the mean, says what a part takes off the others. Until
-    executions of different sizes have been seen, the mean per sample stands in."""
+    executions of clearly different sizes have been seen, the mean per sample stands in."""
 
     DECAY = 0.9  # each execution's weight, against the one after it
 
@@ -169,7 +158,9 @@ class _Cost:
             return 0.0
         mean = self.y / self.x
         spread = self.w * self.xx - self.x * self.x
-        if spread <= 1e-9 * self.w * self.xx:  # one size only: no slope to fit
+        # Sizes too alike (one size, or one odd execution among many of another) make
+        # the slope a difference of noise: the mean stands in.
+        if spread <= 0.01 * self.w * self.xx:
             return mean
         slope = (self.w * self.xy - self.x * self.y) / spread
         return min(max(slope, 0.0), mean)
@@ -426,10 +417,10 @@ class DynamicBatcher:
         least = 1
         if least_us:
             per_sample = self._cost.per_sample()
-            if per_sample <= 0:
-                return [f.chosen]  # nothing known yet
+            if per_sample < 1:  # nothing known yet, or under a nanosecond a sample
+                return [f.chosen]
             least = max(1, math.ceil(least_us * 1000 / per_sample))
-        parts = min(share, f.total // least)
+        parts = min(share, f.total // least, len(f.chosen))
         return _cut(f.chosen, f.total, parts, least) if parts > 1 else [f.chosen]
 
     def observe(self, samples: int, compute_ns: int) -> None:

@@ -539,7 +539,7 @@ def test_a_batch_is_shared_only_in_parts_worth_an_execution() -> None:
     assert shares(b, 2) == [3]
 
 
-def test_a_part_too_small_to_be_worth_it_joins_its_neighbour() -> None:
+def test_parts_too_small_to_be_worth_it_make_fewer_parts() -> None:
     b = DynamicBatcher(BatcherConfig(64, (64,)))
     b.observe(10, 4_000_000)  # 400 µs a sample: a part needs 3
     burst(b, 10)  # 4 ms: three parts, not 3 + 3 + 3 + 1 over four instances
@@ -552,9 +552,9 @@ def test_a_part_too_small_to_be_worth_it_joins_its_neighbour() -> None:
     for n in (1, 5):  # [1], [5] at first: the first part joins the one after it
         b.enqueue(item(batch=n), now=0.0)
     assert [sizes(p) for p in b.take_batches(now=0.0, share=2)] == [[1, 5]]
-    for n in (1, 5, 1, 1, 5):  # [1, 5], [1, 1], [5] at first
+    for n in (1, 5, 1, 1, 5):  # three parts would be [1, 5], [1, 1], [5]: two, then
         b.enqueue(item(batch=n), now=0.0)
-    assert [sizes(p) for p in b.take_batches(now=0.0, share=3)] == [[1, 5, 1, 1], [5]]
+    assert [sizes(p) for p in b.take_batches(now=0.0, share=3)] == [[1, 5], [1, 1, 5]]
 
 
 def test_a_fixed_cost_per_execution_is_not_what_sharing_saves() -> None:
@@ -618,3 +618,32 @@ def test_sharing_keeps_every_request_once_in_order_in_parts_worth_it() -> None:
         least = max(1, -(-least_us // per_sample_us)) if least_us else 1
         assert len(parts) == 1 or all(sum(sizes(p)) >= least for p in parts)
         assert len(b) == 0
+
+
+def test_more_idle_instances_than_requests_still_share() -> None:
+    b = DynamicBatcher(BatcherConfig(64, (64,)))
+    b.observe(8, 8_000_000)  # 1 ms a sample
+    for share in (2, 4):
+        burst(b, 2, batch=8)
+        assert shares(b, share) == [8, 8]
+
+
+def test_one_odd_execution_does_not_make_the_estimate() -> None:
+    """With two sizes seen, the fitted slope is the difference of their mean times, how
+    little the odd one weighs notwithstanding: one execution of 9 among a hundred of 8,
+    1% faster by jitter, would say a sample costs nothing."""
+    b = DynamicBatcher(BatcherConfig(64, (64,)))
+    for _ in range(100):
+        b.observe(8, 8_000_000)  # 1 ms a sample
+    b.observe(9, 7_900_000)
+    burst(b, 4)
+    assert shares(b, 2) == [2, 2]
+
+
+def test_an_estimate_under_a_nanosecond_a_sample_shares_nothing() -> None:
+    b = DynamicBatcher(BatcherConfig(64, (64,)))
+    b.observe(8, 8_000_000)
+    for _ in range(7000):
+        b.observe(8, 0)  # decays to a subnormal number: no division by it
+    burst(b, 4)
+    assert shares(b, 2) == [4]
