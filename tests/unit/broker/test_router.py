@@ -537,18 +537,28 @@ def test_metrics_carry_failures_pending_requests_tags_and_summaries() -> None:
     assert later.stats.inference_stats.success.count == 2  # the counters stay
 
 
-def test_a_burst_is_shared_among_the_idle_instances_in_order() -> None:
-    table, router, (a, b, c) = _table(3)
+def _batching_ready(
+    instances: int, batching: str = "", share_min_compute_us: str | None = None
+) -> tuple[Router, ModelVersion, list[Instance]]:
+    """A version of ``instances`` ready instances, max_batch_size 64 and
+    ``dynamic_batching { <batching> }``, with shoal_share_min_compute_us if given."""
+    table, router, insts = _table(instances)
     mv = table.version("simple", 1)
     assert mv is not None
-    mv.set_config(
-        _batching_config(
-            "max_batch_size: 64 dynamic_batching { preserve_ordering: 1 } parameters { "
-            'key: "shoal_share_min_compute_us" value { string_value: "0" } }'
+    text = f"max_batch_size: 64 dynamic_batching {{ {batching} }}"
+    if share_min_compute_us is not None:
+        text += (
+            ' parameters { key: "shoal_share_min_compute_us" value { string_value: '
+            f'"{share_min_compute_us}" }} }}'
         )
-    )
-    for inst in (a, b, c):
+    mv.set_config(_batching_config(text))
+    for inst in insts:
         _ready(table, router, inst)
+    return router, mv, insts
+
+
+def test_a_burst_is_shared_among_the_idle_instances_in_order() -> None:
+    router, mv, (_, b, _) = _batching_ready(3, "preserve_ordering: 1", "0")
     for i in range(1, 6):  # one frontend message: all queued, then dispatched
         assert router.submit(mv, _item(i), 0.0, dispatch=False) == []
     sent = router.dispatch(mv, 0.0)
@@ -566,17 +576,7 @@ def test_a_burst_is_shared_among_the_idle_instances_in_order() -> None:
 
 
 def test_a_busy_instance_takes_no_share() -> None:
-    table, router, (a, b) = _table(2)
-    mv = table.version("simple", 1)
-    assert mv is not None
-    mv.set_config(
-        _batching_config(
-            "max_batch_size: 64 dynamic_batching { } parameters { "
-            'key: "shoal_share_min_compute_us" value { string_value: "0" } }'
-        )
-    )
-    _ready(table, router, a)
-    _ready(table, router, b)
+    router, mv, (a, b) = _batching_ready(2, share_min_compute_us="0")
     router.submit(mv, _item(1), 0.0)  # a lone request: the first idle instance runs it
     assert a.in_flight is not None and b.in_flight is None
     for i in range(2, 6):
@@ -586,12 +586,7 @@ def test_a_busy_instance_takes_no_share() -> None:
 
 
 def test_the_executions_a_version_reports_decide_whether_a_burst_is_shared() -> None:
-    table, router, (a, b) = _table(2)
-    mv = table.version("simple", 1)
-    assert mv is not None
-    mv.set_config(_batching_config("max_batch_size: 64 dynamic_batching { }"))  # 1 ms parts
-    _ready(table, router, a)
-    _ready(table, router, b)
+    router, mv, (a, _) = _batching_ready(2)  # parts worth 1 ms
 
     def burst(first: int) -> list[list[int]]:
         for i in range(first, first + 4):
@@ -608,17 +603,7 @@ def test_the_executions_a_version_reports_decide_whether_a_burst_is_shared() -> 
 
 
 def test_the_samples_executed_not_the_requests_feed_the_estimate() -> None:
-    table, router, (a, b) = _table(2)
-    mv = table.version("simple", 1)
-    assert mv is not None
-    mv.set_config(
-        _batching_config(
-            "max_batch_size: 64 dynamic_batching { } parameters { "
-            'key: "shoal_share_min_compute_us" value { string_value: "1500" } }'
-        )
-    )
-    _ready(table, router, a)
-    _ready(table, router, b)
+    router, mv, (a, _) = _batching_ready(2, share_min_compute_us="1500")
 
     def pairs(first: int, n: int) -> list[list[int]]:
         for i in range(first, first + n):
@@ -635,12 +620,7 @@ def test_the_samples_executed_not_the_requests_feed_the_estimate() -> None:
 
 
 def test_a_failed_execution_does_not_feed_the_estimate() -> None:
-    table, router, (a, b) = _table(2)
-    mv = table.version("simple", 1)
-    assert mv is not None
-    mv.set_config(_batching_config("max_batch_size: 64 dynamic_batching { }"))
-    _ready(table, router, a)
-    _ready(table, router, b)
+    router, mv, (a, _) = _batching_ready(2)
     for i in range(1, 5):
         router.submit(mv, _item(i), 0.0, dispatch=False)
     router.dispatch(mv, 0.0)
