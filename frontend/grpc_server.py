@@ -388,6 +388,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
                         unparsable.append(request)
                         return  # what came before is answered; then the stream ends
                     await window.acquire()
+                    # The requests reach the broker in the order the stream brought them,
+                    # as Triton reads a stream into its scheduler (preserve_ordering then
+                    # answers in that order). A request's one wait before it leaves is the
+                    # lookup of a model this frontend has not cached yet: made here, one
+                    # request after the other, a later request that found the model
+                    # cached cannot overtake one still waiting for it. A lookup that
+                    # fails is repeated by the request's own task, whose answer it is.
+                    with contextlib.suppress(Exception):
+                        await self.dp.model(request.model_name, request.model_version)
                     task = asyncio.create_task(answer(request))
                     running.add(task)
                     task.add_done_callback(running.discard)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
 import signal
 import threading
@@ -64,6 +65,13 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalS
         "ordered",
         "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
         "dynamic_batching { preserve_ordering: true }",
+    )
+    write_identity(  # one test only: new to the frontend; batches shared as often as can be
+        repo,
+        "ordered_stream",
+        "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
+        "dynamic_batching { preserve_ordering: true max_queue_delay_microseconds: 500 }\n"
+        'parameters { key: "shoal_share_min_compute_us" value { string_value: "0" } }',
     )
     modelgen.write_model(
         repo, "priority2", _batch_sum_model(),
@@ -288,6 +296,32 @@ def test_preserve_ordering_holds_a_later_answer_until_the_earlier_one(
     # Both answers leave together once A is done; which client thread wakes first is
     # the OS's business, so only completion is checked here (the hold is the point).
     assert sorted(finished) == ["A", "B"]
+
+
+def test_a_stream_is_answered_in_the_order_it_sent_with_preserve_ordering(
+    batching_server: ShoalServer,
+) -> None:
+    """Triton reads a stream's requests into the scheduler one after the other, so
+    preserve_ordering answers them in the order they were sent, whichever of two
+    instances ran them, batched or shared. The model is new to the frontend, so the
+    first requests also wait for its lookup (tests/unit/frontend/test_grpc_stream.py
+    holds that wait open on purpose)."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{batching_server.grpc_port}")
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    n = 200
+    try:
+        for i in range(n):
+            inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            inp.set_data_from_numpy(np.full((1, 4), i, dtype=np.float32))
+            client.async_stream_infer("ordered_stream", [inp], request_id=str(i))
+        got = [answers.get(timeout=30) for _ in range(n)]
+    finally:
+        client.stop_stream()
+        client.close()
+    assert not [r for r in got if isinstance(r, Exception)]
+    assert [r.get_response().id for r in got] == [str(i) for i in range(n)]
+    assert [int(r.as_numpy("OUTPUT0")[0, 0]) for r in got] == list(range(n))
 
 
 def test_passive_instances_load_and_are_never_sent_requests(batching_server: ShoalServer) -> None:

@@ -1,68 +1,26 @@
 """The frontend's connection to the broker groups what one turn of its event loop sends:
 the requests of a turn leave in one message, and the answers of a batch arrive in one.
-The broker's side is a real ROUTER socket bound where the broker binds it."""
+The broker's side is a real ROUTER socket bound where the broker binds it (StandInBroker)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import zmq
-
 from frontend.broker_client import BrokerClient
 from ipc import messages as m
-from ipc import sockets
+from tests.unit.frontend.stand_in import StandInBroker
 
-_KEEPALIVE = (m.KINDS[m.FrontendHello], m.KINDS[m.ServerQuery])
-
-
-class _Broker:
-    """The test's stand-in for the broker's frontend socket."""
-
-    def __init__(self, runtime_dir: Path) -> None:
-        self.runtime_dir = runtime_dir
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.sock = sockets.router(self.ctx, sockets.endpoint(runtime_dir, sockets.FRONTEND_SOCKET))
-
-    def recv(self, timeout_ms: int = 2000, keepalive: bool = False) -> list[bytes] | None:
-        """The next message (without the routing id), or None if none came in time.
-        It blocks the event loop: nothing the client defers can be sent meanwhile. The
-        client's own greetings and pings (a slow host may see some) are passed over,
-        unless ``keepalive``."""
-        while self.sock.poll(timeout_ms):
-            frames = self.sock.recv_multipart()[1:]
-            if keepalive or frames[0] not in _KEEPALIVE:
-                return frames
-        return None
-
-    def welcome(self, client: BrokerClient) -> None:
-        frames = self.recv(keepalive=True)
-        assert frames is not None and frames[0] == m.KINDS[m.FrontendHello]
-        self.sock.send_multipart([client.identity, *m.encode(m.Welcome(os.getpid()))])
-
-    def answer(self, client: BrokerClient, req_ids: list[int]) -> None:
-        """Answers as a worker sends them: one message on the client's result socket."""
-        push = sockets.push(self.ctx, sockets.result_endpoint(self.runtime_dir, client.identity))
-        payloads = [m.encode_payload(m.InferResponse(i, model_version=i)) for i in req_ids]
-        push.send_multipart(payloads)
-        push.close(linger=1000)
-
-    def close(self) -> None:
-        self.sock.close(0)
-        self.ctx.term()
-
-
-Scenario = Callable[[BrokerClient, _Broker], Awaitable[None]]
+Scenario = Callable[[BrokerClient, StandInBroker], Awaitable[None]]
 
 
 @contextlib.asynccontextmanager
-async def _connected(tmp_path: Path) -> AsyncIterator[tuple[BrokerClient, _Broker]]:
+async def _connected(tmp_path: Path) -> AsyncIterator[tuple[BrokerClient, StandInBroker]]:
     run = tmp_path / "run"
     run.mkdir(mode=0o700)
-    broker = _Broker(run)
+    broker = StandInBroker(run)
     client = BrokerClient(run, 0)
     client.start()
     await asyncio.sleep(0.05)  # the greeter's first hello leaves
@@ -96,7 +54,7 @@ def test_the_requests_of_one_turn_share_a_message_and_each_gets_its_answer(tmp_p
     _run(tmp_path, _one_turn_one_message)
 
 
-async def _one_turn_one_message(client: BrokerClient, broker: _Broker) -> None:
+async def _one_turn_one_message(client: BrokerClient, broker: StandInBroker) -> None:
     first = _request(client)
     lone = asyncio.create_task(client.infer(first, lambda: None))
     await asyncio.sleep(0)  # in the client; it leaves at the turn's end, not before
@@ -126,7 +84,7 @@ def test_nothing_sent_in_a_turn_overtakes_its_requests(tmp_path: Path) -> None:
     _run(tmp_path, _nothing_overtakes)
 
 
-async def _nothing_overtakes(client: BrokerClient, broker: _Broker) -> None:
+async def _nothing_overtakes(client: BrokerClient, broker: StandInBroker) -> None:
     # A Cancel for a request still waiting for the turn's end (or any other message)
     # goes after the requests of the turn, never before them.
     a, b = _request(client), _request(client)
@@ -148,7 +106,7 @@ def test_requests_unsent_when_the_broker_is_lost_never_reach_the_next_one(tmp_pa
     _run(tmp_path, _lost_broker_drops_unsent)
 
 
-async def _lost_broker_drops_unsent(client: BrokerClient, broker: _Broker) -> None:
+async def _lost_broker_drops_unsent(client: BrokerClient, broker: StandInBroker) -> None:
     reqs = [_request(client) for _ in range(3)]
     tasks = [asyncio.create_task(client.infer(r, lambda: None)) for r in reqs]
     await asyncio.sleep(0)  # all three wait for the turn's end

@@ -1,0 +1,130 @@
+"""A gRPC stream's requests reach the broker in the order the stream brought them, also
+while the frontend is still looking their model up (Triton reads a stream into its
+scheduler one request after the other; preserve_ordering answers in that order).
+
+The frontend's own parts are real: its gRPC server, data plane, shared-memory pool and
+broker connection, on one event loop; tritonclient sends. The broker is a StandInBroker
+driven from another thread, so the test decides when each model lookup is answered."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import model_config_pb2 as pb
+
+from frontend.broker_client import BrokerClient
+from frontend.dataplane import DataPlane
+from frontend.grpc_server import build_server
+from ipc import messages as m
+from ipc.shm import SlabPool
+from tests.serverctl import free_ports
+from tests.unit.frontend.stand_in import StandInBroker
+
+_CONFIG = pb.ModelConfig(
+    name="ordered",
+    platform="onnxruntime_onnx",
+    max_batch_size=8,
+    input=[pb.ModelInput(name="INPUT0", data_type=pb.TYPE_FP32, dims=[1])],
+    output=[pb.ModelOutput(name="OUTPUT0", data_type=pb.TYPE_FP32, dims=[1])],
+).SerializeToString()
+
+
+class _Broker:
+    """What reaches the broker while the test holds the lookups back."""
+
+    def __init__(self, stand_in: StandInBroker, client: BrokerClient) -> None:
+        self.stand_in = stand_in
+        self.client = client
+        self.lookups: list[m.ModelQuery] = []
+        self.requests: list[m.InferRequest] = []
+
+    def take(self, seconds: float) -> None:
+        """Whatever arrives for ``seconds``: model lookups and inference requests."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            frames = self.stand_in.recv(timeout_ms=max(int(left * 1000), 1))
+            if frames is None:
+                continue
+            kind, *payloads = frames
+            if kind == m.KINDS[m.ModelQuery]:
+                self.lookups.append(m.decode(kind, payloads[0]))  # type: ignore[arg-type]
+            elif kind == m.KINDS[m.InferRequest]:
+                self.requests += [m.decode(kind, p) for p in payloads]  # type: ignore[misc]
+
+    def answer_lookups(self, count: int | None = None) -> None:
+        """The lookups still unanswered (the first ``count`` of them): the model is ready."""
+        for q in self.lookups[:count]:
+            info = m.ModelInfo(q.query_id, None, "ordered", 1, [1], True, "", _CONFIG)
+            self.stand_in.reply(self.client, info)
+        self.lookups = self.lookups[len(self.lookups[:count]) :]
+
+    def answer_requests(self) -> None:
+        """Every request answered (with what does not matter here), so the stream ends."""
+        self.stand_in.answer(self.client, [r.req_id for r in self.requests])
+
+
+def _value(req: m.InferRequest) -> int:
+    (tensor,) = req.inputs
+    assert tensor.data is not None
+    return int(np.frombuffer(tensor.data, dtype="<f4")[0])
+
+
+def _drive(url: str, broker: _Broker) -> list[int]:
+    """Requests 0, 1 and 2 sent while their model is not looked up yet; the first lookup
+    answered; request 3 sent; then the other lookups answered. The order the requests
+    reached the broker in, by the value each carries."""
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: None)
+
+    def send(i: int) -> None:
+        inp = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.full((1, 1), i, dtype=np.float32))
+        client.async_stream_infer("ordered", [inp], request_id=str(i))
+
+    try:
+        for i in range(3):
+            send(i)
+        broker.take(0.5)
+        broker.answer_lookups(1)
+        broker.take(0.3)  # request 0 leaves; the others wait or follow it
+        send(3)
+        broker.take(0.5)  # request 3 finds the model cached
+        broker.answer_lookups()
+        broker.take(0.5)
+        broker.answer_requests()
+    finally:
+        client.stop_stream()
+        client.close()
+    return [_value(r) for r in broker.requests]
+
+
+def test_a_stream_request_does_not_overtake_one_waiting_for_its_model(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+
+    async def main() -> list[int]:
+        stand_in = StandInBroker(run)
+        client = BrokerClient(run, 0)
+        client.start()
+        pool = SlabPool("test", 1 << 20)
+        server = None
+        try:
+            await asyncio.sleep(0.05)  # the greeter's first hello leaves
+            stand_in.welcome(client)
+            assert await client.wait_connected(2.0)
+            (port,) = free_ports(1)
+            server = build_server(DataPlane(client, pool), f"127.0.0.1:{port}", False)
+            await server.start()
+            return await asyncio.to_thread(_drive, f"127.0.0.1:{port}", _Broker(stand_in, client))
+        finally:
+            if server is not None:
+                await server.stop(0)
+            await client.close()
+            pool.close()
+            stand_in.close()
+
+    assert asyncio.run(main()) == [0, 1, 2, 3]
