@@ -551,9 +551,13 @@ class BrokerProc:
         if inst is None:
             return
         self._killed.discard(inst.pid)
-        log.error(
-            "instance %d of %s/%d (pid %d) exited", inst.index, inst.model, inst.version, inst.pid
-        )
+        # When the broker is stopping (SIGTERM), the workers are being stopped with it
+        # (the launcher signals them together): an exit is the stop, not a fault.
+        log.log(
+            logging.INFO if self.stop else logging.ERROR,
+            "instance %d of %s/%d (pid %d) %s", inst.index, inst.model, inst.version, inst.pid,
+            "stopped" if self.stop else "exited",
+        )  # fmt: skip
         was_loading = inst.state == "LOADING"
         ran = {id(item) for item in inst.in_flight.items} if inst.in_flight else set()
         failed, dispatches = self.router.instance_lost(inst, time.monotonic())

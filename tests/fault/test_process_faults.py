@@ -4,9 +4,11 @@ process or /dev/shm segment is left behind."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -207,6 +209,33 @@ def test_broker_killed_stops_the_server_cleanly(fresh_server: ShoalServer) -> No
     assert fresh_server.proc.wait(30) == 1  # the launcher stops by itself, as a failure
     fresh_server.stop()  # already stopped: this checks that nothing is left
     assert "broker exited" in fresh_server.log()
+
+
+def test_a_worker_exit_seen_while_the_broker_stops_is_no_error(
+    fresh_server: ShoalServer,
+) -> None:
+    """shoal serve stops the broker and the workers together, so a stopping broker may
+    still see a worker go: that is the stop, logged at INFO, not an ERROR that would page
+    an operator. The broker is held (SIGSTOP) while its SIGTERM, aimed at its main thread
+    (which waits in its poll), and the worker's exit wait for it; let go, it handles the
+    signal first, then the exit."""
+    (broker,) = fresh_server.pids("broker")
+    worker = fresh_server.worker_pid("simple")
+    time.sleep(0.3)  # past the start's messages: the broker waits in its poll
+    gone = os.pidfd_open(worker)
+    os.kill(broker, signal.SIGSTOP)
+    try:
+        assert ctypes.CDLL(None, use_errno=True).tgkill(broker, broker, signal.SIGTERM) == 0
+        os.kill(worker, signal.SIGKILL)
+        assert select.select([gone], [], [], 10)[0]
+    finally:
+        os.close(gone)
+        os.kill(broker, signal.SIGCONT)
+    fresh_server.proc.wait(30)  # the launcher stops once its broker has exited
+    fresh_server.stop()
+    log = fresh_server.log()
+    assert f"simple/1 (pid {worker}) exited" not in log
+    assert f"I shoal.broker: instance 0 of simple/1 (pid {worker}) stopped" in log
 
 
 def test_a_stopped_broker_fails_waiting_requests_and_is_rejoined_when_it_resumes(
