@@ -75,6 +75,7 @@ class BrokerProc:
         # for its own sockets and for watching its peers.
         self.client_regions = ClientRegions(max(raise_open_file_limit() - 512, 0))
         self._killed: set[int] = set()
+        self._leaving: set[bytes] = set()  # frontends stopping on request (FrontendLeaving)
         self.poller = zmq.Poller()
         self.poller.register(self.fsock, zmq.POLLIN)
         self.poller.register(self.wsock, zmq.POLLIN)
@@ -248,6 +249,8 @@ class BrokerProc:
             item = self.router.cancel(ident, msg.req_id, time.monotonic())
             if item is not None:  # still queued: its answer frees the frontend's slots
                 self._fail_item(item, ServingError(Code.CANCELLED, "Request was cancelled"))
+        elif isinstance(msg, m.FrontendLeaving):
+            self._leaving.add(ident)
         elif isinstance(msg, m.FrontendHello):
             self._watch(ident, msg.pid, "frontend")
             if msg.summaries:
@@ -534,7 +537,11 @@ class BrokerProc:
             self.frontend_fds.pop(ident, None)
             for item in self.router.forget_frontend(ident, time.monotonic()):
                 self._finished(item)  # queued: no place in any order yet
-            log.warning("frontend %r exited", ident)
+            if ident in self._leaving:  # it said it was stopping (SIGTERM)
+                self._leaving.discard(ident)
+                log.info("frontend %r stopped", ident)
+            else:
+                log.warning("frontend %r exited", ident)
             # Its slabs, if it could not unlink them (SIGKILL). Under shoal serve the
             # launcher does this too; under supervisord nobody else would.
             pid = sockets.frontend_pid(ident)

@@ -58,6 +58,8 @@ _SILENT_BROKER_S = 10.0
 #: How long an answer a dead worker did send gets to arrive before the requests it may
 #: not have answered are failed (it was written before the death the broker announces).
 _UNCONFIRMED_GRACE_S = 0.25
+#: How long closing waits for what was sent last to leave (a broker gone takes no more).
+_CLOSE_LINGER_MS = 200
 T = TypeVar("T", bound=msgspec.Struct)
 
 
@@ -308,6 +310,12 @@ class BrokerClient:
         for callback in self.on_broker_lost:
             callback()
 
+    def leaving(self) -> None:
+        """Tell the broker this frontend is stopping on request: the exit that follows
+        is then logged as a stop, not as a frontend lost."""
+        if self.connected:
+            self._send(m.encode(m.FrontendLeaving()))
+
     async def close(self) -> None:
         """Close the sockets; requests still waiting are left as they are. A caller
         cancelled after this (asyncio.run cancels whatever is left) sends no Cancel: the
@@ -323,6 +331,6 @@ class BrokerClient:
         if self._loop is not None:
             self._loop.remove_reader(self.sock.FD)
             self._loop.remove_reader(self.results.FD)
-        self.sock.close(0)
+        self.sock.close(_CLOSE_LINGER_MS)  # what was sent last (FrontendLeaving) goes out
         self.results.close(0)
         self.ctx.term()

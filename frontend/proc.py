@@ -125,6 +125,7 @@ async def serve(s: FrontendSettings) -> int:
             return EXIT_FATAL
         settle_gc()
         await stop.wait()
+        broker.leaving()
         log.info("stopping: draining in-flight requests (up to %.0fs)", s.exit_timeout_secs)
     finally:
         # Both listeners stop accepting at once, then each drains until the deadline.

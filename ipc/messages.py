@@ -235,6 +235,11 @@ class FrontendGone(msgspec.Struct, array_like=True):
     frontend: bytes
 
 
+class FrontendLeaving(msgspec.Struct, array_like=True):
+    """Frontend -> broker: stopping on request (SIGTERM); its exit, which follows once it
+    has drained, is an orderly stop, not a fault."""
+
+
 class Cancel(msgspec.Struct, array_like=True):
     """Frontend -> broker: the client gave up on this request (a gRPC deadline or cancel).
     If it is still queued the broker drops it and answers CANCELLED, which frees what the
@@ -424,6 +429,7 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     ServerState: b"S",
     Shutdown: b"Z",
     FrontendGone: b"G",
+    FrontendLeaving: b"B",
     StatsQuery: b"t",
     StatsReply: b"T",
     MetricsQuery: b"p",

@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import secrets
 import select
 import shutil
@@ -196,6 +197,7 @@ def test_frontend_killed_is_restarted_and_its_slab_swept(fresh_server: ShoalServ
     else:
         pytest.fail(f"frontend not restarted:\n{fresh_server.log()}")
     assert not any(p.name.startswith(f"shoal-{old}-") for p in SHM_DIR.iterdir())
+    assert f"W shoal.broker: frontend b'f-0-{old}' exited" in fresh_server.log()
     fresh_server.seen_pids |= set(fresh_server.pids())
     client = httpclient.InferenceServerClient(fresh_server.url)
     np.testing.assert_array_equal(
@@ -495,6 +497,23 @@ def test_stop_drains_in_flight_requests_then_refuses_new_ones(small_repo: Path) 
     np.testing.assert_array_equal(outcome["result"], np.full((1, 16), 2))
     assert srv.stop() == 0
     shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def test_an_orderly_stop_logs_nothing_at_warning_or_above(small_repo: Path) -> None:
+    """A frontend stopping on SIGTERM tells the broker first, so its exit is logged as
+    a stop (INFO), not as a frontend lost; a start and a stop with nothing wrong page no
+    operator."""
+    srv = ShoalServer(small_repo, "--frontend-processes=2")
+    frontends = srv.pids("frontend")
+    client = httpclient.InferenceServerClient(srv.url)
+    client.infer("simple", simple_inputs())
+    client.close()
+    assert srv.stop() == 0
+    log = srv.log()
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+    assert not [line for line in log.splitlines() if re.search(r"\] [WE] ", line)], log
+    for pid in frontends:
+        assert re.search(rf"I shoal\.broker: frontend b'f-\d+-{pid}' stopped", log), log
 
 
 def test_segments_of_a_server_killed_outright_are_swept_by_the_next(small_repo: Path) -> None:

@@ -21,6 +21,7 @@ def test_round_trip_of_every_kind() -> None:
         m.WorkerHello("simple", 1, 0, 123),
         m.ModelInfo(9, m.ErrorInfo(4, "bad"), "x"),
         m.ServerState(5, True, False, [m.ModelState("x", 1, "READY")]),
+        m.FrontendLeaving(),
     ]
     for msg in samples:
         kind, payload = m.encode(msg)
