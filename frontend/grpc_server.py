@@ -181,6 +181,19 @@ class LateAnswerLogFilter(logging.Filter):
 logging.getLogger("grpc._cython.cygrpc").addFilter(LateAnswerLogFilter())
 
 
+def _stream_error(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
+    """A stream request's error as its answer. The id rides along so a client with many
+    requests in flight can match it; nothing else, as Triton 2.51 answers (triton-peer)."""
+    if isinstance(exc, ServingError):
+        message = exc.message
+    else:
+        log.exception("unhandled error in a stream request", exc_info=exc)
+        message = _internal(exc)
+    return pb.ModelStreamInferResponse(
+        error_message=message, infer_response=pb.ModelInferResponse(id=request.id)
+    )
+
+
 def _internal(exc: Exception) -> str:
     return f"internal error: {type(exc).__name__}: {exc}"
 
@@ -355,16 +368,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         try:
             return pb.ModelStreamInferResponse(infer_response=await self._infer(request))
         except Exception as exc:
-            if isinstance(exc, ServingError):
-                message = exc.message
-            else:
-                log.exception("unhandled error in a stream request")
-                message = _internal(exc)
-            # The id rides along so a client with many requests in flight can match it;
-            # nothing else, as Triton 2.51 answers (triton-peer).
-            return pb.ModelStreamInferResponse(
-                error_message=message, infer_response=pb.ModelInferResponse(id=request.id)
-            )
+            return _stream_error(request, exc)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
@@ -378,26 +382,42 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         running: set[asyncio.Task[None]] = set()
         unparsable: list[_Unparsable] = []
 
-        async def answer(request: pb.ModelInferRequest) -> None:
-            answers.put_nowait(await self._stream_one(request))
+        async def answer(
+            request: pb.ModelInferRequest, before: asyncio.Event | None, handed: asyncio.Event
+        ) -> None:
+            """The requests reach the broker in the order the stream brought them, as
+            Triton reads a stream into its scheduler (preserve_ordering then answers in
+            that order). A request's one wait before it leaves is the lookup of a model
+            this frontend has not cached yet; the lookups run at once (a silent broker
+            fails them together), then each request waits until the one before it has
+            been handed over (``before``), and says so (``handed``) just before its own
+            hand-over, which does not wait. A warm stream waits for nothing."""
+            failed: Exception | None = None
+            try:
+                try:
+                    await self.dp.model(request.model_name, request.model_version)
+                except Exception as exc:  # the request's answer, in its turn
+                    failed = exc
+                if before is not None:
+                    await before.wait()
+            finally:
+                handed.set()  # also when cancelled: the next ones must not wait for it
+            if failed is not None:
+                answers.put_nowait(_stream_error(request, failed))
+            else:
+                answers.put_nowait(await self._stream_one(request))
 
         async def read() -> None:
+            before: asyncio.Event | None = None
             try:
                 async for request in request_iterator:
                     if isinstance(request, _Unparsable):
                         unparsable.append(request)
                         return  # what came before is answered; then the stream ends
                     await window.acquire()
-                    # The requests reach the broker in the order the stream brought them,
-                    # as Triton reads a stream into its scheduler (preserve_ordering then
-                    # answers in that order). A request's one wait before it leaves is the
-                    # lookup of a model this frontend has not cached yet: made here, one
-                    # request after the other, a later request that found the model
-                    # cached cannot overtake one still waiting for it. A lookup that
-                    # fails is repeated by the request's own task, whose answer it is.
-                    with contextlib.suppress(Exception):
-                        await self.dp.model(request.model_name, request.model_version)
-                    task = asyncio.create_task(answer(request))
+                    handed = asyncio.Event()
+                    task = asyncio.create_task(answer(request, before, handed))
+                    before = handed
                     running.add(task)
                     task.add_done_callback(running.discard)
             finally:
