@@ -136,12 +136,18 @@ class BrokerProc:
             if self.fsock in events:
                 self._drain(self.fsock, self._on_frontend)
             if self.peer_fds.fileno() in events:
-                for fd, _ in self.peer_fds.poll(0):
-                    if fd in self.pidfds:
-                        self._peer_died(fd)
+                self._reap_peers()
             self._tick()
+        # Exits signalled during the last turn are part of the stop: their requests are
+        # answered, and a worker's exit is logged as stopped (see _lost).
+        self._reap_peers()
         self._shutdown_workers()
         return 0
+
+    def _reap_peers(self) -> None:
+        for fd, _ in self.peer_fds.poll(0):
+            if fd in self.pidfds:
+                self._peer_died(fd)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -250,7 +256,8 @@ class BrokerProc:
             if item is not None:  # still queued: its answer frees the frontend's slots
                 self._fail_item(item, ServingError(Code.CANCELLED, "Request was cancelled"))
         elif isinstance(msg, m.FrontendLeaving):
-            self._leaving.add(ident)
+            if ident in self.frontend_fds or ident in self._unwatched:  # one it watches
+                self._leaving.add(ident)
         elif isinstance(msg, m.FrontendHello):
             self._watch(ident, msg.pid, "frontend")
             if msg.summaries:

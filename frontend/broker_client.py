@@ -83,6 +83,7 @@ class BrokerClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_heard = 0.0  # monotonic time of the broker's last message
         self._closed = False
+        self._leaving = False  # stopping on request (leaving)
         self.silent_broker_s = _SILENT_BROKER_S
 
     @property
@@ -246,6 +247,8 @@ class BrokerClient:
             if msg.log is not None:
                 logs.apply(msg.log)
             self._welcomed.set()
+            if self._leaving:
+                self._send(m.encode(m.FrontendLeaving()))
             return
         if isinstance(msg, m.LogSettings):
             logs.apply(msg)
@@ -312,7 +315,9 @@ class BrokerClient:
 
     def leaving(self) -> None:
         """Tell the broker this frontend is stopping on request: the exit that follows
-        is then logged as a stop, not as a frontend lost."""
+        is then logged as a stop, not as a frontend lost. Told again to a broker that
+        welcomes it later (one restarted during the drain)."""
+        self._leaving = True
         if self.connected:
             self._send(m.encode(m.FrontendLeaving()))
 

@@ -115,3 +115,23 @@ async def _lost_broker_drops_unsent(client: BrokerClient, broker: StandInBroker)
     assert all("broker process exited" in str(r) for r in results)
     await asyncio.sleep(0.05)  # the turn's end came and went
     assert broker.recv(timeout_ms=300) is None  # no request reached any broker
+
+
+def test_a_frontend_leaving_says_so_again_to_a_broker_that_welcomes_it_later(
+    tmp_path: Path,
+) -> None:
+    _run(tmp_path, _leaving_said_again)
+
+
+async def _leaving_said_again(client: BrokerClient, broker: StandInBroker) -> None:
+    # A frontend draining when its broker is restarted: the new broker must know too.
+    leaving = m.KINDS[m.FrontendLeaving]
+    client.leaving()
+    frames = broker.recv()
+    assert frames is not None and frames[0] == leaving
+    client._broker_lost("the server's broker process exited")
+    await asyncio.sleep(0.6)  # the greeter's next hello leaves
+    broker.welcome(client)
+    await asyncio.sleep(0.05)  # the welcome is read; the news follows it
+    frames = broker.recv()
+    assert frames is not None and frames[0] == leaving
