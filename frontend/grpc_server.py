@@ -30,6 +30,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from frontend import grpc_codec, log_settings, restricted
 from frontend.dataplane import DataPlane
+from ipc import logs
 from ipc.errors import GRPC_STATUS, ServingError
 from shoal.flags import GrpcTls
 
@@ -167,14 +168,12 @@ class LateAnswerLogFilter(logging.Filter):
         ):
             return True
         method = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
-        record.msg = (
-            "%s: the call ended (cancelled, or past its deadline) before its answer was sent"
+        logs.rewrite(
+            record,
+            logging.DEBUG,
+            "%s: the call ended (cancelled, or past its deadline) before its answer was sent",
+            method,
         )
-        record.args = (method,)
-        record.exc_info = None
-        record.exc_text = None
-        record.levelno = logging.DEBUG
-        record.levelname = logging.getLevelName(logging.DEBUG)
         return logging.getLogger().isEnabledFor(logging.DEBUG)
 
 

@@ -25,6 +25,7 @@ from aiohttp.typedefs import Middleware
 from frontend import http_codec, http_shm, log_settings, restricted
 from frontend.dataplane import DataPlane
 from frontend.http_raw_input import RawInputMeta
+from ipc import logs
 from ipc.errors import Code, ServingError, invalid_arg
 
 log = logging.getLogger("shoal.frontend.http")
@@ -364,13 +365,10 @@ class ClientErrorLogFilter(logging.Filter):
         if isinstance(exc, HttpProcessingError | web.RequestPayloadError):
             lines = str(getattr(exc, "message", exc)).splitlines() or [""]
             reason = lines[0][:200].rstrip(": ")
-            record.args = (record.getMessage(), type(exc).__name__, reason)
-            record.msg = "%s: %s: %s"
-            record.exc_info = None
-            record.exc_text = None
-            if record.levelno > logging.WARNING:
-                record.levelno = logging.WARNING
-                record.levelname = logging.getLevelName(logging.WARNING)
+            level = min(record.levelno, logging.WARNING)
+            logs.rewrite(
+                record, level, "%s: %s: %s", record.getMessage(), type(exc).__name__, reason
+            )
         return True
 
 

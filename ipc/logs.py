@@ -49,6 +49,17 @@ class _Formatter(logging.Formatter):
         )
 
 
+def rewrite(record: logging.LogRecord, level: int, msg: str, *args: object) -> None:
+    """Turn ``record`` into one line ``msg % args`` at ``level``, without its traceback:
+    for a filter that tells a third-party library's noise from the server's errors."""
+    record.msg = msg
+    record.args = args
+    record.exc_info = None
+    record.exc_text = None
+    record.levelno = level
+    record.levelname = logging.getLevelName(level)
+
+
 _gate = _Gate()
 _formatter: _Formatter | None = None
 _current = m.LogSettings()
