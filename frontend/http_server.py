@@ -410,10 +410,12 @@ def build_app(
         r.add_post(repo + "/models/{model:[^/]+}/load", repository_load)
         r.add_post(repo + "/models/{model:[^/]+}/unload", repository_unload)
     app.add_routes(http_shm.routes(_dp))
+    # aiohttp tries a prefix's dynamic routes in the order added, one regex each: infer
+    # (the hot path) and ready (the probes) first.
     for base in (model, versioned):
+        r.add_post(base + "/infer", infer)
+        r.add_get(base + "/ready", model_ready)
         r.add_get(base + "/stats", model_stats)
         r.add_get(base, model_metadata)
         r.add_get(base + "/config", model_config)
-        r.add_get(base + "/ready", model_ready)
-        r.add_post(base + "/infer", infer)
     return app
