@@ -7,7 +7,10 @@ per server, since shoal divides the cores among all instances of a repository):
 * ``batching``: ``mlp_large`` as shipped (dynamic batching, 2 ms delay, 1 instance), or ``mlp``
   with ``dynamic_batching {}`` added;
 * ``no-batching``: the config without its ``dynamic_batching`` block (``mlp`` as shipped);
-* ``2-instances`` (``mlp_large`` only): dynamic batching and ``instance_group { count: 2 }``.
+* ``2-instances`` (``mlp_large`` only): dynamic batching and ``instance_group { count: 2 }``;
+* ``2-instances-no-batching``: ``count: 2`` without ``dynamic_batching``. Without a batcher,
+  requests run in parallel only across instances, and one instance idles while the broker
+  hands it its next request; with a batcher, one instance with all the cores may serve more.
 
 For each model and concurrency the configurations (and protocols) are driven one after the
 other with perf_analyzer (batch-1 requests), so drift hits them alike; the servers not being
@@ -48,7 +51,7 @@ from servers import REPO_ROOT, ServerProcess, shoal_server, triton_peer_server, 
 LARGE, SMALL = "mlp_large", "mlp"
 #: The 70% target: shoal on mlp_large with batching at c=32 over in-process ORT at that batch.
 TARGET = (LARGE, "batching", 32, 0.70)
-CONFIGS = ("batching", "no-batching", "2-instances")
+CONFIGS = ("batching", "no-batching", "2-instances", "2-instances-no-batching")
 
 
 @dataclass
@@ -104,9 +107,14 @@ def build_repos(src: Path, tmp: Path, model: str) -> dict[str, Path]:
             "batching": lambda t: t,
             "no-batching": _no_batching,
             "2-instances": lambda t: _instances(t, 2),
+            "2-instances-no-batching": lambda t: _instances(_no_batching(t), 2),
             "peer": lambda t: t,  # Triton, with the shipped config
         },
-        SMALL: {"batching": _with_batching, "no-batching": _no_batching},
+        SMALL: {
+            "batching": _with_batching,
+            "no-batching": _no_batching,
+            "2-instances-no-batching": lambda t: _instances(_no_batching(t), 2),
+        },
     }[model]
     repos: dict[str, Path] = {}
     for config, edit in edits.items():
@@ -608,6 +616,12 @@ def render(
 
     pair_table("batching / no batching (1 instance)", "batching", "no-batching", (LARGE, SMALL))
     pair_table("2 instances / 1 (both batching)", "2-instances", "batching", (LARGE,))
+    pair_table(
+        "2 instances / 1 (neither batching)",
+        "2-instances-no-batching",
+        "no-batching",
+        (LARGE, SMALL),
+    )
 
     tri = [p for p in points if p.m.server == "triton"]
     if tri:
