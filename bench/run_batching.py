@@ -86,6 +86,10 @@ def _instances(text: str, count: int) -> str:
     return new
 
 
+def _two_without_batching(text: str) -> str:
+    return _instances(_no_batching(text), 2)
+
+
 def _link_model(src_repo: Path, dst_repo: Path, model: str, config_text: str) -> None:
     """``dst_repo/model`` with ``config_text`` and a symlink to the shipped ``model.onnx``."""
     (dst_repo / model / "1").mkdir(parents=True)
@@ -107,13 +111,13 @@ def build_repos(src: Path, tmp: Path, model: str) -> dict[str, Path]:
             "batching": lambda t: t,
             "no-batching": _no_batching,
             "2-instances": lambda t: _instances(t, 2),
-            "2-instances-no-batching": lambda t: _instances(_no_batching(t), 2),
+            "2-instances-no-batching": _two_without_batching,
             "peer": lambda t: t,  # Triton, with the shipped config
         },
         SMALL: {
             "batching": _with_batching,
             "no-batching": _no_batching,
-            "2-instances-no-batching": lambda t: _instances(_no_batching(t), 2),
+            "2-instances-no-batching": _two_without_batching,
         },
     }[model]
     repos: dict[str, Path] = {}
