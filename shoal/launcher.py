@@ -244,7 +244,7 @@ class Launcher:
         if self.stop:
             return None
         if child.role == "broker":
-            log.error("broker exited with code %d; stopping the server", rc)
+            log.error("broker %s; stopping the server", _exit_reason(rc))
             return rc if rc > 0 else 1  # killed by a signal (rc < 0): a plain failure
         if rc == EXIT_FATAL:
             if child.role.startswith("frontend"):
@@ -254,7 +254,10 @@ class Launcher:
             return None
         count = 0 if time.monotonic() - child.started > _STABLE_AFTER_S else child.restarts
         delay = _RESTART_BACKOFF_S[min(count, len(_RESTART_BACKOFF_S) - 1)]
-        log.error("%s exited with code %d; restarting in %.1fs", child.role, rc, delay)
+        # A clean exit is a child stopped on its own (an operator's SIGTERM to it alone):
+        # worth a warning, not an error.
+        level = logging.WARNING if rc == 0 else logging.ERROR
+        log.log(level, "%s %s; restarting in %.1fs", child.role, _exit_reason(rc), delay)
         self.restarts.append((time.monotonic() + delay, child.role, child.argv, count + 1))
         return None
 
@@ -289,3 +292,13 @@ class Launcher:
         if self.own_runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
         log.info("stopped")
+
+
+def _exit_reason(rc: int) -> str:
+    """How a child ended, from Popen's return code (negative: the signal that killed it)."""
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with code {rc}"

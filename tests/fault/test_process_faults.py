@@ -198,7 +198,33 @@ def test_frontend_killed_is_restarted_and_its_slab_swept(fresh_server: ShoalServ
         pytest.fail(f"frontend not restarted:\n{fresh_server.log()}")
     assert not any(p.name.startswith(f"shoal-{old}-") for p in SHM_DIR.iterdir())
     assert f"W shoal.broker: frontend b'f-0-{old}' exited" in fresh_server.log()
+    assert "E shoal.serve: frontend#0 was killed by SIGKILL; restarting" in fresh_server.log()
     fresh_server.seen_pids |= set(fresh_server.pids())
+    client = httpclient.InferenceServerClient(fresh_server.url)
+    np.testing.assert_array_equal(
+        client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
+    )
+
+
+def test_a_frontend_stopped_alone_is_restarted_with_a_warning(
+    fresh_server: ShoalServer,
+) -> None:
+    """An operator's SIGTERM to one frontend: it drains and exits 0, and the launcher
+    brings it back. A clean exit is no crash, so nothing is logged as an error."""
+    (old,) = fresh_server.pids("frontend")
+    os.kill(old, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = fresh_server.pids("frontend")
+        if now and now != [old] and fresh_server.http_status("/v2/health/ready") == 200:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"frontend not restarted:\n{fresh_server.log()}")
+    fresh_server.seen_pids |= set(fresh_server.pids())
+    log = fresh_server.log()
+    assert "W shoal.serve: frontend#0 exited with code 0; restarting" in log
+    assert " E shoal." not in log and not log.startswith("E ")
     client = httpclient.InferenceServerClient(fresh_server.url)
     np.testing.assert_array_equal(
         client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
@@ -210,7 +236,7 @@ def test_broker_killed_stops_the_server_cleanly(fresh_server: ShoalServer) -> No
     os.kill(broker, signal.SIGKILL)
     assert fresh_server.proc.wait(30) == 1  # the launcher stops by itself, as a failure
     fresh_server.stop()  # already stopped: this checks that nothing is left
-    assert "broker exited" in fresh_server.log()
+    assert "E shoal.serve: broker was killed by SIGKILL; stopping" in fresh_server.log()
 
 
 def test_a_worker_exit_seen_while_the_broker_stops_is_no_error(

@@ -779,7 +779,7 @@ def test_a_truncated_region_is_refused_and_the_worker_survives(
     with pytest.raises(InferenceServerException, match="smaller than its registration"):
         http.infer("simple", _simple_inputs(httpclient), outputs=_output_into(region, 64, 12416))
     assert shm_server.worker_pid("simple") == worker
-    assert "exited with code" not in shm_server.log()
+    assert "restarting in" not in shm_server.log()  # no process of the server ended
     in_handle, in_region, _ = regions.make("after_trunc", 128)
     shm.set_shared_memory_region(in_handle, [a, b])
     ins = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
