@@ -14,7 +14,7 @@ from ipc.lifecycle import (
     set_cpu_scheduling,
 )
 from ipc.logs import setup_logging
-from shoal.flags import add_log_flags, bool_flag, log_settings
+from shoal.flags import add_instance_memory_flag, add_log_flags, bool_flag, log_settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,6 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         help="kill (and so restart) an instance whose batch runs longer; 0: never",
     )
+    add_instance_memory_flag(p)
     add_process_flags(p)
     add_log_flags(p)
     return p.parse_args(argv)
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             model_config_name=args.model_config_name,
             strict_readiness=args.strict_readiness,
             execution_timeout_s=args.model_execution_timeout_secs,
+            instance_memory_limit_mb=args.instance_memory_limit_mb,
         )
     )
     return run_until_stopped(proc)

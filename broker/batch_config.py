@@ -8,7 +8,11 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from broker.batcher import BatcherConfig, QueuePolicy, TimeoutAction
-from configs.backend_params import DEFAULT_SHARE_MIN_COMPUTE_US, share_min_compute_us
+from configs.backend_params import (
+    DEFAULT_SHARE_MIN_COMPUTE_US,
+    instance_memory_limit_mb,
+    share_min_compute_us,
+)
 from configs.schema import ConfigError
 
 
@@ -25,6 +29,16 @@ def _policy(p: Any) -> QueuePolicy:
 def metric_tags(config_bytes: bytes) -> dict[str, str]:
     """The config's ``metric_tags``: labels every metric of the model carries."""
     return dict(mc.ModelConfig.FromString(config_bytes).metric_tags)
+
+
+def memory_limit_mb(config_bytes: bytes) -> int | None:
+    """The config's ``shoal_instance_memory_limit_mb`` (None: unset, the server's applies).
+    Checked at load, as ``shoal_share_min_compute_us``: a bad value never gets here, and
+    should one, it reads as unset."""
+    try:
+        return instance_memory_limit_mb(mc.ModelConfig.FromString(config_bytes))
+    except ConfigError:
+        return None
 
 
 def batcher_config(config_bytes: bytes) -> BatcherConfig | None:

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from broker.batch_config import batcher_config, metric_tags
+from broker.batch_config import batcher_config, memory_limit_mb, metric_tags
 from broker.batcher import DynamicBatcher, serves
 from broker.ordering import OrderedRelease
 from broker.stats import VersionStats
@@ -62,6 +62,7 @@ class ModelVersion:
     # brings one back to the same place
     placed_on: set[int | None] = field(default_factory=set)
     metric_tags: dict[str, str] = field(default_factory=dict)  # extra metric labels
+    memory_limit_mb: int | None = None  # its config's; None: the server's
     stats: VersionStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -73,6 +74,7 @@ class ModelVersion:
             return
         self.config = config
         self.metric_tags = metric_tags(config)
+        self.memory_limit_mb = memory_limit_mb(config)
         cfg = batcher_config(config)
         self.batcher = DynamicBatcher(cfg) if cfg is not None else None
         self.ordering = OrderedRelease() if cfg is not None and cfg.preserve_ordering else None

@@ -27,6 +27,7 @@ from typing import Final
 import msgspec
 import zmq
 
+from broker import memory
 from broker.batcher import Rejected, cuda_devices
 from broker.client_regions import ClientRegions
 from broker.models import Instance, ModelTable, ModelVersion
@@ -56,6 +57,7 @@ class BrokerSettings:
     model_config_name: str = ""
     strict_readiness: bool = True
     execution_timeout_s: float = 300.0  # a batch running longer means a hung instance
+    instance_memory_limit_mb: int = 0  # for models whose config sets none; 0: no limit
 
 
 class BrokerProc:
@@ -74,7 +76,8 @@ class BrokerProc:
         # Every system registration holds a descriptor; the broker keeps the last 512
         # for its own sockets and for watching its peers.
         self.client_regions = ClientRegions(max(raise_open_file_limit() - 512, 0))
-        self._killed: set[int] = set()
+        self._killed: dict[int, str] = {}  # pid -> why the broker killed it
+        self._next_memory_check = 0.0
         self._leaving: set[bytes] = set()  # frontends stopping on request (FrontendLeaving)
         self.poller = zmq.Poller()
         self.poller.register(self.fsock, zmq.POLLIN)
@@ -156,17 +159,61 @@ class BrokerProc:
             self._watch(ident, pid, role)  # back in _unwatched if it fails again
         for inst in self.router.overdue(now, self.s.execution_timeout_s):
             if inst.pid not in self._killed:
-                log.error(
-                    "instance %d of %s/%d (pid %d) has run one batch for %.0fs: killing it",
-                    inst.index, inst.model, inst.version, inst.pid, now - inst.dispatched_at,
-                )  # fmt: skip
-                self._killed.add(inst.pid)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(inst.pid, signal.SIGKILL)  # its death answers its requests
+                self._kill(
+                    inst,
+                    f"it had run one batch for {now - inst.dispatched_at:.0f} s, longer than "
+                    f"--model-execution-timeout-secs ({self.s.execution_timeout_s:g})",
+                )
+        if now >= self._next_memory_check:
+            self._next_memory_check = now + memory.CHECK_EVERY_S
+            self._check_memory()
         dispatches, failures = self.router.tick(now)
         for item, message in failures:
             self._fail_item(item, ServingError(Code.UNAVAILABLE, message))
         self._dispatch(dispatches)
+
+    def _check_memory(self) -> None:
+        """Kill each ready instance that holds more memory of its own than its model's
+        limit allows: a leak in one model must not take the host's memory from the others
+        (the kernel's OOM killer may pick any process). Loading peaks do not count."""
+        for inst in list(self.table.by_ident.values()):
+            if inst.state != "READY" or inst.pid in self._killed:
+                continue
+            limit_mb = self._memory_limit_mb(inst.model, inst.version)
+            if limit_mb <= 0:
+                continue
+            used = memory.private_memory(inst.pid)
+            if used is not None and used > limit_mb * memory.MIB:
+                self._kill(
+                    inst,
+                    f"it held {used // memory.MIB} MiB of memory, over its limit of {limit_mb} MiB",
+                )
+
+    def _memory_limit_mb(self, model: str, version: int) -> int:
+        """The limit on each instance's own memory: its config's, else the server's."""
+        mv = self.table.version(model, version)
+        if mv is not None and mv.memory_limit_mb is not None:
+            return mv.memory_limit_mb
+        return self.s.instance_memory_limit_mb
+
+    def _add_memory(self, states: list[m.ModelState]) -> None:
+        for state in states:
+            if state.version >= 0:
+                state.memory_limit_mb = self._memory_limit_mb(state.name, state.version)
+            for info in state.instances:
+                used = memory.private_memory(info.pid) if info.pid else None
+                info.memory_mb = None if used is None else used // memory.MIB
+
+    def _kill(self, inst: Instance, reason: str) -> None:
+        """SIGKILL an instance; its death, seen through its pidfd, answers its requests
+        with ``reason`` and the launcher (or supervisord) restarts it."""
+        log.error(
+            "instance %d of %s/%d (pid %d) is killed: %s",
+            inst.index, inst.model, inst.version, inst.pid, reason,
+        )  # fmt: skip
+        self._killed[inst.pid] = reason
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(inst.pid, signal.SIGKILL)
 
     def _drain(self, sock: zmq.Socket, handle: object) -> None:
         budget = 512  # frames, so one busy side cannot starve the other
@@ -249,7 +296,10 @@ class BrokerProc:
             self._send(self.fsock, [ident, *m.encode(self._on_shm(msg))])
         elif isinstance(msg, m.ServerQuery):
             ready = self.table.all_ready() if self.s.strict_readiness else True
-            state = m.ServerState(msg.query_id, True, ready, self.table.states())
+            states = self.table.states()
+            if msg.memory:
+                self._add_memory(states)
+            state = m.ServerState(msg.query_id, True, ready, states)
             self._send(self.fsock, [ident, *m.encode(state)])
         elif isinstance(msg, m.Cancel):
             item = self.router.cancel(ident, msg.req_id, time.monotonic())
@@ -564,13 +614,14 @@ class BrokerProc:
         inst = self.table.by_ident.pop(ident, None)
         if inst is None:
             return
-        self._killed.discard(inst.pid)
+        killed = self._killed.pop(inst.pid, "")
+        ended = f"was killed ({killed})" if killed else "exited"
         # When the broker is stopping (SIGTERM), the workers are being stopped with it
         # (the launcher signals them together): an exit is the stop, not a fault.
         log.log(
             logging.INFO if self.stop else logging.ERROR,
             "instance %d of %s/%d (pid %d) %s", inst.index, inst.model, inst.version, inst.pid,
-            "stopped" if self.stop else "exited",
+            "stopped" if self.stop else ended,
         )  # fmt: skip
         was_loading = inst.state == "LOADING"
         ran = {id(item) for item in inst.in_flight.items} if inst.in_flight else set()
@@ -579,18 +630,18 @@ class BrokerProc:
         if version is not None:
             version.instances.pop(ident, None)
             if was_loading:
-                version.load_failed(inst, f"instance {inst.index} exited while loading")
+                version.load_failed(inst, f"instance {inst.index} {ended} while loading")
         err = ServingError(
             Code.UNAVAILABLE,
             f"Failed to process the request(s) for model instance '{inst.name}', "
-            f"message: the instance's worker process (pid {inst.pid}) exited",
+            f"message: the instance's worker process (pid {inst.pid}) {ended}",
         )
         # Those still queued that no instance left can run (it was the model's last, or
         # the last on the GPU their CUDA memory is on): no instance ever saw them.
         orphaned = ServingError(
             Code.UNAVAILABLE,
             f"Failed to process the request(s) for model '{inst.model}' version "
-            f"{inst.version}, message: instance '{inst.name}' (pid {inst.pid}) exited "
+            f"{inst.version}, message: instance '{inst.name}' (pid {inst.pid}) {ended} "
             "and no instance left can run them",
         )
         for item in failed:

@@ -46,6 +46,10 @@ _INTRA_OP_ALIAS: Final = "shoal_intra_op_threads"
 #: instances idle, -1 never.
 SHARE_MIN_COMPUTE_US: Final = "shoal_share_min_compute_us"
 DEFAULT_SHARE_MIN_COMPUTE_US: Final = 1000
+#: shoal's: the most anonymous memory (MiB) an instance of the model may hold before the
+#: broker kills it (and the launcher restarts it); 0: no limit. Unset: the server's
+#: --instance-memory-limit-mb.
+INSTANCE_MEMORY_LIMIT_MB: Final = "shoal_instance_memory_limit_mb"
 # Triton's pytorch backend's keys.
 TORCH_INTRA_OP_THREAD_COUNT: Final = "INTRA_OP_THREAD_COUNT"
 TORCH_INTER_OP_THREAD_COUNT: Final = "INTER_OP_THREAD_COUNT"
@@ -190,5 +194,17 @@ def share_min_compute_us(config: pb.ModelConfig) -> int:
         raise ConfigError(
             config.name,
             f"{SHARE_MIN_COMPUTE_US} must be -1 (never share) or >= 0 for {config.name}",
+        )
+    return value
+
+
+def instance_memory_limit_mb(config: pb.ModelConfig) -> int | None:
+    """`shoal_instance_memory_limit_mb`: None when the config does not set it, 0 for no
+    limit. Raises ConfigError for a value that is not an integer >= 0."""
+    value = int_parameter(config, INSTANCE_MEMORY_LIMIT_MB)
+    if value is not None and value < 0:
+        raise ConfigError(
+            config.name,
+            f"{INSTANCE_MEMORY_LIMIT_MB} must be 0 (no limit) or a number of MiB for {config.name}",
         )
     return value

@@ -14,7 +14,7 @@ from math import prod
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from configs.backend_params import share_min_compute_us
+from configs.backend_params import instance_memory_limit_mb, share_min_compute_us
 from configs.schema import (
     ENSEMBLE_PLATFORM,
     KNOWN_BACKENDS,
@@ -60,6 +60,7 @@ def validate(
     # shoal's parameter, checked whether or not the config names dynamic_batching: the
     # auto-complete may add it
     share_min_compute_us(config)
+    instance_memory_limit_mb(config)
     if config.HasField("dynamic_batching"):
         _validate_dynamic_batching(config)
     if config.HasField("sequence_batching"):

@@ -201,6 +201,7 @@ class ModelInfo(msgspec.Struct, array_like=True):
 
 class ServerQuery(msgspec.Struct, array_like=True):
     query_id: int
+    memory: bool = False  # also each instance's memory (/proc reads: not for probes)
 
 
 class InstanceInfo(msgspec.Struct):
@@ -211,6 +212,7 @@ class InstanceInfo(msgspec.Struct):
     busy: bool = False  # running a batch now
     passive: bool = False  # loaded, never sent requests (a passive instance group)
     gpu: int | None = None  # the server's id of its GPU; None: a CPU instance
+    memory_mb: int | None = None  # its own memory (broker.memory), when asked for
 
 
 class ModelState(msgspec.Struct, array_like=True):
@@ -220,6 +222,7 @@ class ModelState(msgspec.Struct, array_like=True):
     reason: str = ""
     instances: list[InstanceInfo] = []
     queued: int = 0  # requests waiting in the version's queue (not yet sent to an instance)
+    memory_limit_mb: int = 0  # the limit on each instance's own memory; 0: none
 
 
 class ServerState(msgspec.Struct, array_like=True):

@@ -12,6 +12,7 @@ from ipc.lifecycle import run_until_stopped
 from ipc.logs import setup_logging
 from shoal.flags import (
     add_grpc_flags,
+    add_instance_memory_flag,
     add_log_flags,
     add_metrics_flags,
     add_no_effect_flags,
@@ -86,6 +87,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
         type=float,
         help="kill and restart an instance whose batch runs longer (0: never)",
     )
+    add_instance_memory_flag(p)
     p.add_argument(
         "--runtime-dir",
         default="",
@@ -169,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         http_max_input_size=args.http_max_input_size,
         frontend_processes=max(args.frontend_processes, 1),
         execution_timeout_secs=args.model_execution_timeout_secs,
+        instance_memory_limit_mb=args.instance_memory_limit_mb,
         reuse_http_port=args.reuse_http_port,
         runtime_dir=args.runtime_dir,
     )

@@ -24,6 +24,27 @@ def bool_flag(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false/1/0), got '{value}'")
 
 
+def mib_flag(value: str) -> int:
+    """A whole number of MiB, 0 or more (0: no limit)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of MiB (0: none), got '{value}'")
+    return number
+
+
+def add_instance_memory_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--instance-memory-limit-mb",
+        default=0,
+        type=mib_flag,
+        help="kill (and so restart) a model instance holding more memory of its own (MiB) "
+        "than this, unless its config sets shoal_instance_memory_limit_mb; 0: no limit",
+    )
+
+
 @dataclass(frozen=True)
 class MetricsConfig:
     """tritonserver's ``--metrics-config key=value`` settings."""

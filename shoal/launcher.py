@@ -68,6 +68,7 @@ class ServeSettings:
     http_max_input_size: int = 64 * 1024 * 1024
     frontend_processes: int = 1
     execution_timeout_secs: float = 300.0
+    instance_memory_limit_mb: int = 0
     reuse_http_port: bool = False
     runtime_dir: str = ""
     extra_frontend_args: list[str] = field(default_factory=list)
@@ -122,6 +123,7 @@ class Launcher:
             f"--strict-readiness={str(self.s.strict_readiness).lower()}",
             "--model-execution-timeout-secs",
             str(self.s.execution_timeout_secs),
+            f"--instance-memory-limit-mb={self.s.instance_memory_limit_mb}",
         ]
 
     def frontend_argv(self, index: int) -> list[str]:

@@ -7,9 +7,9 @@ repository as the launcher does (configs.placement) and finds its own instance t
 a KIND_GPU instance runs on its GPU and a CPU instance on its own cores.
 
 ``SHOAL_TEST_FAULT=<action>:<model>`` injects a fault into the instances of one model,
-for the fault tests (as Triton's QA uses ``TRITONSERVER_DELAY_SCHEDULER``). The one
-action, ``die-after-report``: report the first batch done without sending its answers,
-then die by SIGKILL.
+for the fault tests (as Triton's QA uses ``TRITONSERVER_DELAY_SCHEDULER``). The actions:
+``die-after-report``: report the first batch done without sending its answers, then die
+by SIGKILL; ``leak-in-batch``: each batch holds on to 256 MiB more, then takes 20 s.
 """
 
 from __future__ import annotations

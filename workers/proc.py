@@ -327,6 +327,8 @@ class WorkerProc:
         answering a batch's requests itself once it has the report, names them to their
         frontends (``Unconfirmed``) and the ones still waiting fail there."""
         t0 = time.perf_counter_ns()
+        if self.s.fault == "leak-in-batch":
+            _leak_in_batch()
         failed: list[int] = []
         refused: list[int] = []
         answers: list[tuple[m.WorkItem, m.InferResponse]] = []
@@ -535,3 +537,14 @@ def _thread_count(config: ModelConfig, backend: str, cores: list[int]) -> int:
             )
         requested = params.intra_op_threads
     return instance_threads(requested, cores)
+
+
+_LEAKED: list[np.ndarray] = []
+
+
+def _leak_in_batch() -> None:
+    """Fault injection for tests: hold on to 256 MiB more (written, so resident), then
+    take 20 s, as a model that leaks inside a long batch."""
+    log.warning("fault injection: holding on to 256 MiB more, then taking 20 s")
+    _LEAKED.append(np.ones(256 << 20, dtype=np.uint8))
+    time.sleep(20)

@@ -583,7 +583,7 @@ def test_a_hung_instance_is_killed_its_request_answered_and_it_comes_back(
             client.infer("simple", simple_inputs())
         assert time.monotonic() - t0 < 10
         assert e.value.status() == "503"
-        assert "has run one batch for" in srv.log()
+        assert "had run one batch for" in srv.log()
         deadline = time.monotonic() + 30
         while not client.is_model_ready("simple") and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -591,6 +591,61 @@ def test_a_hung_instance_is_killed_its_request_answered_and_it_comes_back(
         np.testing.assert_array_equal(
             client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
         )
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("limit_from", ["flag", "config"])
+def test_an_instance_over_its_memory_limit_is_killed_and_the_rest_keeps_serving(
+    small_repo: Path, tmp_path: Path, limit_from: str
+) -> None:
+    """A model that leaks: its instance is killed once it holds more than its limit,
+    the request it ran gets 503 saying why (long before the batch would have ended),
+    the other models keep serving, and the instance is restarted."""
+    if limit_from == "config":
+        repo, args = tmp_path / "repo", ()
+        for name in ("simple", "mlp"):
+            shutil.copytree(small_repo / name, repo / name)
+        with open(repo / "simple" / "config.pbtxt", "a") as f:
+            f.write('parameters { key: "shoal_instance_memory_limit_mb" '
+                    'value { string_value: "200" } }\n')  # fmt: skip
+    else:
+        repo, args = small_repo, ("--instance-memory-limit-mb=200",)
+    srv = ShoalServer(repo, *args, env={"SHOAL_TEST_FAULT": "leak-in-batch:simple"})
+    try:
+        client = httpclient.InferenceServerClient(srv.url, network_timeout=60, concurrency=2)
+        leaking = srv.worker_pid("simple")
+        for model, limit in (("simple", 200), ("mlp", 200 if limit_from == "flag" else 0)):
+            status, body = srv.http(f"/v2/shoal/models/{model}")
+            assert status == 200, body
+            (version,) = json.loads(body)["versions"]
+            assert version["memory_limit_mb"] == limit
+            (inst,) = version["instances"]
+            assert 0 < inst["memory_mb"] < 200  # as the broker reads it: all is well
+        t0 = time.monotonic()
+        pending = client.async_infer("simple", simple_inputs())
+        time.sleep(0.3)  # the batch is holding its memory now
+        out = client.infer("mlp", mlp_input()).as_numpy("OUTPUT0")
+        assert out is not None and out.shape == (1, 256)
+        with pytest.raises(InferenceServerException) as e:
+            pending.get_result()
+        assert time.monotonic() - t0 < 10  # the batch alone would have taken 20 s
+        assert e.value.status() == "503"
+        assert re.search(
+            rf"worker process \(pid {leaking}\) was killed \(it held \d+ MiB of memory, "
+            r"over its limit of 200 MiB\)",
+            str(e.value.message()),
+        ), e.value.message()
+        assert "is killed: it held" in srv.log()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if client.is_model_ready("simple") and srv.worker_pid("simple") != leaking:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"simple not restarted:\n{srv.log()}")
+        srv.seen_pids |= set(srv.pids())
     finally:
         srv.stop()
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)

@@ -71,6 +71,7 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         (["--grpc-use-ssl=true"], "--grpc-use-ssl needs --grpc-server-cert"),
         (["--grpc-keepalive-time=-1"], "--grpc-keepalive-time must not be negative"),
         (["--log-file=/nonexistent/dir/x.log"], "cannot write the log file"),
+        (["--instance-memory-limit-mb=-1"], "expected a whole number of MiB (0: none), got '-1'"),
     ],
 )
 def test_flags_shoal_cannot_honour_are_refused(repo: Path, flags: list[str], words: str) -> None:

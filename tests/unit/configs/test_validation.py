@@ -358,3 +358,22 @@ def test_share_min_compute_must_be_an_integer_from_minus_one(
     assert message in str(e.value)
     for good in ("0", "-1", "5000"):
         check(text.replace(f'"{value}"', f'"{good}"'))
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("lots", "failed to convert 'lots' to integral number"),
+        ("-1", "shoal_instance_memory_limit_mb must be 0 (no limit) or a number of MiB for m"),
+    ],
+)
+def test_instance_memory_limit_must_be_a_whole_number_of_mib(value: str, message: str) -> None:
+    text = (
+        'platform: "onnxruntime_onnx" max_batch_size: 8 parameters { key: '
+        f'"shoal_instance_memory_limit_mb" value {{ string_value: "{value}" }} }}'
+    )
+    with pytest.raises(ConfigError) as e:
+        check(text)
+    assert message in str(e.value)
+    for good in ("0", "2048"):
+        check(text.replace(f'"{value}"', f'"{good}"'))
