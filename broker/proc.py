@@ -76,7 +76,7 @@ class BrokerProc:
         # Every system registration holds a descriptor; the broker keeps the last 512
         # for its own sockets and for watching its peers.
         self.client_regions = ClientRegions(max(raise_open_file_limit() - 512, 0))
-        self._killed: dict[int, str] = {}  # pid -> why the broker killed it
+        self._killed: dict[int, tuple[m.ExitReason, str]] = {}  # pid -> why it was killed
         self._next_memory_check = 0.0
         self._leaving: set[bytes] = set()  # frontends stopping on request (FrontendLeaving)
         self.poller = zmq.Poller()
@@ -161,6 +161,7 @@ class BrokerProc:
             if inst.pid not in self._killed:
                 self._kill(
                     inst,
+                    "execution_timeout",
                     f"it had run one batch for {now - inst.dispatched_at:.0f} s, longer than "
                     f"--model-execution-timeout-secs ({self.s.execution_timeout_s:g})",
                 )
@@ -186,6 +187,7 @@ class BrokerProc:
             if used is not None and used > limit_mb * memory.MIB:
                 self._kill(
                     inst,
+                    "memory_limit",
                     f"it held {used // memory.MIB} MiB of memory, over its limit of {limit_mb} MiB",
                 )
 
@@ -204,14 +206,28 @@ class BrokerProc:
                 used = memory.private_memory(info.pid) if info.pid else None
                 info.memory_mb = None if used is None else used // memory.MIB
 
-    def _kill(self, inst: Instance, reason: str) -> None:
+    def _metrics(self, quantiles: list[float]) -> list[m.VersionMetrics]:
+        """The figures of the metrics page, with each instance's memory read now."""
+        versions = self.table.metrics(quantiles, time.monotonic())
+        for vm in versions:
+            mv = self.table.version(vm.stats.name, int(vm.stats.version))
+            if mv is None:
+                continue
+            vm.memory_limit = self._memory_limit_mb(mv.name, mv.version) * memory.MIB
+            for inst in mv.instances.values():
+                used = memory.private_memory(inst.pid)
+                if used is not None:
+                    vm.memory[inst.index] = used
+        return versions
+
+    def _kill(self, inst: Instance, why: m.ExitReason, reason: str) -> None:
         """SIGKILL an instance; its death, seen through its pidfd, answers its requests
         with ``reason`` and the launcher (or supervisord) restarts it."""
         log.error(
             "instance %d of %s/%d (pid %d) is killed: %s",
             inst.index, inst.model, inst.version, inst.pid, reason,
         )  # fmt: skip
-        self._killed[inst.pid] = reason
+        self._killed[inst.pid] = (why, reason)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(inst.pid, signal.SIGKILL)
 
@@ -289,8 +305,7 @@ class BrokerProc:
                 self._change_log_settings(msg.changes)
             self._send(self.fsock, [ident, *m.encode(m.LogReply(msg.query_id, logs.current()))])
         elif isinstance(msg, m.MetricsQuery):
-            versions = self.table.metrics(msg.quantiles, time.monotonic())
-            reply = m.MetricsReply(msg.query_id, versions)
+            reply = m.MetricsReply(msg.query_id, self._metrics(msg.quantiles))
             self._send(self.fsock, [ident, *m.encode(reply)])
         elif isinstance(msg, m.ShmRequest):
             self._send(self.fsock, [ident, *m.encode(self._on_shm(msg))])
@@ -614,7 +629,7 @@ class BrokerProc:
         inst = self.table.by_ident.pop(ident, None)
         if inst is None:
             return
-        killed = self._killed.pop(inst.pid, "")
+        why, killed = self._killed.pop(inst.pid, ("crash", ""))
         ended = f"was killed ({killed})" if killed else "exited"
         # When the broker is stopping (SIGTERM), the workers are being stopped with it
         # (the launcher signals them together): an exit is the stop, not a fault.
@@ -628,6 +643,8 @@ class BrokerProc:
         failed, dispatches = self.router.instance_lost(inst, time.monotonic())
         version = self.table.version(inst.model, inst.version)
         if version is not None:
+            if not self.stop:
+                version.exits[why] = version.exits.get(why, 0) + 1
             version.instances.pop(ident, None)
             if was_loading:
                 version.load_failed(inst, f"instance {inst.index} {ended} while loading")

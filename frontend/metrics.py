@@ -233,6 +233,7 @@ def render(versions: list[m.VersionMetrics], cfg: MetricsConfig, host: HostSampl
     )
     for v, labels in rows:
         t.sample(pending, labels, v.pending)
+    _instance_families(t, rows)
     if host is not None:
         for name, help_, value in (
             ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", host.utilization),
@@ -242,6 +243,32 @@ def render(versions: list[m.VersionMetrics], cfg: MetricsConfig, host: HostSampl
             t.family(name, help_, "gauge")
             t.sample(name, [], value)
     return t.render()
+
+
+def _instance_families(
+    t: _Text, rows: list[tuple[m.VersionMetrics, list[tuple[str, str]]]]
+) -> None:
+    """shoal's own: how often each model's instances ended unasked (each is restarted),
+    and the memory each holds of its own next to its limit, to alert on."""
+    exits = "shoal_instance_exit_count"
+    t.family(
+        exits,
+        "Number of times an instance of the model exited unasked (then restarted): crash, "
+        "or killed for execution_timeout or memory_limit",
+        "counter",
+    )
+    for v, labels in rows:
+        for reason in m.EXIT_REASONS:
+            t.sample(exits, [*labels, ("reason", reason)], v.exits.get(reason, 0))
+    used = "shoal_instance_memory_bytes"
+    t.family(used, "Memory an instance holds of its own (anonymous resident), in bytes", "gauge")
+    for v, labels in rows:
+        for index, value in sorted(v.memory.items()):
+            t.sample(used, [*labels, ("instance", str(index))], value)
+    limit = "shoal_instance_memory_limit_bytes"
+    t.family(limit, "The limit on each instance's own memory, in bytes (0: none)", "gauge")
+    for v, labels in rows:
+        t.sample(limit, labels, v.memory_limit)
 
 
 class MetricsServer:

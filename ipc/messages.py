@@ -335,6 +335,12 @@ FailureReason = Literal["REJECTED", "CANCELED", "BACKEND", "OTHER"]
 # queue timeout expired), CANCELED (its client gave up), BACKEND (its execution failed,
 # or its instance died), OTHER (anything else: its frontend exited).
 FAILURE_REASONS: Final[tuple[FailureReason, ...]] = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+# Why an instance of a model exited without being asked to (shoal's metric
+# shoal_instance_exit_count): it died by itself or by an outside kill (crash), or the
+# broker killed it, for a batch over --model-execution-timeout-secs (execution_timeout)
+# or for holding more memory than its limit (memory_limit).
+ExitReason = Literal["crash", "execution_timeout", "memory_limit"]
+EXIT_REASONS: Final[tuple[ExitReason, ...]] = ("crash", "execution_timeout", "memory_limit")
 # The phases of a request that latency summaries observe, in Triton's order.
 PHASES: Final = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 
@@ -353,6 +359,9 @@ class VersionMetrics(msgspec.Struct, array_like=True):
     tags: dict[str, str] = {}  # the config's metric_tags: extra labels
     # phase -> the query's quantiles of the last minute's observations, in µs (NaN: none)
     summaries: dict[str, list[float]] = {}
+    exits: dict[str, int] = {}  # instance exits unasked, by ExitReason
+    memory: dict[int, int] = {}  # instance index -> the bytes of its own memory (broker.memory)
+    memory_limit: int = 0  # bytes; 0: none
 
 
 class MetricsReply(msgspec.Struct, array_like=True):

@@ -59,6 +59,16 @@ def mlp_input() -> list[httpclient.InferInput]:
     return [inp]
 
 
+def metric(srv: ShoalServer, sample: str) -> float:
+    """One sample of the server's metrics page, by its name and labels as printed."""
+    url = f"http://127.0.0.1:{srv.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(sample + " "):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no sample {sample}")
+
+
 def test_worker_killed_mid_request_fails_that_request_only(fresh_server: ShoalServer) -> None:
     """The request it ran fails naming the instance; the one queued behind it (simple's
     only instance is gone) fails saying no instance ran it; other models keep serving."""
@@ -115,6 +125,10 @@ def test_worker_killed_mid_request_fails_that_request_only(fresh_server: ShoalSe
         other.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
     )
     assert fresh_server.worker_pid("simple") != pid
+    labels = 'model="simple",version="1"'
+    assert metric(fresh_server, f'shoal_instance_exit_count{{{labels},reason="crash"}}') == 1
+    mlp = 'model="mlp",version="1",reason="crash"'
+    assert metric(fresh_server, f"shoal_instance_exit_count{{{mlp}}}") == 0
 
 
 def test_a_stuck_model_holds_back_only_its_own_answers_on_a_grpc_stream(
@@ -588,6 +602,8 @@ def test_a_hung_instance_is_killed_its_request_answered_and_it_comes_back(
         while not client.is_model_ready("simple") and time.monotonic() < deadline:
             time.sleep(0.2)
         assert srv.worker_pid("simple") != hung
+        reason = 'model="simple",version="1",reason="execution_timeout"'
+        assert metric(srv, f"shoal_instance_exit_count{{{reason}}}") == 1
         np.testing.assert_array_equal(
             client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
         )
@@ -623,6 +639,10 @@ def test_an_instance_over_its_memory_limit_is_killed_and_the_rest_keeps_serving(
             assert version["memory_limit_mb"] == limit
             (inst,) = version["instances"]
             assert 0 < inst["memory_mb"] < 200  # as the broker reads it: all is well
+        labels = 'model="simple",version="1"'
+        held = metric(srv, f'shoal_instance_memory_bytes{{{labels},instance="0"}}')
+        assert 0 < held < 200 << 20
+        assert metric(srv, f"shoal_instance_memory_limit_bytes{{{labels}}}") == 200 << 20
         t0 = time.monotonic()
         pending = client.async_infer("simple", simple_inputs())
         time.sleep(0.3)  # the batch is holding its memory now
@@ -646,6 +666,9 @@ def test_an_instance_over_its_memory_limit_is_killed_and_the_rest_keeps_serving(
         else:
             pytest.fail(f"simple not restarted:\n{srv.log()}")
         srv.seen_pids |= set(srv.pids())
+        exits = f'shoal_instance_exit_count{{{labels},reason="memory_limit"}}'
+        assert metric(srv, exits) == 1
+        assert metric(srv, exits.replace("memory_limit", "crash")) == 0
     finally:
         srv.stop()
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)

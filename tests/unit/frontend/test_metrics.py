@@ -50,9 +50,17 @@ def test_the_page_has_tritons_families_types_and_values() -> None:
         "nv_inference_compute_infer_duration_us",
         "nv_inference_compute_output_duration_us",
         "nv_inference_pending_request_count",
+        "shoal_instance_exit_count",
+        "shoal_instance_memory_bytes",
+        "shoal_instance_memory_limit_bytes",
     ]
-    assert fams["nv_inference_pending_request_count"].type == "gauge"
-    assert all(f.type == "counter" for n, f in fams.items() if "pending" not in n)
+    gauges = {n for n, f in fams.items() if f.type == "gauge"}
+    assert gauges == {
+        "nv_inference_pending_request_count",
+        "shoal_instance_memory_bytes",
+        "shoal_instance_memory_limit_bytes",
+    }
+    assert all(f.type == "counter" for n, f in fams.items() if n not in gauges)
     values = {n: [s.value for s in f.samples] for n, f in fams.items()}
     assert values["nv_inference_request_success"] == [2]
     assert values["nv_inference_count"] == [3]
@@ -65,6 +73,27 @@ def test_the_page_has_tritons_families_types_and_values() -> None:
     # Triton's own spelling: no "_total", integers without ".0"
     assert 'nv_inference_request_success{model="mlp",version="1"} 2\n' in text
     assert not re.search(r"_total[{ ]", text)  # no OpenMetrics suffix on a counter
+
+
+def test_instance_exits_by_reason_and_each_instances_memory() -> None:
+    v = _version()
+    v.exits, v.memory, v.memory_limit = {"memory_limit": 2}, {1: 5 << 20, 0: 7 << 20}, 8 << 20
+    fams = _families(render([v], MetricsConfig(), None))
+    mlp = {"model": "mlp", "version": "1"}
+    assert [(labels, value) for _, labels, value in fams["shoal_instance_exit_count"]] == [
+        ({**mlp, "reason": "crash"}, 0),
+        ({**mlp, "reason": "execution_timeout"}, 0),
+        ({**mlp, "reason": "memory_limit"}, 2),
+    ]
+    assert [(labels, value) for _, labels, value in fams["shoal_instance_memory_bytes"]] == [
+        ({**mlp, "instance": "0"}, 7 << 20),
+        ({**mlp, "instance": "1"}, 5 << 20),
+    ]
+    assert [(labels, value) for _, labels, value in fams["shoal_instance_memory_limit_bytes"]] == [
+        (mlp, 8 << 20)
+    ]
+    text = render([v], MetricsConfig(), None)
+    assert 'shoal_instance_exit_count{model="mlp",version="1",reason="memory_limit"} 2\n' in text
 
 
 def test_metric_tags_become_underscored_labels_and_values_are_escaped() -> None:
