@@ -27,13 +27,14 @@ from configs import repository
 from configs.backend_params import instance_threads, ort_session_params, torch_thread_params
 from configs.devices import gpu_count
 from configs.model_config import ConfigError, ModelConfig, v2_datatype, validate_io
+from configs.placement import passive_instances
 from ipc import datatypes, logs, sockets
 from ipc import messages as m
 from ipc.errors import Code, ServingError
 from ipc.lifecycle import EXIT_FATAL, settle_gc
 from ipc.shm import RegionMap
 from workers import backend as backends
-from workers import classification
+from workers import classification, warmup
 from workers.batch_io import BatchAssembler
 from workers.cuda_regions import CudaRegions
 from workers.tensors import (
@@ -137,6 +138,8 @@ class WorkerProc:
             validate_io(config)
             assembler = BatchAssembler.from_config(config)
             labels = classification.labels_of(config, entry.path)
+            if s.instance not in passive_instances(config):  # Triton warms these alone
+                self._warm_up(config, entry.path, backend, assembler)
         except Exception as exc:  # any load failure is reported, never raised past here
             msg = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             log.error("failed to load '%s' version %d: %s", s.model, s.version, msg)
@@ -165,6 +168,26 @@ class WorkerProc:
             f"GPU {s.gpu}" if s.gpu is not None else f"cores {s.cores or 'any'}",
         )
         return m.WorkerReady(self.config_bytes, list(s.cores))
+
+    def _warm_up(
+        self,
+        config: ModelConfig,
+        model_dir: Path,
+        backend: backends.Backend,
+        assembler: BatchAssembler,
+    ) -> None:
+        """The config's model_warmup samples (workers/warmup.py); raises ConfigError."""
+        for sample in warmup.samples(config, model_dir):
+            seconds = warmup.run(
+                config,
+                sample,
+                lambda feeds, outputs: backend.execute(feeds, outputs, None),
+                assembler.gather,
+            )
+            log.info(
+                "instance %d warmed up with sample '%s' (batch %d, %d time(s)) in %.0f ms",
+                self.s.instance, sample.name, sample.batch_size, sample.count, seconds * 1000,
+            )  # fmt: skip
 
     def _await_welcome(self) -> None:
         """Stay until a broker has read this worker's hello, and so the failure queued
