@@ -39,6 +39,14 @@ from configs.schema import ConfigError
 INTRA_OP_THREAD_COUNT: Final = "intra_op_thread_count"
 INTER_OP_THREAD_COUNT: Final = "inter_op_thread_count"
 EXECUTION_MODE: Final = "execution_mode"
+# Triton's onnxruntime backend's memory and session keys, read after the thread counts.
+USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS: Final = "session.use_device_allocator_for_initializers"
+ENABLE_MEM_ARENA: Final = "enable_mem_arena"
+ENABLE_MEM_PATTERN: Final = "enable_mem_pattern"
+SHARE_SESSION_BETWEEN_INSTANCES: Final = "share_session_between_instances"
+#: `optimization { graph { level } }` -> ONNX Runtime's graph optimization level, as
+#: Triton's onnxruntime backend maps it; any other level is ORT_ENABLE_ALL.
+GRAPH_LEVELS: Final = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
 # shoal's older name for intra_op_thread_count, read only when that one is absent.
 _INTRA_OP_ALIAS: Final = "shoal_intra_op_threads"
 #: shoal's: the least compute (µs) each part of a shared batch must be expected to take
@@ -69,12 +77,19 @@ class OrtSessionParams:
     ORT_SEQUENTIAL. `intra_op_threads`: what the config asks for, None when it sets
     nothing, 0 for "the backend's default" (any value <= 0); `instance_threads` turns it
     into a count. `inter_op_threads`: the inter-op pool size, 0 for ONNX Runtime's
-    default; ONNX Runtime uses that pool only in parallel mode.
+    default; ONNX Runtime uses that pool only in parallel mode. `graph_level`: the name
+    of ONNX Runtime's GraphOptimizationLevel. `mem_arena`, `mem_pattern`: the CPU memory
+    arena and memory pattern switches, None where the config leaves ORT's default.
+    `device_allocator_for_initializers`: that session config entry's value, if set.
     """
 
     parallel: bool = False
     intra_op_threads: int | None = None
     inter_op_threads: int = 0
+    graph_level: str = "ORT_ENABLE_ALL"
+    mem_arena: bool | None = None
+    mem_pattern: bool | None = None
+    device_allocator_for_initializers: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +130,32 @@ def int_parameter(config: pb.ModelConfig, key: str) -> int | None:
     return number
 
 
-def ort_session_params(config: pb.ModelConfig) -> OrtSessionParams:
-    """`execution_mode`, `intra_op_thread_count` (or shoal's older name for it) and
-    `inter_op_thread_count`, checked in that order, as in Triton.
+def bool_parameter(config: pb.ModelConfig, key: str) -> bool | None:
+    """`parameters[key]` as Triton's ParseBoolValue reads it (true/on/1, false/off/0, any
+    case); None when the config does not set `key`. Raises ConfigError with Triton's
+    "failed to convert '<v>' to boolean" otherwise."""
+    if key not in config.parameters:
+        return None
+    value = config.parameters[key].string_value
+    lowered = value.lower()
+    if lowered in ("true", "on", "1"):
+        return True
+    if lowered in ("false", "off", "0"):
+        return False
+    raise ConfigError(config.name, f"failed to convert '{value}' to boolean")
 
-    Raises ConfigError for a value that is not an integer and for an execution mode
-    other than 0 or 1. A thread count <= 0 is 0: ONNX Runtime's default, as in Triton.
+
+def ort_session_params(config: pb.ModelConfig) -> OrtSessionParams:
+    """The session settings Triton's onnxruntime backend reads, in its order:
+    `optimization.graph.level`, `execution_mode`, `intra_op_thread_count` (or shoal's
+    older name for it), `inter_op_thread_count`,
+    `session.use_device_allocator_for_initializers`, `enable_mem_arena`,
+    `enable_mem_pattern`, `share_session_between_instances` (checked, then moot: each
+    instance is its own process, with its own session).
+
+    Raises ConfigError for a value that is not an integer (or a boolean) and for an
+    execution mode other than 0 or 1. A thread count <= 0 is 0: ONNX Runtime's default,
+    as in Triton.
     """
     mode = int_parameter(config, EXECUTION_MODE) or 0
     if mode not in (0, 1):
@@ -137,8 +172,18 @@ def ort_session_params(config: pb.ModelConfig) -> OrtSessionParams:
             intra_op = max(intra_op, 0)
             break
     inter_op = int_parameter(config, INTER_OP_THREAD_COUNT) or 0
+    allocator = config.parameters.get(USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS)
+    mem_arena = bool_parameter(config, ENABLE_MEM_ARENA)
+    mem_pattern = bool_parameter(config, ENABLE_MEM_PATTERN)
+    bool_parameter(config, SHARE_SESSION_BETWEEN_INSTANCES)
     return OrtSessionParams(
-        parallel=mode == 1, intra_op_threads=intra_op, inter_op_threads=max(inter_op, 0)
+        parallel=mode == 1,
+        intra_op_threads=intra_op,
+        inter_op_threads=max(inter_op, 0),
+        graph_level=GRAPH_LEVELS.get(config.optimization.graph.level, "ORT_ENABLE_ALL"),
+        mem_arena=mem_arena,
+        mem_pattern=mem_pattern,
+        device_allocator_for_initializers=None if allocator is None else allocator.string_value,
     )
 
 

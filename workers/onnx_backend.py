@@ -19,7 +19,7 @@ from typing import Any, Final
 import numpy as np
 import onnxruntime as ort
 
-from configs.backend_params import ort_session_params
+from configs.backend_params import USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS, ort_session_params
 from configs.schema import IOSpec
 from ipc.errors import invalid_arg
 
@@ -81,6 +81,15 @@ def _session_options(config: object, threads: int) -> ort.SessionOptions:
         so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     else:
         so.inter_op_num_threads = 1  # a sequential session has no inter-op pool to size
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, params.graph_level)
+    if params.mem_arena is not None:
+        so.enable_cpu_mem_arena = params.mem_arena
+    if params.mem_pattern is not None:
+        so.enable_mem_pattern = params.mem_pattern
+    if params.device_allocator_for_initializers is not None:
+        so.add_session_config_entry(
+            USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS, params.device_allocator_for_initializers
+        )
     so.log_severity_level = 3
     return so
 

@@ -1,4 +1,5 @@
-"""Thread and execution-mode `parameters` through the real server and tritonclient:
+"""Thread, execution-mode, graph-level and memory `parameters` through the real server
+and tritonclient:
 values Triton rejects fail that model's load with Triton's message (the first in
 Triton's order) while the rest of the repository serves; ORT_PARALLEL and its inter-op
 pool are honoured; "the backend's default" thread count keeps a pinned instance's
@@ -80,6 +81,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     )  # fmt: skip
     # Triton's pytorch backend reads only the upper-case keys; the lower-case one is
     # shoal's lenient extension there.
+    # Graph level and memory switches, as Triton's onnxruntime backend reads them.
+    _add_sub(
+        repo, "unoptimized",
+        {"enable_mem_arena": "off", "enable_mem_pattern": "0",
+         "share_session_between_instances": "true"},
+        "optimization { graph { level: 2 } }\n",
+    )  # fmt: skip
+    _add_sub(repo, "bad_arena", {"enable_mem_arena": "maybe"})
     _torch_add_sub(repo, "torch_lower_auto", {"intra_op_thread_count": "auto"})
     _torch_add_sub(repo, "torch_upper_bad", {"INTRA_OP_THREAD_COUNT": "x"})
     with settled_server(repo, MODELS) as srv:
@@ -88,7 +97,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
 
 MODELS = (
     "sequential", "parallel", "bad_mode", "bad_intra", "both_bad", "intra_default",
-    "inter_default", "torch_lower_auto", "torch_upper_bad",
+    "inter_default", "torch_lower_auto", "torch_upper_bad", "unoptimized", "bad_arena",
 )  # fmt: skip
 
 
@@ -123,6 +132,7 @@ def _add_sub_infer(
             "failed to load 'both_bad' version 1: Invalid configuration value provided. "
             "Expected values for  execution_mode are 0 or 1 but got 2 .",
         ),
+        ("bad_arena", "failed to load 'bad_arena' version 1: failed to convert 'maybe' to boolean"),
         (
             "torch_upper_bad",
             "failed to load 'torch_upper_bad' version 1: failed to convert 'x' to integral number",
@@ -197,3 +207,9 @@ def test_torch_reads_the_lower_case_key_leniently(server: ShoalServer) -> None:
     assert server.model_version("torch_lower_auto")["state"] == "READY"
     _add_sub_infer(server, "torch_lower_auto", ("OUTPUT0__0", "OUTPUT1__1"))
     assert "intra_op_thread_count 'auto' is not an integer; ignored" in server.log()
+
+
+def test_graph_level_and_memory_switches_load_and_serve(server: ShoalServer) -> None:
+    """Optimizations off, no memory arena or pattern: the same answers (the options
+    themselves are read back from ONNX Runtime in tests/unit/workers)."""
+    _add_sub_infer(server, "unoptimized")

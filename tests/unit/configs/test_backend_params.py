@@ -240,3 +240,48 @@ def test_torch_upper_case_keys_fail_the_load_as_in_triton(
         torch_thread_params(torch_config(**params))
     assert info.value.message.startswith(message)
     assert info.value.code == Code.INVALID_ARG
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [(None, "ORT_ENABLE_ALL"), (0, "ORT_ENABLE_ALL"), (-1, "ORT_ENABLE_BASIC"),
+     (1, "ORT_ENABLE_EXTENDED"), (2, "ORT_DISABLE_ALL"), (7, "ORT_ENABLE_ALL")],
+)  # fmt: skip
+def test_the_graph_level_maps_as_tritons_onnxruntime_backend_maps_it(
+    level: int | None, expected: str
+) -> None:
+    text = 'name: "m" platform: "onnxruntime_onnx"'
+    if level is not None:
+        text += f" optimization {{ graph {{ level: {level} }} }}"
+    assert ort_session_params(parse_config_text(text, "m")).graph_level == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("true", True), ("ON", True), ("1", True), ("False", False), ("off", False), ("0", False)],
+)
+def test_memory_switches_read_as_tritons_parse_bool_value(value: str, expected: bool) -> None:
+    params = ort_session_params(config(enable_mem_arena=value, enable_mem_pattern=value))
+    assert (params.mem_arena, params.mem_pattern) == (expected, expected)
+    unset = ort_session_params(config())
+    assert (unset.mem_arena, unset.mem_pattern, unset.device_allocator_for_initializers) == (
+        None,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"enable_mem_arena": "yes"}, "failed to convert 'yes' to boolean"),
+        ({"enable_mem_pattern": "", "enable_mem_arena": "2"}, "failed to convert '2' to boolean"),
+        ({"share_session_between_instances": "sure"}, "failed to convert 'sure' to boolean"),
+        # Triton's order: the thread counts before the memory switches
+        ({"enable_mem_arena": "yes", "inter_op_thread_count": "x"}, "failed to convert 'x' "),
+    ],
+)
+def test_a_switch_that_is_no_boolean_fails_the_load(params: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ort_session_params(config(**params))
+    assert info.value.message.startswith(message)
