@@ -198,18 +198,22 @@ def test_answers_lost_with_a_worker_killed_after_its_report_fail_not_hang(
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)
 
 
+def _wait_for_a_new_frontend(srv: ShoalServer, old: int) -> None:
+    """Until a frontend other than ``old`` serves (the launcher restarted it)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = srv.pids("frontend")
+        if now and now != [old] and srv.http_status("/v2/health/ready") == 200:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"frontend not restarted:\n{srv.log()}")
+
+
 def test_frontend_killed_is_restarted_and_its_slab_swept(fresh_server: ShoalServer) -> None:
     (old,) = fresh_server.pids("frontend")
     assert any(p.name.startswith(f"shoal-{old}-") for p in SHM_DIR.iterdir())
     os.kill(old, signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        now = fresh_server.pids("frontend")
-        if now and now != [old] and fresh_server.http_status("/v2/health/ready") == 200:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail(f"frontend not restarted:\n{fresh_server.log()}")
+    _wait_for_a_new_frontend(fresh_server, old)
     assert not any(p.name.startswith(f"shoal-{old}-") for p in SHM_DIR.iterdir())
     assert f"W shoal.broker: frontend b'f-0-{old}' exited" in fresh_server.log()
     assert "E shoal.serve: frontend#0 was killed by SIGKILL; restarting" in fresh_server.log()
@@ -227,14 +231,7 @@ def test_a_frontend_stopped_alone_is_restarted_with_a_warning(
     brings it back. A clean exit is no crash, so nothing is logged as an error."""
     (old,) = fresh_server.pids("frontend")
     os.kill(old, signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        now = fresh_server.pids("frontend")
-        if now and now != [old] and fresh_server.http_status("/v2/health/ready") == 200:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail(f"frontend not restarted:\n{fresh_server.log()}")
+    _wait_for_a_new_frontend(fresh_server, old)
     fresh_server.seen_pids |= set(fresh_server.pids())
     log = fresh_server.log()
     assert "W shoal.serve: frontend#0 exited with code 0; restarting" in log
