@@ -198,3 +198,17 @@ def test_an_execution_that_fails_fails_the_warmup_with_its_message(tmp_path: Pat
         "failed to run warmup sample 'w': RuntimeError: the model fell over; "
     )
     assert len(rec.calls) == 1  # the first failure ends it
+
+
+def test_a_reshaped_input_reaches_the_model_reshaped_and_an_optional_one_may_be_left_out(
+    tmp_path: Path,
+) -> None:
+    io = """
+    max_batch_size: 2
+    input [ { name: "IMG" data_type: TYPE_FP32 dims: [ 16 ] reshape: { shape: [ 4, 4 ] } },
+            { name: "MASK" data_type: TYPE_FP32 dims: [ 16 ] optional: true } ]
+    output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 16 ] } ]
+    """
+    img = "data_type: TYPE_FP32 dims: [ 16 ] zero_data: true"
+    (s,) = warmup.samples(config(sample("w", {"IMG": img}), io), tmp_path)
+    assert list(s.request) == ["IMG"] and s.request["IMG"].shape == (1, 4, 4)
