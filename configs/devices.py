@@ -6,22 +6,48 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 _NVIDIA_PROC = Path("/proc/driver/nvidia/gpus")
+_DEV = Path("/dev")
+_DEVICE_FILE = re.compile(r"nvidia[0-9]+")
+
+
+def _present() -> int:
+    """The NVIDIA GPUs the driver shows: its /proc folder, or, where that is missing (a
+    sandbox that emulates the device files, gVisor's nvproxy), the /dev/nvidia<N> files."""
+    try:
+        count = sum(1 for _ in _NVIDIA_PROC.iterdir())
+    except OSError:
+        count = 0
+    if count:
+        return count
+    try:
+        return sum(1 for f in _DEV.iterdir() if _DEVICE_FILE.fullmatch(f.name))
+    except OSError:
+        return 0
+
+
+def _visible_ids(visible: str) -> list[str]:
+    """CUDA_VISIBLE_DEVICES's entries as CUDA reads them: indices and GPU-/MIG- UUIDs, up
+    to the first entry it cannot read, which hides the rest ("0,-1,1" shows device 0)."""
+    out: list[str] = []
+    for raw in visible.split(","):
+        v = raw.strip()
+        if not (v.isdigit() or v.startswith(("GPU-", "MIG-"))):
+            break
+        out.append(v)
+    return out
 
 
 def gpu_count() -> int:
     """Visible NVIDIA GPUs (honouring CUDA_VISIBLE_DEVICES); 0 without a driver."""
-    try:
-        present = sum(1 for _ in _NVIDIA_PROC.iterdir())
-    except OSError:
-        return 0
+    present = _present()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
+    if visible is None or present == 0:
         return present
-    ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
-    return min(len(ids), present)
+    return min(len(_visible_ids(visible)), present)
 
 
 def visible_device(gpu: int) -> str:
@@ -30,7 +56,7 @@ def visible_device(gpu: int) -> str:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return str(gpu)
-    ids = [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+    ids = _visible_ids(visible)
     if not 0 <= gpu < len(ids):
         raise ValueError(f"GPU {gpu} is not one of CUDA_VISIBLE_DEVICES={visible!r}")
     return ids[gpu]

@@ -7,12 +7,14 @@
 #   libraries it was built against, as nvidia-* wheels;
 # - cupy for the same CUDA major as onnxruntime-gpu (both live in a GPU worker), with
 #   [ctk]: the CUDA toolkit pieces it needs at run time (NVRTC) from PyPI;
-# - cuda-python, which tritonclient's CUDA shared-memory utilities (clients, and the GPU
-#   tests) use as `cuda.bindings.runtime`; below 13 because tritonclient releases before
-#   the cuda-bindings 13 fix read the handle through `cudaIpcMemHandle_t.reserved`, which
-#   13 dropped. 12.x bindings work with newer drivers.
+# - cuda-bindings of that same CUDA major, which tritonclient's CUDA shared-memory
+#   utilities (clients, and the GPU tests) use as `cuda.bindings.runtime`. tritonclient
+#   2.73 (the dev extra's floor) reads the IPC handle through getPtr(), so 13.x works; a
+#   torch built for CUDA 13 pins cuda-bindings 13 itself, and a 12.x pin here would pull
+#   it from under torch. onnxruntime-gpu 1.31 on PyPI is built for CUDA 13.
 # torch comes from scripts/setup.sh (SHOAL_TORCH): on such a host PyPI's torch is a CUDA
-# build already.
+# build already. A torch built for another CUDA major than onnxruntime-gpu is reported:
+# one GPU worker would load two CUDA runtimes and two cuDNNs (whose wheels share a folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -35,10 +37,27 @@ except md.PackageNotFoundError:
 assert "CUDAExecutionProvider" in ort.get_available_providers()
 major = (ort.cuda_version or "12").split(".")[0]
 md.version(f"cupy-cuda{major}x")  # cupy for the CUDA major onnxruntime-gpu was built for
+bindings = md.version("cuda-bindings").split(".")[0]
+assert bindings == major, f"cuda-bindings {bindings}.x next to CUDA {major} libraries"
+PYEOF
+}
+
+torch_cuda_check() {
+  "$PY" - <<'PYEOF'
+import onnxruntime as ort
+import torch
+
+ort_major = (ort.cuda_version or "").split(".")[0]
+torch_major = (torch.version.cuda or "").split(".")[0]
+if torch_major and ort_major and torch_major != ort_major:
+    print(f"warning: torch {torch.__version__} is built for CUDA {torch.version.cuda} and "
+          f"onnxruntime-gpu {ort.__version__} for CUDA {ort.cuda_version}: install a torch "
+          f"for CUDA {ort_major} (SHOAL_TORCH) so that a GPU worker loads one CUDA runtime")
 PYEOF
 }
 
 if gpu_extras_ok 2>/dev/null; then
+  torch_cuda_check
   exit 0
 fi
 log=.venv/gpu-extras.log
@@ -47,10 +66,11 @@ if ! {
   "$PY" -m pip uninstall -y onnxruntime onnxruntime-gpu || true
   "$PY" -m pip install 'onnxruntime-gpu[cuda,cudnn]' &&
   major=$("$PY" -c 'import onnxruntime as o; print((o.cuda_version or "12").split(".")[0])') &&
-  "$PY" -m pip install "cupy-cuda${major}x[ctk]" 'cuda-python<13'
+  "$PY" -m pip install "cupy-cuda${major}x[ctk]" "cuda-bindings>=${major},<$((major + 1))"
 } >"$log" 2>&1; then
   tail -n 40 "$log" >&2
   echo "GPU extras set-up failed; full log in $log" >&2
   exit 1
 fi
 gpu_extras_ok
+torch_cuda_check

@@ -28,6 +28,8 @@ if [ -z "$offline" ]; then
 fi
 
 nvidia-smi -L
+# What configs.devices counts: the driver's list, else the device files.
+ls /proc/driver/nvidia/gpus /dev/nvidia* 2>&1 || true
 export SHOAL_GPU_OFFLINE=$offline  # the preflight reads it
 
 if [ "$offline" = 1 ]; then
@@ -47,6 +49,16 @@ if [ "$offline" = 1 ]; then
   fi
   export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
+  # A machine with no package index fails here at once, not after pip's retries.
+  probe=$(mktemp -d)
+  if ! "${PYTHON:-python3}" -m pip download -q --no-deps --disable-pip-version-check \
+      --retries 0 --timeout 10 --dest "$probe" msgspec >/dev/null 2>&1; then
+    rm -rf "$probe"
+    echo "gpu-tests: no package index reachable and no .whl/: run scripts/gpu-wheels.sh" \
+         "where there is network and bring .whl/ along (offline mode)" >&2
+    exit 2
+  fi
+  rm -rf "$probe"
   SHOAL_GPU=1 scripts/setup.sh  # with the GPU extras (scripts/gpu-extras.sh)
   PY=.venv/bin/python
   nvidia_libs=$(scripts/nvidia-libs.sh)  # the server's worker processes inherit this
@@ -91,6 +103,10 @@ for dist, mod in (
                  "sys.path: another copy shadows it")
 EOF
 
+# The preflight's verdict on ONNX Runtime's CUDA provider goes to the tests (which would
+# otherwise read only the provider list, fixed when onnxruntime was built).
+ort_verdict=$(mktemp)
+export SHOAL_ORT_VERDICT_FILE=$ort_verdict
 "$PY" - <<'EOF'
 import os
 import sys
@@ -112,9 +128,10 @@ require_ort_cuda = not offline
 n = gpu_count()
 print(f"preflight: shoal sees {n} GPU(s)")
 if n == 0:
-    sys.exit("preflight: configs.devices finds no GPU (/proc/driver/nvidia/gpus): "
-             "every KIND_GPU model would fail to load")
+    sys.exit("preflight: configs.devices finds no GPU (neither /proc/driver/nvidia/gpus "
+             "nor /dev/nvidia<N>): every KIND_GPU model would fail to load")
 available = ort.get_available_providers()
+ort_cuda = False
 if "CUDAExecutionProvider" not in available:
     if require_ort_cuda:
         sys.exit(f"preflight: onnxruntime {ort.__version__} has no CUDA execution provider")
@@ -129,12 +146,15 @@ else:
         )
         print(f"preflight: onnxruntime {ort.__version__} (CUDA {ort.cuda_version}):",
               sess.get_providers())
-        if "CUDAExecutionProvider" not in sess.get_providers():
+        ort_cuda = "CUDAExecutionProvider" in sess.get_providers()
+        if not ort_cuda:
             msg = ("onnxruntime-gpu could not create its CUDA execution provider "
-                   "(its CUDA/cuDNN libraries did not load; see the messages above)")
+                   "(its CUDA/cuDNN libraries did not load; see the messages above): the "
+                   "ONNX Runtime GPU tests will skip")
             if require_ort_cuda:
                 sys.exit(f"preflight: {msg}")
             print(f"preflight: warning: {msg}")
+Path(os.environ["SHOAL_ORT_VERDICT_FILE"]).write_text("1" if ort_cuda else "0")
 # The TorchScript tests run KIND_GPU instances on torch: it must be a CUDA build.
 fix = ("the image's python3 should hold it" if offline else
        "install a CUDA build of torch into .venv (scripts/setup.sh takes SHOAL_TORCH)")
@@ -169,6 +189,9 @@ finally:
 print("preflight: tritonclient CUDA shared memory works")
 EOF
 
+SHOAL_TEST_ORT_CUDA=$(cat "$ort_verdict")
+rm -f "$ort_verdict"
+export SHOAL_TEST_ORT_CUDA
 set +e
 "$PY" -m pytest -q -m gpu -o addopts="" -p no:cacheprovider tests/gpu "$@"
 rc=$?

@@ -108,6 +108,7 @@ class OnnxRuntimeBackend:
         self._bf16_in: set[str] = set()
         self._bf16_out: set[str] = set()
         self._string_in: set[str] = set()
+        self._has_strings = False  # a string input or output: IOBinding cannot bind it
         self._cpu_only = False
         self._unbindable: set[str] = set()  # outputs whose shape the model does not keep
         self._quiet = ort.RunOptions()
@@ -140,6 +141,7 @@ class OnnxRuntimeBackend:
         self._bf16_in = {s.name for s in ins if s.datatype == "BF16"}
         self._bf16_out = {s.name for s in outs if s.datatype == "BF16"}
         self._string_in = {s.name for s in ins if s.datatype == "BYTES"}
+        self._has_strings = any(s.datatype == "BYTES" for s in (*ins, *outs))
 
     def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]]:
         assert self._sess is not None
@@ -156,7 +158,11 @@ class OnnxRuntimeBackend:
     ) -> list[np.ndarray]:
         assert self._sess is not None
         if any(hasattr(a, "__cuda_array_interface__") for a in inputs.values()):
-            return self._execute_device(inputs, outputs)
+            if not self._has_strings:
+                return self._execute_device(inputs, outputs)
+            # ONNX Runtime's IOBinding binds no string tensor ("Only binding non-string
+            # Tensors is currently supported"): such a model runs from host copies.
+            inputs = {k: _on_host(v) for k, v in inputs.items()}
         if self._bf16_in or self._bf16_out:
             return self._execute_ort_values(inputs, outputs)
         bound = {k: v for k, v in (destinations or {}).items() if k not in self._unbindable}
@@ -261,6 +267,11 @@ class OnnxRuntimeBackend:
 
     def unload(self) -> None:
         self._sess = None
+
+
+def _on_host(arr: Any) -> Any:
+    """A device (cupy) array's host copy; a host array as it is."""
+    return arr.get() if hasattr(arr, "__cuda_array_interface__") else arr
 
 
 def _as_text(name: str, arr: np.ndarray) -> np.ndarray:

@@ -25,7 +25,9 @@ def test_memory_a_process_writes_counts() -> None:
 def test_shared_memory_and_file_pages_do_not_count(tmp_path: Path) -> None:
     """A frontend's slab or a client's region, mapped and read by a worker, is not its
     own memory; nor is a model file it maps."""
-    shm_path = Path("/dev/shm") / f"shoal-test-memory-{os.getpid()}"
+    shm_path = (
+        Path("/dev/shm") / f"test-broker-memory-{os.getpid()}"
+    )  # not shoal-: no sweep takes it
     file_path = tmp_path / "weights.bin"
     try:
         for path in (shm_path, file_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -85,3 +87,34 @@ def test_passive_instances_take_no_core_from_the_ones_that_serve() -> None:
     cfg.instance_group[1].passive = True
     plans = plan_instances([("p", [1], cfg)], cpus=[0, 1, 2, 3])
     assert [p.cores for p in plans] == [(0, 1, 2, 3)] * 4  # the active one owns them all
+
+
+def test_gpus_are_counted_as_cuda_counts_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The driver's /proc folder, else the /dev/nvidia<N> files (a sandbox that emulates
+    only those); CUDA_VISIBLE_DEVICES read up to its first entry CUDA cannot read."""
+    from configs import devices
+
+    proc, dev = tmp_path / "gpus", tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        (dev / name).touch()
+    monkeypatch.setattr(devices, "_NVIDIA_PROC", proc)  # missing: /dev counts
+    monkeypatch.setattr(devices, "_DEV", dev)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert devices.gpu_count() == 2
+    proc.mkdir()
+    for bus in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
+        (proc / bus).mkdir()
+    assert devices.gpu_count() == 3  # the driver's own list comes first
+    for visible, count in (("0,-1,1", 1), ("2, 0", 2), ("-1", 0), ("", 0), ("GPU-5a1c,1", 2)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert devices.gpu_count() == count, visible
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,-1,1")
+    assert devices.visible_device(0) == "3"
+    with pytest.raises(ValueError, match="not one of"):
+        devices.visible_device(1)
+    monkeypatch.setattr(devices, "_DEV", tmp_path / "nowhere")
+    proc.rename(tmp_path / "gone")
+    assert devices.gpu_count() == 0
