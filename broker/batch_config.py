@@ -1,5 +1,5 @@
 """A model's config, read by the broker: ``dynamic_batching`` as the batcher's settings
-(None: no batching), and ``metric_tags``."""
+(None: no batching), ``metric_tags``, and the limit on its instances' memory."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ class ModelVersion:
     placed_on: set[int | None] = field(default_factory=set)
     metric_tags: dict[str, str] = field(default_factory=dict)  # extra metric labels
     memory_limit_mb: int | None = None  # its config's; None: the server's
-    exits: dict[str, int] = field(default_factory=dict)  # instance exits unasked, by reason
+    exits: dict[m.ExitReason, int] = field(default_factory=dict)  # instance exits unasked
     stats: VersionStats = field(init=False)
 
     def __post_init__(self) -> None:

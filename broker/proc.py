@@ -46,6 +46,9 @@ log = logging.getLogger("shoal.broker")
 # Queue delays and timeouts wake it through the timer, not through this.
 _HOUSEKEEPING_MS: Final = 250
 _INFER: Final = m.KINDS[m.InferRequest]
+# An instance over its memory limit is asked to stop after its batch (its answers leave);
+# one that has not stopped this long after is killed.
+_STOP_GRACE_S: Final = 10.0
 
 
 @dataclass
@@ -76,8 +79,12 @@ class BrokerProc:
         # Every system registration holds a descriptor; the broker keeps the last 512
         # for its own sockets and for watching its peers.
         self.client_regions = ClientRegions(max(raise_open_file_limit() - 512, 0))
-        self._killed: dict[int, tuple[m.ExitReason, str]] = {}  # pid -> why it was killed
+        # ident -> why the broker ended it, and how: "was killed (...)", "was stopped (...)"
+        self._ended: dict[bytes, tuple[m.ExitReason, str]] = {}
+        self._stopping: dict[bytes, tuple[float, str]] = {}  # ident -> (kill at, reason)
         self._next_memory_check = 0.0
+        self._memory_supported = memory.supported()
+        self._memory_warned = False
         self._leaving: set[bytes] = set()  # frontends stopping on request (FrontendLeaving)
         self.poller = zmq.Poller()
         self.poller.register(self.fsock, zmq.POLLIN)
@@ -158,12 +165,19 @@ class BrokerProc:
             del self._unwatched[ident]
             self._watch(ident, pid, role)  # back in _unwatched if it fails again
         for inst in self.router.overdue(now, self.s.execution_timeout_s):
-            if inst.pid not in self._killed:
+            if inst.ident not in self._ended:
                 self._kill(
                     inst,
                     "execution_timeout",
                     f"it had run one batch for {now - inst.dispatched_at:.0f} s, longer than "
                     f"--model-execution-timeout-secs ({self.s.execution_timeout_s:g})",
+                )
+        for ident in [i for i, (due, _) in self._stopping.items() if now >= due]:
+            _, reason = self._stopping.pop(ident)
+            late = self.table.by_ident.get(ident)
+            if late is not None:
+                self._kill(
+                    late, "memory_limit", f"{reason}; it had not stopped {_STOP_GRACE_S:g} s later"
                 )
         if now >= self._next_memory_check:
             self._next_memory_check = now + memory.CHECK_EVERY_S
@@ -174,22 +188,41 @@ class BrokerProc:
         self._dispatch(dispatches)
 
     def _check_memory(self) -> None:
-        """Kill each ready instance that holds more memory of its own than its model's
-        limit allows: a leak in one model must not take the host's memory from the others
-        (the kernel's OOM killer may pick any process). Loading peaks do not count."""
-        for inst in list(self.table.by_ident.values()):
-            if inst.state != "READY" or inst.pid in self._killed:
-                continue
-            limit_mb = self._memory_limit_mb(inst.model, inst.version)
-            if limit_mb <= 0:
-                continue
-            used = memory.private_memory(inst.pid)
-            if used is not None and used > limit_mb * memory.MIB:
-                self._kill(
-                    inst,
-                    "memory_limit",
-                    f"it held {used // memory.MIB} MiB of memory, over its limit of {limit_mb} MiB",
+        """End each ready instance over its memory limit (broker/memory.py): a leak in
+        one model must not take the host's memory from the others (the kernel's OOM
+        killer may pick any process). It gets no more batches and is asked to stop after
+        the one it runs, so that no answer is lost; at twice its limit (a runaway) it is
+        killed at once. An instance whose pid is not watched yet is not read: its number
+        might be another process's by now."""
+        instances = [i for i in self.table.by_ident.values() if i.ident not in self._unwatched]
+
+        def limit(inst: Instance) -> int:
+            return self._memory_limit_mb(inst.model, inst.version)
+
+        if not self._memory_supported:
+            if not self._memory_warned and any(limit(i) > 0 for i in instances):
+                self._memory_warned = True
+                log.warning(
+                    "this kernel does not report a process's own memory (RssAnon): the "
+                    "instance memory limits are not enforced"
                 )
+            return
+        for over in memory.over_limit(instances, limit, memory.private_memory, self._stopping):
+            inst, reason = over.inst, over.reason
+            if over.runaway:  # at once, even while it is being stopped
+                self._stopping.pop(inst.ident, None)
+                self._kill(inst, "memory_limit", reason)
+                continue
+            if inst.ident in self._stopping:
+                continue  # stopping already, within bounds
+            log.error(
+                "instance %d of %s/%d (pid %d) is stopped after its batch: %s",
+                inst.index, inst.model, inst.version, inst.pid, reason,
+            )  # fmt: skip
+            self._ended[inst.ident] = ("memory_limit", f"was stopped ({reason})")
+            self._stopping[inst.ident] = (time.monotonic() + _STOP_GRACE_S, reason)
+            self.router.retire(inst)
+            self._send(self.wsock, [inst.ident, *m.encode(m.Shutdown("over its memory limit"))])
 
     def _memory_limit_mb(self, model: str, version: int) -> int:
         """The limit on each instance's own memory: its config's, else the server's."""
@@ -198,8 +231,11 @@ class BrokerProc:
             return mv.memory_limit_mb
         return self.s.instance_memory_limit_mb
 
-    def _add_memory(self, states: list[m.ModelState]) -> None:
+    def _add_memory(self, states: list[m.ModelState], model: str) -> None:
+        """Each instance's memory, and the limit, of ``model``'s versions (/proc reads)."""
         for state in states:
+            if state.name != model:
+                continue
             if state.version >= 0:
                 state.memory_limit_mb = self._memory_limit_mb(state.name, state.version)
             for info in state.instances:
@@ -227,9 +263,15 @@ class BrokerProc:
             "instance %d of %s/%d (pid %d) is killed: %s",
             inst.index, inst.model, inst.version, inst.pid, reason,
         )  # fmt: skip
-        self._killed[inst.pid] = (why, reason)
+        self._ended[inst.ident] = (why, f"was killed ({reason})")
+        self.router.retire(inst)  # not one more batch: a killed instance is often idle
+        # Through its pidfd where the broker holds one: a pid number may be reused.
+        fd = next((fd for fd, (_, ident) in self.pidfds.items() if ident == inst.ident), None)
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(inst.pid, signal.SIGKILL)
+            if fd is not None:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            else:
+                os.kill(inst.pid, signal.SIGKILL)
 
     def _drain(self, sock: zmq.Socket, handle: object) -> None:
         budget = 512  # frames, so one busy side cannot starve the other
@@ -312,8 +354,8 @@ class BrokerProc:
         elif isinstance(msg, m.ServerQuery):
             ready = self.table.all_ready() if self.s.strict_readiness else True
             states = self.table.states()
-            if msg.memory:
-                self._add_memory(states)
+            if msg.memory_of:
+                self._add_memory(states, msg.memory_of)
             state = m.ServerState(msg.query_id, True, ready, states)
             self._send(self.fsock, [ident, *m.encode(state)])
         elif isinstance(msg, m.Cancel):
@@ -629,8 +671,10 @@ class BrokerProc:
         inst = self.table.by_ident.pop(ident, None)
         if inst is None:
             return
-        why, killed = self._killed.pop(inst.pid, ("crash", ""))
-        ended = f"was killed ({killed})" if killed else "exited"
+        self._stopping.pop(ident, None)
+        why, ended = self._ended.pop(ident, ("crash", "exited"))
+        # An instance that reported its load failed is not restarted: no unasked exit.
+        counted = why != "crash" or inst.state != "DEAD"
         # When the broker is stopping (SIGTERM), the workers are being stopped with it
         # (the launcher signals them together): an exit is the stop, not a fault.
         log.log(
@@ -643,7 +687,7 @@ class BrokerProc:
         failed, dispatches = self.router.instance_lost(inst, time.monotonic())
         version = self.table.version(inst.model, inst.version)
         if version is not None:
-            if not self.stop:
+            if counted and not self.stop:
                 version.exits[why] = version.exits.get(why, 0) + 1
             version.instances.pop(ident, None)
             if was_loading:

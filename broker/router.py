@@ -80,8 +80,8 @@ class Router:
         mv = self.table.version(inst.model, inst.version)
         if mv is None:
             return []
-        if inst.index in mv.passive:
-            return []  # loaded, never scheduled (Triton's passive instance group)
+        if inst.index in mv.passive or inst.state != "READY":
+            return []  # never scheduled (a passive instance group), or killed
         if inst.ident not in mv.idle and inst.in_flight is None:
             mv.idle.append(inst.ident)
         return self._dispatch(mv, now)
@@ -138,6 +138,18 @@ class Router:
                     by_frontend.setdefault(frontend, []).append(req_id)
         inst.answered.clear()
         return by_frontend
+
+    def retire(self, inst: Instance) -> None:
+        """Take ``inst`` out of scheduling at once: the broker has killed it (a hang, its
+        memory), and its death, seen a little later (``instance_lost``), answers the batch
+        it runs. Until then no batch goes to it, so its siblings take the requests."""
+        inst.state = "DEAD"
+        mv = self.table.version(inst.model, inst.version)
+        if mv is None:
+            return
+        if inst.ident in mv.idle:
+            mv.idle.remove(inst.ident)
+        mv.refresh_state()
 
     def instance_lost(self, inst: Instance, now: float) -> tuple[list[m.WorkItem], list[Dispatch]]:
         """Mark ``inst`` dead. Returns the items it was running (they failed) and, if

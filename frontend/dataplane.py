@@ -125,17 +125,17 @@ class DataPlane:
     def server_metadata(self) -> dict[str, Any]:
         return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
 
-    async def _server_state(self, memory: bool = False) -> m.ServerState | None:
+    async def _server_state(self, memory_of: str = "") -> m.ServerState | None:
         try:
             return await self.broker.query(
-                m.ServerQuery(self.broker.next_id(), memory), m.ServerState, timeout=2.0
+                m.ServerQuery(self.broker.next_id(), memory_of), m.ServerState, timeout=2.0
             )
         except ServingError:
             return None
 
     async def model_instances(self, name: str) -> dict[str, Any]:
         """shoal's extension: each version's state and where its instances run."""
-        state = await self._server_state(memory=True)
+        state = await self._server_state(memory_of=name)
         if state is None:
             raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
         versions = [s for s in state.models if s.name == name]

@@ -254,7 +254,7 @@ def _instance_families(
     t.family(
         exits,
         "Number of times an instance of the model exited unasked (then restarted): crash, "
-        "or killed for execution_timeout or memory_limit",
+        "or ended by the server for execution_timeout or memory_limit",
         "counter",
     )
     for v, labels in rows:

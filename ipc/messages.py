@@ -201,7 +201,7 @@ class ModelInfo(msgspec.Struct, array_like=True):
 
 class ServerQuery(msgspec.Struct, array_like=True):
     query_id: int
-    memory: bool = False  # also each instance's memory (/proc reads: not for probes)
+    memory_of: str = ""  # also this model's instances' memory (/proc reads: not for probes)
 
 
 class InstanceInfo(msgspec.Struct):
@@ -359,7 +359,7 @@ class VersionMetrics(msgspec.Struct, array_like=True):
     tags: dict[str, str] = {}  # the config's metric_tags: extra labels
     # phase -> the query's quantiles of the last minute's observations, in µs (NaN: none)
     summaries: dict[str, list[float]] = {}
-    exits: dict[str, int] = {}  # instance exits unasked, by ExitReason
+    exits: dict[ExitReason, int] = {}  # instance exits unasked
     memory: dict[int, int] = {}  # instance index -> the bytes of its own memory (broker.memory)
     memory_limit: int = 0  # bytes; 0: none
 

@@ -6,10 +6,11 @@ instance); it finds the broker through the runtime directory. Without ``--cores`
 repository as the launcher does (configs.placement) and finds its own instance there, so
 a KIND_GPU instance runs on its GPU and a CPU instance on its own cores.
 
-``SHOAL_TEST_FAULT=<action>:<model>`` injects a fault into the instances of one model,
-for the fault tests (as Triton's QA uses ``TRITONSERVER_DELAY_SCHEDULER``). The actions:
-``die-after-report``: report the first batch done without sending its answers, then die
-by SIGKILL; ``leak-in-batch``: each batch holds on to 256 MiB more, then takes 20 s.
+``SHOAL_TEST_FAULT=<action>:<model>`` injects a fault into the instances of one model
+(``<model>#<n>``: into its instance n alone), for the fault tests (as Triton's QA uses
+``TRITONSERVER_DELAY_SCHEDULER``). The actions: ``die-after-report``: report the first
+batch done without sending its answers, then die by SIGKILL; ``leak``: each batch holds
+on to 256 MiB more; ``leak-in-batch``: the same, then the batch takes 20 s.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _fault(model: str) -> str:
+def _fault(model: str, instance: int) -> str:
     action, _, target = os.environ.get("SHOAL_TEST_FAULT", "").partition(":")
-    return action if target == model else ""
+    return action if target in (model, f"{model}#{instance}") else ""
 
 
 def _place(args: argparse.Namespace) -> None:
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu=args.gpu,
             gpu_count=gpus,
             instance_name=args.instance_name or f"{args.model}_{args.instance}",
-            fault=_fault(args.model),
+            fault=_fault(args.model, args.instance),
         )
     )
     return run_until_stopped(proc)

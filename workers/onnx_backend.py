@@ -22,6 +22,7 @@ import onnxruntime as ort
 from configs.backend_params import USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS, ort_session_params
 from configs.schema import IOSpec
 from ipc.errors import invalid_arg
+from workers.tensors import on_host
 
 log = logging.getLogger("shoal.worker")
 
@@ -162,7 +163,7 @@ class OnnxRuntimeBackend:
                 return self._execute_device(inputs, outputs)
             # ONNX Runtime's IOBinding binds no string tensor ("Only binding non-string
             # Tensors is currently supported"): such a model runs from host copies.
-            inputs = {k: _on_host(v) for k, v in inputs.items()}
+            inputs = {k: on_host(v) for k, v in inputs.items()}
         if self._bf16_in or self._bf16_out:
             return self._execute_ort_values(inputs, outputs)
         bound = {k: v for k, v in (destinations or {}).items() if k not in self._unbindable}
@@ -267,11 +268,6 @@ class OnnxRuntimeBackend:
 
     def unload(self) -> None:
         self._sess = None
-
-
-def _on_host(arr: Any) -> Any:
-    """A device (cupy) array's host copy; a host array as it is."""
-    return arr.get() if hasattr(arr, "__cuda_array_interface__") else arr
 
 
 def _as_text(name: str, arr: np.ndarray) -> np.ndarray:

@@ -58,6 +58,7 @@ _FAILED_REPORT_WAIT_S = 10.0
 # How long a starting worker waits for the broker's welcome before it loads its model:
 # the welcome carries the server's log settings, which the load's own lines should obey.
 _WELCOME_BEFORE_LOAD_S = 0.5
+_CLOSE_LINGER_MS = 1000  # how long unsent answers may hold a stopping worker
 
 
 @dataclass
@@ -295,6 +296,7 @@ class WorkerProc:
             elif isinstance(msg, m.FrontendGone):
                 self._forget_frontend(msg.frontend)
             elif isinstance(msg, m.Shutdown):
+                log.info("stopping: %s", msg.reason or "asked to")
                 return "shutdown"
 
     def _forget_exited_frontends(self) -> None:
@@ -350,8 +352,8 @@ class WorkerProc:
         answering a batch's requests itself once it has the report, names them to their
         frontends (``Unconfirmed``) and the ones still waiting fail there."""
         t0 = time.perf_counter_ns()
-        if self.s.fault == "leak-in-batch":
-            _leak_in_batch()
+        if self.s.fault.startswith("leak"):
+            _leak(slow=self.s.fault == "leak-in-batch")
         failed: list[int] = []
         refused: list[int] = []
         answers: list[tuple[m.WorkItem, m.InferResponse]] = []
@@ -528,12 +530,14 @@ class WorkerProc:
 
     def close(self) -> None:
         self.cuda.close()
+        # The last answers leave first (an instance stopped over its memory limit has
+        # just answered its batch); a frontend gone takes at most this long to give up.
         for sock in self.result_socks.values():
-            sock.close(0)
+            sock.close(_CLOSE_LINGER_MS)
         if self.backend is not None:
             self.backend.unload()
         self.regions.close()
-        self.sock.close(0)
+        self.sock.close(_CLOSE_LINGER_MS)
 
 
 def _error(
@@ -565,9 +569,10 @@ def _thread_count(config: ModelConfig, backend: str, cores: list[int]) -> int:
 _LEAKED: list[np.ndarray] = []
 
 
-def _leak_in_batch() -> None:
-    """Fault injection for tests: hold on to 256 MiB more (written, so resident), then
-    take 20 s, as a model that leaks inside a long batch."""
-    log.warning("fault injection: holding on to 256 MiB more, then taking 20 s")
+def _leak(slow: bool) -> None:
+    """Fault injection for tests: hold on to 256 MiB more (written, so resident), as a
+    model that leaks; ``slow``: then take 20 s, as one that leaks inside a long batch."""
+    log.warning("fault injection: holding on to 256 MiB more%s", ", then taking 20 s" * slow)
     _LEAKED.append(np.ones(256 << 20, dtype=np.uint8))
-    time.sleep(20)
+    if slow:
+        time.sleep(20)

@@ -89,14 +89,15 @@ def input_array(
     return np.frombuffer(buf, dtype=dt.numpy, count=count).reshape(ref.shape)
 
 
-def _host(arr: Any) -> np.ndarray:
+def on_host(arr: Any) -> np.ndarray:
+    """A device (cupy) array's host copy; a host array as it is."""
     if hasattr(arr, "__cuda_array_interface__"):
         return arr.get()  # type: ignore[no-any-return]  # cupy -> numpy
     return arr  # type: ignore[no-any-return]
 
 
 def _wire_bytes(arr: np.ndarray, datatype: str) -> memoryview:
-    arr = _host(arr)
+    arr = on_host(arr)
     dt = datatypes.datatype(datatype)
     if dt is None or dt.numpy is None:
         flat = arr.reshape(-1)

@@ -17,16 +17,19 @@ WarmUp):
   otherwise its first bytes, which must be enough);
 - every output is computed and dropped; the statistics do not count warmup.
 
-A sample that cannot be built or run fails the instance's load with Triton's words
-("failed to run warmup sample 'x': ..."): the model is UNAVAILABLE with that reason.
+A sample that cannot be built or run fails the instance's load ("failed to run warmup
+sample 'x': ...", Triton's words where they are its core's): the model is UNAVAILABLE
+with that reason.
 Beyond Triton: a sample's inputs are checked against the model's inputs first (names,
-data types, shapes: the checks a client's request gets), and an ``input_data_file``
-must stay inside the ``warmup/`` folder.
+data types, shapes), and an ``input_data_file`` must not lead out of the model
+repository. Where Triton repeats a backend's error once per request of the sample,
+shoal says it once.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -105,13 +108,13 @@ def _data(
 
 
 def _read(config: pb.ModelConfig, model_dir: Path, name: str, file: str) -> bytes:
-    folder = (model_dir / WARMUP_FOLDER).resolve()
-    path = (folder / file).resolve()
-    if not path.is_relative_to(folder):
+    # Read as the path is written (a symlink to shared data is followed, as Triton does),
+    # but not from outside the model repository: "../../etc/shadow" is no warmup data.
+    path = Path(os.path.normpath(model_dir / WARMUP_FOLDER / file))
+    if not path.is_relative_to(os.path.normpath(model_dir.parent)):
         raise ConfigError(
             config.name,
-            f"warmup input_data_file '{file}' for input '{name}' is outside the model's "
-            f"{WARMUP_FOLDER}/ folder",
+            f"warmup input_data_file '{file}' for input '{name}' is outside the model repository",
         )
     try:
         return path.read_bytes()

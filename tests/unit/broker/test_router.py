@@ -631,3 +631,38 @@ def test_a_failed_execution_does_not_feed_the_estimate() -> None:
         router.submit(mv, _item(i), 1.0, dispatch=False)
     ((_, batch),) = router.dispatch(mv, 1.0)
     assert len(batch.items) == 4
+
+
+def test_a_retired_instance_takes_no_batch_while_its_death_is_on_the_way() -> None:
+    """The broker killed it (its memory, a hang): idle or busy, no batch goes to it
+    until its death is seen; its sibling takes them, and its running batch is failed
+    only then."""
+    table, router, (a, b) = _table()
+    _ready(table, router, a)
+    _ready(table, router, b)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    router.retire(a)  # idle when killed, first in line
+    ((inst, _),) = router.submit(mv, _item(1), 0.0)
+    assert inst is b
+    assert router.submit(mv, _item(2), 0.0) == []  # queued for b, not sent to a
+    assert router.instance_ready(a, 0.0) == [] and b"w0" not in mv.idle
+    assert mv.state == "READY"  # b serves
+    ((inst, batch),) = _done(router, b)
+    assert inst is b and batch.items[0].request.req_id == 2
+    failed, _ = router.instance_lost(a, 1.0)
+    assert failed == []
+
+
+def test_a_retired_busy_instance_does_not_come_back_with_its_report() -> None:
+    table, router, (a,) = _table(1)
+    _ready(table, router, a)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    router.submit(mv, _item(1), 0.0)
+    router.retire(a)
+    assert mv.state == "UNAVAILABLE"  # its only instance: requests are refused at once
+    assert _done(router, a) == [] and not mv.idle  # a report that raced the kill
+    router.submit(mv, _item(2), 0.0)
+    failed, dispatches = router.instance_lost(a, 1.0)
+    assert [it.request.req_id for it in failed] == [2] and dispatches == []

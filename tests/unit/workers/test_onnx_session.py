@@ -11,7 +11,6 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.model_config import parse_config_text
-from shoal import modelgen
 from workers.onnx_backend import OnnxRuntimeBackend, _session_options
 
 
@@ -48,19 +47,43 @@ class DeviceArray:
     def __init__(self, host: np.ndarray) -> None:
         self._host = host
         self.shape = host.shape
-        self.__cuda_array_interface__ = {"shape": host.shape, "typestr": "|O", "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": host.shape,
+            "typestr": host.dtype.str,
+            "data": (0, False),
+            "version": 3,
+        }
 
     def get(self) -> np.ndarray:
         return self._host
 
 
-def test_a_string_model_fed_from_device_memory_runs_from_host_copies(tmp_path: Path) -> None:
-    """IOBinding binds no string tensor, so such a model does not take the device path
-    (it would fail there on a GPU host) but runs from host copies of its inputs."""
-    model = tmp_path / "identity.onnx"
-    model.write_bytes(modelgen.identity_model("BYTES", [-1], batch=True))
+def _float_to_text_model() -> bytes:
+    """FP32 [-1, 2] in, its values as text out (ONNX Cast to STRING)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["INPUT0"], ["OUTPUT0"], to=TensorProto.STRING)],
+        "float_to_text",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.STRING, [None, 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_a_model_with_a_string_tensor_fed_from_device_memory_runs_from_host_copies(
+    tmp_path: Path,
+) -> None:
+    """IOBinding binds no string tensor ("Only binding non-string Tensors is currently
+    supported"), so a model with one does not take the device path for a numeric input
+    in a client's CUDA region (it would fail there on a GPU host): it runs from a host
+    copy of it."""
+    model = tmp_path / "float_to_text.onnx"
+    model.write_bytes(_float_to_text_model())
     backend = OnnxRuntimeBackend()
     backend.load(model, pb.ModelConfig(), 1, False)
-    text = np.array([[b"a", b"bc"]], dtype=object)
-    (out,) = backend.execute({"INPUT0": DeviceArray(text)}, ["OUTPUT0"])
-    assert [str(v) for v in out.reshape(-1)] == ["a", "bc"]
+    values = np.array([[1.5, 2.0]], dtype=np.float32)
+    (out,) = backend.execute({"INPUT0": DeviceArray(values)}, ["OUTPUT0"])
+    assert [float(v) for v in out.reshape(-1)] == [1.5, 2.0]

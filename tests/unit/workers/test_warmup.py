@@ -123,9 +123,9 @@ def test_bytes_from_a_file_and_as_empty_elements_and_random_bools(tmp_path: Path
             "warmup setting expects 64 bytes, but the data provided from short only has 8 bytes",
         ),
         (
-            {"INPUT0": "data_type: TYPE_INT32 dims: [ 16 ] input_data_file: '../config.pbtxt'"},
-            "warmup input_data_file '../config.pbtxt' for input 'INPUT0' is outside the "
-            "model's warmup/ folder",
+            {"INPUT0": "data_type: TYPE_INT32 dims: [ 16 ] input_data_file: '../../../etc/x'"},
+            "warmup input_data_file '../../../etc/x' for input 'INPUT0' is outside the model "
+            "repository",
         ),
         (
             {"INPUT0": "data_type: TYPE_INT32 dims: [ 16 ] input_data_file: 'absent'"},
@@ -212,3 +212,19 @@ def test_a_reshaped_input_reaches_the_model_reshaped_and_an_optional_one_may_be_
     img = "data_type: TYPE_FP32 dims: [ 16 ] zero_data: true"
     (s,) = warmup.samples(config(sample("w", {"IMG": img}), io), tmp_path)
     assert list(s.request) == ["IMG"] and s.request["IMG"].shape == (1, 4, 4)
+
+
+def test_a_warmup_file_may_be_a_link_to_data_shared_in_the_repository(tmp_path: Path) -> None:
+    """As in Triton: the path is read as written, links followed (repositories share
+    data across models so); only a path that leads out of the repository is refused."""
+    model, shared = tmp_path / "m", tmp_path / "shared"
+    (model / "warmup").mkdir(parents=True)
+    shared.mkdir()
+    values = np.arange(16, dtype="<i4")
+    (shared / "in0").write_bytes(values.tobytes())
+    (model / "warmup" / "in0").symlink_to(shared / "in0")
+    via_link = "data_type: TYPE_INT32 dims: [ 16 ] input_data_file: 'in0'"
+    via_parent = "data_type: TYPE_INT32 dims: [ 16 ] input_data_file: '../../shared/in0'"
+    for data in (via_link, via_parent):
+        (s,) = warmup.samples(config(sample("w", {"INPUT0": data, "INPUT1": ZERO16})), model)
+        np.testing.assert_array_equal(s.request["INPUT0"], values.reshape(1, 16))
