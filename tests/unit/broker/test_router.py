@@ -46,6 +46,15 @@ def _ready(table: ModelTable, router: Router, inst: Instance) -> list:
     return router.instance_ready(inst, 0.0)
 
 
+def _lone_ready() -> tuple[ModelTable, Router, Instance, ModelVersion]:
+    """A version of one instance, ready."""
+    table, router, (a,) = _table(1)
+    _ready(table, router, a)
+    mv = table.version("simple", 1)
+    assert mv is not None
+    return table, router, a, mv
+
+
 def test_version_is_loading_until_every_instance_reported() -> None:
     table, router, (a, b) = _table()
     mv = table.version("simple", 1)
@@ -75,10 +84,7 @@ def test_requests_spread_over_idle_instances_one_batch_each() -> None:
 
 
 def test_lost_instance_fails_its_batch_and_queue_when_none_left() -> None:
-    table, router, (a,) = _table(1)
-    _ready(table, router, a)
-    mv = table.version("simple", 1)
-    assert mv is not None
+    table, router, a, mv = _lone_ready()
     router.submit(mv, _item(1), 0.0)
     router.submit(mv, _item(2), 0.0)
     failed, dispatches = router.instance_lost(a, 0.0)
@@ -655,10 +661,7 @@ def test_a_retired_instance_takes_no_batch_while_its_death_is_on_the_way() -> No
 
 
 def test_a_retired_busy_instance_does_not_come_back_with_its_report() -> None:
-    table, router, (a,) = _table(1)
-    _ready(table, router, a)
-    mv = table.version("simple", 1)
-    assert mv is not None
+    _, router, a, mv = _lone_ready()
     router.submit(mv, _item(1), 0.0)
     router.retire(a)
     assert mv.state == "UNAVAILABLE"  # its only instance: requests are refused at once
