@@ -30,6 +30,7 @@ import zmq
 from broker import memory
 from broker.batcher import Rejected, cuda_devices
 from broker.client_regions import ClientRegions
+from broker.endings import Endings
 from broker.models import Instance, ModelTable, ModelVersion
 from broker.router import Dispatch, Router
 from broker.wake_timer import WakeTimer
@@ -46,9 +47,6 @@ log = logging.getLogger("shoal.broker")
 # Queue delays and timeouts wake it through the timer, not through this.
 _HOUSEKEEPING_MS: Final = 250
 _INFER: Final = m.KINDS[m.InferRequest]
-# An instance over its memory limit is asked to stop after its batch (its answers leave);
-# one that has not stopped this long after is killed.
-_STOP_GRACE_S: Final = 10.0
 
 
 @dataclass
@@ -79,12 +77,15 @@ class BrokerProc:
         # Every system registration holds a descriptor; the broker keeps the last 512
         # for its own sockets and for watching its peers.
         self.client_regions = ClientRegions(max(raise_open_file_limit() - 512, 0))
-        # ident -> why the broker ended it, and how: "was killed (...)", "was stopped (...)"
-        self._ended: dict[bytes, tuple[m.ExitReason, str]] = {}
-        self._stopping: dict[bytes, tuple[float, str]] = {}  # ident -> (kill at, reason)
-        self._next_memory_check = 0.0
-        self._memory_supported = memory.supported()
-        self._memory_warned = False
+        self.endings = Endings(
+            self.table,
+            self.router,
+            settings.execution_timeout_s,
+            settings.instance_memory_limit_mb,
+            kill=self._kill,
+            ask_to_stop=self._ask_to_stop,
+            supported=memory.supported(),
+        )
         self._leaving: set[bytes] = set()  # frontends stopping on request (FrontendLeaving)
         self.poller = zmq.Poller()
         self.poller.register(self.fsock, zmq.POLLIN)
@@ -164,72 +165,11 @@ class BrokerProc:
         for ident, (pid, role) in list(self._unwatched.items()):
             del self._unwatched[ident]
             self._watch(ident, pid, role)  # back in _unwatched if it fails again
-        for inst in self.router.overdue(now, self.s.execution_timeout_s):
-            if inst.ident not in self._ended:
-                self._kill(
-                    inst,
-                    "execution_timeout",
-                    f"it had run one batch for {now - inst.dispatched_at:.0f} s, longer than "
-                    f"--model-execution-timeout-secs ({self.s.execution_timeout_s:g})",
-                )
-        for ident in [i for i, (due, _) in self._stopping.items() if now >= due]:
-            _, reason = self._stopping.pop(ident)
-            late = self.table.by_ident.get(ident)
-            if late is not None:
-                self._kill(
-                    late, "memory_limit", f"{reason}; it had not stopped {_STOP_GRACE_S:g} s later"
-                )
-        if now >= self._next_memory_check:
-            self._next_memory_check = now + memory.CHECK_EVERY_S
-            self._check_memory()
+        self.endings.tick(now, self._unwatched)
         dispatches, failures = self.router.tick(now)
         for item, message in failures:
             self._fail_item(item, ServingError(Code.UNAVAILABLE, message))
         self._dispatch(dispatches)
-
-    def _check_memory(self) -> None:
-        """End each ready instance over its memory limit (broker/memory.py): a leak in
-        one model must not take the host's memory from the others (the kernel's OOM
-        killer may pick any process). It gets no more batches and is asked to stop after
-        the one it runs, so that no answer is lost; at twice its limit (a runaway) it is
-        killed at once. An instance whose pid is not watched yet is not read: its number
-        might be another process's by now."""
-        instances = [i for i in self.table.by_ident.values() if i.ident not in self._unwatched]
-
-        def limit(inst: Instance) -> int:
-            return self._memory_limit_mb(inst.model, inst.version)
-
-        if not self._memory_supported:
-            if not self._memory_warned and any(limit(i) > 0 for i in instances):
-                self._memory_warned = True
-                log.warning(
-                    "this kernel does not report a process's own memory (RssAnon): the "
-                    "instance memory limits are not enforced"
-                )
-            return
-        for over in memory.over_limit(instances, limit, memory.private_memory, self._stopping):
-            inst, reason = over.inst, over.reason
-            if over.runaway:  # at once, even while it is being stopped
-                self._stopping.pop(inst.ident, None)
-                self._kill(inst, "memory_limit", reason)
-                continue
-            if inst.ident in self._stopping:
-                continue  # stopping already, within bounds
-            log.error(
-                "instance %d of %s/%d (pid %d) is stopped after its batch: %s",
-                inst.index, inst.model, inst.version, inst.pid, reason,
-            )  # fmt: skip
-            self._ended[inst.ident] = ("memory_limit", f"was stopped ({reason})")
-            self._stopping[inst.ident] = (time.monotonic() + _STOP_GRACE_S, reason)
-            self.router.retire(inst)
-            self._send(self.wsock, [inst.ident, *m.encode(m.Shutdown("over its memory limit"))])
-
-    def _memory_limit_mb(self, model: str, version: int) -> int:
-        """The limit on each instance's own memory: its config's, else the server's."""
-        mv = self.table.version(model, version)
-        if mv is not None and mv.memory_limit_mb is not None:
-            return mv.memory_limit_mb
-        return self.s.instance_memory_limit_mb
 
     def _add_memory(self, states: list[m.ModelState], model: str) -> None:
         """Each instance's memory, and the limit, of ``model``'s versions (/proc reads)."""
@@ -237,7 +177,7 @@ class BrokerProc:
             if state.name != model:
                 continue
             if state.version >= 0:
-                state.memory_limit_mb = self._memory_limit_mb(state.name, state.version)
+                state.memory_limit_mb = self.endings.limit_mb(state.name, state.version)
             for info in state.instances:
                 used = memory.private_memory(info.pid) if info.pid else None
                 info.memory_mb = None if used is None else used // memory.MIB
@@ -249,29 +189,25 @@ class BrokerProc:
             mv = self.table.version(vm.stats.name, int(vm.stats.version))
             if mv is None:
                 continue
-            vm.memory_limit = self._memory_limit_mb(mv.name, mv.version) * memory.MIB
+            vm.memory_limit = self.endings.limit_mb(mv.name, mv.version) * memory.MIB
             for inst in mv.instances.values():
                 used = memory.private_memory(inst.pid)
                 if used is not None:
                     vm.memory[inst.index] = used
         return versions
 
-    def _kill(self, inst: Instance, why: m.ExitReason, reason: str) -> None:
-        """SIGKILL an instance; its death, seen through its pidfd, answers its requests
-        with ``reason`` and the launcher (or supervisord) restarts it."""
-        log.error(
-            "instance %d of %s/%d (pid %d) is killed: %s",
-            inst.index, inst.model, inst.version, inst.pid, reason,
-        )  # fmt: skip
-        self._ended[inst.ident] = (why, f"was killed ({reason})")
-        self.router.retire(inst)  # not one more batch: a killed instance is often idle
-        # Through its pidfd where the broker holds one: a pid number may be reused.
+    def _kill(self, inst: Instance) -> None:
+        """SIGKILL, through its pidfd where the broker holds one (a pid number may be
+        reused); its death, seen through that pidfd, answers its requests."""
         fd = next((fd for fd, (_, ident) in self.pidfds.items() if ident == inst.ident), None)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if fd is not None:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
             else:
                 os.kill(inst.pid, signal.SIGKILL)
+
+    def _ask_to_stop(self, inst: Instance) -> None:
+        self._send(self.wsock, [inst.ident, *m.encode(m.Shutdown("over its memory limit"))])
 
     def _drain(self, sock: zmq.Socket, handle: object) -> None:
         budget = 512  # frames, so one busy side cannot starve the other
@@ -671,8 +607,7 @@ class BrokerProc:
         inst = self.table.by_ident.pop(ident, None)
         if inst is None:
             return
-        self._stopping.pop(ident, None)
-        why, ended = self._ended.pop(ident, ("crash", "exited"))
+        why, ended = self.endings.pop(ident)
         # An instance that reported its load failed is not restarted: no unasked exit.
         counted = why != "crash" or inst.state != "DEAD"
         # When the broker is stopping (SIGTERM), the workers are being stopped with it

@@ -1,0 +1,128 @@
+"""The instances the broker ends itself (broker.endings), with a fake clock, a fake
+memory reader and the kill and stop requests recorded: no processes, no signals."""
+
+from __future__ import annotations
+
+from broker.endings import STOP_GRACE_S, Endings
+from broker.memory import CHECK_EVERY_S, MIB
+from broker.models import Instance, ModelTable, ModelVersion
+from broker.router import Router
+from ipc import messages as m
+
+
+class Host:
+    """The shell's side: who was killed or asked to stop, and each pid's memory."""
+
+    def __init__(self) -> None:
+        self.killed: list[int] = []
+        self.asked: list[int] = []
+        self.memory: dict[int, int] = {}
+        self.reads: list[int] = []
+
+    def read(self, pid: int) -> int | None:
+        self.reads.append(pid)
+        return self.memory.get(pid)
+
+
+def _setup(
+    limit_mb: int = 200, supported: bool = True
+) -> tuple[ModelVersion, Router, list[Instance], Host, Endings]:
+    table = ModelTable()
+    table.add_model("simple", {1: 2}, "onnxruntime_onnx", frozenset())
+    mv = table.version("simple", 1)
+    assert mv is not None
+    router = Router(table)
+    insts = []
+    for i in range(2):
+        inst = Instance(f"w{i}".encode(), "simple", 1, i, 1000 + i, state="READY")
+        mv.instances[inst.ident] = inst
+        table.by_ident[inst.ident] = inst
+        insts.append(inst)
+        router.instance_ready(inst, 0.0)
+    mv.refresh_state()
+    host = Host()
+    endings = Endings(
+        table, router, 300.0, limit_mb,
+        kill=lambda i: host.killed.append(i.index),
+        ask_to_stop=lambda i: host.asked.append(i.index),
+        read=host.read, supported=supported,
+    )  # fmt: skip
+    return mv, router, insts, host, endings
+
+
+def _item(req_id: int) -> m.WorkItem:
+    return m.WorkItem(b"f0", m.InferRequest(req_id, "simple", 1, [], []))
+
+
+def test_a_hung_instance_is_killed_once_and_its_death_says_why() -> None:
+    mv, router, (a, _), host, endings = _setup(limit_mb=0)
+    ((inst, _),) = router.submit(mv, _item(1), 0.0)
+    assert inst is a
+    endings.tick(300.0)
+    assert host.killed == []
+    endings.tick(301.0)
+    endings.tick(302.0)
+    assert host.killed == [0]  # once
+    assert endings.pop(a.ident) == (
+        "execution_timeout",
+        "was killed (it had run one batch for 301 s, longer than "
+        "--model-execution-timeout-secs (300))",
+    )
+    assert endings.pop(a.ident) == ("crash", "exited")  # an exit the broker did not cause
+
+
+def test_over_its_limit_an_instance_is_stopped_after_its_batch_then_killed_if_it_stays() -> None:
+    mv, router, (a, b), host, endings = _setup()
+    host.memory = {1000: 300 * MIB, 1001: 50 * MIB}
+    endings.tick(0.0)
+    assert (host.asked, host.killed) == ([0], [])
+    assert b"w0" not in mv.idle and a.state == "DEAD"  # retired: its sibling serves
+    ((inst, _),) = router.submit(mv, _item(1), 0.0)
+    assert inst is b
+    endings.tick(CHECK_EVERY_S)  # read again, still within bounds: not asked twice
+    assert (host.asked, host.killed) == ([0], [])
+    endings.tick(STOP_GRACE_S)
+    assert host.killed == [0]
+    assert endings.pop(a.ident) == (
+        "memory_limit",
+        "was killed (it held 300 MiB of memory, over its limit of 200 MiB; it had not "
+        "stopped 10 s later)",
+    )
+
+
+def test_a_stop_that_ends_in_time_is_named_as_a_stop() -> None:
+    _, _, (a, _), host, endings = _setup()
+    host.memory = {1000: 300 * MIB}
+    endings.tick(0.0)
+    assert endings.pop(a.ident) == (
+        "memory_limit",
+        "was stopped (it held 300 MiB of memory, over its limit of 200 MiB)",
+    )
+    endings.tick(STOP_GRACE_S)  # it died in time: no kill after the grace
+    assert host.killed == []
+
+
+def test_twice_its_limit_is_a_runaway_killed_at_once_even_while_stopping() -> None:
+    _, _, (a, _), host, endings = _setup()
+    host.memory = {1000: 300 * MIB, 1001: 401 * MIB}
+    endings.tick(0.0)
+    assert (host.asked, host.killed) == ([0], [1])
+    host.memory[1000] = 401 * MIB
+    endings.tick(CHECK_EVERY_S)
+    assert host.killed == [1, 0]
+    assert endings.pop(a.ident)[1].startswith("was killed (it held 401 MiB")
+
+
+def test_memory_is_read_only_where_it_can_be_trusted() -> None:
+    _, _, _, host, endings = _setup()
+    host.memory = {1000: 900 * MIB, 1001: 900 * MIB}
+    endings.tick(0.0, unwatched={b"w0"})  # its pid number may be another process's
+    assert 1000 not in host.reads and host.killed == [1]
+    _, _, _, host, endings = _setup(supported=False)
+    host.memory = {1000: 900 * MIB}
+    endings.tick(0.0)
+    assert host.reads == [] and host.killed == host.asked == []
+    _, _, _, host, endings = _setup(limit_mb=0)
+    host.memory = {1000: 900 * MIB}
+    endings.tick(0.0)
+    assert host.reads == []  # no limit: nothing to read
