@@ -89,6 +89,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         "optimization { graph { level: 2 } }\n",
     )  # fmt: skip
     _add_sub(repo, "bad_arena", {"enable_mem_arena": "maybe"})
+    # Execution accelerators: one this onnxruntime lacks is left out; an unknown one fails.
+    accelerated = (
+        "optimization {{ execution_accelerators {{ "
+        "cpu_execution_accelerator [ {{ name: {} }} ] }} }}\n"
+    )
+    _add_sub(repo, "openvino", {}, accelerated.format('"openvino"'))
+    _add_sub(repo, "bad_accelerator", {}, accelerated.format('"mkl"'))
     _torch_add_sub(repo, "torch_lower_auto", {"intra_op_thread_count": "auto"})
     _torch_add_sub(repo, "torch_upper_bad", {"INTRA_OP_THREAD_COUNT": "x"})
     with settled_server(repo, MODELS) as srv:
@@ -98,6 +105,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
 MODELS = (
     "sequential", "parallel", "bad_mode", "bad_intra", "both_bad", "intra_default",
     "inter_default", "torch_lower_auto", "torch_upper_bad", "unoptimized", "bad_arena",
+    "openvino", "bad_accelerator",
 )  # fmt: skip
 
 
@@ -133,6 +141,11 @@ def _add_sub_infer(
             "Expected values for  execution_mode are 0 or 1 but got 2 .",
         ),
         ("bad_arena", "failed to load 'bad_arena' version 1: failed to convert 'maybe' to boolean"),
+        (
+            "bad_accelerator",
+            "failed to load 'bad_accelerator' version 1: unknown Execution Accelerator 'mkl' "
+            "is requested",
+        ),
         (
             "torch_upper_bad",
             "failed to load 'torch_upper_bad' version 1: failed to convert 'x' to integral number",
@@ -213,3 +226,13 @@ def test_graph_level_and_memory_switches_load_and_serve(server: ShoalServer) -> 
     """Optimizations off, no memory arena or pattern: the same answers (the options
     themselves are read back from ONNX Runtime in tests/unit/workers)."""
     _add_sub_infer(server, "unoptimized")
+
+
+def test_an_accelerator_this_onnxruntime_lacks_is_left_out_with_a_warning(
+    server: ShoalServer,
+) -> None:
+    _add_sub_infer(server, "openvino")
+    assert (
+        "model 'openvino': this onnxruntime has no OpenVINO execution provider "
+        "(onnxruntime-openvino); the openvino accelerator is left out"
+    ) in server.log()

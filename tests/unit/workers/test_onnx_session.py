@@ -11,7 +11,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.model_config import parse_config_text
-from workers.onnx_backend import OnnxRuntimeBackend, _session_options
+from configs.schema import ConfigError
+from workers.onnx_backend import OnnxRuntimeBackend, _session_options, execution_providers
 
 
 def test_graph_level_memory_switches_and_session_entries_reach_onnx_runtime() -> None:
@@ -87,3 +88,89 @@ def test_a_model_with_a_string_tensor_fed_from_device_memory_runs_from_host_copi
     values = np.array([[1.5, 2.0]], dtype=np.float32)
     (out,) = backend.execute({"INPUT0": DeviceArray(values)}, ["OUTPUT0"])
     assert [float(v) for v in out.reshape(-1)] == [1.5, 2.0]
+
+
+def _accelerated(text: str) -> pb.ModelConfig:
+    return parse_config_text(
+        'name: "m" platform: "onnxruntime_onnx" '
+        f"optimization {{ execution_accelerators {{ {text} }} }}",
+        "m",
+    )
+
+
+CPU_ONLY = ["CPUExecutionProvider"]
+EVERYTHING = [
+    "TensorrtExecutionProvider",
+    "CUDAExecutionProvider",
+    "OpenVINOExecutionProvider",
+    "CPUExecutionProvider",
+]
+
+
+def test_without_accelerators_the_providers_are_the_instances_own() -> None:
+    config = parse_config_text('name: "m" platform: "onnxruntime_onnx"', "m")
+    assert execution_providers(config, False, CPU_ONLY) == (["CPUExecutionProvider"], [])
+    assert execution_providers(config, True, EVERYTHING) == (
+        ["CUDAExecutionProvider", "CPUExecutionProvider"],
+        [],
+    )
+
+
+def test_accelerators_come_first_with_tritons_parameters_in_onnx_runtimes_names() -> None:
+    config = _accelerated(
+        'gpu_execution_accelerator [ { name: "tensorrt" parameters [ '
+        '{ key: "precision_mode" value: "FP16" }, '
+        '{ key: "max_workspace_size_bytes" value: "1073741824" }, '
+        '{ key: "trt_engine_cache_enable" value: "true" } ] }, '
+        '{ name: "cuda" parameters { key: "cudnn_conv_algo_search" value: "HEURISTIC" } } ] '
+        'cpu_execution_accelerator [ { name: "openvino" } ]'
+    )
+    providers, notes = execution_providers(config, True, EVERYTHING)
+    assert notes == []
+    assert providers == [
+        (
+            "TensorrtExecutionProvider",
+            {
+                "device_id": "0",
+                "trt_fp16_enable": "True",
+                "trt_max_workspace_size": "1073741824",
+                "trt_engine_cache_enable": "true",
+            },
+        ),
+        ("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"}),
+        ("OpenVINOExecutionProvider", {"device_type": "CPU"}),
+        "CPUExecutionProvider",
+    ]
+    # A CPU instance takes only the CPU accelerators, as in Triton.
+    assert execution_providers(config, False, EVERYTHING)[0] == [
+        ("OpenVINOExecutionProvider", {"device_type": "CPU"}),
+        "CPUExecutionProvider",
+    ]
+
+
+def test_an_accelerator_this_onnxruntime_lacks_is_left_out_with_a_warning() -> None:
+    config = _accelerated('cpu_execution_accelerator [ { name: "openvino" } ]')
+    providers, notes = execution_providers(config, False, CPU_ONLY)
+    assert providers == ["CPUExecutionProvider"]
+    assert notes == [
+        "model 'm': this onnxruntime has no OpenVINO execution provider "
+        "(onnxruntime-openvino); the openvino accelerator is left out"
+    ]
+
+
+_UNKNOWN = "unknown Execution Accelerator '{}' is requested"
+_FP8 = 'gpu_execution_accelerator [ { name: "tensorrt" parameters { key: "precision_mode" value: "FP8" } } ]'  # noqa: E501
+
+
+@pytest.mark.parametrize(
+    ("text", "gpu", "message"),
+    [
+        ('cpu_execution_accelerator [ { name: "mkl" } ]', False, _UNKNOWN.format("mkl")),
+        ('gpu_execution_accelerator [ { name: "gpu_x" } ]', True, _UNKNOWN.format("gpu_x")),
+        (_FP8, True, "unsupported precision mode 'FP8' is requested"),
+    ],
+)
+def test_an_accelerator_triton_refuses_fails_the_load(text: str, gpu: bool, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        execution_providers(_accelerated(text), gpu, EVERYTHING)
+    assert e.value.message == message
