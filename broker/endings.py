@@ -76,6 +76,13 @@ class Endings:
                     f"it had run one batch for {now - inst.dispatched_at:.0f} s, longer than "
                     f"--model-execution-timeout-secs ({self.execution_timeout_s:g})",
                 )
+        if self._stopping:  # (the loop's every turn comes here: nothing to build if none)
+            self._kill_late_stops(now)
+        if now >= self._next_check:
+            self._next_check = now + memory.CHECK_EVERY_S
+            self._check_memory(now, unwatched)
+
+    def _kill_late_stops(self, now: float) -> None:
         for ident in [i for i, (due, _) in self._stopping.items() if now >= due]:
             _, reason = self._stopping.pop(ident)
             late = self.table.by_ident.get(ident)
@@ -83,9 +90,6 @@ class Endings:
                 self.kill(
                     late, "memory_limit", f"{reason}; it had not stopped {STOP_GRACE_S:g} s later"
                 )
-        if now >= self._next_check:
-            self._next_check = now + memory.CHECK_EVERY_S
-            self._check_memory(now, unwatched)
 
     def kill(self, inst: Instance, why: m.ExitReason, reason: str) -> None:
         log.error(

@@ -40,8 +40,9 @@ def add_instance_memory_flag(p: argparse.ArgumentParser) -> None:
         "--instance-memory-limit-mb",
         default=0,
         type=mib_flag,
-        help="kill (and so restart) a model instance holding more memory of its own (MiB) "
-        "than this, unless its config sets shoal_instance_memory_limit_mb; 0: no limit",
+        help="stop after its batch (and so restart) a model instance holding more memory of "
+        "its own (MiB) than this, unless its config sets shoal_instance_memory_limit_mb; "
+        "0: no limit",
     )
 
 
