@@ -213,6 +213,27 @@ def mlp_large_model(
     return _finish(graph)
 
 
+def string_upper_model() -> bytes:
+    """BYTES ``[-1]`` INPUT0 -> OUTPUT0 upper-cased, by onnxruntime-extensions' custom
+    StringUpper: a model that runs only once that library is registered
+    (``model_operations { op_library_filename }``)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("StringUpper", ["INPUT0"], ["OUTPUT0"], domain="ai.onnx.contrib")],
+        "string_upper",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.STRING, [None])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.STRING, [None])],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("ai.onnx.contrib", 1)],
+        producer_name="shoal.modelgen",
+    )
+    model.ir_version = IR_VERSION  # no checker: it knows no custom domain
+    return bytes(model.SerializeToString())
+
+
 def identity_model(datatype: str, dims: list[int], batch: bool) -> bytes:
     """ONNX Identity INPUT0 -> OUTPUT0 for a Triton v2 datatype (BYTES is ONNX STRING).
 

@@ -91,6 +91,15 @@ def _session_options(config: object, threads: int) -> ort.SessionOptions:
         so.add_session_config_entry(
             USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS, params.device_allocator_for_initializers
         )
+    # Custom operations (onnxruntime-extensions, a model's own), as Triton registers them.
+    for library in config.model_operations.op_library_filename:  # type: ignore[attr-defined]
+        try:
+            so.register_custom_ops_library(library)
+        except Exception as exc:  # ORT's Fail: the library cannot be loaded
+            raise ConfigError(
+                config.name,  # type: ignore[attr-defined]
+                f"failed to register the custom operations in '{library}': {exc}",
+            ) from None
     so.log_severity_level = 3
     return so
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnxruntime_extensions
 import pytest
 import tritonclient.http as httpclient
 
@@ -96,6 +97,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     )
     _add_sub(repo, "openvino", {}, accelerated.format('"openvino"'))
     _add_sub(repo, "bad_accelerator", {}, accelerated.format('"mkl"'))
+    # Custom operations: onnxruntime-extensions' library, registered as Triton does.
+    upper = (
+        'name: "{}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        'input [ {{ name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] }} ]\n'
+        'output [ {{ name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] }} ]\n'
+        'model_operations {{ op_library_filename: "{}" }}\n'
+    )
+    library = onnxruntime_extensions.get_library_path()
+    for name, path in (("custom_ops", library), ("no_ops_library", "/nonexistent.so")):
+        modelgen.write_model(repo, name, modelgen.string_upper_model(), upper.format(name, path))
     _torch_add_sub(repo, "torch_lower_auto", {"intra_op_thread_count": "auto"})
     _torch_add_sub(repo, "torch_upper_bad", {"INTRA_OP_THREAD_COUNT": "x"})
     with settled_server(repo, MODELS) as srv:
@@ -105,7 +116,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
 MODELS = (
     "sequential", "parallel", "bad_mode", "bad_intra", "both_bad", "intra_default",
     "inter_default", "torch_lower_auto", "torch_upper_bad", "unoptimized", "bad_arena",
-    "openvino", "bad_accelerator",
+    "openvino", "bad_accelerator", "custom_ops", "no_ops_library",
 )  # fmt: skip
 
 
@@ -236,3 +247,19 @@ def test_an_accelerator_this_onnxruntime_lacks_is_left_out_with_a_warning(
         "model 'openvino': this onnxruntime has no OpenVINO execution provider "
         "(onnxruntime-openvino); the openvino accelerator is left out"
     ) in server.log()
+
+
+def test_a_model_with_custom_operations_serves_once_their_library_is_registered(
+    server: ShoalServer,
+) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    text = httpclient.InferInput("INPUT0", [2], "BYTES")
+    text.set_data_from_numpy(np.array([b"shoal", b"serves"], dtype=object))
+    out = client.infer("custom_ops", [text]).as_numpy("OUTPUT0")
+    assert out is not None and out.tolist() == [b"SHOAL", b"SERVES"]
+    version = server.model_version("no_ops_library")
+    assert version["state"] == "UNAVAILABLE"
+    assert version["reason"].startswith(
+        "failed to load 'no_ops_library' version 1: failed to register the custom operations "
+        "in '/nonexistent.so': "
+    )

@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.model_config import parse_config_text
 from configs.schema import ConfigError
+from shoal import modelgen
 from workers.onnx_backend import OnnxRuntimeBackend, _session_options, execution_providers
 
 
@@ -174,3 +175,34 @@ def test_an_accelerator_triton_refuses_fails_the_load(text: str, gpu: bool, mess
     with pytest.raises(ConfigError) as e:
         execution_providers(_accelerated(text), gpu, EVERYTHING)
     assert e.value.message == message
+
+
+def _with_ops(library: str) -> pb.ModelConfig:
+    return parse_config_text(
+        f'name: "m" platform: "onnxruntime_onnx" '
+        f'model_operations {{ op_library_filename: "{library}" }}',
+        "m",
+    )
+
+
+def test_a_custom_operations_library_is_registered_as_triton_registers_it(
+    tmp_path: Path,
+) -> None:
+    import onnxruntime_extensions
+
+    model = tmp_path / "upper.onnx"
+    model.write_bytes(modelgen.string_upper_model())
+    backend = OnnxRuntimeBackend()
+    backend.load(model, _with_ops(onnxruntime_extensions.get_library_path()), 1, False)
+    (out,) = backend.execute({"INPUT0": np.array([b"shoal", b"ok"], dtype=object)}, ["OUTPUT0"])
+    assert [str(v) for v in out] == ["SHOAL", "OK"]
+    # Without the library the model cannot load at all: the registration is what served.
+    with pytest.raises(Exception, match="StringUpper"):
+        OnnxRuntimeBackend().load(model, pb.ModelConfig(), 1, False)
+
+
+def test_a_library_that_cannot_be_loaded_fails_the_load_naming_it(tmp_path: Path) -> None:
+    missing = str(tmp_path / "libnothing.so")
+    with pytest.raises(ConfigError) as e:
+        _session_options(_with_ops(missing), 1)
+    assert e.value.message.startswith(f"failed to register the custom operations in '{missing}': ")
