@@ -20,6 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from configs.backend_params import USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS, ort_session_params
+from configs.model_config import ModelConfig
 from configs.schema import ConfigError, IOSpec
 from ipc.errors import invalid_arg
 from workers.tensors import on_host
@@ -60,9 +61,10 @@ def _spec(arg: ort.NodeArg) -> IOSpec:
     return IOSpec(name=arg.name, datatype=dtype, shape=shape)
 
 
-def _session_options(config: object, threads: int) -> ort.SessionOptions:
-    """Session options for `threads` intra-op threads and the config's execution_mode /
-    inter_op_thread_count; raises ConfigError for bad values.
+def _session_options(config: ModelConfig, threads: int) -> ort.SessionOptions:
+    """Session options for `threads` intra-op threads and what the config sets that
+    Triton's onnxruntime backend reads into its session (configs.backend_params
+    ort_session_params; model_operations' libraries); raises ConfigError for bad values.
 
     `threads` 0 is ONNX Runtime's default, which in a sequential session also pins each
     pool thread to a core of the host: the worker gives 0 only to an instance not pinned
@@ -92,12 +94,12 @@ def _session_options(config: object, threads: int) -> ort.SessionOptions:
             USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS, params.device_allocator_for_initializers
         )
     # Custom operations (onnxruntime-extensions, a model's own), as Triton registers them.
-    for library in config.model_operations.op_library_filename:  # type: ignore[attr-defined]
+    for library in config.model_operations.op_library_filename:
         try:
             so.register_custom_ops_library(library)
         except Exception as exc:  # ORT's Fail: the library cannot be loaded
             raise ConfigError(
-                config.name,  # type: ignore[attr-defined]
+                config.name,
                 f"failed to register the custom operations in '{library}': {exc}",
             ) from None
     so.log_severity_level = 3
