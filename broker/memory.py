@@ -9,8 +9,8 @@ Linux has reported RssAnon since 4.5; a kernel that does not (gVisor's procfs, w
 statm also says nothing of shared pages) cannot tell the two apart, and there the limit
 is not enforced rather than enforced on the wrong figure (``supported``).
 
-``over_limit`` is the policy, with no /proc and no signals: the broker's shell reads the
-memory through it and kills what it returns.
+``over_limit`` picks the instances over their limit, with the reader passed in (no /proc
+of its own); broker/endings.py decides what becomes of them.
 """
 
 from __future__ import annotations
