@@ -14,7 +14,13 @@ from ipc.lifecycle import (
     set_cpu_scheduling,
 )
 from ipc.logs import setup_logging
-from shoal.flags import add_instance_memory_flag, add_log_flags, bool_flag, log_settings
+from shoal.flags import (
+    add_instance_memory_flag,
+    add_log_flags,
+    add_rate_limit_flags,
+    bool_flag,
+    log_settings,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="kill (and so restart) an instance whose batch runs longer; 0: never",
     )
     add_instance_memory_flag(p)
+    add_rate_limit_flags(p)
     add_process_flags(p)
     add_log_flags(p)
     return p.parse_args(argv)
@@ -58,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             strict_readiness=args.strict_readiness,
             execution_timeout_s=args.model_execution_timeout_secs,
             instance_memory_limit_mb=args.instance_memory_limit_mb,
+            rate_limit=args.rate_limit.lower(),
+            rate_limit_resources=args.rate_limit_resource,
         )
     )
     return run_until_stopped(proc)

@@ -392,18 +392,36 @@ class DynamicBatcher:
         # that cannot take the head of the queue stays idle.
         while self._delay_at and self._delay_at[0][0] <= now:
             heapq.heappop(self._delay_at)
+        verdict = self._verdict(f, now)
+        if verdict == "best":
+            return [self._pop(f.chosen[: f.best])]
+        if verdict == "all":
+            return [self._pop(f.chosen)]
+        if verdict == "share":
+            return [self._pop(part) for part in self._share(f, share)]
+        return []
+
+    def due(self, now: float, gpu: int | None = None) -> bool:
+        """Whether ``take_batch(now, gpu)`` would hand back a batch; takes nothing. (A
+        DELAY timeout that passed may still reorder what the batch takes, not whether
+        one goes.)"""
+        return self._verdict(self._form(gpu), now) != "wait"
+
+    def _verdict(self, f: _Formed, now: float) -> Literal["best", "all", "share", "wait"]:
+        """What goes now of the batch ``f``: its best part (a preferred size), all of it,
+        all of it shared among idle instances, or nothing yet."""
         if not f.chosen:
-            return []
+            return "wait"
         delay = self.c.max_queue_delay_us / 1e6
         # The same sum next_wakeup returns, so waking at that time always finds it due.
         exceeded = delay > 0 and now >= min(p.arrived for p in f.chosen) + delay
         if f.best and not exceeded:
-            return [self._pop(f.chosen[: f.best])]
+            return "best"
         if f.full or f.total >= self._max_preferred:
-            return [self._pop(f.chosen)]
+            return "all"
         if exceeded or delay == 0:
-            return [self._pop(part) for part in self._share(f, share)]
-        return []
+            return "share"
+        return "wait"
 
     def _share(self, f: _Formed, share: int) -> list[list[Pending]]:
         """``f``, which goes short of full, as the batches of up to ``share`` idle

@@ -20,7 +20,7 @@ import os
 import select
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -32,11 +32,13 @@ from broker.batcher import Rejected, cuda_devices
 from broker.client_regions import ClientRegions
 from broker.endings import Endings
 from broker.models import Instance, ModelTable, ModelVersion
+from broker.rate_limiter import RateLimiter
 from broker.router import Dispatch, Router
 from broker.wake_timer import WakeTimer
-from configs import repository
+from configs import rate_limits, repository
 from configs.devices import gpu_count
 from configs.placement import instance_count, passive_instances
+from configs.rate_limits import describe
 from ipc import logs, shm, sockets
 from ipc import messages as m
 from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_model
@@ -59,6 +61,8 @@ class BrokerSettings:
     strict_readiness: bool = True
     execution_timeout_s: float = 300.0  # a batch running longer means a hung instance
     instance_memory_limit_mb: int = 0  # for models whose config sets none; 0: no limit
+    rate_limit: str = "off"  # --rate-limit (configs/rate_limits.py)
+    rate_limit_resources: list[str] = field(default_factory=list)  # --rate-limit-resource
 
 
 class BrokerProc:
@@ -106,7 +110,13 @@ class BrokerProc:
             autocomplete_enabled=self.s.autocomplete,
             gpu_count=gpu_count(),
         )
+        limits = rate_limits.for_repository(entries, self.s.rate_limit, self.s.rate_limit_resources)
+        if limits is not None:
+            self.router.limiter = RateLimiter(limits)
+            log.info("rate limiter: execution_count; resources %s", describe(limits.copies))
         for e in entries:
+            if limits is not None and e.name in limits.refused:
+                e.error = limits.refused[e.name]
             if e.error or e.config is None:
                 log.error("%s", e.error)
                 self.table.add_error(e.name, e.error or "failed to load")

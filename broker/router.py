@@ -8,6 +8,17 @@ memory goes only to an instance that can reach it (``batcher.serves``): one on i
 or one on the CPU; the others pass it over and take the requests behind it. Statistics
 are kept here because this is where arrival, dispatch and completion meet.
 
+With Triton's rate limiter on (a RateLimiter), an idle instance runs a batch only once
+it holds the resources its instance group lists, and the instances waiting for a turn
+go in the limiter's order, across every model: the first in that order whose batch is
+due goes first. One whose resources are taken claims them: nobody behind it may take
+any of them, so an instance that needs much is never starved by ones that need little.
+Triton's limiter goes further and lets nobody at all pass the head of its queue, so a
+model that needs nothing waits behind one that waits for a resource; here only those
+that need something claimed wait. A batch forms when its instance gets its turn, so
+requests that arrive meanwhile join it. A rate-limited batch is never shared among idle
+instances: each turn is one batch.
+
 The broker calls ``tick``, ``next_wakeup`` and ``overdue`` on every turn of its loop, so
 they cost what is active, not what is loaded: they see only the versions whose batcher
 holds something (``_armed``) and the instances running a batch (``_busy``, in dispatch
@@ -21,6 +32,8 @@ from collections.abc import Callable, Iterable
 
 from broker.batcher import TIMEOUT_EXPIRED, cuda_devices, serves
 from broker.models import Instance, ModelTable, ModelVersion
+from broker.rate_limiter import RateLimiter
+from configs.rate_limits import ResourceKey
 from ipc import messages as m
 from ipc.messages import FailureReason
 
@@ -39,8 +52,9 @@ def _key(item: m.WorkItem) -> tuple[bytes, int]:
 
 
 class Router:
-    def __init__(self, table: ModelTable) -> None:
+    def __init__(self, table: ModelTable, limiter: RateLimiter | None = None) -> None:
         self.table = table
+        self.limiter = limiter
         self._next_batch = 1
         self._arrived: dict[tuple[bytes, int], float] = {}
         self._queued_ns: dict[tuple[bytes, int], int] = {}
@@ -50,6 +64,11 @@ class Router:
         self._armed: dict[tuple[str, int], ModelVersion] = {}
         # Instances running a batch, oldest dispatch first (re-inserted on each dispatch).
         self._busy: dict[bytes, Instance] = {}
+        # Rate-limited only: versions that hold queued requests, and those of them with a
+        # batch due that the limiter holds back (a release, not their queue delay, is
+        # what can let them go).
+        self._waiting: dict[tuple[str, int], ModelVersion] = {}
+        self._held_back: set[tuple[str, int]] = set()
 
     def submit(
         self, mv: ModelVersion, item: m.WorkItem, now: float, dispatch: bool = True
@@ -66,6 +85,8 @@ class Router:
             mv.queue.append(item)
         self._arrived[_key(item)] = now
         self._queued_in[_key(item)] = mv
+        if self.limiter is not None:
+            self._waiting[(mv.name, mv.version)] = mv
         return self._dispatch(mv, now) if dispatch else []
 
     def holds(self, frontend: bytes, req_id: int) -> bool:
@@ -94,6 +115,8 @@ class Router:
             return []
         inst.in_flight = None
         self._busy.pop(inst.ident, None)
+        if self.limiter is not None:
+            self.limiter.release(inst)
         self._remember_answered(inst, batch, now)
         mv = self.table.version(inst.model, inst.version)
         if mv is not None:
@@ -117,7 +140,7 @@ class Router:
                 # says nothing of what the model takes
                 mv.batcher.observe(done.batch_size, done.input_ns + done.infer_ns + done.output_ns)
         if inst.state != "READY":
-            return []
+            return self._allocate(now) if self.limiter is not None else []
         return self.instance_ready(inst, now)
 
     def _remember_answered(self, inst: Instance, batch: m.ExecuteBatch, now: float) -> None:
@@ -160,8 +183,10 @@ class Router:
         inst.in_flight = None
         self._busy.pop(inst.ident, None)
         inst.state = "DEAD"
+        if self.limiter is not None:
+            self.limiter.release(inst)
         if mv is None:
-            return failed, []
+            return failed, self._allocate(now) if self.limiter is not None else []
         if inst.ident in mv.idle:
             mv.idle.remove(inst.ident)
         mv.refresh_state()
@@ -190,9 +215,12 @@ class Router:
                 for item in batcher.expire(now):
                     self._fail(mv, item, now, "REJECTED")
                     failures.append((item, TIMEOUT_EXPIRED))
-                dispatches.extend(self._dispatch(mv, now))
+                if self.limiter is None:
+                    dispatches.extend(self._dispatch(mv, now))
             if batcher is None or not batcher.holds_work():
                 del self._armed[key]
+        if self.limiter is not None and self._waiting:
+            dispatches.extend(self._allocate(now))  # once for all: it ranks every version
         return dispatches, failures
 
     def overdue(self, now: float, limit_s: float) -> list[Instance]:
@@ -212,11 +240,18 @@ class Router:
         with an idle instance (a busy version's next batch waits for its batch_done)."""
         times = [
             t
-            for mv in self._armed.values()
+            for key, mv in self._armed.items()
             if mv.batcher is not None
-            and (t := mv.batcher.next_wakeup([mv.instances[i].gpu for i in mv.idle])) is not None
+            and (t := mv.batcher.next_wakeup(self._idle_gpus(key, mv))) is not None
         ]
         return min(times) if times else None
+
+    def _idle_gpus(self, key: tuple[str, int], mv: ModelVersion) -> list[int | None]:
+        """Where ``mv``'s idle instances are; none while the rate limiter holds its due
+        batch back (as while every instance is busy: only its timeouts can wake)."""
+        if key in self._held_back:
+            return []
+        return [mv.instances[i].gpu for i in mv.idle]
 
     def forget_frontend(self, frontend: bytes, now: float) -> list[m.WorkItem]:
         """Drop the queued requests of a frontend that exited (failures, in the
@@ -305,10 +340,55 @@ class Router:
         return []
 
     def _dispatch(self, mv: ModelVersion, now: float) -> list[Dispatch]:
+        if self.limiter is not None:
+            self._waiting[(mv.name, mv.version)] = mv
+            return self._allocate(now)
         out: list[Dispatch] = []
         while mv.idle and (taken := self._take(mv, now)):
             out += [self._send(mv, inst, items, now) for inst, items in taken]
         return out
+
+    def _allocate(self, now: float) -> list[Dispatch]:
+        """Rate-limited dispatch, across versions: the idle instances of the versions that
+        hold requests, in the limiter's order. Each whose batch is due takes its
+        resources and its batch; one that cannot have them, and every one behind it
+        that needs any of them, waits for a release."""
+        limiter = self.limiter
+        assert limiter is not None
+        waiting = [
+            (limiter.rank(inst), inst, mv)
+            for mv in self._waiting.values()
+            for inst in [mv.instances[ident] for ident in mv.idle]
+        ]
+        waiting.sort(key=lambda entry: entry[0])
+        out: list[Dispatch] = []
+        self._held_back.clear()
+        claimed: set[ResourceKey] = set()  # by those ahead that wait for them
+        for _, inst, mv in waiting:
+            if not self._due(mv, inst, now):
+                continue
+            needs = [key for key, _ in limiter.needs(inst).needs]
+            if claimed.intersection(needs) or not limiter.acquire(inst):
+                claimed.update(needs)
+                self._held_back.add((mv.name, mv.version))
+                continue
+            items = self._next(mv, now, inst.gpu)
+            if not items:  # not due after all (a timeout moved what it would take)
+                limiter.release(inst, executed=False)
+                continue
+            mv.idle.remove(inst.ident)
+            out.append(self._send(mv, inst, items, now))
+        for key, mv in list(self._waiting.items()):
+            if not mv.pending:
+                del self._waiting[key]
+        return out
+
+    @staticmethod
+    def _due(mv: ModelVersion, inst: Instance, now: float) -> bool:
+        """Whether ``inst`` (idle) would be handed a batch of ``mv`` now."""
+        if mv.batcher is not None:
+            return mv.batcher.due(now, inst.gpu)
+        return any(serves(inst.gpu, cuda_devices(item.regions)) for item in mv.queue)
 
     def _send(
         self, mv: ModelVersion, inst: Instance, items: list[m.WorkItem], now: float

@@ -36,15 +36,9 @@ def plan_instances(models: list[tuple[str, list[int], Any]], cpus: list[int]) ->
     raw: list[tuple[InstancePlan, bool]] = []  # (a plan without cores yet, passive)
     for name, versions, config in models:
         for version in versions:
-            index = 0
-            for group in config.instance_group or [mc.ModelInstanceGroup(name=name)]:
-                count = max(group.count, 1)
-                gpus = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else [None]
-                for gpu in gpus:
-                    for k in range(count):
-                        plan = InstancePlan(name, version, index, f"{group.name}_{k}", gpu=gpu)
-                        raw.append((plan, group.passive))
-                        index += 1
+            for index, group, k, gpu in instances_of(name, config):
+                plan = InstancePlan(name, version, index, f"{group.name}_{k}", gpu=gpu)
+                raw.append((plan, group.passive))
     active = sum(1 for plan, passive in raw if plan.gpu is None and not passive)
     blocks = _core_blocks(cpus, active)
     plans: list[InstancePlan] = []
@@ -54,6 +48,19 @@ def plan_instances(models: list[tuple[str, list[int], Any]], cpus: list[int]) ->
             plan = dataclasses.replace(plan, cores=cores)
         plans.append(plan)
     return plans
+
+
+def instances_of(name: str, config: Any) -> Iterator[tuple[int, Any, int, int | None]]:
+    """(index, group, k, gpu) of each instance of a version of model ``name``: its number
+    in the version, its instance group, its number in the group (on its GPU), and its GPU
+    (None: the CPU). Every process numbers instances this way."""
+    index = 0
+    for group in config.instance_group or [mc.ModelInstanceGroup(name=name)]:
+        gpus = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else [None]
+        for gpu in gpus:
+            for k in range(max(group.count, 1)):
+                yield index, group, k, gpu
+                index += 1
 
 
 def _core_blocks(cpus: list[int], n: int) -> Iterator[tuple[int, ...]]:
@@ -71,11 +78,16 @@ def _core_blocks(cpus: list[int], n: int) -> Iterator[tuple[int, ...]]:
         start += size
 
 
+def loadable(entries: list[Any]) -> list[tuple[str, list[int], Any]]:
+    """(name, versions, config) of each model of a scanned repository (``repository.scan``'s
+    entries) that could be read."""
+    return [(e.name, e.versions, e.config) for e in entries if not e.error and e.config]
+
+
 def plan_repository(entries: list[Any], cpus: list[int]) -> list[InstancePlan]:
-    """The plans of every instance of a scanned repository (``repository.scan``'s
-    entries): its models that could be read, on the host's usable ``cpus``."""
-    loadable = [(e.name, e.versions, e.config) for e in entries if not e.error and e.config]
-    return plan_instances(loadable, cpus)
+    """The plans of every instance of a scanned repository: its models that could be
+    read, on the host's usable ``cpus``."""
+    return plan_instances(loadable(entries), cpus)
 
 
 def find_plan(
@@ -86,25 +98,12 @@ def find_plan(
     )
 
 
-def _group_size(group: Any) -> int:
-    """Instances a group makes (KIND_GPU: ``count`` per listed GPU)."""
-    per = len(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else 1
-    return max(group.count, 1) * max(per, 1)
-
-
 def instance_count(config: Any) -> int:
     """How many instances a model version gets."""
-    return sum(_group_size(g) for g in config.instance_group) or 1
+    return sum(1 for _ in instances_of("", config))
 
 
 def passive_instances(config: Any) -> frozenset[int]:
-    """The instance numbers (as ``plan_instances`` numbers them) of ``passive`` groups:
-    Triton loads them but never schedules requests on them."""
-    out: set[int] = set()
-    index = 0
-    for group in config.instance_group:
-        n = _group_size(group)
-        if group.passive:
-            out.update(range(index, index + n))
-        index += n
-    return frozenset(out)
+    """The instance numbers of ``passive`` groups: Triton loads them but never schedules
+    requests on them."""
+    return frozenset(index for index, group, _, _ in instances_of("", config) if group.passive)

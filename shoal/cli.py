@@ -16,6 +16,7 @@ from shoal.flags import (
     add_log_flags,
     add_metrics_flags,
     add_no_effect_flags,
+    add_rate_limit_flags,
     add_restriction_flags,
     bool_flag,
     frontend_flags,
@@ -88,6 +89,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
         help="kill and restart an instance whose batch runs longer (0: never)",
     )
     add_instance_memory_flag(p)
+    add_rate_limit_flags(p)
     p.add_argument(
         "--runtime-dir",
         default="",
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for line in no_effect(args):
         log.warning("%s", line)
+    if args.rate_limit_resource and args.rate_limit == "off":
+        log.warning("--rate-limit-resource has no effect: --rate-limit is off")
     autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
     backend_cfg = _backend_config(args.backend_config)
     settings = ServeSettings(
@@ -172,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         frontend_processes=max(args.frontend_processes, 1),
         execution_timeout_secs=args.model_execution_timeout_secs,
         instance_memory_limit_mb=args.instance_memory_limit_mb,
+        rate_limit=args.rate_limit.lower(),
+        rate_limit_resources=args.rate_limit_resource,
         reuse_http_port=args.reuse_http_port,
         runtime_dir=args.runtime_dir,
     )

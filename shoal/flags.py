@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from configs import rate_limits
 from ipc.messages import LOG_FORMATS, LogSettings
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -44,6 +46,43 @@ def add_instance_memory_flag(p: argparse.ArgumentParser) -> None:
         "its own (MiB) than this, unless its config sets shoal_instance_memory_limit_mb; "
         "0: no limit",
     )
+
+
+def _checked(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse type that refuses what ``parse`` refuses and keeps the text."""
+
+    def check(value: str) -> str:
+        try:
+            parse(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    return check
+
+
+def add_rate_limit_flags(p: argparse.ArgumentParser) -> None:
+    """tritonserver's rate limiter flags (configs/rate_limits.py)."""
+    p.add_argument(
+        "--rate-limit",
+        default="off",
+        type=_checked(rate_limits.parse_mode),
+        help="off, or execution_count: an instance runs a batch only while it holds the "
+        "resources its instance group's rate_limiter lists, turns going by priority",
+    )
+    p.add_argument(
+        "--rate-limit-resource",
+        action="append",
+        default=[],
+        type=_checked(rate_limits.parse_resource),
+        help="<name>:<count>[:<device>]: the copies of a resource (default: the most any "
+        "instance needs); repeatable",
+    )
+
+
+def rate_limit_flags(mode: str, resources: list[str]) -> list[str]:
+    """The flags that give ``mode`` and ``resources`` to another process."""
+    return [f"--rate-limit={mode}", *(f"--rate-limit-resource={r}" for r in resources)]
 
 
 @dataclass(frozen=True)
@@ -258,7 +297,6 @@ def _dest(flag: str) -> str:
 _EVENT_LOOP = "shoal's frontends are event loops (--frontend-processes adds processes)"
 _NO_CACHE = "shoal has no response cache"
 _NO_TRACE = "shoal writes no traces yet"
-_NO_LIMITER = "shoal has no rate limiter: each instance runs one batch at a time, at once"
 _NO_GPU_POOLS = "shoal keeps no pinned or CUDA memory pools"
 # tritonserver flags taken so that a Triton command line starts shoal, which they do not
 # change: flag -> (repeatable, why). Each one given is named in a warning at start.
@@ -284,8 +322,6 @@ NO_EFFECT_FLAGS: Final[dict[str, tuple[bool, str]]] = {
     "--http-header-forward-pattern": (False, "no backend of shoal's reads request headers"),
     "--grpc-header-forward-pattern": (False, "no backend of shoal's reads request headers"),
     "--grpc-infer-response-compression-level": (False, "responses are not compressed"),
-    "--rate-limit": (False, _NO_LIMITER),
-    "--rate-limit-resource": (True, _NO_LIMITER),
     "--trace-config": (True, _NO_TRACE),
     "--trace-file": (False, _NO_TRACE),
     "--trace-level": (True, _NO_TRACE),

@@ -22,14 +22,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from configs import repository
+from configs import rate_limits, repository
 from configs.devices import gpu_count
 from configs.placement import plan_repository
 from ipc import shm
 from ipc.lifecycle import EXIT_FATAL
 from ipc.messages import LogSettings
 from ipc.sockets import ensure_runtime_dir
-from shoal.flags import log_flags
+from shoal.flags import log_flags, rate_limit_flags
 
 log = logging.getLogger("shoal.serve")
 
@@ -69,6 +69,8 @@ class ServeSettings:
     frontend_processes: int = 1
     execution_timeout_secs: float = 300.0
     instance_memory_limit_mb: int = 0
+    rate_limit: str = "off"  # --rate-limit
+    rate_limit_resources: list[str] = field(default_factory=list)  # --rate-limit-resource
     reuse_http_port: bool = False
     runtime_dir: str = ""
     extra_frontend_args: list[str] = field(default_factory=list)
@@ -124,6 +126,7 @@ class Launcher:
             "--model-execution-timeout-secs",
             str(self.s.execution_timeout_secs),
             f"--instance-memory-limit-mb={self.s.instance_memory_limit_mb}",
+            *rate_limit_flags(self.s.rate_limit, self.s.rate_limit_resources),
         ]
 
     def frontend_argv(self, index: int) -> list[str]:
@@ -179,8 +182,13 @@ class Launcher:
             autocomplete_enabled=self.s.autocomplete,
             gpu_count=gpu_count(),
         )
+        # The broker refuses the models the rate limiter cannot schedule: no workers.
+        limits = rate_limits.for_repository(entries, self.s.rate_limit, self.s.rate_limit_resources)
+        refused = limits.refused if limits is not None else {}
         out = []
         for p in plan_repository(entries, sorted(os.sched_getaffinity(0))):
+            if p.model in refused:
+                continue
             argv = [
                 sys.executable, "-m", "workers", *self._common(), *self._model_args(),
                 "--model", p.model, "--version", str(p.version), "--instance", str(p.index),

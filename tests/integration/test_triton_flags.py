@@ -46,7 +46,7 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
         "--cuda-memory-pool-byte-size=1:0", "--backend-directory=/opt/tritonserver/backends",
         "--trace-config=rate=100", "--cache-config=local,size=1048576", "--rate-limit=off",
-        "--load-model=simple", "--grpc-keepalive-time=10000",
+        "--rate-limit-resource=R:1", "--load-model=simple", "--grpc-keepalive-time=10000",
         "--grpc-keepalive-permit-without-calls=true", "--grpc-http2-max-pings-without-data=0",
     ]  # fmt: skip
     with served(repo, *flags) as srv:
@@ -55,6 +55,7 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         assert "--cuda-memory-pool-byte-size=0:0,1:0 has no effect" in log
         assert "--trace-config=rate=100 has no effect: shoal writes no traces yet" in log
         assert "--grpc-keepalive-time=10000 has no effect" not in log  # it has: a gRPC option
+        assert "--rate-limit-resource has no effect: --rate-limit is off" in log
         (frontend,) = srv.pids("frontend")
         argv = Path(f"/proc/{frontend}/cmdline").read_bytes().split(b"\0")
         assert b"--grpc-keepalive-time=10000" in argv
@@ -72,6 +73,12 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         (["--grpc-keepalive-time=-1"], "--grpc-keepalive-time must not be negative"),
         (["--log-file=/nonexistent/dir/x.log"], "cannot write the log file"),
         (["--instance-memory-limit-mb=-1"], "expected a whole number of MiB (0: none), got '-1'"),
+        (["--rate-limit=on"], "invalid argument for --rate-limit"),
+        (
+            ["--rate-limit-resource=R1"],
+            "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
+            "'<resource_name>:<count>'. Got R1",
+        ),
     ],
 )
 def test_flags_shoal_cannot_honour_are_refused(repo: Path, flags: list[str], words: str) -> None:

@@ -1,0 +1,69 @@
+"""Triton's rate limiter at run time (``--rate-limit=execution_count``; pure).
+
+The router asks ``acquire`` before it hands an idle instance a batch, and calls
+``release`` when that batch ends (done, or the instance died). Between the two the
+instance holds its resources (configs/rate_limits.py says which, and how many copies
+exist). ``rank`` orders the instances waiting for a turn as Triton's does: executions so
+far times priority, lowest first, so that an instance of priority 2 runs half as often
+as one of priority 1 while both have work; ties go to the one that ran least recently.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from broker.models import Instance
+from configs.rate_limits import InstanceNeeds, RateLimits, ResourceKey
+
+_NOTHING = InstanceNeeds()
+
+
+class RateLimiter:
+    def __init__(self, limits: RateLimits) -> None:
+        self._copies = limits.copies
+        self._needs = limits.instances
+        self._used: dict[ResourceKey, int] = dict.fromkeys(limits.copies, 0)
+        self._held: dict[bytes, InstanceNeeds] = {}  # instance ident -> what it holds
+        # (model, version, instance number) -> executions so far, and when it last ran:
+        # a restarted instance keeps its place
+        self._runs: dict[tuple[str, int, int], int] = {}
+        self._last: dict[tuple[str, int, int], int] = {}
+        self._grants = itertools.count(1)
+
+    def needs(self, inst: Instance) -> InstanceNeeds:
+        return self._needs.get((inst.model, inst.version, inst.index), _NOTHING)
+
+    def rank(self, inst: Instance) -> tuple[int, int]:
+        """Lower goes first: (executions x priority, the grant it last had)."""
+        key = (inst.model, inst.version, inst.index)
+        return self._runs.get(key, 0) * self.needs(inst).priority, self._last.get(key, 0)
+
+    def acquire(self, inst: Instance) -> bool:
+        """Take ``inst``'s resources if every one is free enough; else take nothing."""
+        needs = self.needs(inst)
+        if any(self._used[key] + count > self._copies[key] for key, count in needs.needs):
+            return False
+        for key, count in needs.needs:
+            self._used[key] += count
+        self._held[inst.ident] = needs
+        self._last[(inst.model, inst.version, inst.index)] = next(self._grants)
+        return True
+
+    def release(self, inst: Instance, executed: bool = True) -> None:
+        """Give back what ``inst`` holds, if anything; ``executed``: it ran a batch (which
+        counts towards its rank)."""
+        needs = self._held.pop(inst.ident, None)
+        if needs is None:
+            return
+        for key, count in needs.needs:
+            self._used[key] -= count
+        if executed:
+            key3 = (inst.model, inst.version, inst.index)
+            self._runs[key3] = self._runs.get(key3, 0) + 1
+
+    def holds(self, inst: Instance) -> bool:
+        return inst.ident in self._held
+
+    def in_use(self) -> dict[ResourceKey, int]:
+        """Copies held now, by resource."""
+        return dict(self._used)

@@ -1,0 +1,206 @@
+"""Triton's rate limiter (--rate-limit=execution_count) end to end, observed as Triton's
+L0_rate_limiter observes it: resources that keep instances from running at once, batches
+that grow while an instance waits for its turn, and the loads refused for resources
+given too few copies. Workers are held with SIGSTOP, so what is busy and what waits is
+known, not raced."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.repos import write_identity
+from tests.serverctl import ShoalServer, served
+
+
+def _limited(resources: str, count: int = 1, priority: int = 0) -> str:
+    return (
+        f"instance_group [ {{ count: {count} kind: KIND_CPU "
+        f"rate_limiter {{ resources [ {resources} ] priority: {priority} }} }} ]\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("rate-limit-repo")
+    # a and b share the one copy of R: never running at once
+    write_identity(repo, "a", _limited('{ name: "R" count: 1 }'))
+    write_identity(repo, "b", _limited('{ name: "R" count: 1 }', priority=2))
+    # two instances, resources for one: the second waits, and its batch grows meanwhile
+    write_identity(
+        repo,
+        "grow",
+        _limited('{ name: "G" global: true count: 1 }', count=2)
+        + "dynamic_batching { preferred_batch_size: [ 1, 2, 3, 4 ] }",
+    )
+    write_identity(repo, "free", "instance_group [ { count: 1 kind: KIND_CPU } ]")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def limited(repo: Path) -> Iterator[ShoalServer]:
+    with served(repo, "--rate-limit=execution_count") as srv:
+        yield srv
+
+
+def _infer(url: str, model: str, value: float) -> np.ndarray:
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.full((1, 4), value, dtype=np.float32))
+    try:
+        return client.infer(model, [inp]).as_numpy("OUTPUT0")
+    finally:
+        client.close()
+
+
+def _in_thread(url: str, model: str, value: float, answers: dict[float, float]) -> threading.Thread:
+    def call() -> None:
+        answers[value] = float(_infer(url, model, value)[0, 0])
+
+    t = threading.Thread(target=call)
+    t.start()
+    return t
+
+
+def _version(url: str, model: str) -> dict:
+    with urllib.request.urlopen(f"http://{url}/v2/shoal/models/{model}", timeout=5) as r:
+        return dict(json.loads(r.read())["versions"][0])
+
+
+def _until(what: str, check: object) -> None:
+    deadline = time.monotonic() + 30
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
+
+
+def _busy(url: str, model: str) -> int:
+    return sum(i["busy"] for i in _version(url, model)["instances"])
+
+
+def _batch_sizes(url: str, model: str) -> dict[int, int]:
+    with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=5) as r:
+        (stats,) = json.loads(r.read())["model_stats"]
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+
+def _worker_pids(server: ShoalServer, model: str) -> list[int]:
+    return [i["pid"] for i in _version(server.url, model)["instances"]]
+
+
+def test_instances_that_share_a_resource_never_run_at_once(limited: ShoalServer) -> None:
+    url = limited.url
+    (a_pid,) = _worker_pids(limited, "a")
+    answers: dict[float, float] = {}
+    os.kill(a_pid, signal.SIGSTOP)
+    try:
+        first = _in_thread(url, "a", 1.0, answers)
+        _until("a busy", lambda: _busy(url, "a") == 1)
+        second = _in_thread(url, "b", 2.0, answers)
+        _until("b's request queued", lambda: _version(url, "b")["queued"] == 1)
+        # A model that needs nothing is not held back ...
+        assert float(_infer(url, "free", 3.0)[0, 0]) == 3.0
+        time.sleep(0.3)
+        # ... while b's idle instance waits for the R that a holds.
+        assert _version(url, "b")["queued"] == 1 and _busy(url, "b") == 0
+        assert answers == {}
+    finally:
+        os.kill(a_pid, signal.SIGCONT)
+    first.join(30)
+    second.join(30)
+    assert answers == {1.0: 1.0, 2.0: 2.0}
+
+
+def test_a_batch_grows_while_its_instance_waits_for_its_turn(limited: ShoalServer) -> None:
+    """Triton's L0_rate_limiter dynamic batching case: every size is preferred, yet the
+    requests that come while the resource is taken make one full batch."""
+    url = limited.url
+    pids = _worker_pids(limited, "grow")
+    before = _batch_sizes(url, "grow")
+    answers: dict[float, float] = {}
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        threads = [_in_thread(url, "grow", 0.0, answers)]
+        _until("one instance busy", lambda: _busy(url, "grow") == 1)
+        threads += [_in_thread(url, "grow", float(v), answers) for v in (1, 2, 3, 4)]
+        _until("four queued", lambda: _version(url, "grow")["queued"] == 4)
+        assert _busy(url, "grow") == 1  # the other instance is idle, and waits
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    for t in threads:
+        t.join(30)
+    assert answers == {v: v for v in (0.0, 1.0, 2.0, 3.0, 4.0)}
+    after = _batch_sizes(url, "grow")
+    grown = {size: after[size] - before.get(size, 0) for size in after}
+    assert {size: n for size, n in grown.items() if n} == {1: 1, 4: 1}
+
+
+def test_with_the_rate_limiter_off_its_configuration_changes_nothing(repo: Path) -> None:
+    """Triton's default: instances run as soon as they are idle, whatever their groups'
+    rate_limiter says."""
+    with served(repo) as srv:
+        (a_pid,) = _worker_pids(srv, "a")
+        answers: dict[float, float] = {}
+        os.kill(a_pid, signal.SIGSTOP)
+        try:
+            first = _in_thread(srv.url, "a", 1.0, answers)
+            _until("a busy", lambda: _busy(srv.url, "a") == 1)
+            assert float(_infer(srv.url, "b", 2.0)[0, 0]) == 2.0
+        finally:
+            os.kill(a_pid, signal.SIGCONT)
+        first.join(30)
+        assert answers == {1.0: 1.0}
+
+
+def test_a_model_given_too_few_copies_fails_its_load_and_gets_no_worker(tmp_path: Path) -> None:
+    """Triton's L0_rate_limiter load failures, with its messages; the other models serve."""
+    write_identity(tmp_path, "needs4", _limited('{ name: "resource1" count: 4 }'))
+    write_identity(
+        tmp_path,
+        "needs2",
+        _limited('{ name: "resource1" count: 2 }, { name: "resource2" global: true count: 2 }'),
+    )
+    # in name order after needs2, whose resource2 is global: the conflict is its own
+    write_identity(tmp_path, "per_device", _limited('{ name: "resource2" count: 1 }'))
+    with served(
+        tmp_path,
+        "--exit-on-error=false",
+        "--strict-readiness=false",
+        "--rate-limit=EXECUTION_COUNT",
+        "--rate-limit-resource=resource1:3",
+        "--rate-limit-resource=resource2:2",
+    ) as srv:
+        srv.wait_settled(("needs4", "needs2", "per_device"))
+        assert _version(srv.url, "needs2")["state"] == "READY"
+        assert float(_infer(srv.url, "needs2", 5.0)[0, 0]) == 5.0
+        refused = {m: _version(srv.url, m) for m in ("needs4", "per_device")}
+        assert {m: (v["state"], v["reason"]) for m, v in refused.items()} == {
+            "needs4": (
+                "UNAVAILABLE",
+                'Resource count for "resource1" is limited to 3 which will prevent scheduling '
+                "of one or more model instances, the minimum required count is 4",
+            ),
+            "per_device": (
+                "UNAVAILABLE",
+                'Resource "resource2" is present as both global and device-specific resource '
+                "in the model configuration.",
+            ),
+        }
+        assert all(v["instances"] == [] for v in refused.values())
+        with pytest.raises(LookupError):
+            srv.worker_pid("needs4")
+        client = httpclient.InferenceServerClient(srv.url)
+        index = {e["name"]: e for e in client.get_model_repository_index()}
+        assert index["needs4"]["state"] == "UNAVAILABLE"
