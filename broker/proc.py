@@ -181,16 +181,23 @@ class BrokerProc:
             self._fail_item(item, ServingError(Code.UNAVAILABLE, message))
         self._dispatch(dispatches)
 
-    def _add_memory(self, states: list[m.ModelState], model: str) -> None:
-        """Each instance's memory, and the limit, of ``model``'s versions (/proc reads)."""
+    def _add_details(self, states: list[m.ModelState], model: str) -> None:
+        """Each instance's memory (/proc reads), the memory limit, and each instance's
+        turns under the rate limiter, of ``model``'s versions."""
+        limiter = self.router.limiter
         for state in states:
             if state.name != model:
                 continue
             if state.version >= 0:
                 state.memory_limit_mb = self.endings.limit_mb(state.name, state.version)
+            mv = self.table.version(state.name, state.version)
+            known = {(i.index, i.pid): i for i in mv.instances.values()} if mv is not None else {}
             for info in state.instances:
                 used = memory.private_memory(info.pid) if info.pid else None
                 info.memory_mb = None if used is None else used // memory.MIB
+                inst = known.get((info.index, info.pid))
+                if limiter is not None and inst is not None:
+                    info.rate_limiter = limiter.turns(inst)
 
     def _metrics(self, quantiles: list[float]) -> list[m.VersionMetrics]:
         """The figures of the metrics page, with each instance's memory read now."""
@@ -301,7 +308,7 @@ class BrokerProc:
             ready = self.table.all_ready() if self.s.strict_readiness else True
             states = self.table.states()
             if msg.memory_of:
-                self._add_memory(states, msg.memory_of)
+                self._add_details(states, msg.memory_of)
             state = m.ServerState(msg.query_id, True, ready, states)
             self._send(self.fsock, [ident, *m.encode(state)])
         elif isinstance(msg, m.Cancel):

@@ -14,6 +14,7 @@ import itertools
 
 from broker.models import Instance
 from configs.rate_limits import InstanceNeeds, RateLimits, ResourceKey
+from ipc import messages as m
 
 _NOTHING = InstanceNeeds()
 
@@ -33,10 +34,13 @@ class RateLimiter:
     def needs(self, inst: Instance) -> InstanceNeeds:
         return self._needs.get((inst.model, inst.version, inst.index), _NOTHING)
 
+    def executions(self, inst: Instance) -> int:
+        return self._runs.get((inst.model, inst.version, inst.index), 0)
+
     def rank(self, inst: Instance) -> tuple[int, int]:
         """Lower goes first: (executions x priority, the grant it last had)."""
         key = (inst.model, inst.version, inst.index)
-        return self._runs.get(key, 0) * self.needs(inst).priority, self._last.get(key, 0)
+        return self.executions(inst) * self.needs(inst).priority, self._last.get(key, 0)
 
     def acquire(self, inst: Instance) -> bool:
         """Take ``inst``'s resources if every one is free enough; else take nothing."""
@@ -61,8 +65,15 @@ class RateLimiter:
             key3 = (inst.model, inst.version, inst.index)
             self._runs[key3] = self._runs.get(key3, 0) + 1
 
-    def holds(self, inst: Instance) -> bool:
-        return inst.ident in self._held
+    def turns(self, inst: Instance) -> m.InstanceTurns:
+        """What ``inst`` needs and has had, for the model's status."""
+        needs = self.needs(inst)
+        return m.InstanceTurns(
+            needs.priority,
+            [m.ResourceNeed(name, count, device) for (device, name), count in needs.needs],
+            self.executions(inst),
+            inst.ident in self._held,
+        )
 
     def in_use(self) -> dict[ResourceKey, int]:
         """Copies held now, by resource."""

@@ -24,52 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from configs.placement import instances_of, loadable
+from shoal.flags import EVERY_DEVICE, GivenResource, parse_resource
 
 #: The device key of a global resource.
 GLOBAL: Final = None
-#: The device key of --rate-limit-resource without a device: on every device.
-_EVERY_DEVICE: Final = -1
-
 # (device, resource name): device None for a global resource
 ResourceKey = tuple[int | None, str]
-
-MODES: Final = ("off", "execution_count")
-
-
-def parse_mode(value: str) -> str:
-    """--rate-limit's value (Triton's: case-insensitive), or ValueError."""
-    mode = value.lower()
-    if mode not in MODES:
-        raise ValueError("invalid argument for --rate-limit")
-    return mode
-
-
-@dataclass(frozen=True)
-class GivenResource:
-    """One --rate-limit-resource: ``device`` -1 means every device."""
-
-    name: str
-    count: int
-    device: int = _EVERY_DEVICE
-
-
-def parse_resource(arg: str) -> GivenResource:
-    """``<name>:<count>`` or ``<name>:<count>:<device>``, or ValueError with Triton's
-    message. Names keep their case, as Triton keeps them."""
-    usage = (
-        "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
-        f"'<resource_name>:<count>'. Got {arg}"
-    )
-    parts = arg.split(":")
-    if len(parts) not in (2, 3) or not parts[0]:
-        raise ValueError(usage)
-    try:
-        numbers = [int(p) for p in parts[1:]]
-    except ValueError:
-        raise ValueError(usage) from None
-    if numbers[0] < 0 or (len(numbers) == 2 and numbers[1] < -1):
-        raise ValueError(f"{usage}: the count must be 0 or more, the device -1 or more")
-    return GivenResource(parts[0], *numbers)
 
 
 @dataclass(frozen=True)
@@ -171,7 +131,7 @@ def _given_count(key: ResourceKey, given: list[GivenResource]) -> int:
         (
             g.count
             for g in given
-            if g.name == name and (device is GLOBAL or g.device in (device, _EVERY_DEVICE))
+            if g.name == name and (device is GLOBAL or g.device in (device, EVERY_DEVICE))
         ),
         default=0,
     )

@@ -201,7 +201,22 @@ class ModelInfo(msgspec.Struct, array_like=True):
 
 class ServerQuery(msgspec.Struct, array_like=True):
     query_id: int
-    memory_of: str = ""  # also this model's instances' memory (/proc reads: not for probes)
+    memory_of: str = ""  # this model's instances in detail (/proc reads: not for probes)
+
+
+class ResourceNeed(msgspec.Struct):
+    name: str
+    count: int
+    device: int | None = None  # None: a global resource
+
+
+class InstanceTurns(msgspec.Struct):
+    """An instance under the rate limiter (--rate-limit=execution_count)."""
+
+    priority: int
+    resources: list[ResourceNeed]  # what it needs to run a batch
+    executions: int  # so far, for its turns (executions x priority, lowest first)
+    holding: bool  # its resources, now (running a batch)
 
 
 class InstanceInfo(msgspec.Struct):
@@ -213,6 +228,7 @@ class InstanceInfo(msgspec.Struct):
     passive: bool = False  # loaded, never sent requests (a passive instance group)
     gpu: int | None = None  # the server's id of its GPU; None: a CPU instance
     memory_mb: int | None = None  # its own memory (broker.memory), when asked for
+    rate_limiter: InstanceTurns | None = None  # when asked for, and the limiter is on
 
 
 class ModelState(msgspec.Struct, array_like=True):

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from configs import rate_limits
 from ipc.messages import LOG_FORMATS, LogSettings
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -48,6 +47,48 @@ def add_instance_memory_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: --rate-limit's values (configs/rate_limits.py acts on them)
+RATE_LIMIT_MODES: Final = ("off", "execution_count")
+#: The device of --rate-limit-resource without one: every device.
+EVERY_DEVICE: Final = -1
+
+
+def parse_rate_limit(value: str) -> str:
+    """--rate-limit's value (Triton's: case-insensitive), or ValueError."""
+    mode = value.lower()
+    if mode not in RATE_LIMIT_MODES:
+        raise ValueError("invalid argument for --rate-limit")
+    return mode
+
+
+@dataclass(frozen=True)
+class GivenResource:
+    """One --rate-limit-resource: ``device`` -1 means every device."""
+
+    name: str
+    count: int
+    device: int = EVERY_DEVICE
+
+
+def parse_resource(arg: str) -> GivenResource:
+    """``<name>:<count>`` or ``<name>:<count>:<device>``, or ValueError with Triton's
+    message. Names keep their case, as Triton keeps them."""
+    usage = (
+        "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
+        f"'<resource_name>:<count>'. Got {arg}"
+    )
+    parts = arg.split(":")
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise ValueError(usage)
+    try:
+        numbers = [int(p) for p in parts[1:]]
+    except ValueError:
+        raise ValueError(usage) from None
+    if numbers[0] < 0 or (len(numbers) == 2 and numbers[1] < -1):
+        raise ValueError(f"{usage}: the count must be 0 or more, the device -1 or more")
+    return GivenResource(parts[0], *numbers)
+
+
 def _checked(parse: Callable[[str], object]) -> Callable[[str], str]:
     """An argparse type that refuses what ``parse`` refuses and keeps the text."""
 
@@ -66,7 +107,7 @@ def add_rate_limit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rate-limit",
         default="off",
-        type=_checked(rate_limits.parse_mode),
+        type=_checked(parse_rate_limit),
         help="off, or execution_count: an instance runs a batch only while it holds the "
         "resources its instance group's rate_limiter lists, turns going by priority",
     )
@@ -74,7 +115,7 @@ def add_rate_limit_flags(p: argparse.ArgumentParser) -> None:
         "--rate-limit-resource",
         action="append",
         default=[],
-        type=_checked(rate_limits.parse_resource),
+        type=_checked(parse_resource),
         help="<name>:<count>[:<device>]: the copies of a resource (default: the most any "
         "instance needs); repeatable",
     )

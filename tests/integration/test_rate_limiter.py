@@ -114,11 +114,27 @@ def test_instances_that_share_a_resource_never_run_at_once(limited: ShoalServer)
         # ... while b's idle instance waits for the R that a holds.
         assert _version(url, "b")["queued"] == 1 and _busy(url, "b") == 0
         assert answers == {}
+        turns = {m: _version(url, m)["instances"][0]["rate_limiter"] for m in ("a", "b")}
+        need_r = [{"name": "R", "count": 1, "device": 0}]
+        assert turns["a"] == {
+            "priority": 1,
+            "resources": need_r,
+            "executions": turns["a"]["executions"],
+            "holding": True,
+        }
+        assert turns["b"] == {
+            "priority": 2,
+            "resources": need_r,
+            "executions": turns["b"]["executions"],
+            "holding": False,
+        }
     finally:
         os.kill(a_pid, signal.SIGCONT)
     first.join(30)
     second.join(30)
     assert answers == {1.0: 1.0, 2.0: 2.0}
+    after = _version(url, "b")["instances"][0]["rate_limiter"]
+    assert (after["executions"], after["holding"]) == (turns["b"]["executions"] + 1, False)
 
 
 def test_a_batch_grows_while_its_instance_waits_for_its_turn(limited: ShoalServer) -> None:
@@ -158,6 +174,7 @@ def test_with_the_rate_limiter_off_its_configuration_changes_nothing(repo: Path)
             first = _in_thread(srv.url, "a", 1.0, answers)
             _until("a busy", lambda: _busy(srv.url, "a") == 1)
             assert float(_infer(srv.url, "b", 2.0)[0, 0]) == 2.0
+            assert _version(srv.url, "b")["instances"][0]["rate_limiter"] is None
         finally:
             os.kill(a_pid, signal.SIGCONT)
         first.join(30)

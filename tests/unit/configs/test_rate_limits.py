@@ -8,16 +8,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from configs.rate_limits import (
-    GLOBAL,
-    GivenResource,
-    InstanceNeeds,
-    check,
-    describe,
-    needs_of,
-    parse_mode,
-    parse_resource,
-)
+from configs.rate_limits import GLOBAL, InstanceNeeds, check, describe, needs_of
+from shoal.flags import GivenResource, parse_rate_limit, parse_resource
 
 
 def _config(groups: str) -> Any:
@@ -40,10 +32,10 @@ B = _config(f"instance_group [{_group(R1_2_R2_GLOBAL_2, priority=2)}]")
 
 
 def test_the_mode_is_off_or_execution_count_in_any_case() -> None:
-    assert parse_mode("OFF") == "off"
-    assert parse_mode("Execution_Count") == "execution_count"
+    assert parse_rate_limit("OFF") == "off"
+    assert parse_rate_limit("Execution_Count") == "execution_count"
     with pytest.raises(ValueError, match=r"^invalid argument for --rate-limit$"):
-        parse_mode("on")
+        parse_rate_limit("on")
 
 
 def test_a_given_resource_is_name_count_and_optionally_device() -> None:
