@@ -384,14 +384,7 @@ class DynamicBatcher:
         samples, in scheduling order. Triton gives it all to one instance and leaves the
         others idle until more requests come; a burst then runs on one core (or GPU)
         while the rest of the model's instances wait."""
-        self._reject_expired(now)
-        f = self._form(gpu, now)
-        # DELAY timeouts passed by now: this walk moved those it reached, and the next
-        # walk (an arrival, a finished batch) moves the rest. Waking for them again would
-        # spin: with preserve_ordering a walk may stop short of them while an instance
-        # that cannot take the head of the queue stays idle.
-        while self._delay_at and self._delay_at[0][0] <= now:
-            heapq.heappop(self._delay_at)
+        f = self._walk_to(now, gpu)
         verdict = self._verdict(f, now)
         if verdict == "best":
             return [self._pop(f.chosen[: f.best])]
@@ -402,10 +395,22 @@ class DynamicBatcher:
         return []
 
     def due(self, now: float, gpu: int | None = None) -> bool:
-        """Whether ``take_batch(now, gpu)`` would hand back a batch; takes nothing. (A
-        DELAY timeout that passed may still reorder what the batch takes, not whether
-        one goes.)"""
-        return self._verdict(self._form(gpu), now) != "wait"
+        """Whether ``take_batch(now, gpu)`` would hand back a batch; takes nothing but
+        what that walk moves, as it does (timed-out requests)."""
+        return self._verdict(self._walk_to(now, gpu), now) != "wait"
+
+    def _walk_to(self, now: float, gpu: int | None) -> _Formed:
+        """The batch for ``gpu`` at ``now``, after rejecting the requests whose REJECT
+        timeout passed and moving those whose DELAY timeout passed that the walk meets."""
+        self._reject_expired(now)
+        f = self._form(gpu, now)
+        # DELAY timeouts passed by now: this walk moved those it reached, and the next
+        # walk (an arrival, a finished batch) moves the rest. Waking for them again would
+        # spin: with preserve_ordering a walk may stop short of them while an instance
+        # that cannot take the head of the queue stays idle.
+        while self._delay_at and self._delay_at[0][0] <= now:
+            heapq.heappop(self._delay_at)
+        return f
 
     def _verdict(self, f: _Formed, now: float) -> Literal["best", "all", "share", "wait"]:
         """What goes now of the batch ``f``: its best part (a preferred size), all of it,

@@ -24,7 +24,8 @@ class RateLimiter:
         self._copies = limits.copies
         self._needs = limits.instances
         self._used: dict[ResourceKey, int] = dict.fromkeys(limits.copies, 0)
-        self._held: dict[bytes, InstanceNeeds] = {}  # instance ident -> what it holds
+        # instance ident -> what it holds, and when it last ran before this grant
+        self._held: dict[bytes, tuple[InstanceNeeds, int]] = {}
         # (model, version, instance number) -> executions so far, and when it last ran:
         # a restarted instance keeps its place
         self._runs: dict[tuple[str, int, int], int] = {}
@@ -49,21 +50,25 @@ class RateLimiter:
             return False
         for key, count in needs.needs:
             self._used[key] += count
-        self._held[inst.ident] = needs
-        self._last[(inst.model, inst.version, inst.index)] = next(self._grants)
+        key3 = (inst.model, inst.version, inst.index)
+        self._held[inst.ident] = needs, self._last.get(key3, 0)
+        self._last[key3] = next(self._grants)
         return True
 
     def release(self, inst: Instance, executed: bool = True) -> None:
         """Give back what ``inst`` holds, if anything; ``executed``: it ran a batch (which
-        counts towards its rank)."""
-        needs = self._held.pop(inst.ident, None)
-        if needs is None:
+        counts towards its rank; a grant it did not use leaves its place as it was)."""
+        held = self._held.pop(inst.ident, None)
+        if held is None:
             return
+        needs, last = held
         for key, count in needs.needs:
             self._used[key] -= count
+        key3 = (inst.model, inst.version, inst.index)
         if executed:
-            key3 = (inst.model, inst.version, inst.index)
             self._runs[key3] = self._runs.get(key3, 0) + 1
+        else:
+            self._last[key3] = last
 
     def turns(self, inst: Instance) -> m.InstanceTurns:
         """What ``inst`` needs and has had, for the model's status."""

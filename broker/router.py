@@ -64,11 +64,12 @@ class Router:
         self._armed: dict[tuple[str, int], ModelVersion] = {}
         # Instances running a batch, oldest dispatch first (re-inserted on each dispatch).
         self._busy: dict[bytes, Instance] = {}
-        # Rate-limited only: versions that hold queued requests, and those of them with a
-        # batch due that the limiter holds back (a release, not their queue delay, is
-        # what can let them go).
+        # Rate-limited only: versions that hold queued requests, the idle instances whose
+        # due batch the limiter holds back (a release, not their queue delay, is what
+        # can let them go), and when next_wakeup last said tick has work.
         self._waiting: dict[tuple[str, int], ModelVersion] = {}
-        self._held_back: set[tuple[str, int]] = set()
+        self._held_back: set[bytes] = set()
+        self._wake_at: float | None = None
 
     def submit(
         self, mv: ModelVersion, item: m.WorkItem, now: float, dispatch: bool = True
@@ -219,8 +220,11 @@ class Router:
                     dispatches.extend(self._dispatch(mv, now))
             if batcher is None or not batcher.holds_work():
                 del self._armed[key]
-        if self.limiter is not None and self._waiting:
-            dispatches.extend(self._allocate(now))  # once for all: it ranks every version
+        # Rate-limited: once for all (it ranks every version), and only when a delay or a
+        # timeout ran out: arrivals and releases allocate for themselves.
+        ran_out = failures or (self._wake_at is not None and now >= self._wake_at)
+        if self.limiter is not None and self._waiting and ran_out:
+            dispatches.extend(self._allocate(now))
         return dispatches, failures
 
     def overdue(self, now: float, limit_s: float) -> list[Instance]:
@@ -240,18 +244,17 @@ class Router:
         with an idle instance (a busy version's next batch waits for its batch_done)."""
         times = [
             t
-            for key, mv in self._armed.items()
+            for mv in self._armed.values()
             if mv.batcher is not None
-            and (t := mv.batcher.next_wakeup(self._idle_gpus(key, mv))) is not None
+            and (t := mv.batcher.next_wakeup(self._idle_gpus(mv))) is not None
         ]
-        return min(times) if times else None
+        self._wake_at = min(times) if times else None
+        return self._wake_at
 
-    def _idle_gpus(self, key: tuple[str, int], mv: ModelVersion) -> list[int | None]:
-        """Where ``mv``'s idle instances are; none while the rate limiter holds its due
-        batch back (as while every instance is busy: only its timeouts can wake)."""
-        if key in self._held_back:
-            return []
-        return [mv.instances[i].gpu for i in mv.idle]
+    def _idle_gpus(self, mv: ModelVersion) -> list[int | None]:
+        """Where ``mv``'s idle instances are, but those whose due batch the rate limiter
+        holds back (for them, as for a busy one, only a timeout can wake)."""
+        return [mv.instances[i].gpu for i in mv.idle if i not in self._held_back]
 
     def forget_frontend(self, frontend: bytes, now: float) -> list[m.WorkItem]:
         """Drop the queued requests of a frontend that exited (failures, in the
@@ -352,7 +355,21 @@ class Router:
         """Rate-limited dispatch, across versions: the idle instances of the versions that
         hold requests, in the limiter's order. Each whose batch is due takes its
         resources and its batch; one that cannot have them, and every one behind it
-        that needs any of them, waits for a release."""
+        that needs any of them, waits for a release. A pass that sent batches and held
+        some back runs again: what it sent may have left an instance that claimed
+        resources with nothing due, and its claim must not hold back the rest."""
+        out: list[Dispatch] = []
+        while True:
+            sent = self._allocation_pass(now)
+            out += sent
+            if not sent or not self._held_back:
+                break
+        for key, mv in list(self._waiting.items()):
+            if not mv.pending:
+                del self._waiting[key]
+        return out
+
+    def _allocation_pass(self, now: float) -> list[Dispatch]:
         limiter = self.limiter
         assert limiter is not None
         waiting = [
@@ -370,7 +387,7 @@ class Router:
             needs = [key for key, _ in limiter.needs(inst).needs]
             if claimed.intersection(needs) or not limiter.acquire(inst):
                 claimed.update(needs)
-                self._held_back.add((mv.name, mv.version))
+                self._held_back.add(inst.ident)
                 continue
             items = self._next(mv, now, inst.gpu)
             if not items:  # not due after all (a timeout moved what it would take)
@@ -378,9 +395,6 @@ class Router:
                 continue
             mv.idle.remove(inst.ident)
             out.append(self._send(mv, inst, items, now))
-        for key, mv in list(self._waiting.items()):
-            if not mv.pending:
-                del self._waiting[key]
         return out
 
     @staticmethod

@@ -57,6 +57,9 @@ def needs_of(name: str, config: Any) -> list[InstanceNeeds]:
     """Each instance's needs, by instance number (configs.placement numbers them)."""
     out = []
     for _, group, _, gpu in instances_of(name, config):
+        if group.passive:  # never scheduled: Triton does not register it with the limiter
+            out.append(InstanceNeeds())
+            continue
         device = 0 if gpu is None else gpu  # Triton's device id of a CPU instance is 0
         limiter = group.rate_limiter
         needs: dict[ResourceKey, int] = {}

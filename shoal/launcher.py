@@ -184,11 +184,10 @@ class Launcher:
         )
         # The broker refuses the models the rate limiter cannot schedule: no workers.
         limits = rate_limits.for_repository(entries, self.s.rate_limit, self.s.rate_limit_resources)
-        refused = limits.refused if limits is not None else {}
+        if limits is not None:  # and they take no cores from the others
+            entries = [e for e in entries if e.name not in limits.refused]
         out = []
         for p in plan_repository(entries, sorted(os.sched_getaffinity(0))):
-            if p.model in refused:
-                continue
             argv = [
                 sys.executable, "-m", "workers", *self._common(), *self._model_args(),
                 "--model", p.model, "--version", str(p.version), "--instance", str(p.index),

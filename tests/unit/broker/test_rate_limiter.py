@@ -203,3 +203,59 @@ def test_who_needs_nothing_the_waiting_claim_is_not_held_back() -> None:
     assert _submit(router, mv["b"]) == []  # b waits for the R that a holds, and claims it
     assert _names(_submit(router, mv["other"])) == ["other"]
     assert _names(_submit(router, mv["none"])) == ["none"]
+
+
+def test_a_passed_delay_timeout_does_not_keep_waking_the_broker() -> None:
+    """A DELAY timeout that ran out while the batch is not due yet: the walk that finds
+    it moves it, as take_batch's does, so the next wakeup is the queue delay, not the
+    same past instant again (a busy loop)."""
+    _, router, mv = _setup(
+        {
+            "m": "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 100000 "
+            "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 1000 "
+            "} } " + _group('{ name: "R" count: 1 }')
+        }
+    )
+    assert _submit(router, mv["m"]) == []
+    assert router.next_wakeup() == 0.001
+    assert router.tick(0.001) == ([], [])
+    assert router.next_wakeup() == 0.1
+    ((_, batch),) = router.tick(0.1)[0]
+    assert len(batch.items) == 1
+
+
+def test_a_claim_left_with_nothing_due_holds_nobody_back() -> None:
+    """x claims R (it needs both copies, one is taken), then its sibling z, which needs
+    nothing, takes the version's one batch: w, which needs one copy of R, goes in the
+    same turn."""
+    _, router, mv = _setup(
+        {
+            "h": "max_batch_size: 0 " + _group('{ name: "R" count: 1 }'),
+            "v": "max_batch_size: 0 instance_group ["
+            ' { count: 1 kind: KIND_CPU rate_limiter { resources [{ name: "R" count: 2 }] } },'
+            " { count: 1 kind: KIND_CPU } ]",
+            "w": "max_batch_size: 0 " + _group('{ name: "R" count: 1 }'),
+        },
+        given=("R:2",),
+    )
+    assert _names(_submit(router, mv["h"])) == ["h"]  # holds one copy
+    for name in ("v", "w"):
+        item = m.WorkItem(b"f0", m.InferRequest(next(_ids), name, 1, [], []))
+        assert router.submit(mv[name], item, 0.0, dispatch=False) == []
+    sent = router.dispatch(mv["v"], 0.0)
+    assert sorted((inst.model, inst.index) for inst, _ in sent) == [("v", 1), ("w", 0)]
+
+
+def test_an_unused_grant_leaves_the_instance_its_place() -> None:
+    _, router, mv = _setup(EXCLUSIVE)
+    (a0,) = mv["a"].instances.values()
+    (b0,) = mv["b"].instances.values()
+    limiter = router.limiter
+    assert limiter is not None
+    before = limiter.rank(a0)
+    assert limiter.acquire(a0)
+    limiter.release(a0, executed=False)
+    assert limiter.rank(a0) == before and limiter.in_use() == {(0, "R"): 0}
+    assert limiter.acquire(b0)
+    limiter.release(b0)
+    assert limiter.rank(b0)[0] == 1  # one execution, of priority 1

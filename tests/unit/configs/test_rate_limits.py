@@ -139,3 +139,11 @@ def test_a_resource_both_global_and_per_device_refuses_the_model_that_brings_it(
     groups = _group('{ name: "R" count: 1 }'), _group('{ name: "R" global: true count: 1 }')
     both = _config(f"instance_group [{', '.join(groups)}]")
     assert set(check([("d", [1], both)], []).refused) == {"d"}
+
+
+def test_passive_instances_need_nothing_as_triton_leaves_them_out() -> None:
+    passive = _group('{ name: "resource1" count: 8 }', where="kind: KIND_CPU passive: true")
+    config = _config(f"instance_group [{_group(R1_4)}, {passive}]")
+    assert [n.needs for n in needs_of("p", config)] == [(((0, "resource1"), 4),), ()]
+    limits = check([("p", [1], config)], [parse_resource("resource1:4")])
+    assert limits.refused == {} and limits.copies == {(0, "resource1"): 4}
