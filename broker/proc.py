@@ -311,6 +311,9 @@ class BrokerProc:
                 self._add_details(states, msg.memory_of)
             state = m.ServerState(msg.query_id, True, ready, states)
             self._send(self.fsock, [ident, *m.encode(state)])
+        elif isinstance(msg, m.CacheHit):
+            if (hit := self.table.version(msg.model, msg.version)) is not None:
+                hit.stats.cache_hit(msg.request_ns, msg.hit_ns)
         elif isinstance(msg, m.Cancel):
             item = self.router.cancel(ident, msg.req_id, time.monotonic())
             if item is not None:  # still queued: its answer frees the frontend's slots

@@ -135,6 +135,8 @@ class Router:
                     mv.stats.queued(waited, now)  # Triton counts queue time of successes only
                     ok_ns.append(elapsed)
                     samples += max(item.request.batch_size, 1)
+                    if item.request.cache_miss_ns >= 0:
+                        mv.stats.cache_missed(item.request.cache_miss_ns)
             if ok_ns:
                 mv.stats.executed(done, ok_ns, samples, now)
             if mv.batcher is not None and not failed and not refused:  # a quick failure

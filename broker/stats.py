@@ -8,6 +8,9 @@
   its answer.
 * ``batch_stats`` counts executions per batch size.
 * Failures are also counted by reason (``m.FAILURE_REASONS``), for the metrics.
+* A request answered from a frontend's response cache is a success and a ``cache_hit``
+  (its queue time 0), not an inference nor an execution; one looked up in vain counts
+  its lookup as a ``cache_miss`` once it succeeds, and in its request time.
 * Once a frontend serves latency summaries, each success's phases (``m.PHASES``) are
   kept for a minute, for their quantiles (Triton's summaries have a 60 s window).
 """
@@ -71,6 +74,17 @@ class VersionStats:
         self.s.inference_stats.queue.add(waited_ns)
         if self.windows is not None:
             self.windows["queue"].add(now, waited_ns // 1000)
+
+    def cache_hit(self, request_ns: int, hit_ns: int) -> None:
+        st = self.s.inference_stats
+        st.success.add(request_ns)
+        st.queue.add(0)
+        st.cache_hit.add(hit_ns)
+
+    def cache_missed(self, lookup_ns: int) -> None:
+        st = self.s.inference_stats
+        st.success.ns += lookup_ns  # the request's time includes its lookup, as Triton's
+        st.cache_miss.add(lookup_ns)
 
     def failed(self, elapsed_ns: int, reason: FailureReason) -> None:
         self.s.inference_stats.fail.add(elapsed_ns)

@@ -30,6 +30,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grpc-port", default=8001, type=int)
     p.add_argument("--reuse-grpc-port", type=bool_flag, default=False)
     p.add_argument("--allow-client-shm", type=bool_flag, default=False)
+    p.add_argument(
+        "--response-cache-bytes",
+        type=int,
+        default=0,
+        help="this frontend's response cache (its share of --cache-config's size); 0: none",
+    )
     p.add_argument("--http-max-input-size", default=64 * 1024 * 1024, type=int)
     p.add_argument("--id", default="triton")
     p.add_argument("--shm-pool-byte-size", default=64 * 1024 * 1024, type=int)
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc_port=args.grpc_port,
         reuse_grpc_port=args.reuse_grpc_port,
         allow_client_shm=args.allow_client_shm,
+        response_cache_bytes=args.response_cache_bytes,
         allow_metrics=args.allow_metrics,
         metrics=MetricsSettings(
             address=args.metrics_address or args.http_address,
@@ -82,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             interval_ms=args.metrics_interval_ms,
             cpu=args.allow_cpu_metrics,
             config=flags.metrics,
+            response_cache=args.response_cache_bytes > 0,
         ),
         http_restricted=flags.http_restricted,
         grpc_restricted=flags.grpc_restricted,

@@ -141,6 +141,12 @@ class BrokerClient:
         assert isinstance(resp, m.InferResponse)
         return resp
 
+    def notify(self, msg: msgspec.Struct) -> None:
+        """A one-way message to the broker, after the requests sent before it; dropped
+        without a broker."""
+        if self.connected:
+            self._send(m.encode(msg))
+
     def _abandoned(self, req_id: int, on_abandoned: Callable[[], None]) -> None:
         self._pending.pop(req_id, None)
         on_abandoned()

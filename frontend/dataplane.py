@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Any
 
 import msgspec
@@ -19,6 +20,7 @@ import msgspec
 from frontend import client_shm
 from frontend.broker_client import BrokerClient
 from frontend.model_handle import ModelHandle, check_byte_size
+from frontend.response_cache import ResponseCache
 from frontend.types import InferenceRequest, InferenceResult, OutputTensor
 from ipc import messages as m
 from ipc.errors import (
@@ -84,6 +86,12 @@ def _uint_param(req: InferenceRequest, key: str) -> int:
     return value % 2**64
 
 
+def _check_byte_sizes(req: InferenceRequest, model: str) -> None:
+    for t in req.inputs[::-1]:  # Triton checks sizes walking its inputs newest first
+        if t.data is not None:
+            check_byte_size(t, model)
+
+
 class DataPlane:
     def __init__(
         self,
@@ -91,8 +99,10 @@ class DataPlane:
         pool: SlabPool,
         server_id: str = "triton",
         allow_client_shm: bool = False,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.allow_client_shm = allow_client_shm
+        self.cache = cache  # for models whose config enables it (response_cache.py)
         self.broker = broker
         self.pool = pool
         self.server_id = server_id
@@ -114,13 +124,23 @@ class DataPlane:
         """Which frontend process this is, how many inferences it has served (shoal's
         extension: with several frontends, shows how the kernel spreads load), how many
         wait for an answer and the shared memory its pool holds."""
-        return {
+        status = {
             "index": self.broker.index,
             "pid": os.getpid(),
             "inference_requests": self.requests_handled,
             "requests_waiting": self.broker.waiting,
             "shm_pool_bytes": self.pool.total_bytes,
         }
+        if self.cache is not None:
+            c = self.cache
+            status |= {
+                "response_cache_bytes": c.capacity,
+                "response_cache_used_bytes": c.used,
+                "response_cache_entries": len(c),
+                "response_cache_hits": c.hits,
+                "response_cache_misses": c.misses,
+            }
+        return status
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
@@ -265,10 +285,23 @@ class DataPlane:
 
     async def infer(self, req: InferenceRequest) -> InferenceResult:
         model = await self.model(req.model, req.version)
+        started = time.perf_counter_ns()
         slots: list[Slot] = []
+        key: bytes | None = None
         try:
             batch = model.batch_size(req)
+            if self.cache is not None and model.response_cache:
+                _check_byte_sizes(req, model.name)  # what a hit would skip: _build's checks
+                _uint_param(req, "priority")
+                _uint_param(req, "timeout")
+                lookup = time.perf_counter_ns()
+                key = self.cache.key(req, model.name, model.version)
+                if key is not None and (hit := self._cached(req, model, key, started, lookup)):
+                    return hit
+                lookup = time.perf_counter_ns() - lookup
             msg = self._build(req, model, batch, slots)
+            if key is not None:
+                msg.cache_miss_ns = lookup
         except ServingError as err:
             self._free(slots)
             await self._region_errors_first(req, err)
@@ -299,6 +332,8 @@ class DataPlane:
         except BaseException:
             self._free(slots, pool)
             raise
+        if key is not None and self.cache is not None and resp.model_version in (0, model.version):
+            self.cache.put(key, outputs)  # (an answer of another version is not this key's)
         self.requests_handled += 1
         return InferenceResult(
             model_name=model.name,
@@ -307,6 +342,21 @@ class DataPlane:
             outputs=outputs,
             release=lambda: self._free(slots, pool),
         )
+
+    def _cached(
+        self, req: InferenceRequest, model: ModelHandle, key: bytes, started: int, lookup: int
+    ) -> InferenceResult | None:
+        """The answer kept for ``key``, counted as Triton counts a cache hit (a success,
+        no inference, no execution), or None. ``started``, ``lookup``: when the request
+        and its lookup began (perf_counter_ns)."""
+        assert self.cache is not None
+        outputs = self.cache.get(key)
+        if outputs is None:
+            return None
+        now = time.perf_counter_ns()
+        self.broker.notify(m.CacheHit(model.name, model.version, now - started, now - lookup))
+        self.requests_handled += 1
+        return InferenceResult(model.name, str(model.version), req.id, outputs)
 
     async def _region_errors_first(self, req: InferenceRequest, err: ServingError) -> None:
         """Triton looks up every shared-memory reference while it parses a request, before
@@ -331,9 +381,7 @@ class DataPlane:
     ) -> m.InferRequest:
         if not self.allow_client_shm and any(t.data is None for t in req.inputs):
             raise client_shm.disabled()
-        for t in req.inputs[::-1]:  # Triton checks sizes walking its inputs newest first
-            if t.data is not None:
-                check_byte_size(t, model.name)
+        _check_byte_sizes(req, model.name)
         refs: list[m.TensorRef] = []
         for t in req.inputs:
             shape = model.model_shape(t, batch)

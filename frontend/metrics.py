@@ -94,6 +94,33 @@ _PHASES: Final[tuple[tuple[str, str, str, str, str, _Value], ...]] = (
         lambda s: s.inference_stats.compute_output.ns,
     ),
 )
+# Shown, for every model, when the server has a response cache (as Triton shows them).
+_CACHE_COUNTERS: Final[tuple[tuple[str, str, _Value, int], ...]] = (
+    (
+        "nv_cache_num_hits_per_model",
+        "Number of cache hits per model",
+        lambda s: s.inference_stats.cache_hit.count,
+        1,
+    ),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        lambda s: s.inference_stats.cache_hit.ns,
+        1000,
+    ),
+    (
+        "nv_cache_num_misses_per_model",
+        "Number of cache misses per model",
+        lambda s: s.inference_stats.cache_miss.count,
+        1,
+    ),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+        lambda s: s.inference_stats.cache_miss.ns,
+        1000,
+    ),
+)
 _SUMMARY_COUNTS: Final[dict[str, _Value]] = {  # each phase's observations so far
     "request": lambda s: s.inference_stats.success.count,
     "queue": lambda s: s.inference_stats.queue.count,
@@ -111,6 +138,7 @@ class MetricsSettings:
     interval_ms: int = 2000
     cpu: bool = True
     config: MetricsConfig = field(default_factory=MetricsConfig)
+    response_cache: bool = False  # the server has one: its families are shown
 
 
 class HostSampler:
@@ -195,7 +223,12 @@ def _labels(v: m.VersionMetrics) -> list[tuple[str, str]]:
     return out
 
 
-def render(versions: list[m.VersionMetrics], cfg: MetricsConfig, host: HostSampler | None) -> str:
+def render(
+    versions: list[m.VersionMetrics],
+    cfg: MetricsConfig,
+    host: HostSampler | None,
+    response_cache: bool = False,
+) -> str:
     """The metrics page, families in Triton's order."""
     t = _Text()
     rows = [(v, _labels(v)) for v in versions]
@@ -227,6 +260,9 @@ def render(versions: list[m.VersionMetrics], cfg: MetricsConfig, host: HostSampl
                 for i, (q, _) in enumerate(cfg.summary_quantiles):
                     got = values[i] if i < len(values) else math.nan
                     t.sample(name, [*labels, ("quantile", repr(q))], got)
+    if response_cache:
+        for family, family_help, stat, per in _CACHE_COUNTERS:
+            counter(family, family_help, stat, per)
     pending = "nv_inference_pending_request_count"
     t.family(
         pending, "Instantaneous number of pending requests awaiting execution per-model.", "gauge"
@@ -318,5 +354,5 @@ class MetricsServer:
             versions = await self._fetch(quantiles if self.s.config.summary_latencies else [])
         except ServingError as err:
             return web.Response(status=503, text=f"metrics unavailable: {err.message}\n")
-        body = render(versions, self.s.config, self.host)
+        body = render(versions, self.s.config, self.host, self.s.response_cache)
         return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})

@@ -23,6 +23,7 @@ from frontend.dataplane import DataPlane
 from frontend.grpc_server import build_server as build_grpc_server
 from frontend.http_server import build_app
 from frontend.metrics import MetricsServer, MetricsSettings
+from frontend.response_cache import ResponseCache
 from ipc.lifecycle import EXIT_FATAL, settle_gc
 from ipc.shm import ShmFull, SlabPool, sweep_stale
 from shoal.flags import GrpcTls
@@ -47,6 +48,7 @@ class FrontendSettings:
     grpc_port: int = 8001
     reuse_grpc_port: bool = False
     allow_client_shm: bool = False
+    response_cache_bytes: int = 0  # 0: no response cache
     allow_metrics: bool = True
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     http_restricted: restricted.Rules = field(default_factory=dict)
@@ -107,7 +109,8 @@ async def serve(s: FrontendSettings) -> int:
     summaries = s.allow_metrics and s.metrics.config.summary_latencies
     broker = BrokerClient(s.runtime_dir, s.index, summaries)
     broker.start()
-    dataplane = DataPlane(broker, pool, s.server_id, s.allow_client_shm)
+    cache = ResponseCache(s.response_cache_bytes) if s.response_cache_bytes > 0 else None
+    dataplane = DataPlane(broker, pool, s.server_id, s.allow_client_shm, cache)
     runner: web.AppRunner | None = None
     grpc_server: grpc.aio.Server | None = None
     metrics: MetricsServer | None = None

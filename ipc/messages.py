@@ -70,6 +70,8 @@ class InferRequest(msgspec.Struct, array_like=True):
     batch_size: int = 1  # 0 for models that do not batch
     priority: int = 0
     timeout_us: int = 0
+    # looked up in the frontend's response cache, in vain, in this many ns (-1: not)
+    cache_miss_ns: int = -1
 
 
 class InferResponse(msgspec.Struct, array_like=True):
@@ -257,6 +259,16 @@ class FrontendGone(msgspec.Struct, array_like=True):
 class FrontendLeaving(msgspec.Struct, array_like=True):
     """Frontend -> broker: stopping on request (SIGTERM); its exit, which follows once it
     has drained, is an orderly stop, not a fault."""
+
+
+class CacheHit(msgspec.Struct, array_like=True):
+    """Frontend -> broker: a request answered from the frontend's response cache, for the
+    statistics (Triton's: a success and a cache hit, no inference, no execution)."""
+
+    model: str
+    version: int
+    request_ns: int  # from its arrival to its answer
+    hit_ns: int  # of that, the lookup and the copy out of the cache
 
 
 class Cancel(msgspec.Struct, array_like=True):
@@ -470,6 +482,7 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     RegionsReleased: b"L",
     Unconfirmed: b"U",
     Cancel: b"C",
+    CacheHit: b"c",
 }
 RESULT: Final[bytes] = b"r"
 

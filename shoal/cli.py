@@ -11,6 +11,7 @@ from pathlib import Path
 from ipc.lifecycle import run_until_stopped
 from ipc.logs import setup_logging
 from shoal.flags import (
+    add_cache_flags,
     add_grpc_flags,
     add_instance_memory_flag,
     add_log_flags,
@@ -19,6 +20,7 @@ from shoal.flags import (
     add_rate_limit_flags,
     add_restriction_flags,
     bool_flag,
+    cache_bytes,
     frontend_flags,
     grpc_flag_values,
     log_settings,
@@ -90,6 +92,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
     )
     add_instance_memory_flag(p)
     add_rate_limit_flags(p)
+    add_cache_flags(p)
     p.add_argument(
         "--runtime-dir",
         default="",
@@ -136,9 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         frontend_flags(args)  # each frontend reads them again; refused here at once
+        response_cache_bytes = cache_bytes(args.cache_config, args.response_cache_byte_size)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.response_cache_byte_size is not None:
+        log.warning(
+            "--response-cache-byte-size is deprecated (as in Triton): it means "
+            "--cache-config=local,size=%s",
+            args.response_cache_byte_size,
+        )
     for line in no_effect(args):
         log.warning("%s", line)
     if args.rate_limit_resource and args.rate_limit == "off":
@@ -155,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc_address=args.grpc_address,
         reuse_grpc_port=args.reuse_grpc_port,
         allow_client_shm=args.allow_client_shm,
+        response_cache_bytes=response_cache_bytes,
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address or args.http_address,
         metrics_port=args.metrics_port,

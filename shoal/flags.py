@@ -121,6 +121,51 @@ def add_rate_limit_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cache_flags(p: argparse.ArgumentParser) -> None:
+    """tritonserver's response cache flags (see ``cache_bytes``)."""
+    p.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        help="local,size=<bytes>: the response cache, for models whose config enables it",
+    )
+    p.add_argument("--response-cache-byte-size", default=None, help=argparse.SUPPRESS)
+
+
+def cache_bytes(cache_config: list[str], byte_size: str | None) -> int:
+    """The response cache's size from --cache-config (``local,size=N``, tritonserver's
+    form) or the deprecated --response-cache-byte-size; 0: no cache. ValueError with
+    Triton's words for a malformed value; shoal's cache is ``local`` alone."""
+    if cache_config and byte_size is not None:
+        raise ValueError(
+            "Incompatible flags --response-cache-byte-size and --cache-config both "
+            "provided. Please provide one or the other."
+        )
+    if byte_size is not None:
+        cache_config = [f"local,size={byte_size}"]
+    size = 0
+    for value in cache_config:
+        name, _, setting = value.partition(",")
+        key, eq, number = setting.partition("=")
+        if not name:
+            raise ValueError(
+                "No cache specified. --cache-config option format is "
+                f"<cache name>,<setting>=<value>. Got {value}"
+            )
+        if not eq or not key or not number:
+            raise ValueError(
+                f"--cache-config option format is '<cache name>,<setting>=<value>'. Got {value}"
+            )
+        if name != "local":
+            raise ValueError(f"--cache-config: shoal has the local cache only, not '{name}'")
+        if key != "size":
+            raise ValueError(f"--cache-config: the local cache has no setting '{key}' (only size)")
+        if not number.isascii() or not number.isdigit():
+            raise ValueError(f"--cache-config: size must be a number of bytes, got '{number}'")
+        size = int(number)
+    return size
+
+
 def rate_limit_flags(mode: str, resources: list[str]) -> list[str]:
     """The flags that give ``mode`` and ``resources`` to another process."""
     return [f"--rate-limit={mode}", *(f"--rate-limit-resource={r}" for r in resources)]
@@ -336,7 +381,6 @@ def _dest(flag: str) -> str:
 
 
 _EVENT_LOOP = "shoal's frontends are event loops (--frontend-processes adds processes)"
-_NO_CACHE = "shoal has no response cache"
 _NO_TRACE = "shoal writes no traces yet"
 _NO_GPU_POOLS = "shoal keeps no pinned or CUDA memory pools"
 # tritonserver flags taken so that a Triton command line starts shoal, which they do not
@@ -350,9 +394,7 @@ NO_EFFECT_FLAGS: Final[dict[str, tuple[bool, str]]] = {
     "--repository-poll-secs": (False, "the repository is not polled (model control mode none)"),
     "--backend-directory": (False, "shoal's backends are built in"),
     "--repoagent-directory": (False, "shoal has no repository agents"),
-    "--cache-directory": (False, _NO_CACHE),
-    "--cache-config": (True, _NO_CACHE),
-    "--response-cache-byte-size": (False, _NO_CACHE),
+    "--cache-directory": (False, "shoal's one cache, local, is built in"),
     "--pinned-memory-pool-byte-size": (False, _NO_GPU_POOLS),
     "--cuda-memory-pool-byte-size": (True, _NO_GPU_POOLS),
     "--buffer-manager-thread-count": (False, _NO_GPU_POOLS),

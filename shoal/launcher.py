@@ -48,6 +48,7 @@ class ServeSettings:
     grpc_address: str = "0.0.0.0"
     reuse_grpc_port: bool = False
     allow_client_shm: bool = False
+    response_cache_bytes: int = 0  # --cache-config's size, shared by the frontends
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
@@ -157,6 +158,7 @@ class Launcher:
             str(s.grpc_port),
             f"--reuse-grpc-port={str(s.reuse_grpc_port or s.frontend_processes > 1).lower()}",
             f"--allow-client-shm={str(s.allow_client_shm).lower()}",
+            f"--response-cache-bytes={s.response_cache_bytes // max(s.frontend_processes, 1)}",
             f"--allow-metrics={str(s.allow_metrics).lower()}",
             "--metrics-address",
             s.metrics_address,

@@ -45,7 +45,7 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         "--http-thread-count=8", "--grpc-infer-thread-count=4", "--model-load-thread-count=2",
         "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
         "--cuda-memory-pool-byte-size=1:0", "--backend-directory=/opt/tritonserver/backends",
-        "--trace-config=rate=100", "--cache-config=local,size=1048576", "--rate-limit=off",
+        "--trace-config=rate=100", "--response-cache-byte-size=1048576", "--rate-limit=off",
         "--rate-limit-resource=R:1", "--load-model=simple", "--grpc-keepalive-time=10000",
         "--grpc-keepalive-permit-without-calls=true", "--grpc-http2-max-pings-without-data=0",
     ]  # fmt: skip
@@ -56,6 +56,7 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         assert "--trace-config=rate=100 has no effect: shoal writes no traces yet" in log
         assert "--grpc-keepalive-time=10000 has no effect" not in log  # it has: a gRPC option
         assert "--rate-limit-resource has no effect: --rate-limit is off" in log
+        assert "--response-cache-byte-size is deprecated (as in Triton)" in log
         (frontend,) = srv.pids("frontend")
         argv = Path(f"/proc/{frontend}/cmdline").read_bytes().split(b"\0")
         assert b"--grpc-keepalive-time=10000" in argv
@@ -74,6 +75,7 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         (["--log-file=/nonexistent/dir/x.log"], "cannot write the log file"),
         (["--instance-memory-limit-mb=-1"], "expected a whole number of MiB (0: none), got '-1'"),
         (["--rate-limit=on"], "invalid argument for --rate-limit"),
+        (["--cache-config=redis,host=cache"], "shoal has the local cache only, not 'redis'"),
         (
             ["--rate-limit-resource=R1"],
             "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
