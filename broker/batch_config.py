@@ -31,6 +31,11 @@ def metric_tags(config_bytes: bytes) -> dict[str, str]:
     return dict(mc.ModelConfig.FromString(config_bytes).metric_tags)
 
 
+def response_cache(config_bytes: bytes) -> bool:
+    """Whether the config enables the response cache (frontend/response_cache.py)."""
+    return mc.ModelConfig.FromString(config_bytes).response_cache.enable
+
+
 def memory_limit_mb(config_bytes: bytes) -> int | None:
     """The config's ``shoal_instance_memory_limit_mb`` (None: unset, the server's applies).
     Checked at load, as ``shoal_share_min_compute_us``: a bad value never gets here, and

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from broker.batch_config import batcher_config, memory_limit_mb, metric_tags
+from broker.batch_config import batcher_config, memory_limit_mb, metric_tags, response_cache
 from broker.batcher import DynamicBatcher, serves
 from broker.ordering import OrderedRelease
 from broker.stats import VersionStats
@@ -62,6 +62,7 @@ class ModelVersion:
     # brings one back to the same place
     placed_on: set[int | None] = field(default_factory=set)
     metric_tags: dict[str, str] = field(default_factory=dict)  # extra metric labels
+    response_cache: bool = False  # its config enables it: its metrics show the cache
     memory_limit_mb: int | None = None  # its config's; None: the server's
     exits: dict[m.ExitReason, int] = field(default_factory=dict)  # instance exits unasked
     stats: VersionStats = field(init=False)
@@ -75,6 +76,7 @@ class ModelVersion:
             return
         self.config = config
         self.metric_tags = metric_tags(config)
+        self.response_cache = response_cache(config)
         self.memory_limit_mb = memory_limit_mb(config)
         cfg = batcher_config(config)
         self.batcher = DynamicBatcher(cfg) if cfg is not None else None
@@ -233,6 +235,7 @@ class ModelTable:
                 v.metric_tags,
                 v.stats.summaries(quantiles, now),
                 dict(v.exits),
+                response_cache=v.response_cache,
             )
             for v in self._shown()
         ]

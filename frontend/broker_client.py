@@ -77,6 +77,8 @@ class BrokerClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[msgspec.Struct]] = {}
         self._outbox: list[bytes] = []  # encoded requests of this turn, not sent yet
+        self._notes: list[list[bytes]] = []  # one-way notes of this turn (notify), after them
+        self._flush_due = False
         self._welcomed = asyncio.Event()
         self._broker_pidfd: int | None = None
         self._greeter: asyncio.Task[None] | None = None
@@ -142,10 +144,11 @@ class BrokerClient:
         return resp
 
     def notify(self, msg: msgspec.Struct) -> None:
-        """A one-way message to the broker, after the requests sent before it; dropped
-        without a broker."""
+        """A one-way message to the broker, sent at the end of this turn of the loop after
+        its requests (or before any message sent sooner); dropped without a broker."""
         if self.connected:
-            self._send(m.encode(msg))
+            self._notes.append(m.encode(msg))
+            self._flush_soon()
 
     def _abandoned(self, req_id: int, on_abandoned: Callable[[], None]) -> None:
         self._pending.pop(req_id, None)
@@ -176,14 +179,24 @@ class BrokerClient:
     def _queue(self, request: bytes) -> None:
         """Send an encoded InferRequest with the others of this turn of the loop."""
         self._outbox.append(request)
-        if len(self._outbox) == 1:  # the first of this turn: the flush is due after it
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        if not self._flush_due:  # the first of this turn: the flush is due after it
             assert self._loop is not None
             self._loop.call_soon(self._flush)
+            self._flush_due = True
 
     def _flush(self) -> None:
-        if self._outbox and not self._closed:
+        self._flush_due = False
+        if self._closed:
+            return
+        if self._outbox:
             frames = [m.KINDS[m.InferRequest], *self._outbox]
             self._outbox = []
+            self._send_now(frames)
+        notes, self._notes = self._notes, []
+        for frames in notes:
             self._send_now(frames)
 
     def _send(self, frames: list[bytes]) -> None:
@@ -305,6 +318,7 @@ class BrokerClient:
         self._unwatch()
         self._welcomed.clear()
         self._outbox = []  # their callers are answered below; no broker may run them
+        self._notes = []
         err = ServingError(Code.UNAVAILABLE, reason)
         for fut in self._pending.values():
             if not fut.done():

@@ -53,6 +53,7 @@ EXTENSIONS = [
 
 
 _INT64_MAX = 2**63 - 1
+_HASH_IN_THREAD_BYTES = 1 << 20  # about 1 ms of hashing: more goes to a thread
 
 
 def parse_version(version: str) -> int:
@@ -86,12 +87,6 @@ def _uint_param(req: InferenceRequest, key: str) -> int:
     return value % 2**64
 
 
-def _check_byte_sizes(req: InferenceRequest, model: str) -> None:
-    for t in req.inputs[::-1]:  # Triton checks sizes walking its inputs newest first
-        if t.data is not None:
-            check_byte_size(t, model)
-
-
 class DataPlane:
     def __init__(
         self,
@@ -117,6 +112,8 @@ class DataPlane:
         old, self.pool = self.pool, self.pool.fresh()
         old.close()
         self._models.clear()
+        if self.cache is not None:  # a new broker may serve other model files
+            self.cache.clear()
 
     # -- control plane ---------------------------------------------------------------
 
@@ -291,11 +288,8 @@ class DataPlane:
         try:
             batch = model.batch_size(req)
             if self.cache is not None and model.response_cache:
-                _check_byte_sizes(req, model.name)  # what a hit would skip: _build's checks
-                _uint_param(req, "priority")
-                _uint_param(req, "timeout")
                 lookup = time.perf_counter_ns()
-                key = self.cache.key(req, model.name, model.version)
+                key = await self._key(req, model)
                 if key is not None and (hit := self._cached(req, model, key, started, lookup)):
                     return hit
                 lookup = time.perf_counter_ns() - lookup
@@ -353,10 +347,23 @@ class DataPlane:
         outputs = self.cache.get(key)
         if outputs is None:
             return None
+        # A request kept was checked whole (_build) before its answer was kept; its key
+        # covers all those checks read, but for these parameters.
+        _uint_param(req, "priority")
+        _uint_param(req, "timeout")
         now = time.perf_counter_ns()
         self.broker.notify(m.CacheHit(model.name, model.version, now - started, now - lookup))
         self.requests_handled += 1
         return InferenceResult(model.name, str(model.version), req.id, outputs)
+
+    async def _key(self, req: InferenceRequest, model: ModelHandle) -> bytes | None:
+        """The request's cache key; large inputs are hashed off the event loop (hashlib
+        lets go of the GIL), as a large body is inflated."""
+        assert self.cache is not None
+        size = sum(t.data.nbytes for t in req.inputs if t.data is not None)
+        if size < _HASH_IN_THREAD_BYTES:
+            return self.cache.key(req, model.name, model.version)
+        return await asyncio.to_thread(self.cache.key, req, model.name, model.version)
 
     async def _region_errors_first(self, req: InferenceRequest, err: ServingError) -> None:
         """Triton looks up every shared-memory reference while it parses a request, before
@@ -381,7 +388,9 @@ class DataPlane:
     ) -> m.InferRequest:
         if not self.allow_client_shm and any(t.data is None for t in req.inputs):
             raise client_shm.disabled()
-        _check_byte_sizes(req, model.name)
+        for t in req.inputs[::-1]:  # Triton checks sizes walking its inputs newest first
+            if t.data is not None:
+                check_byte_size(t, model.name)
         refs: list[m.TensorRef] = []
         for t in req.inputs:
             shape = model.model_shape(t, batch)

@@ -94,7 +94,8 @@ _PHASES: Final[tuple[tuple[str, str, str, str, str, _Value], ...]] = (
         lambda s: s.inference_stats.compute_output.ns,
     ),
 )
-# Shown, for every model, when the server has a response cache (as Triton shows them).
+# Shown with the latency counters when the server has a response cache, for the models
+# whose config enables it (as Triton shows them).
 _CACHE_COUNTERS: Final[tuple[tuple[str, str, _Value, int], ...]] = (
     (
         "nv_cache_num_hits_per_model",
@@ -260,9 +261,12 @@ def render(
                 for i, (q, _) in enumerate(cfg.summary_quantiles):
                     got = values[i] if i < len(values) else math.nan
                     t.sample(name, [*labels, ("quantile", repr(q))], got)
-    if response_cache:
+    if response_cache and cfg.counter_latencies:
+        cached = [(v, labels) for v, labels in rows if v.response_cache]
         for family, family_help, stat, per in _CACHE_COUNTERS:
-            counter(family, family_help, stat, per)
+            t.family(family, family_help, "counter")
+            for v, labels in cached:
+                t.sample(family, labels, stat(v.stats) // per)
     pending = "nv_inference_pending_request_count"
     t.family(
         pending, "Instantaneous number of pending requests awaiting execution per-model.", "gauge"

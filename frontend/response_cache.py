@@ -26,8 +26,10 @@ from typing import Any
 
 from frontend.types import InferenceRequest, OutputTensor
 
-#: What an entry costs beyond its bytes (its key, its tensors' names and shapes).
+#: What an entry costs beyond its bytes: its key and objects, and each tensor's.
 _ENTRY_OVERHEAD = 256
+_TENSOR_OVERHEAD = 128
+_U64 = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +65,19 @@ class ResponseCache:
             assert t.data is not None
             _field(h, t.name.encode())
             _field(h, t.datatype.encode())
-            h.update(struct.pack(f"<{len(t.shape) + 1}q", len(t.shape), *t.shape))
+            dims = [d & _U64 for d in t.shape]  # HTTP allows dims up to 2**64 - 1
+            h.update(struct.pack(f"<{len(dims) + 1}Q", len(dims), *dims))
             _field(h, t.data)
         h.update(b"\x00outputs")  # none asked for means all: a key of its own
         for o in req.outputs:
             _field(h, o.name.encode())
             k = o.parameters.get("classification", 0)
-            h.update(struct.pack("<q", k if type(k) is int else -1))
+            h.update(struct.pack("<Q", k & _U64 if type(k) is int else _U64))
         return h.digest()
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.used = 0
 
     def get(self, key: bytes) -> list[OutputTensor] | None:
         """The outputs kept for ``key`` (views of the cache's own bytes), or None."""
@@ -85,14 +92,11 @@ class ResponseCache:
     def put(self, key: bytes, outputs: list[OutputTensor]) -> bool:
         """Keep a copy of ``outputs`` for ``key``, making room by dropping the least
         recently used; False when they do not fit in the whole cache."""
-        entry = tuple(
-            _Tensor(o.name, o.datatype, tuple(o.shape), bytes(o.data))
-            for o in outputs
-            if o.data is not None
-        )
-        cost = _cost(entry)
+        kept = [(o, o.data) for o in outputs if o.data is not None]
+        cost = _ENTRY_OVERHEAD + sum(_TENSOR_OVERHEAD + data.nbytes for _, data in kept)
         if cost > self.capacity:
             return False
+        entry = tuple(_Tensor(o.name, o.datatype, tuple(o.shape), bytes(data)) for o, data in kept)
         old = self._entries.pop(key, None)
         if old is not None:
             self.used -= _cost(old)
@@ -111,4 +115,4 @@ def _field(h: Any, data: bytes | memoryview) -> None:
 
 
 def _cost(entry: tuple[_Tensor, ...]) -> int:
-    return _ENTRY_OVERHEAD + sum(len(t.data) for t in entry)
+    return _ENTRY_OVERHEAD + sum(_TENSOR_OVERHEAD + len(t.data) for t in entry)

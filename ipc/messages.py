@@ -390,6 +390,7 @@ class VersionMetrics(msgspec.Struct, array_like=True):
     exits: dict[ExitReason, int] = {}  # instance exits unasked
     memory: dict[int, int] = {}  # instance index -> the bytes of its own memory (broker.memory)
     memory_limit: int = 0  # bytes; 0: none
+    response_cache: bool = False  # its config enables the response cache
 
 
 class MetricsReply(msgspec.Struct, array_like=True):

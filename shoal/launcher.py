@@ -158,7 +158,7 @@ class Launcher:
             str(s.grpc_port),
             f"--reuse-grpc-port={str(s.reuse_grpc_port or s.frontend_processes > 1).lower()}",
             f"--allow-client-shm={str(s.allow_client_shm).lower()}",
-            f"--response-cache-bytes={s.response_cache_bytes // max(s.frontend_processes, 1)}",
+            f"--response-cache-bytes={-(-s.response_cache_bytes // max(s.frontend_processes, 1))}",
             f"--allow-metrics={str(s.allow_metrics).lower()}",
             "--metrics-address",
             s.metrics_address,

@@ -20,7 +20,7 @@ from tests.repos import write_identity
 from tests.serverctl import ShoalServer, served
 
 CACHED = "response_cache { enable: true }\n"
-# one entry of a "big" request costs 256 + 2,048 bytes: the cache holds one of them
+# an entry of a "big" request costs 256 + 128 + 2,048 bytes: the cache holds one of them
 CACHE_BYTES = 3000
 
 
@@ -132,8 +132,14 @@ def test_the_metrics_show_the_cache_per_model(server: ShoalServer) -> None:
         text = r.read().decode()
     hits = _counts(server.url, "addsub")["hit"]
     assert f'nv_cache_num_hits_per_model{{model="addsub",version="1"}} {hits}' in text
-    assert 'nv_cache_num_misses_per_model{model="plain",version="1"} 0' in text
     assert "# TYPE nv_cache_miss_duration_per_model counter" in text
+    assert 'nv_cache_miss_duration_per_model{model="big",version="1"}' in text
+    assert (
+        'model="plain"'
+        not in text.split("# HELP nv_cache_num_hits_per_model")[1].split(
+            "# HELP nv_inference_pending_request_count"
+        )[0]
+    )  # as in Triton: only for the models that enable the cache
 
 
 def test_without_a_server_cache_the_models_config_changes_nothing(tmp_path: Path) -> None:

@@ -108,6 +108,28 @@ def test_counter_latencies_off_drops_the_duration_counters() -> None:
     assert "nv_inference_request_success" in fams
 
 
+def test_the_cache_families_are_of_the_models_that_enable_it_with_the_counters() -> None:
+    cached, plain = _version("cached"), _version("plain")
+    cached.response_cache = True
+    cached.stats.inference_stats.cache_hit.add(7_500, 3)
+    cached.stats.inference_stats.cache_miss.add(2_000, 1)
+    fams = _families(render([cached, plain], MetricsConfig(), None, response_cache=True))
+    got = {
+        name: [(labels["model"], value) for _, labels, value in fams[name]]
+        for name in fams
+        if name.startswith("nv_cache_")
+    }
+    assert got == {
+        "nv_cache_num_hits_per_model": [("cached", 3)],
+        "nv_cache_hit_duration_per_model": [("cached", 7)],  # µs
+        "nv_cache_num_misses_per_model": [("cached", 1)],
+        "nv_cache_miss_duration_per_model": [("cached", 2)],
+    }
+    quiet = render([cached], MetricsConfig(counter_latencies=False), None, response_cache=True)
+    assert "nv_cache_" not in quiet
+    assert "nv_cache_" not in render([cached], MetricsConfig(), None)  # no server cache
+
+
 def test_summaries_have_count_sum_and_each_quantile() -> None:
     cfg = MetricsConfig(summary_latencies=True, summary_quantiles=((0.5, 0.05), (0.9, 0.01)))
     fams = _families(render([_version()], cfg, None))

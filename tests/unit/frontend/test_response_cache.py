@@ -54,7 +54,8 @@ def _out(n: int, fill: bytes = b"x") -> list[OutputTensor]:
 
 
 def test_it_keeps_a_copy_and_drops_the_least_recently_used_when_full() -> None:
-    cache = ResponseCache(capacity=3 * (256 + 100))
+    entry = 256 + 128 + 100  # an entry's overhead, its one tensor's, and its bytes
+    cache = ResponseCache(capacity=3 * entry)
     source = _out(100)
     assert cache.put(b"a", source)
     assert source[0].data is not None
@@ -67,10 +68,21 @@ def test_it_keeps_a_copy_and_drops_the_least_recently_used_when_full() -> None:
     assert cache.put(b"d", _out(100))  # b goes
     assert cache.get(b"b") is None
     assert all(cache.get(k) is not None for k in (b"a", b"c", b"d"))
-    assert (len(cache), cache.used) == (3, 3 * 356)
-    assert not cache.put(b"e", _out(3 * 356))  # larger than the whole cache: not kept
+    assert (len(cache), cache.used) == (3, 3 * entry)
+    assert not cache.put(b"e", _out(3 * entry))  # larger than the whole cache: not kept
     assert len(cache) == 3
     assert (cache.hits, cache.misses) == (5, 1)
+    cache.clear()
+    assert (len(cache), cache.used) == (0, 0)
+
+
+def test_huge_dimensions_and_top_k_make_keys_not_errors() -> None:
+    """HTTP takes dimensions and a classification's K up to 2**64 - 1."""
+    huge = 2**64 - 1
+    empty = _req(data=b"", shape=(0, huge))
+    top = _req(outputs=(RequestedOutput("OUTPUT0", {"classification": huge}),))
+    keys = {ResponseCache.key(r, "m", 1) for r in (empty, top, _req())}
+    assert None not in keys and len(keys) == 3
 
 
 def test_the_cache_size_comes_from_tritonservers_flags() -> None:
