@@ -1,0 +1,145 @@
+"""What the response cache buys and costs: ``mlp_large`` served three ways, side by side.
+
+Triton's response cache answers a request it has seen from memory, without running the
+model. Three shoal servers run one after the other on temporary repositories holding
+``mlp_large`` (model file linked, the shipped config plus ``response_cache { enable:
+true }`` where the cache is on):
+
+* ``off``: no ``--cache-config``: every request runs the model;
+* ``hits``: ``--cache-config=local,size=64MiB``. perf_analyzer sends the same random
+  input in every request (its default), so after the first, every request is a hit;
+* ``misses``: ``--cache-config=local,size=1``: nothing fits, so every request is hashed,
+  looked up and missed, then runs the model: the price of a cache that never hits.
+
+The baseline runs in the same run: in-process ONNX Runtime on the same model at batch 1
+(1 and 2 intra-op threads). The report gives hits/off (what a hit saves), misses/off (what
+a miss costs) and each over in-process ORT. A record, not a test.
+
+    python bench/run_cache.py [--concurrency 1,8] [--protocols http,grpc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ort_baseline
+from perf_analyzer import Measurement, perf_analyzer_path, perf_analyzer_version
+from run import _csv, _csv_ints, _fmt, _git_commit, _ratio, _sigterm
+from run_batching import _link_model, _measure, _start
+from servers import REPO_ROOT, ServerProcess, shoal_server
+
+MODEL = "mlp_large"
+MODES = {"off": None, "hits": 64 * 1024 * 1024, "misses": 1}  # --cache-config size
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repo", type=Path, default=REPO_ROOT / "model_repository")
+    p.add_argument("--concurrency", type=_csv_ints, default=[1, 8])
+    p.add_argument("--protocols", type=_csv, default=["http", "grpc"])
+    p.add_argument("--measurement-interval", type=int, default=3000)
+    p.add_argument("--max-trials", type=int, default=5)
+    p.add_argument("--stability-percentage", type=int, default=20)
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    return p.parse_args(argv)
+
+
+def _server(repo: Path, mode: str, raw: Path) -> ServerProcess:
+    srv = shoal_server(repo, raw / f"shoal-{mode}.log")
+    size = MODES[mode]
+    if size is not None:
+        srv.argv.append(f"--cache-config=local,size={size}")
+    srv.name = f"shoal-{mode}"
+    return srv
+
+
+def _report(
+    a: argparse.Namespace,
+    pa: str,
+    results: dict[tuple[str, str, int], Measurement],
+    ort: list[Measurement],
+    load: float,
+) -> str:
+    best = max(ort, key=lambda m: m.throughput) if ort else None
+    lines = [
+        f"# shoal: the response cache on {MODEL} ({time.strftime('%Y-%m-%d %H:%M')})",
+        "",
+        f"commit {_git_commit()}; perf_analyzer {perf_analyzer_version(pa)}; "
+        f"load average at start {load:.2f}; {len(os.sched_getaffinity(0))} cores",
+        "",
+        "In-process ONNX Runtime, batch 1: "
+        + ", ".join(f"{m.server} {m.throughput:,.0f}/s (p50 {m.p50_us:,.0f} µs)" for m in ort),
+        "",
+        "| protocol | c | off /s | hits /s | misses /s | hits/off | misses/off | "
+        "hits/ORT | off p50 µs | hits p50 µs | misses p50 µs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for protocol in a.protocols:
+        for c in a.concurrency:
+            got = [results.get((mode, protocol, c)) for mode in MODES]
+            rate = [m.throughput if m else None for m in got]
+            p50 = [m.p50_us if m else None for m in got]
+            lines.append(
+                f"| {protocol} | {c} | "
+                + " | ".join(_fmt(r, ",.0f") for r in rate)
+                + f" | {_fmt(_ratio(rate[1], rate[0]), '.2f')}"
+                + f" | {_fmt(_ratio(rate[2], rate[0]), '.2f')}"
+                + f" | {_fmt(_ratio(rate[1], best.throughput if best else None), '.2f')} | "
+                + " | ".join(_fmt(x, ",.0f") for x in p50)
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    load = os.getloadavg()[0]
+    raw = a.out_dir / f"{stamp}-cache-raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    pa = perf_analyzer_path()
+    results: dict[tuple[str, str, int], Measurement] = {}
+    skipped: list[str] = []
+    shipped = (a.repo / MODEL / "config.pbtxt").read_text().rstrip("\n") + "\n"
+    with tempfile.TemporaryDirectory(prefix="shoal-cache-") as tmp:
+        for mode in MODES:  # one server at a time: the others would take its cores
+            repo = Path(tmp) / mode
+            extra = "" if mode == "off" else "response_cache { enable: true }\n"
+            _link_model(a.repo, repo, MODEL, shipped + extra)
+            srv = _server(repo, mode, raw)
+            try:
+                if _start(srv, a.ready_timeout, skipped) is None:
+                    continue
+                for c in a.concurrency:
+                    for protocol in a.protocols:
+                        print(f"[bench] perf_analyzer {mode} {protocol} c={c}", flush=True)
+                        try:
+                            m = _measure(pa, srv, "shoal", mode, MODEL, c, protocol, a, raw).m
+                        except (RuntimeError, OSError, ValueError) as e:
+                            print(f"[bench] {mode} {protocol} c={c}: {e}", file=sys.stderr)
+                            continue
+                        results[(mode, protocol, c)] = m
+                        print(f"[bench]   {m.throughput:,.0f}/s {m.note}", flush=True)
+            except KeyboardInterrupt:
+                print("[bench] interrupted: writing what was measured", file=sys.stderr)
+                break
+            finally:
+                srv.stop()
+    ort = [ort_baseline.measure(a.repo / MODEL / "1" / "model.onnx", MODEL, t) for t in (1, 2)]
+    out = a.out_dir / f"{stamp}-cache.md"
+    out.write_text(_report(a, pa, results, ort, load) + "".join(f"\n{s}" for s in skipped))
+    print(out.read_text())
+    print(f"[bench] wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
