@@ -89,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
             interval_ms=args.metrics_interval_ms,
             cpu=args.allow_cpu_metrics,
             config=flags.metrics,
-            response_cache=args.response_cache_bytes > 0,
         ),
         http_restricted=flags.http_restricted,
         grpc_restricted=flags.grpc_restricted,

@@ -293,6 +293,7 @@ class DataPlane:
                 if key is not None and (hit := self._cached(req, model, key, started, lookup)):
                     return hit
                 lookup = time.perf_counter_ns() - lookup
+                self.cache.lookup_ns += lookup
             msg = self._build(req, model, batch, slots)
             if key is not None:
                 msg.cache_miss_ns = lookup
@@ -327,7 +328,9 @@ class DataPlane:
             self._free(slots, pool)
             raise
         if key is not None and self.cache is not None and resp.model_version in (0, model.version):
+            t0 = time.perf_counter_ns()
             self.cache.put(key, outputs)  # (an answer of another version is not this key's)
+            self.cache.insertion_ns += time.perf_counter_ns() - t0
         self.requests_handled += 1
         return InferenceResult(
             model_name=model.name,
@@ -352,6 +355,7 @@ class DataPlane:
         _uint_param(req, "priority")
         _uint_param(req, "timeout")
         now = time.perf_counter_ns()
+        self.cache.lookup_ns += now - lookup
         self.broker.notify(m.CacheHit(model.name, model.version, now - started, now - lookup))
         self.requests_handled += 1
         return InferenceResult(model.name, str(model.version), req.id, outputs)

@@ -22,6 +22,7 @@ from typing import Final
 
 from aiohttp import web
 
+from frontend.response_cache import ResponseCache
 from ipc import messages as m
 from ipc.errors import ServingError
 from shoal.flags import MetricsConfig
@@ -139,7 +140,6 @@ class MetricsSettings:
     interval_ms: int = 2000
     cpu: bool = True
     config: MetricsConfig = field(default_factory=MetricsConfig)
-    response_cache: bool = False  # the server has one: its families are shown
 
 
 class HostSampler:
@@ -228,9 +228,10 @@ def render(
     versions: list[m.VersionMetrics],
     cfg: MetricsConfig,
     host: HostSampler | None,
-    response_cache: bool = False,
+    cache: ResponseCache | None = None,
 ) -> str:
-    """The metrics page, families in Triton's order."""
+    """The metrics page, families in Triton's order; ``cache``: this frontend's response
+    cache, if the server has one."""
     t = _Text()
     rows = [(v, _labels(v)) for v in versions]
 
@@ -261,7 +262,7 @@ def render(
                 for i, (q, _) in enumerate(cfg.summary_quantiles):
                     got = values[i] if i < len(values) else math.nan
                     t.sample(name, [*labels, ("quantile", repr(q))], got)
-    if response_cache and cfg.counter_latencies:
+    if cache is not None and cfg.counter_latencies:
         cached = [(v, labels) for v, labels in rows if v.response_cache]
         for family, family_help, stat, per in _CACHE_COUNTERS:
             t.family(family, family_help, "counter")
@@ -279,6 +280,35 @@ def render(
             ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", host.utilization),
             ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", host.memory_total),
             ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", host.memory_used),
+        ):
+            t.family(name, help_, "gauge")
+            t.sample(name, [], value)
+    if cache is not None:
+        for name, help_, value in (
+            ("nv_cache_util", "Cache utilization [0.0 - 1.0]", cache.used / cache.capacity),
+            ("nv_cache_num_entries", "Number of responses stored in response cache", len(cache)),
+            ("nv_cache_num_hits", "Number of cache hits in response cache", cache.hits),
+            ("nv_cache_num_misses", "Number of cache misses in response cache", cache.misses),
+            (
+                "nv_cache_num_lookups",
+                "Number of cache lookups in response cache",
+                cache.hits + cache.misses,
+            ),
+            (
+                "nv_cache_num_evictions",
+                "Number of cache evictions in response cache",
+                cache.evictions,
+            ),
+            (
+                "nv_cache_lookup_duration",
+                "Total cache lookup duration (hit and miss), in microseconds",
+                cache.lookup_ns // 1000,
+            ),
+            (
+                "nv_cache_insertion_duration",
+                "Total cache insertion duration, in microseconds",
+                cache.insertion_ns // 1000,
+            ),
         ):
             t.family(name, help_, "gauge")
             t.sample(name, [], value)
@@ -315,10 +345,14 @@ class MetricsServer:
     """The metrics port of one frontend process."""
 
     def __init__(
-        self, s: MetricsSettings, fetch: Callable[[list[float]], Awaitable[list[m.VersionMetrics]]]
+        self,
+        s: MetricsSettings,
+        fetch: Callable[[list[float]], Awaitable[list[m.VersionMetrics]]],
+        cache: ResponseCache | None = None,
     ) -> None:
         self.s = s
         self._fetch = fetch  # the broker's figures, with these quantiles of each latency
+        self.cache = cache  # this frontend's response cache
         self.host = HostSampler() if s.cpu else None
         self._runner: web.AppRunner | None = None
         self._sampler: asyncio.Task[None] | None = None
@@ -358,5 +392,5 @@ class MetricsServer:
             versions = await self._fetch(quantiles if self.s.config.summary_latencies else [])
         except ServingError as err:
             return web.Response(status=503, text=f"metrics unavailable: {err.message}\n")
-        body = render(versions, self.s.config, self.host, self.s.response_cache)
+        body = render(versions, self.s.config, self.host, self.cache)
         return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})

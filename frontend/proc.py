@@ -121,7 +121,7 @@ async def serve(s: FrontendSettings) -> int:
             if s.allow_grpc:
                 grpc_server = await _start_grpc(s, dataplane)
             if s.allow_metrics:
-                metrics = MetricsServer(s.metrics, dataplane.metrics)
+                metrics = MetricsServer(s.metrics, dataplane.metrics, dataplane.cache)
                 await metrics.start()
         except (OSError, RuntimeError) as exc:
             log.error("cannot listen: %s", exc)

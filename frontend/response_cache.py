@@ -46,6 +46,9 @@ class ResponseCache:
         self.used = 0
         self.hits = 0
         self.misses = 0
+        self.evictions = 0
+        self.lookup_ns = 0  # hashing and looking up, hits and misses (the caller's clock)
+        self.insertion_ns = 0
         self._entries: OrderedDict[bytes, tuple[_Tensor, ...]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -103,6 +106,7 @@ class ResponseCache:
         while self.used + cost > self.capacity:
             _, dropped = self._entries.popitem(last=False)
             self.used -= _cost(dropped)
+            self.evictions += 1
         self._entries[key] = entry
         self.used += cost
         return True

@@ -133,6 +133,7 @@ def test_the_metrics_show_the_cache_per_model(server: ShoalServer) -> None:
     hits = _counts(server.url, "addsub")["hit"]
     assert f'nv_cache_num_hits_per_model{{model="addsub",version="1"}} {hits}' in text
     assert "# TYPE nv_cache_miss_duration_per_model counter" in text
+    assert "# TYPE nv_cache_num_entries gauge" in text  # the cache as a whole
     assert 'nv_cache_miss_duration_per_model{model="big",version="1"}' in text
     assert (
         'model="plain"'

@@ -13,6 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontend.metrics import HostSampler, render
+from frontend.response_cache import ResponseCache
+from frontend.types import OutputTensor
 from ipc import messages as m
 from shoal.flags import MetricsConfig, metrics_config, metrics_port_clash
 
@@ -113,11 +115,12 @@ def test_the_cache_families_are_of_the_models_that_enable_it_with_the_counters()
     cached.response_cache = True
     cached.stats.inference_stats.cache_hit.add(7_500, 3)
     cached.stats.inference_stats.cache_miss.add(2_000, 1)
-    fams = _families(render([cached, plain], MetricsConfig(), None, response_cache=True))
+    cache = ResponseCache(1000)
+    fams = _families(render([cached, plain], MetricsConfig(), None, cache))
     got = {
         name: [(labels["model"], value) for _, labels, value in fams[name]]
         for name in fams
-        if name.startswith("nv_cache_")
+        if name.startswith("nv_cache_") and name.endswith("_per_model")
     }
     assert got == {
         "nv_cache_num_hits_per_model": [("cached", 3)],
@@ -125,9 +128,32 @@ def test_the_cache_families_are_of_the_models_that_enable_it_with_the_counters()
         "nv_cache_num_misses_per_model": [("cached", 1)],
         "nv_cache_miss_duration_per_model": [("cached", 2)],
     }
-    quiet = render([cached], MetricsConfig(counter_latencies=False), None, response_cache=True)
-    assert "nv_cache_" not in quiet
+    quiet = render([cached], MetricsConfig(counter_latencies=False), None, cache)
+    assert "_per_model" not in quiet
     assert "nv_cache_" not in render([cached], MetricsConfig(), None)  # no server cache
+
+
+def test_the_cache_as_a_whole_is_this_frontends() -> None:
+    cache = ResponseCache(3 * (256 + 128 + 100))
+    out = [OutputTensor("OUTPUT0", "UINT8", [100], memoryview(bytes(100)))]
+    for key in (b"a", b"b", b"c", b"d"):  # d evicts a
+        assert cache.get(key) is None
+        cache.put(key, out)
+    assert cache.get(b"d") is not None
+    cache.lookup_ns, cache.insertion_ns = 12_345, 6_789
+    fams = _families(render([], MetricsConfig(), None, cache))
+    gauges = {n: v for n, v in fams.items() if n.startswith("nv_cache_") and v}
+    assert {n: v[0][2] for n, v in gauges.items()} == {
+        "nv_cache_util": 1.0,
+        "nv_cache_num_entries": 3,
+        "nv_cache_num_hits": 1,
+        "nv_cache_num_misses": 4,
+        "nv_cache_num_lookups": 5,
+        "nv_cache_num_evictions": 1,
+        "nv_cache_lookup_duration": 12,
+        "nv_cache_insertion_duration": 6,
+    }
+    assert "nv_cache_util" not in render([], MetricsConfig(), None)
 
 
 def test_summaries_have_count_sum_and_each_quantile() -> None:
