@@ -84,7 +84,7 @@ def check(models: Iterable[tuple[str, list[int], Any]], given: list[GivenResourc
         try:
             copies = _copies(wanted, given)
         except ValueError as exc:
-            out.refused[name] = str(exc)
+            out.refused[name] = f"Invalid argument: {exc}"  # as Triton 2.51 words the reason
             continue
         most, out.copies = wanted, copies
         for version in versions:

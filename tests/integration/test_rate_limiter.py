@@ -206,13 +206,14 @@ def test_a_model_given_too_few_copies_fails_its_load_and_gets_no_worker(tmp_path
         assert {m: (v["state"], v["reason"]) for m, v in refused.items()} == {
             "needs4": (
                 "UNAVAILABLE",
-                'Resource count for "resource1" is limited to 3 which will prevent scheduling '
-                "of one or more model instances, the minimum required count is 4",
+                'Invalid argument: Resource count for "resource1" is limited to 3 which will '
+                "prevent scheduling of one or more model instances, the minimum required count "
+                "is 4",
             ),
             "per_device": (
                 "UNAVAILABLE",
-                'Resource "resource2" is present as both global and device-specific resource '
-                "in the model configuration.",
+                'Invalid argument: Resource "resource2" is present as both global and '
+                "device-specific resource in the model configuration.",
             ),
         }
         assert all(v["instances"] == [] for v in refused.values())

@@ -21,6 +21,15 @@ def _group(resources: str, priority: int = 0, where: str = "kind: KIND_CPU") -> 
     return f"{{ {where} rate_limiter {{ resources [{resources}] priority: {priority} }} }}"
 
 
+def _short(resource: str, have: int, need: int) -> str:
+    """Triton 2.51's reason for a model whose instances need more than was given."""
+    return (
+        f'Invalid argument: Resource count for "{resource}" is limited to {have} which will '
+        "prevent scheduling of one or more model instances, the minimum required count is "
+        f"{need}"
+    )
+
+
 R1_4 = '{ name: "resource1" count: 4 }'
 R1_2_R2_GLOBAL_2 = '{ name: "resource1" count: 2 }, { name: "resource2" global: true count: 2 }'
 
@@ -88,27 +97,20 @@ def test_without_given_resources_each_has_as_many_copies_as_the_most_any_instanc
         (
             ["resource1:1"],
             {
-                "a": 'Resource count for "resource1" is limited to 1 which will prevent '
-                "scheduling of one or more model instances, the minimum required count is 4",
+                "a": _short("resource1", 1, 4),
                 # global resources are checked first, as Triton's map orders them
-                "b": 'Resource count for "resource2" is limited to 0 which will prevent '
-                "scheduling of one or more model instances, the minimum required count is 2",
+                "b": _short("resource2", 0, 2),
             },
         ),
         (
             ["resource1:3", "resource2:2"],
-            {
-                "a": 'Resource count for "resource1" is limited to 3 which will prevent '
-                "scheduling of one or more model instances, the minimum required count is 4"
-            },
+            {"a": _short("resource1", 3, 4)},
         ),
         (
             ["resource1:10:10", "resource2:2"],  # given for device 10 only
             {
-                "a": 'Resource count for "resource1" is limited to 0 which will prevent '
-                "scheduling of one or more model instances, the minimum required count is 4",
-                "b": 'Resource count for "resource1" is limited to 0 which will prevent '
-                "scheduling of one or more model instances, the minimum required count is 2",
+                "a": _short("resource1", 0, 4),
+                "b": _short("resource1", 0, 2),
             },
         ),
         (["resource1:4", "resource2:2"], {}),
@@ -132,8 +134,8 @@ def test_a_resource_both_global_and_per_device_refuses_the_model_that_brings_it(
     per_device = _config(f"instance_group [{group}]")
     limits = check([("c", [1], per_device), ("b", [1], B)], [])
     assert limits.refused == {
-        "c": 'Resource "resource2" is present as both global and device-specific resource '
-        "in the model configuration."
+        "c": 'Invalid argument: Resource "resource2" is present as both global and '
+        "device-specific resource in the model configuration."
     }
     assert limits.copies == {(0, "resource1"): 2, (GLOBAL, "resource2"): 2}
     groups = _group('{ name: "R" count: 1 }'), _group('{ name: "R" global: true count: 1 }')
