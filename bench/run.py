@@ -354,6 +354,24 @@ def _sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+@dataclass(frozen=True)
+class RunStart:
+    stamp: str  # names the run's files
+    load: float  # the load average when it began
+    raw: Path  # its folder for perf_analyzer's CSVs and the servers' logs
+    pa: str  # the perf_analyzer binary
+
+
+def start_run(out_dir: Path, tag: str) -> RunStart:
+    """Begin a benchmark run: SIGTERM stops it as Ctrl-C does (the servers are stopped),
+    and its raw folder ``<stamp>-<tag>-raw`` is made."""
+    signal.signal(signal.SIGTERM, _sigterm)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    raw = out_dir / f"{stamp}-{tag}-raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    return RunStart(stamp, os.getloadavg()[0], raw, perf_analyzer_path())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)  # so the servers' context managers stop them

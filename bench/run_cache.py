@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import ort_baseline
-from perf_analyzer import Measurement, perf_analyzer_path, perf_analyzer_version
-from run import _csv, _csv_ints, _fmt, _git_commit, _ratio, _sigterm
+from perf_analyzer import Measurement, perf_analyzer_version
+from run import _csv, _csv_ints, _fmt, _git_commit, _ratio, start_run
 from run_batching import _link_model, _measure, _start
 from servers import REPO_ROOT, ServerProcess, shoal_server
 
@@ -100,12 +99,8 @@ def _report(
 
 def main(argv: list[str] | None = None) -> int:
     a = _parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    load = os.getloadavg()[0]
-    raw = a.out_dir / f"{stamp}-cache-raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    pa = perf_analyzer_path()
+    run = start_run(a.out_dir, "cache")
+    stamp, load, raw, pa = run.stamp, run.load, run.raw, run.pa
     results: dict[tuple[str, str, int], Measurement] = {}
     skipped: list[str] = []
     shipped = (a.repo / MODEL / "config.pbtxt").read_text().rstrip("\n") + "\n"

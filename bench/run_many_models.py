@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from perf_analyzer import Measurement, perf_analyzer_path, perf_analyzer_version
-from run import _csv, _csv_ints, _fmt, _git_commit, _ratio, _sigterm
+from perf_analyzer import Measurement, perf_analyzer_version
+from run import _csv, _csv_ints, _fmt, _git_commit, _ratio, start_run
 from run_batching import _link_model, _measure, _start
 from servers import REPO_ROOT, ServerProcess, shoal_server
 
@@ -101,12 +100,8 @@ def _report(a: argparse.Namespace, pa: str, results: dict[tuple, Measurement], l
 
 def main(argv: list[str] | None = None) -> int:
     a = _parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    load = os.getloadavg()[0]
-    raw = a.out_dir / f"{stamp}-many-raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    pa = perf_analyzer_path()
+    run = start_run(a.out_dir, "many")
+    stamp, load, raw, pa = run.stamp, run.load, run.raw, run.pa
     results: dict[tuple, Measurement] = {}
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="shoal-many-") as tmp:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import tritonclient.http as httpclient
+
 from shoal import modelgen
 
 
@@ -18,3 +21,15 @@ def write_identity(
         f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: {dims} }} ]\n'
         f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: {dims} }} ]\n{extra}',
     )  # fmt: skip
+
+
+def infer_identity(url: str, model: str, value: float, dims: int = 4) -> np.ndarray:
+    """One request over HTTP to a ``write_identity`` model: [1, dims] of ``value``; its
+    OUTPUT0."""
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    inp = httpclient.InferInput("INPUT0", [1, dims], "FP32")
+    inp.set_data_from_numpy(np.full((1, dims), value, dtype=np.float32))
+    try:
+        return client.infer(model, [inp]).as_numpy("OUTPUT0")
+    finally:
+        client.close()  # in the calling thread: gevent's hub cannot close it from another

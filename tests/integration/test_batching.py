@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from shoal import modelgen
-from tests.repos import write_identity
+from tests.repos import infer_identity, write_identity
 from tests.serverctl import ShoalServer
 
 
@@ -104,16 +104,6 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalS
     shutil.rmtree(srv.runtime_dir, ignore_errors=True)
 
 
-def _infer(url: str, model: str, value: float, dims: int = 4) -> np.ndarray:
-    client = httpclient.InferenceServerClient(url, network_timeout=30)
-    inp = httpclient.InferInput("INPUT0", [1, dims], "FP32")
-    inp.set_data_from_numpy(np.full((1, dims), value, dtype=np.float32))
-    try:
-        return client.infer(model, [inp]).as_numpy("OUTPUT0")
-    finally:
-        client.close()  # in the calling thread: gevent's hub cannot close it from another
-
-
 def _stats(url: str, model: str) -> dict:
     with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=5) as r:
         (stats,) = json.loads(r.read())["model_stats"]
@@ -122,7 +112,9 @@ def _stats(url: str, model: str) -> dict:
 
 def test_twelve_requests_preferred_six_make_two_executions(batching_server: ShoalServer) -> None:
     with ThreadPoolExecutor(12) as pool:
-        outs = list(pool.map(lambda i: _infer(batching_server.url, "preferred6", i), range(12)))
+        outs = list(
+            pool.map(lambda i: infer_identity(batching_server.url, "preferred6", i), range(12))
+        )
     assert [int(o[0, 0]) for o in outs] == list(range(12))  # each got its own rows back
     stats = _stats(batching_server.url, "preferred6")
     assert stats["execution_count"] == 2
@@ -136,11 +128,11 @@ def test_twelve_requests_preferred_six_make_two_executions(batching_server: Shoa
 
 def test_full_queue_is_refused_with_503(batching_server: ShoalServer) -> None:
     with ThreadPoolExecutor(2) as pool:
-        waiting = [pool.submit(_infer, batching_server.url, "queue2", i) for i in range(2)]
+        waiting = [pool.submit(infer_identity, batching_server.url, "queue2", i) for i in range(2)]
         time.sleep(0.5)  # both queued: the batcher waits for its delay
         t0 = time.monotonic()
         with pytest.raises(InferenceServerException) as e:
-            _infer(batching_server.url, "queue2", 9)
+            infer_identity(batching_server.url, "queue2", 9)
         assert time.monotonic() - t0 < 1.0  # refused at once, not after the delay
         assert e.value.status() == "503"
         # Triton 2.51's words, request id included (none given here)
@@ -155,7 +147,7 @@ def test_full_queue_is_refused_with_503(batching_server: ShoalServer) -> None:
 def test_queue_timeout_rejects(batching_server: ShoalServer) -> None:
     t0 = time.monotonic()
     with pytest.raises(InferenceServerException) as e:
-        _infer(batching_server.url, "timeout", 1)
+        infer_identity(batching_server.url, "timeout", 1)
     assert time.monotonic() - t0 < 2.0
     assert e.value.status() == "503"
     assert e.value.message() == "Request timeout expired"
@@ -175,9 +167,11 @@ def test_different_shapes_run_in_separate_executions(batching_server: ShoalServe
     """Two [1, 4] requests wait for the 1 s delay; the first [1, 7] cannot join them, so
     their batch goes at once (Triton's GetDynamicBatch), and the [1, 7]s make their own."""
     with ThreadPoolExecutor(4) as pool:
-        fours = [pool.submit(_infer, batching_server.url, "shapes", i, 4) for i in range(2)]
+        fours = [pool.submit(infer_identity, batching_server.url, "shapes", i, 4) for i in range(2)]
         time.sleep(0.3)  # both queued, well inside the delay
-        sevens = [pool.submit(_infer, batching_server.url, "shapes", i, 7) for i in range(2)]
+        sevens = [
+            pool.submit(infer_identity, batching_server.url, "shapes", i, 7) for i in range(2)
+        ]
         shapes = [j.result().shape for j in fours + sevens]
     assert shapes == [(1, 4), (1, 4), (1, 7), (1, 7)]
     stats = _stats(batching_server.url, "shapes")
@@ -203,7 +197,7 @@ def test_two_instances_both_receive_work(batching_server: ShoalServer) -> None:
     assert [i["gpu"] for i in instances] == [None, None]  # CPU instances
     before = {i["pid"]: cpu_ticks(i["pid"]) for i in instances}
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: _infer(batching_server.url, "nobatcher", i), range(400)))
+        list(pool.map(lambda i: infer_identity(batching_server.url, "nobatcher", i), range(400)))
     stats = _stats(batching_server.url, "nobatcher")
     assert stats["execution_count"] == 400  # no dynamic batching: one request per execution
     assert all(cpu_ticks(pid) > ticks for pid, ticks in before.items())
@@ -226,7 +220,7 @@ def test_stats_endpoints(batching_server: ShoalServer) -> None:
 def test_kind_auto_falls_back_to_cpu(batching_server: ShoalServer) -> None:
     client = httpclient.InferenceServerClient(batching_server.url)
     assert client.get_model_config("auto_kind")["instance_group"][0]["kind"] == "KIND_CPU"
-    assert int(_infer(batching_server.url, "auto_kind", 3)[0, 0]) == 3
+    assert int(infer_identity(batching_server.url, "auto_kind", 3)[0, 0]) == 3
 
 
 def test_kind_gpu_without_a_gpu_fails_to_load_clearly(tmp_path: Path) -> None:
@@ -268,7 +262,7 @@ def test_preserve_ordering_holds_a_later_answer_until_the_earlier_one(
     finished: list[str] = []
 
     def call(tag: str, value: float) -> None:
-        _infer(url, "ordered", value)
+        infer_identity(url, "ordered", value)
         finished.append(tag)
 
     try:
@@ -314,7 +308,7 @@ def test_a_stream_is_answered_in_the_order_it_sent_with_preserve_ordering(
         for i in range(n):
             inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
             inp.set_data_from_numpy(np.full((1, 4), i, dtype=np.float32))
-            client.async_stream_infer("ordered_stream", [inp], request_id=str(i))
+            client.async_streaminfer_identity("ordered_stream", [inp], request_id=str(i))
         got = [answers.get(timeout=30) for _ in range(n)]
     finally:
         client.stop_stream()
@@ -328,7 +322,7 @@ def test_passive_instances_load_and_are_never_sent_requests(batching_server: Sho
     instances = _instances(batching_server.url, "standby")
     assert [(i["state"], i["passive"]) for i in instances] == [("READY", False), ("READY", True)]
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: _infer(batching_server.url, "standby", i), range(64)))
+        list(pool.map(lambda i: infer_identity(batching_server.url, "standby", i), range(64)))
     assert _stats(batching_server.url, "standby")["execution_count"] == 64
     # A model of passive instances only would queue forever on Triton: refused at once.
     client = httpclient.InferenceServerClient(batching_server.url)
@@ -482,7 +476,7 @@ def test_a_request_timeout_overrides_the_queue_policy(
     waiting: list[object] = []
 
     def plain() -> None:
-        waiting.append(_infer(url, "override", 5)[0, 0])
+        waiting.append(infer_identity(url, "override", 5)[0, 0])
 
     os.kill(worker, signal.SIGSTOP)
     try:
@@ -528,7 +522,7 @@ def test_preserve_ordering_releases_later_answers_when_the_earlier_instance_dies
 
     def call(tag: str, value: float) -> None:
         try:
-            outcomes[tag] = float(_infer(url, "ordered", value)[0, 0])
+            outcomes[tag] = float(infer_identity(url, "ordered", value)[0, 0])
         except InferenceServerException as exc:
             outcomes[tag] = exc
 
@@ -562,4 +556,4 @@ def test_preserve_ordering_releases_later_answers_when_the_earlier_instance_dies
     while len({i["pid"] for i in _instances(url, "ordered")} - {holder_a}) < 2:
         assert time.monotonic() < deadline, "the killed instance was not restarted"
         time.sleep(0.1)
-    assert float(_infer(url, "ordered", 3)[0, 0]) == 3.0
+    assert float(infer_identity(url, "ordered", 3)[0, 0]) == 3.0

@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from tests.repos import write_identity
+from tests.repos import infer_identity, write_identity
 from tests.serverctl import ShoalServer, served
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -75,16 +75,6 @@ def _value(samples: Samples, name: str, **labels: str) -> float:
     return value
 
 
-def _infer(url: str, model: str, value: float) -> np.ndarray:
-    client = httpclient.InferenceServerClient(url, network_timeout=60)
-    inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-    inp.set_data_from_numpy(np.full((1, 4), value, dtype=np.float32))
-    try:
-        return client.infer(model, [inp]).as_numpy("OUTPUT0")
-    finally:
-        client.close()
-
-
 def _until(check: object, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
@@ -95,12 +85,12 @@ def _until(check: object, timeout: float = 10.0) -> None:
 def test_two_requests_batched_together_count_as_triton_counts_them(server: ShoalServer) -> None:
     port = server.metrics_port
     with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(_infer, server.url, "pair", 1.0)
+        first = pool.submit(infer_identity, server.url, "pair", 1.0)
         # queued, waiting for a second request (preferred batch 2, a 20 s delay)
         _until(
             lambda: _value(_scrape(port), "nv_inference_pending_request_count", model="pair") == 1
         )
-        second = _infer(server.url, "pair", 2.0)
+        second = infer_identity(server.url, "pair", 2.0)
         assert first.result()[0, 0] == 1.0 and second[0, 0] == 2.0
     samples = _scrape(port)
     tags = {"model": "pair", "version": "1", "_team": "vision"}  # metric_tags: a label
@@ -131,7 +121,7 @@ def test_two_requests_batched_together_count_as_triton_counts_them(server: Shoal
 
 def test_an_expired_queue_timeout_is_a_rejected_failure(server: ShoalServer) -> None:
     with pytest.raises(InferenceServerException, match="Request timeout expired"):
-        _infer(server.url, "timeout", 1.0)
+        infer_identity(server.url, "timeout", 1.0)
     samples = _scrape(server.metrics_port)
     assert _value(samples, "nv_inference_request_failure", model="timeout", reason="REJECTED") == 1
     assert _value(samples, "nv_inference_request_failure", model="timeout", reason="OTHER") == 0
@@ -224,7 +214,7 @@ def test_flags_turn_families_and_the_port_off(tmp_path: Path) -> None:
     write_identity(repo, "plain", "")
     srv = ShoalServer(repo, "--allow-cpu-metrics=false", "--metrics-config=counter_latencies=false")
     try:
-        _infer(srv.url, "plain", 1.0)
+        infer_identity(srv.url, "plain", 1.0)
         samples = _scrape(srv.metrics_port)
         assert _value(samples, "nv_inference_request_success", model="plain") == 1
         assert not [n for n in samples if n.startswith("nv_cpu") or n.endswith("_duration_us")]
@@ -233,7 +223,7 @@ def test_flags_turn_families_and_the_port_off(tmp_path: Path) -> None:
         assert srv.stop() == 0
     off = ShoalServer(repo, "--allow-metrics=false")
     try:
-        _infer(off.url, "plain", 1.0)  # serving as ever
+        infer_identity(off.url, "plain", 1.0)  # serving as ever
         with pytest.raises(urllib.error.URLError):
             _page(off.metrics_port)
     finally:

@@ -15,11 +15,10 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.repos import write_identity
+from tests.repos import infer_identity, write_identity
 from tests.serverctl import ShoalServer, served
 
 
@@ -53,19 +52,9 @@ def limited(repo: Path) -> Iterator[ShoalServer]:
         yield srv
 
 
-def _infer(url: str, model: str, value: float) -> np.ndarray:
-    client = httpclient.InferenceServerClient(url, network_timeout=60)
-    inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-    inp.set_data_from_numpy(np.full((1, 4), value, dtype=np.float32))
-    try:
-        return client.infer(model, [inp]).as_numpy("OUTPUT0")
-    finally:
-        client.close()
-
-
 def _in_thread(url: str, model: str, value: float, answers: dict[float, float]) -> threading.Thread:
     def call() -> None:
-        answers[value] = float(_infer(url, model, value)[0, 0])
+        answers[value] = float(infer_identity(url, model, value)[0, 0])
 
     t = threading.Thread(target=call)
     t.start()
@@ -109,7 +98,7 @@ def test_instances_that_share_a_resource_never_run_at_once(limited: ShoalServer)
         second = _in_thread(url, "b", 2.0, answers)
         _until("b's request queued", lambda: _version(url, "b")["queued"] == 1)
         # A model that needs nothing is not held back ...
-        assert float(_infer(url, "free", 3.0)[0, 0]) == 3.0
+        assert float(infer_identity(url, "free", 3.0)[0, 0]) == 3.0
         time.sleep(0.3)
         # ... while b's idle instance waits for the R that a holds.
         assert _version(url, "b")["queued"] == 1 and _busy(url, "b") == 0
@@ -173,7 +162,7 @@ def test_with_the_rate_limiter_off_its_configuration_changes_nothing(repo: Path)
         try:
             first = _in_thread(srv.url, "a", 1.0, answers)
             _until("a busy", lambda: _busy(srv.url, "a") == 1)
-            assert float(_infer(srv.url, "b", 2.0)[0, 0]) == 2.0
+            assert float(infer_identity(srv.url, "b", 2.0)[0, 0]) == 2.0
             assert _version(srv.url, "b")["instances"][0]["rate_limiter"] is None
         finally:
             os.kill(a_pid, signal.SIGCONT)
@@ -201,7 +190,7 @@ def test_a_model_given_too_few_copies_fails_its_load_and_gets_no_worker(tmp_path
     ) as srv:
         srv.wait_settled(("needs4", "needs2", "per_device"))
         assert _version(srv.url, "needs2")["state"] == "READY"
-        assert float(_infer(srv.url, "needs2", 5.0)[0, 0]) == 5.0
+        assert float(infer_identity(srv.url, "needs2", 5.0)[0, 0]) == 5.0
         refused = {m: _version(srv.url, m) for m in ("needs4", "per_device")}
         assert {m: (v["state"], v["reason"]) for m, v in refused.items()} == {
             "needs4": (
