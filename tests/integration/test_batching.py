@@ -308,7 +308,7 @@ def test_a_stream_is_answered_in_the_order_it_sent_with_preserve_ordering(
         for i in range(n):
             inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
             inp.set_data_from_numpy(np.full((1, 4), i, dtype=np.float32))
-            client.async_streaminfer_identity("ordered_stream", [inp], request_id=str(i))
+            client.async_stream_infer("ordered_stream", [inp], request_id=str(i))
         got = [answers.get(timeout=30) for _ in range(n)]
     finally:
         client.stop_stream()
