@@ -330,7 +330,11 @@ class WorkerProc:
             self.broker_pidfd = os.pidfd_open(pid)
             poller.register(self.broker_pidfd, zmq.POLLIN)
         except OSError:
+            # The broker that welcomed it is gone already (killed and reaped while this
+            # worker loaded its model, say): the next one must know it rejoins, or it
+            # waits for every instance of the version, even those that died meanwhile.
             self.broker_pidfd = None
+            self.rejoin = True
 
     def _broker_lost(self, poller: zmq.Poller) -> None:
         log.warning("broker exited; waiting for a new one")
