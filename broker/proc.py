@@ -313,7 +313,7 @@ class BrokerProc:
             self._send(self.fsock, [ident, *m.encode(state)])
         elif isinstance(msg, m.CacheHit):
             if (hit := self.table.version(msg.model, msg.version)) is not None:
-                hit.stats.cache_hit(msg.request_ns, msg.hit_ns)
+                hit.stats.cache_hit(msg.request_ns, msg.hit_ns, time.monotonic())
         elif isinstance(msg, m.Cancel):
             item = self.router.cancel(ident, msg.req_id, time.monotonic())
             if item is not None:  # still queued: its answer frees the frontend's slots

@@ -136,7 +136,7 @@ class Router:
                     ok_ns.append(elapsed)
                     samples += max(item.request.batch_size, 1)
                     if item.request.cache_miss_ns >= 0:
-                        mv.stats.cache_missed(item.request.cache_miss_ns)
+                        mv.stats.cache_missed(item.request.cache_miss_ns, now)
             if ok_ns:
                 mv.stats.executed(done, ok_ns, samples, now)
             if mv.batcher is not None and not failed and not refused:  # a quick failure

@@ -63,7 +63,7 @@ class VersionStats:
 
     def keep_windows(self) -> None:
         if self.windows is None:
-            self.windows = {phase: _Window() for phase in m.PHASES}
+            self.windows = {phase: _Window() for phase in (*m.PHASES, *m.CACHE_PHASES)}
 
     def summaries(self, qs: list[float], now: float) -> dict[str, list[float]]:
         if self.windows is None or not qs:
@@ -75,16 +75,22 @@ class VersionStats:
         if self.windows is not None:
             self.windows["queue"].add(now, waited_ns // 1000)
 
-    def cache_hit(self, request_ns: int, hit_ns: int) -> None:
+    def cache_hit(self, request_ns: int, hit_ns: int, now: float) -> None:
         st = self.s.inference_stats
         st.success.add(request_ns)
         st.queue.add(0)
         st.cache_hit.add(hit_ns)
+        if self.windows is not None:
+            self.windows["request"].add(now, request_ns // 1000)
+            self.windows["queue"].add(now, 0)
+            self.windows["cache_hit"].add(now, hit_ns // 1000)
 
-    def cache_missed(self, lookup_ns: int) -> None:
+    def cache_missed(self, lookup_ns: int, now: float) -> None:
         st = self.s.inference_stats
         st.success.ns += lookup_ns  # the request's time includes its lookup, as Triton's
         st.cache_miss.add(lookup_ns)
+        if self.windows is not None:
+            self.windows["cache_miss"].add(now, lookup_ns // 1000)
 
     def failed(self, elapsed_ns: int, reason: FailureReason) -> None:
         self.s.inference_stats.fail.add(elapsed_ns)

@@ -33,6 +33,7 @@ CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 
 _Value = Callable[[m.ModelStats], int]
+_Rows = list[tuple[m.VersionMetrics, list[tuple[str, str]]]]
 _COUNTERS: Final[tuple[tuple[str, str, _Value], ...]] = (
     (
         "nv_inference_request_success",
@@ -121,6 +122,23 @@ _CACHE_COUNTERS: Final[tuple[tuple[str, str, _Value, int], ...]] = (
         "Total cache miss (insert+lookup) duration per model, in microseconds",
         lambda s: s.inference_stats.cache_miss.ns,
         1000,
+    ),
+)
+# With the summaries, when the server has a response cache (Triton's names and texts).
+_CACHE_SUMMARIES: Final[tuple[tuple[str, str, str, _Value, _Value], ...]] = (
+    (
+        "cache_hit",
+        "nv_cache_hit_summary_per_model",
+        "Summary of cache hit counts/durations per model, in microseconds.",
+        lambda s: s.inference_stats.cache_hit.count,
+        lambda s: s.inference_stats.cache_hit.ns,
+    ),
+    (
+        "cache_miss",
+        "nv_cache_miss_summary_per_model",
+        "Summary of cache miss counts/durations per model, in microseconds.",
+        lambda s: s.inference_stats.cache_miss.count,
+        lambda s: s.inference_stats.cache_miss.ns,
     ),
 )
 _SUMMARY_COUNTS: Final[dict[str, _Value]] = {  # each phase's observations so far
@@ -252,18 +270,25 @@ def render(
     if cfg.counter_latencies:
         for _, name, help_, _, _, ns in _PHASES:
             counter(name, help_, ns, per=1000)  # µs
+    cached = [(v, labels) for v, labels in rows if v.response_cache and cache is not None]
+
+    def summary(phase: str, name: str, help_: str, count: _Value, ns: _Value, of: _Rows) -> None:
+        t.family(name, help_, "summary")
+        for v, labels in of:
+            t.sample(f"{name}_count", labels, count(v.stats))
+            t.sample(f"{name}_sum", labels, ns(v.stats) // 1000)
+            values = v.summaries.get(phase, [])
+            for i, (q, _) in enumerate(cfg.summary_quantiles):
+                got = values[i] if i < len(values) else math.nan
+                t.sample(name, [*labels, ("quantile", repr(q))], got)
+
     if cfg.summary_latencies:
         for phase, _, _, name, help_, ns in _PHASES:
-            t.family(name, help_, "summary")
-            for v, labels in rows:
-                t.sample(f"{name}_count", labels, _SUMMARY_COUNTS[phase](v.stats))
-                t.sample(f"{name}_sum", labels, ns(v.stats) // 1000)
-                values = v.summaries.get(phase, [])
-                for i, (q, _) in enumerate(cfg.summary_quantiles):
-                    got = values[i] if i < len(values) else math.nan
-                    t.sample(name, [*labels, ("quantile", repr(q))], got)
+            summary(phase, name, help_, _SUMMARY_COUNTS[phase], ns, rows)
+        if cache is not None:
+            for phase, name, help_, count, ns in _CACHE_SUMMARIES:
+                summary(phase, name, help_, count, ns, cached)
     if cache is not None and cfg.counter_latencies:
-        cached = [(v, labels) for v, labels in rows if v.response_cache]
         for family, family_help, stat, per in _CACHE_COUNTERS:
             t.family(family, family_help, "counter")
             for v, labels in cached:

@@ -371,6 +371,7 @@ ExitReason = Literal["crash", "execution_timeout", "memory_limit"]
 EXIT_REASONS: Final[tuple[ExitReason, ...]] = ("crash", "execution_timeout", "memory_limit")
 # The phases of a request that latency summaries observe, in Triton's order.
 PHASES: Final = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+CACHE_PHASES: Final = ("cache_hit", "cache_miss")  # a response cache's lookups
 
 
 class MetricsQuery(msgspec.Struct, array_like=True):

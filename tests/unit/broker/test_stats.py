@@ -30,3 +30,19 @@ def test_a_quantile_outside_zero_to_one_is_nan_not_an_error() -> None:
     got = w.quantiles([math.nan, 1.5, -0.1, math.inf, 0.5], 0.0)
     assert [math.isnan(v) for v in got] == [True, True, True, True, False]
     assert got[-1] == 5
+
+
+def test_cache_hits_and_misses_count_as_tritons_and_feed_their_windows() -> None:
+    from broker.stats import VersionStats
+
+    stats = VersionStats("m", 1)
+    stats.keep_windows()
+    stats.cache_hit(request_ns=50_000, hit_ns=20_000, now=1.0)
+    stats.cache_missed(lookup_ns=30_000, now=1.0)
+    st = stats.snapshot().inference_stats
+    assert (st.success.count, st.success.ns, st.queue.count, st.queue.ns) == (1, 80_000, 1, 0)
+    assert (st.cache_hit.count, st.cache_hit.ns) == (1, 20_000)
+    assert (st.cache_miss.count, st.cache_miss.ns) == (1, 30_000)
+    assert stats.snapshot().inference_count == 0 and stats.snapshot().execution_count == 0
+    got = stats.summaries([0.5], 1.0)
+    assert (got["cache_hit"], got["cache_miss"], got["request"]) == ([20], [30], [50])

@@ -133,6 +133,28 @@ def test_the_cache_families_are_of_the_models_that_enable_it_with_the_counters()
     assert "nv_cache_" not in render([cached], MetricsConfig(), None)  # no server cache
 
 
+def test_cache_summaries_come_with_the_summaries() -> None:
+    cached = _version("cached")
+    cached.response_cache = True
+    cached.stats.inference_stats.cache_hit.add(9_000, 3)
+    cached.summaries = {"cache_hit": [2.0], "cache_miss": [math.nan]}
+    cfg = metrics_config(["summary_latencies=true", "summary_quantiles=0.5:0.05"])
+    fams = _families(render([cached, _version("plain")], cfg, None, ResponseCache(1000)))
+    hits = {
+        (name, labels.get("quantile")): v
+        for name, labels, v in fams["nv_cache_hit_summary_per_model"]
+    }
+    assert hits == {
+        ("nv_cache_hit_summary_per_model_count", None): 3,
+        ("nv_cache_hit_summary_per_model_sum", None): 9,
+        ("nv_cache_hit_summary_per_model", "0.5"): 2.0,
+    }
+    assert [labels["model"] for _, labels, _ in fams["nv_cache_miss_summary_per_model"]] == [
+        "cached"
+    ] * 3
+    assert "nv_cache_hit_summary_per_model" not in _families(render([cached], cfg, None))
+
+
 def test_the_cache_as_a_whole_is_this_frontends() -> None:
     cache = ResponseCache(3 * (256 + 128 + 100))
     out = [OutputTensor("OUTPUT0", "UINT8", [100], memoryview(bytes(100)))]
