@@ -206,6 +206,8 @@ class Router:
             )
         for item in failed:
             self._fail(mv, item, now, "BACKEND")
+        if self.limiter is not None:  # what it held is free: any version may go
+            return failed, self._allocate(now)
         return failed, self._dispatch(mv, now)
 
     def tick(self, now: float) -> tuple[list[Dispatch], list[Failure]]:
@@ -347,7 +349,8 @@ class Router:
     def _dispatch(self, mv: ModelVersion, now: float) -> list[Dispatch]:
         if self.limiter is not None:
             self._waiting[(mv.name, mv.version)] = mv
-            return self._allocate(now)
+            # With every instance of it busy, its work changes nobody's turn.
+            return self._allocate(now) if mv.idle else []
         out: list[Dispatch] = []
         while mv.idle and (taken := self._take(mv, now)):
             out += [self._send(mv, inst, items, now) for inst, items in taken]
