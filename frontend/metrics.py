@@ -253,9 +253,9 @@ def render(
     t = _Text()
     rows = [(v, _labels(v)) for v in versions]
 
-    def counter(name: str, help_: str, value: _Value, per: int = 1) -> None:
+    def counter(name: str, help_: str, value: _Value, per: int = 1, of: _Rows = rows) -> None:
         t.family(name, help_, "counter")
-        for v, labels in rows:
+        for v, labels in of:
             t.sample(name, labels, value(v.stats) // per)
 
     (name, help_, count), *counts = _COUNTERS
@@ -290,9 +290,7 @@ def render(
                 summary(phase, name, help_, count, ns, cached)
     if cache is not None and cfg.counter_latencies:
         for family, family_help, stat, per in _CACHE_COUNTERS:
-            t.family(family, family_help, "counter")
-            for v, labels in cached:
-                t.sample(family, labels, stat(v.stats) // per)
+            counter(family, family_help, stat, per, cached)
     pending = "nv_inference_pending_request_count"
     t.family(
         pending, "Instantaneous number of pending requests awaiting execution per-model.", "gauge"
