@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.repos import infer_identity, write_identity
 from tests.serverctl import ShoalServer, served
@@ -43,6 +44,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         + "dynamic_batching { preferred_batch_size: [ 1, 2, 3, 4 ] }",
     )
     write_identity(repo, "free", "instance_group [ { count: 1 kind: KIND_CPU } ]")
+    # waits for R too, but only 0.3 s in its queue
+    write_identity(
+        repo,
+        "impatient",
+        _limited('{ name: "R" count: 1 }')
+        + "dynamic_batching { default_queue_policy { timeout_action: REJECT "
+        "default_timeout_microseconds: 300000 } }",
+    )
     return repo
 
 
@@ -124,6 +133,27 @@ def test_instances_that_share_a_resource_never_run_at_once(limited: ShoalServer)
     assert answers == {1.0: 1.0, 2.0: 2.0}
     after = _version(url, "b")["instances"][0]["rate_limiter"]
     assert (after["executions"], after["holding"]) == (turns["b"]["executions"] + 1, False)
+
+
+def test_a_request_held_back_for_its_resources_still_times_out(limited: ShoalServer) -> None:
+    """Its queue timeout wakes the broker although its instance waits for a release: the
+    request is refused in its time, not when the resource comes back."""
+    url = limited.url
+    (a_pid,) = _worker_pids(limited, "a")
+    answers: dict[float, float] = {}
+    os.kill(a_pid, signal.SIGSTOP)
+    try:
+        holder = _in_thread(url, "a", 1.0, answers)
+        _until("a busy", lambda: _busy(url, "a") == 1)
+        with pytest.raises(InferenceServerException) as e:
+            infer_identity(url, "impatient", 2.0)
+        assert (e.value.status(), e.value.message()) == ("503", "Request timeout expired")
+        # refused while a still holds R (stopped): not at a release, which never came
+        assert _busy(url, "a") == 1 and answers == {}
+    finally:
+        os.kill(a_pid, signal.SIGCONT)
+    holder.join(30)
+    assert answers == {1.0: 1.0}
 
 
 def test_a_batch_grows_while_its_instance_waits_for_its_turn(limited: ShoalServer) -> None:
