@@ -6,6 +6,7 @@ known, not raced."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -96,14 +97,27 @@ def _worker_pids(server: ShoalServer, model: str) -> list[int]:
     return [i["pid"] for i in _version(server.url, model)["instances"]]
 
 
-def test_instances_that_share_a_resource_never_run_at_once(limited: ShoalServer) -> None:
-    url = limited.url
-    (a_pid,) = _worker_pids(limited, "a")
+@contextlib.contextmanager
+def _a_holds_r(server: ShoalServer) -> Iterator[dict[float, float]]:
+    """Within the block, a's one instance runs a request (1.0) with its worker stopped,
+    so it holds R; after it, that request is answered. Yields the answers by value."""
+    url = server.url
+    (a_pid,) = _worker_pids(server, "a")
     answers: dict[float, float] = {}
     os.kill(a_pid, signal.SIGSTOP)
     try:
-        first = _in_thread(url, "a", 1.0, answers)
+        holder = _in_thread(url, "a", 1.0, answers)
         _until("a busy", lambda: _busy(url, "a") == 1)
+        yield answers
+    finally:
+        os.kill(a_pid, signal.SIGCONT)
+    holder.join(30)
+    assert answers[1.0] == 1.0
+
+
+def test_instances_that_share_a_resource_never_run_at_once(limited: ShoalServer) -> None:
+    url = limited.url
+    with _a_holds_r(limited) as answers:
         second = _in_thread(url, "b", 2.0, answers)
         _until("b's request queued", lambda: _version(url, "b")["queued"] == 1)
         # A model that needs nothing is not held back ...
@@ -126,9 +140,6 @@ def test_instances_that_share_a_resource_never_run_at_once(limited: ShoalServer)
             "executions": turns["b"]["executions"],
             "holding": False,
         }
-    finally:
-        os.kill(a_pid, signal.SIGCONT)
-    first.join(30)
     second.join(30)
     assert answers == {1.0: 1.0, 2.0: 2.0}
     after = _version(url, "b")["instances"][0]["rate_limiter"]
@@ -139,21 +150,12 @@ def test_a_request_held_back_for_its_resources_still_times_out(limited: ShoalSer
     """Its queue timeout wakes the broker although its instance waits for a release: the
     request is refused in its time, not when the resource comes back."""
     url = limited.url
-    (a_pid,) = _worker_pids(limited, "a")
-    answers: dict[float, float] = {}
-    os.kill(a_pid, signal.SIGSTOP)
-    try:
-        holder = _in_thread(url, "a", 1.0, answers)
-        _until("a busy", lambda: _busy(url, "a") == 1)
+    with _a_holds_r(limited) as answers:
         with pytest.raises(InferenceServerException) as e:
             infer_identity(url, "impatient", 2.0)
         assert (e.value.status(), e.value.message()) == ("503", "Request timeout expired")
         # refused while a still holds R (stopped): not at a release, which never came
         assert _busy(url, "a") == 1 and answers == {}
-    finally:
-        os.kill(a_pid, signal.SIGCONT)
-    holder.join(30)
-    assert answers == {1.0: 1.0}
 
 
 def test_a_batch_grows_while_its_instance_waits_for_its_turn(limited: ShoalServer) -> None:
@@ -185,19 +187,9 @@ def test_a_batch_grows_while_its_instance_waits_for_its_turn(limited: ShoalServe
 def test_with_the_rate_limiter_off_its_configuration_changes_nothing(repo: Path) -> None:
     """Triton's default: instances run as soon as they are idle, whatever their groups'
     rate_limiter says."""
-    with served(repo) as srv:
-        (a_pid,) = _worker_pids(srv, "a")
-        answers: dict[float, float] = {}
-        os.kill(a_pid, signal.SIGSTOP)
-        try:
-            first = _in_thread(srv.url, "a", 1.0, answers)
-            _until("a busy", lambda: _busy(srv.url, "a") == 1)
-            assert float(infer_identity(srv.url, "b", 2.0)[0, 0]) == 2.0
-            assert _version(srv.url, "b")["instances"][0]["rate_limiter"] is None
-        finally:
-            os.kill(a_pid, signal.SIGCONT)
-        first.join(30)
-        assert answers == {1.0: 1.0}
+    with served(repo) as srv, _a_holds_r(srv):
+        assert float(infer_identity(srv.url, "b", 2.0)[0, 0]) == 2.0  # R or not
+        assert _version(srv.url, "b")["instances"][0]["rate_limiter"] is None
 
 
 def test_a_model_given_too_few_copies_fails_its_load_and_gets_no_worker(tmp_path: Path) -> None:
