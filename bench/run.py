@@ -354,6 +354,21 @@ def _sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def side_by_side_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of a run that drives shoal servers one after the other with
+    perf_analyzer (run_cache.py, run_many_models.py); the caller adds its own."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--repo", type=Path, default=REPO_ROOT / "model_repository")
+    p.add_argument("--concurrency", type=_csv_ints, default=[1, 8])
+    p.add_argument("--protocols", type=_csv, default=["http", "grpc"])
+    p.add_argument("--measurement-interval", type=int, default=3000)
+    p.add_argument("--max-trials", type=int, default=5)
+    p.add_argument("--stability-percentage", type=int, default=20)
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    return p
+
+
 @dataclass(frozen=True)
 class RunStart:
     stamp: str  # names the run's files

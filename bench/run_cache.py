@@ -29,25 +29,16 @@ from pathlib import Path
 
 import ort_baseline
 from perf_analyzer import Measurement, perf_analyzer_version
-from run import _csv, _csv_ints, _fmt, _git_commit, _ratio, start_run
-from run_batching import _link_model, _measure, _start
-from servers import REPO_ROOT, ServerProcess, shoal_server
+from run import _fmt, _git_commit, _ratio, side_by_side_parser, start_run
+from run_batching import _link_model, _point, _start
+from servers import ServerProcess, shoal_server
 
 MODEL = "mlp_large"
 MODES = {"off": None, "hits": 64 * 1024 * 1024, "misses": 1}  # --cache-config size
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repo", type=Path, default=REPO_ROOT / "model_repository")
-    p.add_argument("--concurrency", type=_csv_ints, default=[1, 8])
-    p.add_argument("--protocols", type=_csv, default=["http", "grpc"])
-    p.add_argument("--measurement-interval", type=int, default=3000)
-    p.add_argument("--max-trials", type=int, default=5)
-    p.add_argument("--stability-percentage", type=int, default=20)
-    p.add_argument("--ready-timeout", type=float, default=300.0)
-    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
-    return p.parse_args(argv)
+    return side_by_side_parser(__doc__.splitlines()[0]).parse_args(argv)
 
 
 def _server(repo: Path, mode: str, raw: Path) -> ServerProcess:
@@ -115,14 +106,11 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 for c in a.concurrency:
                     for protocol in a.protocols:
-                        print(f"[bench] perf_analyzer {mode} {protocol} c={c}", flush=True)
-                        try:
-                            m = _measure(pa, srv, "shoal", mode, MODEL, c, protocol, a, raw).m
-                        except (RuntimeError, OSError, ValueError) as e:
-                            print(f"[bench] {mode} {protocol} c={c}: {e}", file=sys.stderr)
-                            continue
-                        results[(mode, protocol, c)] = m
-                        print(f"[bench]   {m.throughput:,.0f}/s {m.note}", flush=True)
+                        got = _point(pa, srv, "shoal", mode, MODEL, c, protocol, a, raw)
+                        if isinstance(got, str):
+                            skipped.append(got)
+                        else:
+                            results[(mode, protocol, c)] = got.m
             except KeyboardInterrupt:
                 print("[bench] interrupted: writing what was measured", file=sys.stderr)
                 break

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 from perf_analyzer import Measurement, perf_analyzer_version
-from run import _csv, _csv_ints, _fmt, _git_commit, _ratio, start_run
-from run_batching import _link_model, _measure, _start
-from servers import REPO_ROOT, ServerProcess, shoal_server
+from run import _fmt, _git_commit, _ratio, side_by_side_parser, start_run
+from run_batching import _link_model, _point, _start
+from servers import ServerProcess, shoal_server
 
 MODEL, IDLE_SRC = "mlp", "simple"
 _ONE_THREAD = 'parameters { key: "intra_op_thread_count" value: { string_value: "1" } }\n'
@@ -58,16 +58,8 @@ def _link_copy(src: Path, dst: Path, name: str, config_text: str) -> None:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repo", type=Path, default=REPO_ROOT / "model_repository")
+    p = side_by_side_parser(__doc__.splitlines()[0])
     p.add_argument("--idle", type=int, default=40, help="idle models beside mlp (crowded)")
-    p.add_argument("--concurrency", type=_csv_ints, default=[1, 8])
-    p.add_argument("--protocols", type=_csv, default=["http", "grpc"])
-    p.add_argument("--measurement-interval", type=int, default=3000)
-    p.add_argument("--max-trials", type=int, default=5)
-    p.add_argument("--stability-percentage", type=int, default=20)
-    p.add_argument("--ready-timeout", type=float, default=300.0)
-    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     return p.parse_args(argv)
 
 
@@ -121,14 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             for c in a.concurrency:
                 for protocol in a.protocols:
                     for label, srv in live.items():
-                        print(f"[bench] perf_analyzer {label} {protocol} c={c}", flush=True)
-                        try:
-                            m = _measure(pa, srv, label, "many", MODEL, c, protocol, a, raw).m
-                        except (RuntimeError, OSError, ValueError) as e:
-                            print(f"[bench] {label} {protocol} c={c}: {e}", file=sys.stderr)
-                            continue
-                        results[(label, protocol, c)] = m
-                        print(f"[bench]   {m.throughput:,.0f}/s {m.note}", flush=True)
+                        got = _point(pa, srv, label, "many", MODEL, c, protocol, a, raw)
+                        if not isinstance(got, str):
+                            results[(label, protocol, c)] = got.m
         except KeyboardInterrupt:
             print("[bench] interrupted: writing what was measured", file=sys.stderr)
         finally:
