@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             strict_readiness=args.strict_readiness,
             execution_timeout_s=args.model_execution_timeout_secs,
             instance_memory_limit_mb=args.instance_memory_limit_mb,
-            rate_limit=args.rate_limit.lower(),
+            rate_limit=args.rate_limit,
             rate_limit_resources=args.rate_limit_resource,
         )
     )

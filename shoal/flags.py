@@ -54,11 +54,18 @@ EVERY_DEVICE: Final = -1
 
 
 def parse_rate_limit(value: str) -> str:
-    """--rate-limit's value (Triton's: case-insensitive), or ValueError."""
+    """--rate-limit's value, lower-cased (Triton's is case-insensitive), or ValueError."""
     mode = value.lower()
     if mode not in RATE_LIMIT_MODES:
         raise ValueError("invalid argument for --rate-limit")
     return mode
+
+
+def _rate_limit_flag(value: str) -> str:
+    try:
+        return parse_rate_limit(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -107,7 +114,7 @@ def add_rate_limit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rate-limit",
         default="off",
-        type=_checked(parse_rate_limit),
+        type=_rate_limit_flag,
         help="off, or execution_count: an instance runs a batch only while it holds the "
         "resources its instance group's rate_limiter lists, turns going by priority",
     )

@@ -45,7 +45,7 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         "--http-thread-count=8", "--grpc-infer-thread-count=4", "--model-load-thread-count=2",
         "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
         "--cuda-memory-pool-byte-size=1:0", "--backend-directory=/opt/tritonserver/backends",
-        "--trace-config=rate=100", "--response-cache-byte-size=1048576", "--rate-limit=off",
+        "--trace-config=rate=100", "--response-cache-byte-size=1048576", "--rate-limit=OFF",
         "--rate-limit-resource=R:1", "--load-model=simple", "--grpc-keepalive-time=10000",
         "--grpc-keepalive-permit-without-calls=true", "--grpc-http2-max-pings-without-data=0",
     ]  # fmt: skip
