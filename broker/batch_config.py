@@ -8,6 +8,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from broker.batcher import BatcherConfig, QueuePolicy, TimeoutAction
+from broker.sequencer import SequenceConfig
 from configs.backend_params import (
     DEFAULT_SHARE_MIN_COMPUTE_US,
     instance_memory_limit_mb,
@@ -75,3 +76,45 @@ def _share_min_compute_us(cfg: mc.ModelConfig) -> int:
         return share_min_compute_us(cfg)
     except ConfigError:
         return DEFAULT_SHARE_MIN_COMPUTE_US
+
+
+_CORRID = mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID
+_DEFAULT_IDLE_US = 1_000_000  # Triton's, for 0 or unset
+
+
+def sequence_config(config_bytes: bytes) -> SequenceConfig | None:
+    """The config's ``sequence_batching`` as the sequence batcher's settings (None:
+    none), with Triton's defaults filled in."""
+    cfg = mc.ModelConfig.FromString(config_bytes)
+    if not cfg.HasField("sequence_batching"):
+        return None
+    sb = cfg.sequence_batching
+    corrid = next(
+        (c.data_type for ci in sb.control_input for c in ci.control if c.kind == _CORRID), None
+    )
+    corrid_type = ""
+    if corrid is not None:
+        corrid_type = "BYTES" if corrid == mc.TYPE_STRING else mc.DataType.Name(corrid)[5:]
+    per_instance = max(1, cfg.max_batch_size)
+    idle = sb.max_sequence_idle_microseconds or _DEFAULT_IDLE_US
+    if sb.HasField("oldest"):
+        old = sb.oldest
+        return SequenceConfig(
+            "oldest",
+            cfg.max_batch_size,
+            old.max_candidate_sequences or per_instance,
+            idle,
+            old.max_queue_delay_microseconds,
+            preferred_batch_sizes=tuple(old.preferred_batch_size),
+            preserve_ordering=old.preserve_ordering,
+            corrid_type=corrid_type,
+        )
+    return SequenceConfig(
+        "direct",
+        cfg.max_batch_size,
+        per_instance,
+        idle,
+        sb.direct.max_queue_delay_microseconds,
+        minimum_slot_utilization=sb.direct.minimum_slot_utilization,
+        corrid_type=corrid_type,
+    )

@@ -12,9 +12,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from broker.batch_config import batcher_config, memory_limit_mb, metric_tags, response_cache
+from broker.batch_config import (
+    batcher_config,
+    memory_limit_mb,
+    metric_tags,
+    response_cache,
+    sequence_config,
+)
 from broker.batcher import DynamicBatcher, serves
 from broker.ordering import OrderedRelease
+from broker.sequencer import SequenceBatcher
 from broker.stats import VersionStats
 from ipc import messages as m
 from ipc.errors import Code, ServingError
@@ -57,6 +64,7 @@ class ModelVersion:
     failed_loads: int = 0
     ever_ready: bool = False
     batcher: DynamicBatcher | None = None
+    sequencer: SequenceBatcher | None = None  # a stateful model's (sequence_batching)
     ordering: OrderedRelease | None = None
     # where its instances that may be sent requests have run (None: the CPU): a restart
     # brings one back to the same place
@@ -80,7 +88,10 @@ class ModelVersion:
         self.memory_limit_mb = memory_limit_mb(config)
         cfg = batcher_config(config)
         self.batcher = DynamicBatcher(cfg) if cfg is not None else None
-        self.ordering = OrderedRelease() if cfg is not None and cfg.preserve_ordering else None
+        seq = sequence_config(config)
+        self.sequencer = SequenceBatcher(self.name, seq) if seq is not None else None
+        ordered = any(c is not None and c.preserve_ordering for c in (cfg, seq))
+        self.ordering = OrderedRelease() if ordered else None
 
     @property
     def all_passive(self) -> bool:
@@ -90,7 +101,8 @@ class ModelVersion:
     @property
     def pending(self) -> int:
         """Requests queued and not yet executing."""
-        return len(self.queue) + (len(self.batcher) if self.batcher is not None else 0)
+        queued = len(self.queue) + (len(self.batcher) if self.batcher is not None else 0)
+        return queued + (len(self.sequencer) if self.sequencer is not None else 0)
 
     def live(self) -> list[Instance]:
         return [i for i in self.instances.values() if i.state == "READY"]
@@ -282,5 +294,8 @@ class ModelTable:
                     )
                     for i in sorted(v.instances.values(), key=lambda i: i.index)
                 ]
-                out.append(m.ModelState(e.name, v.version, v.state, v.reason, instances, v.pending))
+                state = m.ModelState(e.name, v.version, v.state, v.reason, instances, v.pending)
+                if v.sequencer is not None:
+                    state.sequences = v.sequencer.summary()
+                out.append(state)
         return out

@@ -34,6 +34,7 @@ from broker.endings import Endings
 from broker.models import Instance, ModelTable, ModelVersion
 from broker.rate_limiter import RateLimiter
 from broker.router import Dispatch, Router
+from broker.sequencer import SequenceRefused
 from broker.wake_timer import WakeTimer
 from configs import rate_limits, repository
 from configs.devices import gpu_count
@@ -424,6 +425,9 @@ class BrokerProc:
         except Rejected as exc:
             self._reply_error(ident, req.req_id, RequestError(Code.UNAVAILABLE, exc.message))
             return
+        except SequenceRefused as exc:
+            self._reply_error(ident, req.req_id, exc)
+            return
         if held is not None:
             held[id(mv)] = mv
         self.client_regions.acquire(clients)
@@ -660,8 +664,23 @@ class BrokerProc:
             f"{inst.version}, message: instance '{inst.name}' (pid {inst.pid}) {ended} "
             "and no instance left can run them",
         )
+        # Those queued for a sequence that ran on it (broker/sequencer.py): its state is gone.
+        sequence_lost = ServingError(
+            Code.UNAVAILABLE,
+            f"Failed to process the request(s) for model '{inst.model}' version "
+            f"{inst.version}, message: instance '{inst.name}' (pid {inst.pid}) {ended}, and "
+            "with it the state of the sequence they belong to",
+        )
+        siblings = (
+            version is not None and version.sequencer is not None and bool(version.schedulable())
+        )
         for item in failed:
-            self._fail_item(item, err if id(item) in ran else orphaned)
+            if id(item) in ran:
+                self._fail_item(item, err)
+            elif siblings:
+                self._fail_item(item, sequence_lost)
+            else:
+                self._fail_item(item, orphaned)
         error = m.ErrorInfo(int(err.code), err.message)
         for frontend, req_ids in self.router.unconfirmed(inst, time.monotonic()).items():
             self._send(self.fsock, [frontend, *m.encode(m.Unconfirmed(req_ids, error))])

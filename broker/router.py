@@ -79,7 +79,10 @@ class Router:
         full queue leaves ``fail`` at 0 on Triton 2.51). ``dispatch=False`` leaves the
         batches to a later ``dispatch``: requests that arrived together are all queued
         before any batch is formed from them."""
-        if mv.batcher is not None:
+        if mv.sequencer is not None:
+            mv.sequencer.enqueue(item, now)  # SequenceRefused: no sequence takes it
+            self._armed[(mv.name, mv.version)] = mv
+        elif mv.batcher is not None:
             mv.batcher.enqueue(item, now)
             self._armed[(mv.name, mv.version)] = mv
         else:
@@ -106,6 +109,8 @@ class Router:
             return []  # never scheduled (a passive instance group), or killed
         if inst.ident not in mv.idle and inst.in_flight is None:
             mv.idle.append(inst.ident)
+        if mv.sequencer is not None:
+            mv.sequencer.add_instance(inst.ident)
         return self._dispatch(mv, now)
 
     def batch_done(self, inst: Instance, done: m.BatchDone, now: float) -> list[Dispatch]:
@@ -121,6 +126,8 @@ class Router:
         self._remember_answered(inst, batch, now)
         mv = self.table.version(inst.model, inst.version)
         if mv is not None:
+            if mv.sequencer is not None:
+                mv.sequencer.completed(inst.ident, batch.items, now)
             failed, refused = set(done.failed), set(done.refused)
             ok_ns: list[int] = []
             samples = 0
@@ -175,6 +182,8 @@ class Router:
             return
         if inst.ident in mv.idle:
             mv.idle.remove(inst.ident)
+        if mv.sequencer is not None:
+            mv.sequencer.retire(inst.ident)
         mv.refresh_state()
 
     def instance_lost(self, inst: Instance, now: float) -> tuple[list[m.WorkItem], list[Dispatch]]:
@@ -193,11 +202,15 @@ class Router:
         if inst.ident in mv.idle:
             mv.idle.remove(inst.ident)
         mv.refresh_state()
+        if mv.sequencer is not None:  # its sequences' state died with it
+            failed += mv.sequencer.remove_instance(inst.ident)
         if not mv.schedulable():
             failed.extend(mv.queue)
             mv.queue.clear()
             if mv.batcher is not None:
                 failed.extend(mv.batcher.drain())
+            if mv.sequencer is not None:
+                failed.extend(mv.sequencer.drain())
         elif None not in (left := mv.reachable_gpus()):  # a CPU instance serves any
             # Requests in the CUDA memory of a GPU no instance left runs on (or loads on):
             # they fail now, as a version's queue does when its last instance goes.
@@ -215,6 +228,13 @@ class Router:
         dispatches: list[Dispatch] = []
         failures: list[Failure] = []
         for key, mv in list(self._armed.items()):
+            if mv.sequencer is not None:
+                mv.sequencer.expire(now)  # idle sequences free their slots
+                if self.limiter is None and mv.idle:
+                    dispatches.extend(self._dispatch(mv, now))
+                if not mv.sequencer.holds_work():
+                    del self._armed[key]
+                continue
             batcher = mv.batcher
             if batcher is not None:
                 for item in batcher.expire(now):
@@ -252,13 +272,22 @@ class Router:
             if mv.batcher is not None
             and (t := mv.batcher.next_wakeup(self._idle_gpus(mv))) is not None
         ]
+        times += [
+            t
+            for mv in self._armed.values()
+            if mv.sequencer is not None
+            and (t := mv.sequencer.next_wakeup(self._idle_idents(mv))) is not None
+        ]
         self._wake_at = min(times) if times else None
         return self._wake_at
 
     def _idle_gpus(self, mv: ModelVersion) -> list[int | None]:
         """Where ``mv``'s idle instances are, but those whose due batch the rate limiter
         holds back (for them, as for a busy one, only a timeout can wake)."""
-        return [mv.instances[i].gpu for i in mv.idle if i not in self._held_back]
+        return [mv.instances[i].gpu for i in self._idle_idents(mv)]
+
+    def _idle_idents(self, mv: ModelVersion) -> list[bytes]:
+        return [i for i in mv.idle if i not in self._held_back]
 
     def forget_frontend(self, frontend: bytes, now: float) -> list[m.WorkItem]:
         """Drop the queued requests of a frontend that exited (failures, in the
@@ -302,6 +331,8 @@ class Router:
             mv.queue.extend(kept)
         if mv.batcher is not None:
             gone += mv.batcher.remove(match)
+        if mv.sequencer is not None:
+            gone += mv.sequencer.remove(match)
         return gone
 
     def _fail(self, mv: ModelVersion, item: m.WorkItem, now: float, reason: FailureReason) -> None:
@@ -310,8 +341,11 @@ class Router:
         arrived = self._arrived.pop(_key(item), now)
         mv.stats.failed(int((now - arrived) * 1e9), reason)
 
-    def _next(self, mv: ModelVersion, now: float, gpu: int | None) -> list[m.WorkItem]:
-        """The next batch for an idle instance on ``gpu`` (None: the CPU), or []."""
+    def _next(self, mv: ModelVersion, now: float, inst: Instance) -> list[m.WorkItem]:
+        """The next batch for the idle instance ``inst``, or []."""
+        gpu = inst.gpu
+        if mv.sequencer is not None:
+            return mv.sequencer.take(inst.ident, now)
         if mv.batcher is not None:
             return mv.batcher.take_batch(now, gpu)
         for i, item in enumerate(mv.queue):  # the first one, but for client CUDA memory
@@ -326,6 +360,12 @@ class Router:
         DynamicBatcher.take_batches) several. Instances on the same GPU see the same
         requests: one of them asks for them all; while no request in CUDA memory is
         queued, every instance would see the same."""
+        if mv.sequencer is not None:  # each instance has its own sequences
+            for ident in mv.idle:
+                if items := mv.sequencer.take(ident, now):
+                    mv.idle.remove(ident)
+                    return [(mv.instances[ident], items)]
+            return []
         if mv.batcher is not None and not mv.batcher.cuda_queued:
             batches = mv.batcher.take_batches(now, share=len(mv.idle))
             return [(mv.instances[mv.idle.popleft()], items) for items in batches]
@@ -339,7 +379,7 @@ class Router:
             inst = mv.instances[ident]
             if inst.gpu in asked:
                 continue
-            items = self._next(mv, now, inst.gpu)
+            items = self._next(mv, now, inst)
             if items:
                 mv.idle.remove(ident)
                 return [(inst, items)]
@@ -394,7 +434,7 @@ class Router:
                 claimed.update(needs)
                 self._held_back.add(inst.ident)
                 continue
-            items = self._next(mv, now, inst.gpu)
+            items = self._next(mv, now, inst)
             if not items:  # not due after all (a timeout moved what it would take)
                 limiter.release(inst, executed=False)
                 continue
@@ -405,6 +445,8 @@ class Router:
     @staticmethod
     def _due(mv: ModelVersion, inst: Instance, now: float) -> bool:
         """Whether ``inst`` (idle) would be handed a batch of ``mv`` now."""
+        if mv.sequencer is not None:
+            return mv.sequencer.due(inst.ident, now)
         if mv.batcher is not None:
             return mv.batcher.due(now, inst.gpu)
         return any(serves(inst.gpu, cuda_devices(item.regions)) for item in mv.queue)
@@ -421,7 +463,8 @@ class Router:
             key = _key(item)
             self._queued_in.pop(key, None)
             self._queued_ns[key] = int((now - self._arrived.get(key, now)) * 1e9)
-        batch = m.ExecuteBatch(self._next_batch, items)
+        rows = mv.sequencer.rows(items) if mv.sequencer is not None else 0
+        batch = m.ExecuteBatch(self._next_batch, items, rows)
         self._next_batch += 1
         inst.in_flight = batch
         inst.dispatched_at = now

@@ -42,7 +42,8 @@ def autocomplete(
     - No inputs listed: all come from the model. Some listed: their missing data_type
       and dims are filled and unlisted model inputs appended. Outputs likewise, except
       that a listed subset of outputs is kept as the subset. Batch input targets are
-      never added as inputs.
+      never added as inputs, nor are sequence control tensors and implicit states
+      (nor output states as outputs).
     Config dims are the model shape minus the batch dim when batching; a tensor left
     with no dims gets dims [1] (plus an empty reshape when batching), as in Triton. A
     listed ragged input without dims gets [-1] (shoal's extension).
@@ -110,8 +111,15 @@ def _complete_ios(
     if not add_unlisted:
         return
     present = {io.name for io in listed}
-    if kind == "input":  # batch input targets are computed by the server, never requested
+    states = config.sequence_batching.state
+    # Computed by the server, never requested: batch input targets, sequence control
+    # tensors and implicit states. An output state goes to a client only when listed.
+    if kind == "input":
         present |= batch_input_targets(config)
+        present |= set(control_input_names(config.sequence_batching))
+        present |= {st.input_name for st in states}
+    else:
+        present |= {st.output_name for st in states}
     for spec in model_ios:
         if spec.name not in present:
             new = config.input.add() if kind == "input" else config.output.add()

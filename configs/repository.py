@@ -166,10 +166,12 @@ def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
     being served as something else."""
     if config.platform == ENSEMBLE_PLATFORM or config.HasField("ensemble_scheduling"):
         raise ConfigError(name, f"failed to load '{name}': ensemble models are not supported yet")
-    if config.HasField("sequence_batching"):
-        # Served as a plain model, a stateful model would see its sequences' requests on
-        # any instance, in any batch, and without the control inputs it expects.
-        raise ConfigError(name, f"failed to load '{name}': sequence batching is not supported yet")
+    if config.sequence_batching.iterative_sequence:
+        # Iterative sequences re-queue a decoupled model's request after each of its
+        # steps; shoal serves no decoupled model.
+        raise ConfigError(
+            name, f"failed to load '{name}': iterative sequence batching is not supported yet"
+        )
 
 
 def _read_config(

@@ -87,6 +87,33 @@ def _uint_param(req: InferenceRequest, key: str) -> int:
     return value % 2**64
 
 
+def _version_state(s: m.ModelState) -> dict[str, Any]:
+    out = {
+        "version": s.version,
+        "state": s.state,
+        "reason": s.reason,
+        "queued": s.queued,
+        "memory_limit_mb": s.memory_limit_mb,
+        "instances": msgspec.to_builtins(s.instances),
+    }
+    if s.sequences is not None:
+        out["sequence_batcher"] = msgspec.to_builtins(s.sequences)
+    return out
+
+
+def _sequence_id(req: InferenceRequest) -> int | str:
+    """The request's correlation ID (0 or "": none), a uint64 or a string, as Triton
+    keeps it (a negative gRPC int64_param is stored in a uint64)."""
+    value = req.parameters.get("sequence_id", 0)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**64:
+        raise invalid_arg(
+            f"parameter 'sequence_id' must be a 64-bit integer or a string, got {value!r}"
+        )
+    return value % 2**64
+
+
 class DataPlane:
     def __init__(
         self,
@@ -158,20 +185,7 @@ class DataPlane:
         versions = [s for s in state.models if s.name == name]
         if not versions:
             raise unknown_model(name)
-        return {
-            "name": name,
-            "versions": [
-                {
-                    "version": s.version,
-                    "state": s.state,
-                    "reason": s.reason,
-                    "queued": s.queued,
-                    "memory_limit_mb": s.memory_limit_mb,
-                    "instances": msgspec.to_builtins(s.instances),
-                }
-                for s in versions
-            ],
-        }
+        return {"name": name, "versions": [_version_state(s) for s in versions]}
 
     async def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
         """Triton's repository index: each model version's state (and why, when it is
@@ -443,6 +457,9 @@ class DataPlane:
             batch_size=batch,
             priority=_uint_param(req, "priority"),
             timeout_us=_uint_param(req, "timeout"),
+            sequence_id=_sequence_id(req),
+            sequence_start=req.parameters.get("sequence_start") is True,
+            sequence_end=req.parameters.get("sequence_end") is True,
         )
 
     def _outputs(self, resp: m.InferResponse, slots: list[Slot]) -> list[OutputTensor]:

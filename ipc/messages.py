@@ -72,6 +72,10 @@ class InferRequest(msgspec.Struct, array_like=True):
     timeout_us: int = 0
     # looked up in the frontend's response cache, in vain, in this many ns (-1: not)
     cache_miss_ns: int = -1
+    # Triton's sequence parameters (for a model with sequence_batching; 0 or "": none)
+    sequence_id: int | str = 0
+    sequence_start: bool = False
+    sequence_end: bool = False
 
 
 class InferResponse(msgspec.Struct, array_like=True):
@@ -111,11 +115,15 @@ class WorkItem(msgspec.Struct, array_like=True):
     request: InferRequest
     seq: int = 0  # >0: preserve_ordering; the answer goes back through the broker
     regions: list[ClientRegion] = []  # client regions its tensors reference
+    slot: int = -1  # a sequence's slot on the instance (broker.sequencer); -1: none
 
 
 class ExecuteBatch(msgspec.Struct, array_like=True):
     batch_id: int
     items: list[WorkItem]
+    # a sequence model's Direct batch: this many rows, item i in row items[i].slot, the
+    # others null rows (workers/sequence_io.py); 0: the items in order
+    rows: int = 0
 
 
 class BatchDone(msgspec.Struct, array_like=True):
@@ -233,6 +241,15 @@ class InstanceInfo(msgspec.Struct):
     rate_limiter: InstanceTurns | None = None  # when asked for, and the limiter is on
 
 
+class SequenceSummary(msgspec.Struct):
+    """A stateful model's sequence batcher, now (broker/sequencer.py)."""
+
+    strategy: str  # direct | oldest
+    slots_per_instance: int
+    in_slots: int  # sequences holding a slot
+    backlog: int  # sequences waiting for one
+
+
 class ModelState(msgspec.Struct, array_like=True):
     name: str
     version: int
@@ -241,6 +258,7 @@ class ModelState(msgspec.Struct, array_like=True):
     instances: list[InstanceInfo] = []
     queued: int = 0  # requests waiting in the version's queue (not yet sent to an instance)
     memory_limit_mb: int = 0  # the limit on each instance's own memory; 0: none
+    sequences: SequenceSummary | None = None  # a stateful model's sequence batcher
 
 
 class ServerState(msgspec.Struct, array_like=True):

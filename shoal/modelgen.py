@@ -299,6 +299,42 @@ def ragged_sum_model() -> bytes:
     return _finish(graph)
 
 
+def accumulate_model(batch: bool = True, corrid: str = "UINT64") -> bytes:
+    """A stateful model for Triton's sequence batcher, with implicit state: each sequence
+    keeps a running INT32 sum. OUTPUT = (0 at START, else INPUT_STATE) + INPUT x READY,
+    and OUTPUT_STATE (the state the next request of the sequence is fed) is the same.
+
+    Inputs: INPUT and the control tensors START, END, READY (INT32) and CORRID (``corrid``:
+    a v2 datatype, BYTES for string ids), then the state INPUT_STATE (INT32), all
+    ``[-1, 1]`` (``[1]`` without ``batch``). Outputs: OUTPUT, OUTPUT_STATE, and the
+    control values as the model saw them, for tests: START_OUT, END_OUT, READY_OUT,
+    CORRID_OUT.
+    """
+    from onnx import TensorProto, helper
+
+    shape: list[int | str | None] = ["batch", 1] if batch else [1]
+    nodes = [
+        helper.make_node(
+            "Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT32, [], [0])
+        ),
+        helper.make_node("Cast", ["START"], ["starting"], to=TensorProto.BOOL),
+        helper.make_node("Where", ["starting", "zero", "INPUT_STATE"], ["base"]),
+        helper.make_node("Mul", ["INPUT", "READY"], ["added"]),
+        helper.make_node("Add", ["base", "added"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["OUTPUT_STATE"]),
+    ]
+    nodes += [
+        helper.make_node("Identity", [name], [f"{name}_OUT"])
+        for name in ("START", "END", "READY", "CORRID")
+    ]
+    inputs = [_io(name, "INT32", shape) for name in ("INPUT", "START", "END", "READY")]
+    inputs += [_io("CORRID", corrid, shape), _io("INPUT_STATE", "INT32", shape)]
+    outputs = [_io(name, "INT32", shape) for name in ("OUTPUT", "OUTPUT_STATE")]
+    outputs += [_io(f"{name}_OUT", "INT32", shape) for name in ("START", "END", "READY")]
+    outputs.append(_io("CORRID_OUT", corrid, shape))
+    return _finish(helper.make_graph(nodes, "accumulate", inputs, outputs))
+
+
 RAGGED_SUM_CONFIG = """\
 name: "{name}"
 platform: "onnxruntime_onnx"
@@ -353,6 +389,35 @@ batch_output [
 """Config of `ragged_sum_model` (``.format(name=..., extra=...)``: ``extra`` may add a
 scheduler, e.g. ``dynamic_batching { ... }``)."""
 
+
+ACCUMULATE_CONFIG = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: {max_batch_size}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [
+  {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "START_OUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "END_OUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "READY_OUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "CORRID_OUT" data_type: {corrid} dims: [ 1 ] }}
+]
+sequence_batching {{
+  max_sequence_idle_microseconds: {idle_us}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "END" control [ {{ kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: {corrid} }} ] }}
+  ]
+  state [
+    {{ input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT32 dims: [ 1 ] }}
+  ]
+  {strategy}
+}}
+{extra}"""
+"""Config of `accumulate_model` (``.format(name=, max_batch_size=, corrid= TYPE_UINT64 or
+TYPE_STRING, idle_us=, strategy= e.g. ``direct { }`` or ``oldest { ... }``, extra=)``)."""
 
 SIMPLE_CONFIG = """\
 name: "simple"

@@ -18,6 +18,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
@@ -37,6 +38,7 @@ from workers import backend as backends
 from workers import classification, warmup
 from workers.batch_io import BatchAssembler
 from workers.cuda_regions import CudaRegions
+from workers.sequence_io import SequenceIO
 from workers.tensors import (
     OutputTooLarge,
     host_span,
@@ -92,6 +94,7 @@ class WorkerProc:
         self.config_bytes = b""
         self.max_batch_size = 0
         self.assembler = BatchAssembler()
+        self.sequence: SequenceIO | None = None  # a stateful model's controls and state
         self.output_types: dict[str, str] = {}
         self.labels: dict[str, list[str]] = {}  # per output, from its label_filename
         self.output_dims: dict[str, list[int]] = {}
@@ -129,8 +132,11 @@ class WorkerProc:
             threads = _thread_count(config, backend_name, s.cores)
             backend.load(entry.model_file(s.version), config, threads, s.gpu is not None)
             specs = backend.io_spec()
+            model_ins: set[str] | None = None
+            model_outs: set[str] | None = None
             if specs is not None:
                 ins, outs = specs
+                model_ins, model_outs = {i.name for i in ins}, {o.name for o in outs}
                 if s.autocomplete:
                     config = ac.autocomplete(
                         config, ins, outs, default_max_batch_size=s.default_max_batch_size
@@ -138,9 +144,10 @@ class WorkerProc:
                 ac.check_against_model(config, ins, outs)
             validate_io(config)
             assembler = BatchAssembler.from_config(config)
+            sequence = SequenceIO.from_config(config, entry.path, model_ins, model_outs)
             labels = classification.labels_of(config, entry.path)
             if s.instance not in passive_instances(config):  # Triton warms these alone
-                self._warm_up(config, entry.path, backend, assembler)
+                self._warm_up(config, entry.path, backend, assembler, sequence)
         except Exception as exc:  # any load failure is reported, never raised past here
             msg = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             log.error("failed to load '%s' version %d: %s", s.model, s.version, msg)
@@ -148,6 +155,7 @@ class WorkerProc:
         self.backend = backend
         self.max_batch_size = config.max_batch_size
         self.assembler = assembler
+        self.sequence = sequence
         self.labels = labels
         self.output_types = {o.name: v2_datatype(o.data_type) for o in config.output}
         # Outputs whose shape is known before the run (fixed dims, no reshape, not split
@@ -176,14 +184,22 @@ class WorkerProc:
         model_dir: Path,
         backend: backends.Backend,
         assembler: BatchAssembler,
+        sequence: SequenceIO | None,
     ) -> None:
-        """The config's model_warmup samples (workers/warmup.py); raises ConfigError."""
+        """The config's model_warmup samples (workers/warmup.py), a sequence model's with
+        its control tensors and initial state; raises ConfigError."""
+
+        def gather(feeds: list[dict[str, Any]]) -> dict[str, Any]:
+            if sequence is not None:
+                feeds = [sequence.warmup_row(f) for f in feeds]
+            return assembler.gather(feeds)
+
         for sample in warmup.samples(config, model_dir):
             seconds = warmup.run(
                 config,
                 sample,
                 lambda feeds, outputs: backend.execute(feeds, outputs, None),
-                assembler.gather,
+                gather,
             )
             log.info(
                 "instance %d warmed up with sample '%s' (batch %d, %d time(s)) in %.0f ms",
@@ -382,19 +398,33 @@ class WorkerProc:
                 )
         t1 = t2 = t0
         samples = 0
+        seq = self.sequence
         if live:
             names = sorted({o.name for _, it, _ in live for o in it.request.outputs})
             sizes = [max(it.request.batch_size, 1) for _, it, _ in live]
             samples = sum(sizes) if self.max_batch_size > 0 else len(live)
             try:
                 requests = [f for _, _, f in live]
+                rows: list[int] = []  # a Direct batch's row of each live request
+                if seq is not None:
+                    names = sorted({*names, *seq.state_outputs})
+                    for _, it, f in live:
+                        seq.add(it, f)
+                    if batch.rows:
+                        requests, rows, sizes = self._sequence_rows(batch.rows, live)
+                        samples = len(requests)
                 feeds = self.assembler.gather(requests)
                 t1 = time.perf_counter_ns()
                 assert self.backend is not None
                 in_place = len(live) == 1 and getattr(self.backend, "writes_in_place", False)
-                dests = self._destinations(live[0][1]) if in_place else None
+                dests = self._destinations(live[0][1]) if in_place and seq is None else None
                 arrays = self.backend.execute(feeds, names, dests)
                 per_request = self.assembler.scatter(names, arrays, sizes, requests)
+                if rows:
+                    per_request = [per_request[row] for row in rows]
+                if seq is not None:
+                    for (_, it, _), outs in zip(live, per_request, strict=True):
+                        seq.keep(it, outs)
             except Exception as exc:
                 code, message = (
                     (exc.code, exc.message)
@@ -440,6 +470,20 @@ class WorkerProc:
                 "output %d µs", batch.batch_id, len(batch.items), samples, len(failed),
                 done.input_ns // 1000, done.infer_ns // 1000, done.output_ns // 1000,
             )  # fmt: skip
+
+    def _sequence_rows(
+        self, count: int, live: list[tuple[int, m.WorkItem, dict[str, np.ndarray]]]
+    ) -> tuple[list[dict[str, np.ndarray]], list[int], list[int]]:
+        """A Direct batch of ``count`` rows: each live request in its slot's row, null
+        rows in the others. Returns the rows' feeds, each live request's row, and the
+        rows' sizes (one sample each)."""
+        assert self.sequence is not None
+        by_row: list[dict[str, np.ndarray] | None] = [None] * count
+        for _, it, f in live:
+            by_row[it.slot] = f
+        null = self.sequence.null_row(live[0][2])
+        feeds = [f if f is not None else null for f in by_row]
+        return feeds, [it.slot for _, it, _ in live], [1] * count
 
     def _die_after_report(self, done: m.BatchDone) -> None:
         """Fault injection for tests: the report reaches the broker, the answers never

@@ -57,6 +57,11 @@ def pa_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]
         modelgen.identity_model("BYTES", [-1], batch=True),
         identity_config("identity_bytes", "BYTES", "[ -1 ]", 8),
     )
+    config = modelgen.ACCUMULATE_CONFIG.format(
+        name="acc", max_batch_size=4, corrid="TYPE_UINT64", idle_us=5_000_000, strategy="",
+        extra="",
+    )  # fmt: skip
+    modelgen.write_model(repo, "acc", modelgen.accumulate_model(), config)
     srv = ShoalServer(repo, "--allow-client-shm=true")
     yield srv
     assert srv.stop() == 0
@@ -164,3 +169,19 @@ def test_request_rate_mode_is_answered(pa_server: ShoalServer, endpoint: str) ->
     assert "error" not in (run.stdout + run.stderr).lower()
     assert any(ln.startswith("Request Rate: 200,") for ln in run.stdout.splitlines())
     assert inference_count(pa_server, "simple") - before >= requests_counted(run) > 0
+
+
+@pytest.mark.parametrize("endpoint", list(_ENDPOINTS))
+def test_sequences_are_driven_as_against_triton(pa_server: ShoalServer, endpoint: str) -> None:
+    """perf_analyzer reads sequence_batching from the config and sends sequences (IDs,
+    START and END) itself: three at once, four requests each; none is refused."""
+    before = inference_count(pa_server, "acc")
+    run = perf_analyzer(
+        pa_server, endpoint, "acc", "--sequence-length", "4", "--concurrency-range", "3"
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "error" not in (run.stdout + run.stderr).lower()
+    assert inference_count(pa_server, "acc") - before >= requests_counted(run) > 0
+    status, body = pa_server.http("/v2/models/acc/stats")
+    assert status == 200
+    assert json.loads(body)["model_stats"][0]["inference_stats"]["fail"]["count"] == 0

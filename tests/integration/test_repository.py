@@ -46,7 +46,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     shutil.copytree(repo / "simple", repo / "seq")
     config = (repo / "simple" / "config.pbtxt").read_text().replace('"simple"', '"seq"')
     (repo / "seq" / "config.pbtxt").write_text(
-        config + "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n"
+        config + "sequence_batching { iterative_sequence: true }\n"
     )
     with served(repo, "--exit-on-error=false", "--strict-readiness=false") as srv:
         srv.wait_settled(("simple", "mlp"))
@@ -62,7 +62,7 @@ def test_the_index_lists_every_version_and_why_one_is_not_ready(server: ShoalSer
     unsupported = {e["name"]: e.get("reason") for e in index if e["name"] in ("ens", "seq")}
     assert unsupported == {
         "ens": "failed to load 'ens': ensemble models are not supported yet",
-        "seq": "failed to load 'seq': sequence batching is not supported yet",
+        "seq": "failed to load 'seq': iterative sequence batching is not supported yet",
     }
     assert [e for e in index if e["name"] not in ("broken", "ens", "seq")] == [
         {"name": "mlp", "version": "1", "state": "READY"},

@@ -259,3 +259,22 @@ def test_an_unused_grant_leaves_the_instance_its_place() -> None:
     assert limiter.acquire(b0)
     limiter.release(b0)
     assert limiter.rank(b0)[0] == 1  # one execution, of priority 1
+
+
+def test_a_sequence_model_takes_its_turns_with_its_sequences_batches() -> None:
+    """Under the limiter a stateful model's batches still go per slot: a sequence's next
+    request waits for the resource, then runs in its own slot's row."""
+    seq = "max_batch_size: 2 sequence_batching { } " + _group('{ name: "R" count: 1 }')
+    _, router, mv = _setup({"s": seq, "t": _group('{ name: "R" count: 1 }')})
+
+    def request(corrid: int, start: bool) -> m.WorkItem:
+        req = m.InferRequest(next(_ids), "s", 1, [], [], batch_size=1)
+        req.sequence_id, req.sequence_start = corrid, start
+        return m.WorkItem(b"f0", req)
+
+    (t_inst, _), = _submit(router, mv["t"])  # fmt: skip  # t holds R
+    assert router.submit(mv["s"], request(1, True), 0.0) == []
+    assert router.submit(mv["s"], request(2, True), 0.0) == []
+    (s_inst, batch), = _done(router, t_inst)  # fmt: skip  # R is free: s's turn
+    assert s_inst.model == "s" and batch.rows == 2
+    assert [it.slot for it in batch.items] == [0, 1]

@@ -232,3 +232,21 @@ def test_check_against_model_reshape_and_wildcards() -> None:
         'reshape { shape: [ 16 ] } }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ -1 ] } ]'
     )
     check_against_model(config, BATCH_IN, BATCH_OUT)
+
+
+def test_sequence_controls_and_states_are_never_added_as_client_tensors() -> None:
+    """The server feeds control tensors and implicit state; an output state goes to a
+    client only when the config lists it."""
+    cfg = parse_config_text(
+        'name: "acc" sequence_batching { control_input [ { name: "START" control [ { kind: '
+        'CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] state [ { input_name: "S_IN" '
+        'output_name: "S_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ] }',
+        "acc",
+    )
+    ins = [IOSpec(n, "INT32", [-1, 1]) for n in ("INPUT", "START", "S_IN")]
+    outs = [IOSpec(n, "INT32", [-1, 1]) for n in ("OUTPUT", "S_OUT")]
+    done = autocomplete(cfg, ins, outs)
+    assert [i.name for i in done.input] == ["INPUT"]
+    assert [o.name for o in done.output] == ["OUTPUT"]
+    assert not done.HasField("dynamic_batching")  # the sequence batcher schedules it
+    check_against_model(done, ins, outs)
