@@ -23,6 +23,7 @@ from broker.batcher import DynamicBatcher, serves
 from broker.ordering import OrderedRelease
 from broker.sequencer import SequenceBatcher
 from broker.stats import VersionStats
+from configs.ensemble import Dependency
 from ipc import messages as m
 from ipc.errors import Code, ServingError
 
@@ -73,6 +74,9 @@ class ModelVersion:
     response_cache: bool = False  # its config enables it: its metrics show the cache
     memory_limit_mb: int | None = None  # its config's; None: the server's
     exits: dict[m.ExitReason, int] = field(default_factory=dict)  # instance exits unasked
+    # an ensemble's composing models (configs.ensemble): it has no instances; a frontend
+    # runs its steps, and it is READY once they are, and fit together
+    ensemble: list[Dependency] | None = None
     stats: VersionStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -200,6 +204,22 @@ class ModelTable:
             mv = entry.versions[v] = ModelVersion(name, v, count, platform, passive=passive)
             if self.summaries:
                 mv.stats.keep_windows()
+
+    def add_ensemble(
+        self, name: str, versions: list[int], config: bytes, deps: list[Dependency]
+    ) -> list[ModelVersion]:
+        """Expect the ``versions`` of the ensemble ``name``: LOADING until its composing
+        models settle (the broker's ``_settle_ensembles``)."""
+        entry = self.models.setdefault(name, ModelEntryState(name))
+        out = []
+        for v in versions:
+            mv = entry.versions[v] = ModelVersion(name, v, 0, "ensemble", ensemble=deps)
+            mv.config = config
+            mv.metric_tags = metric_tags(config)
+            if self.summaries:
+                mv.stats.keep_windows()
+            out.append(mv)
+        return out
 
     def add_error(self, name: str, error: str) -> None:
         self.models[name] = ModelEntryState(name, error=error)

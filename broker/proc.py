@@ -26,6 +26,7 @@ from typing import Final
 
 import msgspec
 import zmq
+from tritonclient.grpc import model_config_pb2 as mc
 
 from broker import memory
 from broker.batcher import Rejected, cuda_devices
@@ -36,10 +37,12 @@ from broker.rate_limiter import RateLimiter
 from broker.router import Dispatch, Router
 from broker.sequencer import SequenceRefused
 from broker.wake_timer import WakeTimer
-from configs import rate_limits, repository
+from configs import ensemble, rate_limits, repository
 from configs.devices import gpu_count
+from configs.ensemble import is_ensemble
 from configs.placement import instance_count, passive_instances
 from configs.rate_limits import describe
+from configs.schema import ConfigError
 from ipc import logs, shm, sockets
 from ipc import messages as m
 from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_model
@@ -103,6 +106,7 @@ class BrokerProc:
         self._unwatched: dict[bytes, tuple[int, str]] = {}  # pidfd_open failed: retry
         self.frontend_fds: dict[bytes, int] = {}
         self.startup_reported = False
+        self._unsettled: list[ModelVersion] = []  # ensembles waiting for their models
 
     def load_repository(self) -> None:
         entries = repository.scan(
@@ -115,12 +119,21 @@ class BrokerProc:
         if limits is not None:
             self.router.limiter = RateLimiter(limits)
             log.info("rate limiter: execution_count; resources %s", describe(limits.copies))
+        configs = {e.name: e.config for e in entries if not e.error and e.config is not None}
         for e in entries:
             if limits is not None and e.name in limits.refused:
                 e.error = limits.refused[e.name]
+            loop = ensemble.cycle(configs, e.name) if e.name in configs and not e.error else None
+            if loop is not None:
+                e.error = "circular dependency between ensembles: " + " -> ".join(loop)
             if e.error or e.config is None:
                 log.error("%s", e.error)
                 self.table.add_error(e.name, e.error or "failed to load")
+                continue
+            if is_ensemble(e.config):
+                deps = ensemble.dependencies(e.config)
+                config = e.config.SerializeToString()
+                self._unsettled += self.table.add_ensemble(e.name, e.versions, config, deps)
                 continue
             count = instance_count(e.config)
             platform = e.config.platform or e.config.backend
@@ -134,6 +147,8 @@ class BrokerProc:
         self.load_repository()
         settle_gc()
         while not self.stop:
+            if self._unsettled:
+                self._settle_ensembles()
             if not self.startup_reported and self.table.startup_done():
                 self.startup_reported = True
                 failures = self.table.failures()
@@ -165,6 +180,74 @@ class BrokerProc:
         self._reap_peers()
         self._shutdown_workers()
         return 0
+
+    def _settle_ensembles(self) -> None:
+        """Ensembles whose composing models have settled become READY (their steps fit
+        those models' configs) or UNAVAILABLE, with Triton's reason; an ensemble of
+        ensembles waits for those."""
+        while True:
+            waiting = []
+            for mv in self._unsettled:
+                reason = self._ensemble_verdict(mv)
+                if reason is None:
+                    waiting.append(mv)
+                    continue
+                mv.ever_ready = reason == "READY"
+                mv.state = "READY" if mv.ever_ready else "UNAVAILABLE"
+                mv.reason = "" if mv.ever_ready else reason
+                log.log(
+                    logging.INFO if mv.ever_ready else logging.ERROR,
+                    "ensemble %s/%d: %s", mv.name, mv.version, reason,
+                )  # fmt: skip
+            settled = len(waiting) < len(self._unsettled)
+            self._unsettled = waiting
+            if not settled or not waiting:
+                return
+
+    def _ensemble_verdict(self, mv: ModelVersion) -> str | None:
+        """READY, why not, or None while a composing model is still loading."""
+        assert mv.ensemble is not None
+        name = mv.name
+        missing = [d.model for d in mv.ensemble if d.model not in self.table.models]
+        if missing:
+            return (
+                f"ensemble {name} contains models that are not available or ambiguous: "
+                + ", ".join(dict.fromkeys(missing))
+            )
+        composing: dict[str, mc.ModelConfig] = {}
+        for dep in mv.ensemble:
+            entry = self.table.models[dep.model]
+            if entry.error:
+                return (
+                    f"ensemble '{name}' depends on '{dep.model}' which is not valid. Model "
+                    f"'{dep.model}' failed with error: {entry.error}"
+                )
+            versions = entry.versions.values()
+            if any(v.state == "LOADING" for v in versions):
+                return None
+            if dep.version >= 0:
+                v = entry.versions.get(dep.version)
+                if v is None or v.state != "READY":
+                    return (
+                        f"ensemble '{name}' depends on '{dep.model}' whose required version "
+                        f"{dep.version} is not loaded."
+                    )
+            else:
+                ready = [v for v in versions if v.state == "READY"]
+                if not ready:
+                    why = next((v.reason for v in versions if v.reason), "")
+                    failed = f" Model '{dep.model}' loading failed with error: {why}" if why else ""
+                    return (
+                        f"ensemble '{name}' depends on '{dep.model}' which has no loaded "
+                        f"version.{failed}"
+                    )
+                v = max(ready, key=lambda v: v.version)
+            composing[dep.model] = mc.ModelConfig.FromString(v.config)
+        try:
+            ensemble.check_composition(mc.ModelConfig.FromString(mv.config), composing)
+        except ConfigError as err:
+            return err.message
+        return "READY"
 
     def _reap_peers(self) -> None:
         for fd, _ in self.peer_fds.poll(0):
@@ -315,6 +398,9 @@ class BrokerProc:
         elif isinstance(msg, m.CacheHit):
             if (hit := self.table.version(msg.model, msg.version)) is not None:
                 hit.stats.cache_hit(msg.request_ns, msg.hit_ns, time.monotonic())
+        elif isinstance(msg, m.EnsembleDone):
+            if (ens := self.table.version(msg.model, msg.version)) is not None:
+                ens.stats.ensemble_done(msg.request_ns, msg.ok, msg.batch_size, time.monotonic())
         elif isinstance(msg, m.Cancel):
             item = self.router.cancel(ident, msg.req_id, time.monotonic())
             if item is not None:  # still queued: its answer frees the frontend's slots
@@ -440,6 +526,8 @@ class BrokerProc:
         ServingError with Triton's reason why not. Nothing is held or queued yet."""
         mv = self._lookup(req.model, req.version)
         req.version = mv.version  # -1 resolved once: its answer finds the same version
+        if mv.ensemble is not None:  # a frontend runs its steps, never the broker
+            raise ServingError(Code.INTERNAL, f"ensemble '{mv.name}' sent to the scheduler")
         clients = self.client_regions.resolve(req)
         if mv.all_passive:
             # Triton would queue it forever: no instance of a passive group is scheduled.

@@ -92,6 +92,17 @@ class VersionStats:
         if self.windows is not None:
             self.windows["cache_miss"].add(now, lookup_ns // 1000)
 
+    def ensemble_done(self, request_ns: int, ok: bool, batch_size: int, now: float) -> None:
+        """An ensemble request ended: Triton counts it once, after its last step (a
+        success: one execution of its batch; a failure: reason OTHER). Its compute times
+        are its steps', counted in their models' statistics, not here."""
+        if not ok:
+            self.failed(request_ns, "OTHER")
+            return
+        self.queued(0, now)
+        size = max(batch_size, 1)
+        self.executed(m.BatchDone(0, size), [request_ns], size, now)
+
     def failed(self, elapsed_ns: int, reason: FailureReason) -> None:
         self.s.inference_stats.fail.add(elapsed_ns)
         self.failures[reason] += 1

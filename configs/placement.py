@@ -20,6 +20,8 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from configs.schema import ENSEMBLE_PLATFORM
+
 
 @dataclass(frozen=True)
 class InstancePlan:
@@ -81,7 +83,11 @@ def _core_blocks(cpus: list[int], n: int) -> Iterator[tuple[int, ...]]:
 def loadable(entries: list[Any]) -> list[tuple[str, list[int], Any]]:
     """(name, versions, config) of each model of a scanned repository (``repository.scan``'s
     entries) that could be read."""
-    return [(e.name, e.versions, e.config) for e in entries if not e.error and e.config]
+    return [
+        (e.name, e.versions, e.config)
+        for e in entries
+        if not e.error and e.config and e.config.platform != ENSEMBLE_PLATFORM  # no instances
+    ]
 
 
 def plan_repository(entries: list[Any], cpus: list[int]) -> list[InstancePlan]:

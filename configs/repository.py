@@ -18,7 +18,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.devices import cpu_only_backends
-from configs.model_config import fill_defaults, parse_config_text, validate
+from configs.model_config import fill_defaults, parse_config_text, validate, validate_io
 from configs.schema import ENSEMBLE_PLATFORM, NON_VERSION_DIRS, PYTHON_BACKEND, ConfigError
 
 log = logging.getLogger(__name__)
@@ -164,8 +164,8 @@ def load_entry(
 def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
     """Valid configs that shoal cannot serve yet fail their load saying so, rather than
     being served as something else."""
-    if config.platform == ENSEMBLE_PLATFORM or config.HasField("ensemble_scheduling"):
-        raise ConfigError(name, f"failed to load '{name}': ensemble models are not supported yet")
+    if config.platform == ENSEMBLE_PLATFORM:
+        validate_io(config)  # no worker completes an ensemble's config: it must be whole
     if config.sequence_batching.iterative_sequence:
         # Iterative sequences re-queue a decoupled model's request after each of its
         # steps; shoal serves no decoupled model.

@@ -15,6 +15,7 @@ from math import prod
 from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.backend_params import instance_memory_limit_mb, share_min_compute_us
+from configs.ensemble import check_graph
 from configs.schema import (
     ENSEMBLE_PLATFORM,
     KNOWN_BACKENDS,
@@ -183,6 +184,7 @@ def _validate_ensemble(config: pb.ModelConfig) -> None:
                 raise ConfigError(
                     name, f"must specify '{field}' in step {idx} of ensemble '{name}'"
                 )
+    check_graph(config)
 
 
 # A tag's label is "_" + its key: a valid Prometheus label name that does not start with

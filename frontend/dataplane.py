@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from frontend import client_shm
+from frontend import client_shm, ensemble
 from frontend.broker_client import BrokerClient
 from frontend.model_handle import ModelHandle, check_byte_size
 from frontend.response_cache import ResponseCache
@@ -129,6 +129,10 @@ class DataPlane:
         self.pool = pool
         self.server_id = server_id
         self._models: dict[tuple[str, int], ModelHandle] = {}
+        # ensembles' steps, and their max_inflight_requests
+        self._plans: dict[
+            tuple[str, int], tuple[list[ensemble.Step], dict[int, asyncio.Semaphore] | None]
+        ] = {}
         self.requests_handled = 0
         broker.on_broker_lost.append(self._broker_lost)
 
@@ -139,6 +143,7 @@ class DataPlane:
         old, self.pool = self.pool, self.pool.fresh()
         old.close()
         self._models.clear()
+        self._plans.clear()
         if self.cache is not None:  # a new broker may serve other model files
             self.cache.clear()
 
@@ -296,6 +301,8 @@ class DataPlane:
 
     async def infer(self, req: InferenceRequest) -> InferenceResult:
         model = await self.model(req.model, req.version)
+        if model.is_ensemble:
+            return await self._infer_ensemble(model, req)
         started = time.perf_counter_ns()
         slots: list[Slot] = []
         key: bytes | None = None
@@ -353,6 +360,35 @@ class DataPlane:
             outputs=outputs,
             release=lambda: self._free(slots, pool),
         )
+
+    async def _infer_ensemble(self, model: ModelHandle, req: InferenceRequest) -> InferenceResult:
+        """Run an ensemble's steps (frontend/ensemble.py), once the request passed the
+        checks any request to the ensemble's own config passes."""
+        started = time.perf_counter_ns()
+        try:
+            batch = model.batch_size(req)
+            if not self.allow_client_shm and any(t.data is None for t in req.inputs):
+                raise client_shm.disabled()
+            for t in req.inputs[::-1]:
+                if t.data is not None:
+                    check_byte_size(t, model.name)
+        except RequestError as err:
+            raise ServingError(err.code, named(err.message, req.id)) from None
+        key = (model.name, model.version)
+        plan = self._plans.get(key)
+        if plan is None:
+            config = model.config
+            plan = self._plans[key] = (ensemble.plan(config), ensemble.inflight_limits(config))
+        steps, inflight = plan
+        run = ensemble.EnsembleRun(model, req, self.infer, self.model, inflight)
+        try:
+            result = await run.run(steps)
+        except ServingError:
+            self.broker.notify(ensemble.done_note(model, started, False, batch))
+            raise
+        self.broker.notify(ensemble.done_note(model, started, True, batch))
+        self.requests_handled += 1
+        return result
 
     def _cached(
         self, req: InferenceRequest, model: ModelHandle, key: bytes, started: int, lookup: int

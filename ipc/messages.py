@@ -289,6 +289,17 @@ class CacheHit(msgspec.Struct, array_like=True):
     hit_ns: int  # of that, the lookup and the copy out of the cache
 
 
+class EnsembleDone(msgspec.Struct, array_like=True):
+    """Frontend -> broker: an ensemble request it ran (frontend/ensemble.py), for the
+    ensemble's statistics (its steps count in their models' own)."""
+
+    model: str
+    version: int
+    request_ns: int  # from its arrival to its answer
+    ok: bool
+    batch_size: int = 0  # the request's (0: the ensemble does not batch)
+
+
 class Cancel(msgspec.Struct, array_like=True):
     """Frontend -> broker: the client gave up on this request (a gRPC deadline or cancel).
     If it is still queued the broker drops it and answers CANCELLED, which frees what the
@@ -503,6 +514,7 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     Unconfirmed: b"U",
     Cancel: b"C",
     CacheHit: b"c",
+    EnsembleDone: b"e",
 }
 RESULT: Final[bytes] = b"r"
 

@@ -47,6 +47,22 @@ _SIMPLE_OUT = {"OUTPUT0": [i + 3 for i in range(16)], "OUTPUT1": [i - 3 for i in
 _ENDPOINTS = {"http": ("-i", "http"), "grpc": ("-i", "grpc"), "grpc-stream": ("-i", "grpc")}
 
 
+_ENSEMBLE = """
+name: "ens" platform: "ensemble" max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+        { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]
+ensemble_scheduling { step [
+  { model_name: "simple" model_version: -1
+    input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+    output_map { key: "OUTPUT0" value: "SUM" } output_map { key: "OUTPUT1" value: "DIFF" } },
+  { model_name: "simple" model_version: -1
+    input_map { key: "INPUT0" value: "SUM" } input_map { key: "INPUT1" value: "DIFF" }
+    output_map { key: "OUTPUT0" value: "OUT" } }
+] }
+"""
+
+
 @pytest.fixture(scope="module")
 def pa_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("pa-repo")
@@ -62,6 +78,8 @@ def pa_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]
         extra="",
     )  # fmt: skip
     modelgen.write_model(repo, "acc", modelgen.accumulate_model(), config)
+    (repo / "ens" / "1").mkdir(parents=True)  # simple, twice: OUT = 2 x INPUT0
+    (repo / "ens" / "config.pbtxt").write_text(_ENSEMBLE)
     srv = ShoalServer(repo, "--allow-client-shm=true")
     yield srv
     assert srv.stop() == 0
@@ -185,3 +203,17 @@ def test_sequences_are_driven_as_against_triton(pa_server: ShoalServer, endpoint
     status, body = pa_server.http("/v2/models/acc/stats")
     assert status == 200
     assert json.loads(body)["model_stats"][0]["inference_stats"]["fail"]["count"] == 0
+
+
+@pytest.mark.parametrize("endpoint", list(_ENDPOINTS))
+def test_an_ensemble_is_driven_and_its_outputs_checked(
+    pa_server: ShoalServer, endpoint: str, tmp_path: Path
+) -> None:
+    """perf_analyzer reads the ensemble's config (and its composing models' statistics);
+    its outputs are validated: OUT = 2 x INPUT0."""
+    before = inference_count(pa_server, "ens")
+    expected = {"OUT": [2 * v for v in _SIMPLE_IN["INPUT0"]]}
+    run = perf_analyzer(pa_server, endpoint, "ens", "--input-data", input_data(tmp_path, expected))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "error" not in (run.stdout + run.stderr).lower()
+    assert inference_count(pa_server, "ens") - before >= requests_counted(run) > 0

@@ -1,0 +1,217 @@
+"""Triton's ensemble models: the checks of an ensemble's steps, in Triton's words.
+
+Two stages, as in Triton 2.51:
+
+* ``check_graph`` (at load, from the config alone: ValidateEnsembleSchedulingConfig and
+  BuildEnsembleGraph): every ensemble tensor is written by one step at most, every
+  ensemble input is read and every ensemble output written by some step, every output
+  can be computed from the inputs, and no intermediate tensor is written and never read
+  (or read and never written).
+* ``check_composition`` (once the composing models have loaded: ValidateEnsembleConfig),
+  against the configs of the versions the steps name: the maps name real inputs and
+  outputs, every required input of a step is fed, data types and shapes agree where one
+  tensor meets several models, and the ensemble batches no more than its steps do.
+
+``dependencies`` and ``cycle`` give the broker what an ensemble waits for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tritonclient.grpc import model_config_pb2 as pb
+
+from configs.schema import ENSEMBLE_PLATFORM, ConfigError
+
+
+def is_ensemble(config: pb.ModelConfig) -> bool:
+    return config.platform == ENSEMBLE_PLATFORM
+
+
+@dataclass(frozen=True)
+class Dependency:
+    model: str
+    version: int  # -1: the latest ready version
+
+
+def dependencies(config: pb.ModelConfig) -> list[Dependency]:
+    """The composing models of an ensemble, in step order, each once."""
+    seen: dict[tuple[str, int], Dependency] = {}
+    for step in config.ensemble_scheduling.step:
+        key = (step.model_name, int(step.model_version))
+        seen.setdefault(key, Dependency(*key))
+    return list(seen.values())
+
+
+def check_graph(config: pb.ModelConfig) -> None:
+    """Raise ConfigError when the steps do not make a graph from the ensemble's inputs to
+    its outputs (Triton's messages, quirks included)."""
+    name = config.name
+    written: dict[str, int] = {}  # ensemble tensor -> the step that writes it
+    read: set[str] = set()
+    for i, step in enumerate(config.ensemble_scheduling.step):
+        for tensor in step.output_map.values():
+            if tensor in written:
+                raise ConfigError(
+                    name,
+                    f"ensemble tensor '{tensor}' can appear in an output map only once for "
+                    f"ensemble '{name}' step {i}",
+                )
+            written[tensor] = i
+        read.update(step.input_map.values())
+    inputs = [t.name for t in config.input]
+    outputs = [t.name for t in config.output]
+    for t in inputs:
+        if t not in read:
+            raise ConfigError(name, f"ensemble input '{t}' for ensemble {name}' is not used")
+    for t in outputs:
+        if t not in written:
+            raise ConfigError(name, f"ensemble output '{t}' for ensemble {name}' is not used")
+    for t in sorted((read | set(written)) - set(inputs) - set(outputs)):
+        if t not in read or t not in written:
+            raise ConfigError(name, f"ensemble tensor '{t}' is unused in ensemble '{name}'")
+    ready = set(inputs)
+    pending = list(config.ensemble_scheduling.step)
+    while True:
+        runnable = [s for s in pending if set(s.input_map.values()) <= ready]
+        if not runnable:
+            break
+        for s in runnable:
+            ready.update(s.output_map.values())
+            pending.remove(s)
+    for t in outputs:
+        if t not in ready:
+            step = config.ensemble_scheduling.step[written[t]]
+            missing = sorted(set(step.input_map.values()) - ready)
+            detail = f": at least one of its depending tensors, '{missing[0]}', is not connected"
+            raise ConfigError(
+                name, f"output '{t}' for ensemble '{name}' is not written" + detail * bool(missing)
+            )
+
+
+def cycle(configs: Mapping[str, pb.ModelConfig], start: str) -> list[str] | None:
+    """The ensembles on a circular dependency through ``start`` (the path, ``start``
+    again at its end), or None."""
+    path: list[str] = []
+
+    def visit(model: str) -> list[str] | None:
+        if model in path:
+            return [*path[path.index(model) :], model]
+        config = configs.get(model)
+        if config is None or not is_ensemble(config):
+            return None
+        path.append(model)
+        for dep in dependencies(config):
+            found = visit(dep.model)
+            if found is not None:
+                return found
+        path.pop()
+        return None
+
+    found = visit(start)
+    return found if found is not None and found[0] == start else None
+
+
+def _shape(config: pb.ModelConfig, dims: list[int]) -> list[int]:
+    return [-1, *dims] if config.max_batch_size > 0 else list(dims)
+
+
+def _shape_str(dims: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def in_order(mapping: Mapping[str, str], names: list[str]) -> list[tuple[str, str]]:
+    """A step's map's (key, tensor) pairs, keys in the order of ``names`` (a model's
+    config), then any others by name."""
+    rank = {n: i for i, n in enumerate(names)}
+    return sorted(mapping.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0]))
+
+
+def _agree(a: list[int], b: list[int]) -> bool:
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
+
+
+def check_composition(config: pb.ModelConfig, composing: Mapping[str, pb.ModelConfig]) -> None:
+    """Raise ConfigError when the steps do not fit the composing models' configs
+    (``composing``: by model name, the config of the version each step runs)."""
+    name = config.name
+    # ensemble tensor -> (data type, dims without batch, full dims, the model it came from)
+    seen: dict[str, tuple[int, list[int], list[int], str]] = {}
+
+    def meet(tensor: str, data_type: int, dims: list[int], model_cfg: pb.ModelConfig) -> None:
+        full = _shape(model_cfg, dims)
+        source = model_cfg.name
+        if tensor not in seen:
+            seen[tensor] = (data_type, dims, full, source)
+            return
+        was_type, was_dims, was_full, was_source = seen[tensor]
+        if was_type != data_type:
+            raise ConfigError(
+                name,
+                f"in ensemble {name}, ensemble tensor {tensor}: inconsistent data type: "
+                f"{pb.DataType.Name(was_type)} is inferred from model {was_source} while "
+                f"{pb.DataType.Name(data_type)} is inferred from model {source}",
+            )
+        if not (_agree(was_dims, dims) or _agree(was_full, full)):
+            raise ConfigError(
+                name,
+                f"in ensemble {name}, ensemble tensor {tensor}: inconsistent shape: "
+                f"{_shape_str(was_full)} is inferred from model {was_source} while "
+                f"{_shape_str(full)} is inferred from model {source}",
+            )
+
+    for t in config.input:
+        meet(t.name, t.data_type, list(t.dims), config)
+    for t in config.output:
+        meet(t.name, t.data_type, list(t.dims), config)
+    for step in config.ensemble_scheduling.step:
+        model = step.model_name
+        cfg = composing[model]
+        if 0 < cfg.max_batch_size < config.max_batch_size:
+            raise ConfigError(
+                name,
+                f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it "
+                f"contains model {model} which only allows maximum batch size to be "
+                f"{cfg.max_batch_size}",
+            )
+        inputs = {t.name: t for t in cfg.input}
+        outputs = {t.name: t for t in cfg.output}
+        # in the model's config order (a protobuf map has no order of its own)
+        in_map = in_order(step.input_map, list(inputs))
+        out_map = in_order(step.output_map, list(outputs))
+        for key, tensor in in_map:
+            if key not in inputs:
+                raise ConfigError(
+                    name,
+                    f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing "
+                    f"input {key} in model {model}",
+                )
+        for key, spec in inputs.items():
+            if key not in step.input_map and not spec.optional:
+                raise ConfigError(
+                    name,
+                    f"in ensemble {name}, input {key} in model {model} is not mapped to any "
+                    "ensemble tensors",
+                )
+        targets: set[str] = set()
+        for key, tensor in out_map:
+            if key not in outputs:
+                raise ConfigError(
+                    name,
+                    f"in ensemble {name}, ensemble tensor {tensor} is mapped from "
+                    f"non-existing output {key} in model {model}",
+                )
+            if tensor in targets:
+                raise ConfigError(
+                    name,
+                    f"in ensemble {name}, multiple outputs in model {model} are mapped to the "
+                    f"same ensemble tensor {tensor}",
+                )
+            targets.add(tensor)
+        for key, tensor in in_map:
+            t = inputs[key]
+            meet(tensor, t.data_type, list(t.dims), cfg)
+        for key, tensor in out_map:
+            t = outputs[key]
+            meet(tensor, t.data_type, list(t.dims), cfg)

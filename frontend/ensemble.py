@@ -1,0 +1,265 @@
+"""Triton's ensemble scheduler, run by the frontend that took the request.
+
+An ensemble (platform "ensemble") has no instances: its ``ensemble_scheduling`` steps
+name composing models, and map their inputs and outputs to the ensemble's tensors. The
+frontend runs each step as an ordinary request to its model, through the broker like
+any other (so the composing models batch, queue, count statistics and fail as they
+always do), as soon as the tensors it reads exist, steps that can run at once at once,
+and answers with the ensemble outputs asked for. As in Triton 2.51:
+
+* Only the steps some requested output depends on run; each asks its model for every
+  output its ``output_map`` names. ``model_version`` -1 is the latest ready version at
+  the time of the step.
+* Every step inherits the request's id and parameters (priority, timeout, sequence
+  flags, custom ones).
+* A step's failure fails the request with the step's code and message after "in
+  ensemble '<name>', ", once the steps already running have ended.
+* ``max_inflight_requests`` bounds the requests each step has running at once, across
+  the ensemble's requests (in each frontend process); a step at its bound waits.
+* Tensors change rank between a model that batches and one that does not
+  (ReshapeTensorDims): a batch-1 tensor loses its batch dimension for a model without
+  one whose dims it does not fit otherwise; a tensor without one gains a batch of 1 for
+  a model with one whose dims it fits.
+
+Intermediate tensors stay where their step's answer put them (the frontend's shared
+memory, or the message) until the request ends; the next step's request reads them from
+there like any request's input. An ensemble input in a client's shared-memory region is
+passed to its steps as the same reference: the frontend never reads it. An ensemble
+output asked into a client region is written there by the step that produces it, unless a
+later step also reads it (refused: the frontend cannot read a client's region).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from configs.ensemble import in_order
+from frontend.model_handle import ModelHandle, TensorSpec
+from frontend.types import (
+    InferenceRequest,
+    InferenceResult,
+    InputTensor,
+    OutputTensor,
+    ParamValue,
+    RequestedOutput,
+)
+from ipc import messages as m
+from ipc.errors import Code, ServingError
+
+Infer = Callable[[InferenceRequest], Awaitable[InferenceResult]]
+ModelOf = Callable[[str, str], Awaitable[ModelHandle]]
+#: Output parameters that make a step's answer unreadable by the frontend.
+_WRITTEN_ELSEWHERE = ("shared_memory_region", "classification")
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int
+    model: str
+    version: str  # "" for the latest ready version
+    inputs: dict[str, str]  # model input -> ensemble tensor
+    outputs: dict[str, str]  # model output -> ensemble tensor
+
+
+@dataclass
+class _Tensor:
+    """An ensemble tensor that exists: the request's input or a step's output."""
+
+    value: InputTensor  # as a later step's input reads it
+    batched: bool  # its first dimension is a batch dimension
+    output: OutputTensor | None = None  # as a step produced it (None: a request input)
+
+
+def plan(config: mc.ModelConfig) -> list[Step]:
+    return [
+        Step(
+            i,
+            s.model_name,
+            "" if s.model_version < 0 else str(s.model_version),
+            dict(s.input_map),
+            dict(s.output_map),
+        )
+        for i, s in enumerate(config.ensemble_scheduling.step)
+    ]
+
+
+def needed(steps: list[Step], wanted: set[str]) -> list[Step]:
+    """The steps the ``wanted`` tensors depend on, in step order."""
+    tensors = set(wanted)
+    chosen: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for s in steps:
+            if s.index not in chosen and tensors.intersection(s.outputs.values()):
+                chosen.add(s.index)
+                tensors.update(s.inputs.values())
+                changed = True
+    return [s for s in steps if s.index in chosen]
+
+
+def _fits(shape: list[int], dims: tuple[int, ...]) -> bool:
+    return len(shape) == len(dims) and all(d in (-1, g) for d, g in zip(dims, shape, strict=True))
+
+
+def _reshaped(shape: list[int], batched: bool, mbs: int, dims: tuple[int, ...]) -> list[int]:
+    """Triton's ReshapeTensorDims: the shape a tensor takes for a model (``mbs``, the
+    tensor's config ``dims``)."""
+    if mbs == 0 and batched and shape and shape[0] == 1 and not _fits(shape, dims):
+        return shape[1:]
+    if mbs > 0 and not batched and _fits(shape, dims):
+        return [1, *shape]
+    return shape
+
+
+@dataclass
+class EnsembleRun:
+    """One request to an ensemble."""
+
+    handle: ModelHandle
+    req: InferenceRequest
+    infer: Infer
+    model_of: ModelOf
+    # max_inflight_requests: a semaphore per step, shared by the ensemble's requests
+    inflight: dict[int, asyncio.Semaphore] | None = None
+    tensors: dict[str, _Tensor] = field(default_factory=dict)
+    results: list[InferenceResult] = field(default_factory=list)
+
+    def _release(self) -> None:
+        for r in self.results:
+            r.release()
+        self.results.clear()
+
+    async def run(self, steps: list[Step]) -> InferenceResult:
+        handle, req = self.handle, self.req
+        batched = handle.max_batch_size > 0
+        for t in req.inputs:
+            self.tensors[t.name] = _Tensor(t, batched)
+        asked = {o.name: o for o in req.outputs}
+        wanted = list(asked) or list(handle.outputs)
+        todo = needed(steps, set(wanted))
+        read_later = {t for s in todo for t in s.inputs.values()}
+        for name, o in asked.items():
+            if name in read_later and any(k in o.parameters for k in _WRITTEN_ELSEWHERE):
+                raise ServingError(
+                    Code.UNSUPPORTED,
+                    f"output '{name}' of ensemble '{handle.name}' is read by a later step: "
+                    "it cannot be written to shared memory or classified",
+                )
+        try:
+            await self._steps(todo, asked, read_later)
+            outputs = [self._output(name) for name in wanted if name in self.tensors]
+        except BaseException:
+            self._release()
+            raise
+        return InferenceResult(
+            handle.name, str(handle.version), req.id, outputs, release=self._release
+        )
+
+    def _output(self, name: str) -> OutputTensor:
+        tensor = self.tensors[name]
+        out = tensor.output
+        assert out is not None  # an ensemble output is written by a step (check_graph)
+        spec = self.handle.outputs[name]
+        shape = _reshaped(out.shape, tensor.batched, self.handle.max_batch_size, spec.dims)
+        return OutputTensor(name, out.datatype, shape, out.data, dict(out.parameters))
+
+    def _ready(self, step: Step) -> bool:
+        optional = {n for n, s in self.handle.inputs.items() if s.optional}
+        return all(t in self.tensors or t in optional for t in step.inputs.values())
+
+    async def _steps(
+        self, todo: list[Step], asked: dict[str, RequestedOutput], read_later: set[str]
+    ) -> None:
+        pending = list(todo)
+        running: dict[asyncio.Task[tuple[Step, InferenceResult, ModelHandle]], Step] = {}
+        failure: ServingError | None = None
+        try:
+            while pending or running:
+                if failure is None:
+                    for step in [s for s in pending if self._ready(s)]:
+                        pending.remove(step)
+                        task = asyncio.ensure_future(self._step(step, asked, read_later))
+                        running[task] = step
+                if not running:
+                    if failure is not None:
+                        break
+                    raise ServingError(
+                        Code.INVALID_ARG,
+                        f"in ensemble '{self.handle.name}', unexpected deadlock, at least one "
+                        "output is not set while no more ensemble steps can be made",
+                    )
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    running.pop(task)
+                    try:
+                        step, result, model = task.result()
+                    except ServingError as err:
+                        failure = failure or ServingError(
+                            err.code, f"in ensemble '{self.handle.name}', {err.message}"
+                        )
+                        continue
+                    self._keep(step, result, model)
+        finally:
+            for task in running:  # cancelled (the client left): so are its steps
+                task.cancel()
+        if failure is not None:
+            raise failure
+
+    def _keep(self, step: Step, result: InferenceResult, model: ModelHandle) -> None:
+        self.results.append(result)
+        for out in result.outputs:
+            name = step.outputs.get(out.name)
+            if name is None:
+                continue
+            value = InputTensor(name, out.datatype, list(out.shape), out.data)
+            self.tensors[name] = _Tensor(value, model.max_batch_size > 0, out)
+
+    async def _step(
+        self, step: Step, asked: dict[str, RequestedOutput], read_later: set[str]
+    ) -> tuple[Step, InferenceResult, ModelHandle]:
+        model = await self.model_of(step.model, step.version)
+        inputs = []
+        mapped = in_order(step.inputs, list(model.inputs))  # the model's config order
+        for model_input, name in mapped:
+            tensor = self.tensors.get(name)
+            if tensor is None:  # an optional ensemble input the request left out
+                continue
+            spec: TensorSpec | None = model.inputs.get(model_input)
+            t = tensor.value
+            shape = list(t.shape)
+            if spec is not None:
+                shape = _reshaped(shape, tensor.batched, model.max_batch_size, spec.dims)
+            inputs.append(InputTensor(model_input, t.datatype, shape, t.data, dict(t.parameters)))
+        outputs = []
+        for model_output, name in step.outputs.items():
+            params: dict[str, ParamValue] = {}
+            if name in asked and name not in read_later:  # where the client wants it
+                params = dict(asked[name].parameters)
+            outputs.append(RequestedOutput(model_output, params))
+        request = InferenceRequest(
+            step.model, step.version, self.req.id, dict(self.req.parameters), inputs, outputs
+        )
+        if self.inflight is None:
+            return step, await self.infer(request), model
+        async with self.inflight[step.index]:  # waits while the step has its limit running
+            return step, await self.infer(request), model
+
+
+def inflight_limits(config: mc.ModelConfig) -> dict[int, asyncio.Semaphore] | None:
+    """``max_inflight_requests`` (0: no limit) as one semaphore per step."""
+    limit = config.ensemble_scheduling.max_inflight_requests
+    if limit <= 0:
+        return None
+    return {i: asyncio.Semaphore(limit) for i in range(len(config.ensemble_scheduling.step))}
+
+
+def done_note(handle: ModelHandle, started_ns: int, ok: bool, batch: int) -> m.EnsembleDone:
+    """The broker's record of an ensemble request (its statistics)."""
+    elapsed = time.perf_counter_ns() - started_ns
+    return m.EnsembleDone(handle.name, handle.version, elapsed, ok, batch)

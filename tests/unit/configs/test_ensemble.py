@@ -1,0 +1,123 @@
+"""An ensemble's checks (configs/ensemble.py), in Triton's words: the graph of its steps
+at load, and how its steps fit the composing models' configs once they have loaded."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from configs.ensemble import Dependency, check_composition, check_graph, cycle, dependencies
+from configs.schema import ConfigError
+
+
+def _step(model: str, ins: dict[str, str], outs: dict[str, str], version: int = -1) -> str:
+    maps = [f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in ins.items()]
+    maps += [f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outs.items()]
+    return f'{{ model_name: "{model}" model_version: {version} {" ".join(maps)} }}'
+
+
+def _ensemble(steps: list[str], ins: str = "IN", outs: str = "OUT", mbs: int = 4) -> pb.ModelConfig:
+    text = (
+        f'name: "e" platform: "ensemble" max_batch_size: {mbs} '
+        + " ".join(f'input {{ name: "{n}" data_type: TYPE_FP32 dims: [ 4 ] }}' for n in ins.split())
+        + " ".join(
+            f' output {{ name: "{n}" data_type: TYPE_FP32 dims: [ 4 ] }}' for n in outs.split()
+        )
+        + f" ensemble_scheduling {{ step [ {', '.join(steps)} ] }}"
+    )
+    return text_format.Parse(text, pb.ModelConfig())
+
+
+def _model(name: str, mbs: int = 8, dims: str = "4", dtype: str = "TYPE_FP32") -> pb.ModelConfig:
+    text = (
+        f'name: "{name}" max_batch_size: {mbs} '
+        f'input {{ name: "X" data_type: {dtype} dims: [ {dims} ] }} '
+        f'input {{ name: "OPT" data_type: TYPE_FP32 dims: [ 4 ] optional: true }} '
+        f'output {{ name: "Y" data_type: TYPE_FP32 dims: [ {dims} ] }}'
+    )
+    return text_format.Parse(text, pb.ModelConfig())
+
+
+CHAIN = [_step("a", {"X": "IN"}, {"Y": "MID"}), _step("b", {"X": "MID"}, {"Y": "OUT"})]
+
+
+def test_a_chain_is_a_graph_and_its_dependencies_are_its_models() -> None:
+    config = _ensemble(CHAIN)
+    check_graph(config)
+    assert dependencies(config) == [Dependency("a", -1), Dependency("b", -1)]
+    check_composition(config, {"a": _model("a"), "b": _model("b")})
+
+
+@pytest.mark.parametrize(
+    ("steps", "ins", "outs", "message"),
+    [
+        ([_step("a", {"X": "IN"}, {"Y": "OUT"}), _step("b", {"X": "IN"}, {"Y": "OUT"})],
+         "IN", "OUT", "ensemble tensor 'OUT' can appear in an output map only once for "
+         "ensemble 'e' step 1"),
+        (CHAIN, "IN IN2", "OUT", "ensemble input 'IN2' for ensemble e' is not used"),
+        (CHAIN, "IN", "OUT OUT2", "ensemble output 'OUT2' for ensemble e' is not used"),
+        ([*CHAIN, _step("c", {"X": "IN"}, {"Y": "LOST"})], "IN", "OUT",
+         "ensemble tensor 'LOST' is unused in ensemble 'e'"),
+        ([CHAIN[0], _step("b", {"X": "MID", "Z": "NOWHERE"}, {"Y": "OUT"})],
+         "IN", "OUT", "ensemble tensor 'NOWHERE' is unused in ensemble 'e'"),
+        ([_step("a", {"X": "IN", "Z": "OUT"}, {"Y": "OUT"})], "IN", "OUT",
+         "output 'OUT' for ensemble 'e' is not written: at least one of its depending "
+         "tensors, 'OUT', is not connected"),
+    ],
+)  # fmt: skip
+def test_graphs_that_cannot_run_are_refused(
+    steps: list[str], ins: str, outs: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_graph(_ensemble(steps, ins, outs))
+    assert err.value.message == message
+
+
+def test_cycles_through_ensembles_are_found() -> None:
+    a = _ensemble([_step("b", {"X": "IN"}, {"Y": "OUT"})])
+    b = _ensemble([_step("a", {"X": "IN"}, {"Y": "OUT"})])
+    plain = _ensemble([_step("m", {"X": "IN"}, {"Y": "OUT"})])
+    configs = {"a": a, "b": b, "c": plain, "m": _model("m")}
+    assert cycle(configs, "a") == ["a", "b", "a"]
+    assert cycle(configs, "c") is None and cycle(configs, "m") is None
+
+
+@pytest.mark.parametrize(
+    ("models", "mbs", "message"),
+    [
+        ({"a": _model("a", mbs=2)}, 4, "ensemble e allows maximum batch size 4, but it contains "
+         "model a which only allows maximum batch size to be 2"),
+        ({"a": _model("a", dtype="TYPE_INT32")}, 4, "in ensemble e, ensemble tensor IN: "
+         "inconsistent data type: TYPE_FP32 is inferred from model e while TYPE_INT32 is "
+         "inferred from model a"),
+        ({"a": _model("a", dims="5")}, 4, "in ensemble e, ensemble tensor IN: inconsistent "
+         "shape: [-1,4] is inferred from model e while [-1,5] is inferred from model a"),
+    ],
+)  # fmt: skip
+def test_steps_must_fit_their_models(models: dict, mbs: int, message: str) -> None:
+    config = _ensemble(CHAIN, mbs=mbs)
+    with pytest.raises(ConfigError) as err:
+        check_composition(config, {**models, "b": _model("b")})
+    assert err.value.message == message
+
+
+def test_maps_must_name_real_tensors_and_feed_every_required_input() -> None:
+    wrong_in = _ensemble([_step("a", {"Q": "IN"}, {"Y": "OUT"})])
+    with pytest.raises(ConfigError, match="ensemble tensor IN is mapping to non-existing input Q"):
+        check_composition(wrong_in, {"a": _model("a")})
+    wrong_out = _ensemble([_step("a", {"X": "IN"}, {"Q": "OUT"})])
+    with pytest.raises(
+        ConfigError, match="ensemble tensor OUT is mapped from non-existing output Q"
+    ):
+        check_composition(wrong_out, {"a": _model("a")})
+    two_in = _model("a")
+    two_in.input.add(name="W", data_type=pb.TYPE_FP32, dims=[4])
+    with pytest.raises(
+        ConfigError, match="input W in model a is not mapped to any ensemble tensors"
+    ):
+        check_composition(_ensemble([_step("a", {"X": "IN"}, {"Y": "OUT"})]), {"a": two_in})
+    # a model that does not batch takes any ensemble batch size; -1 matches any size
+    check_composition(
+        _ensemble([_step("a", {"X": "IN"}, {"Y": "OUT"})]), {"a": _model("a", mbs=0, dims="-1")}
+    )
