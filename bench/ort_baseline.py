@@ -23,6 +23,7 @@ _NUMPY_FOR_ORT = {
     "tensor(float16)": np.float16,
     "tensor(int32)": np.int32,
     "tensor(int64)": np.int64,
+    "tensor(uint64)": np.uint64,
     "tensor(int8)": np.int8,
     "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,

@@ -72,6 +72,7 @@ def run_perf_analyzer(
     stability_pct: int,
     timeout_s: float,
     frontends: int | None = None,
+    extra: tuple[str, ...] = (),
 ) -> Measurement:
     """One perf_analyzer process at one concurrency, batch 1, random inputs.
 
@@ -89,6 +90,7 @@ def run_perf_analyzer(
         *("--max-trials", str(max_trials)),
         *("--stability-percentage", str(stability_pct)),
         *("-f", str(csv_path)),
+        *extra,  # e.g. --sequence-length for a sequence model
     ]
     csv_path.unlink(missing_ok=True)
     log_path = csv_path.with_suffix(".log")

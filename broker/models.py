@@ -100,7 +100,7 @@ class ModelVersion:
     @property
     def all_passive(self) -> bool:
         """Every instance is passive: nothing would ever run a request."""
-        return len(self.passive) >= self.expected_instances
+        return self.ensemble is None and len(self.passive) >= self.expected_instances
 
     @property
     def pending(self) -> int:
@@ -163,6 +163,8 @@ class ModelVersion:
         requests is alive; passive ones do not count, unless all are passive, which
         refuse requests instead); LOADING while an instance is still (re)loading;
         otherwise UNAVAILABLE."""
+        if self.ensemble is not None:  # its composing models decide (the broker's settle)
+            return
         live = self.live()
         serving = live if self.all_passive else self.schedulable()
         loading = any(i.state == "LOADING" for i in self.instances.values())

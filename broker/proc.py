@@ -124,8 +124,9 @@ class BrokerProc:
             if limits is not None and e.name in limits.refused:
                 e.error = limits.refused[e.name]
             loop = ensemble.cycle(configs, e.name) if e.name in configs and not e.error else None
-            if loop is not None:
-                e.error = "circular dependency between ensembles: " + " -> ".join(loop)
+            if loop is not None:  # Triton's words: the start, ..., the last, the start
+                ends = f"{loop[0]} -> ... -> {loop[-2]} -> {loop[0]}"
+                e.error = f"circular dependency between ensembles: {ends}"
             if e.error or e.config is None:
                 log.error("%s", e.error)
                 self.table.add_error(e.name, e.error or "failed to load")
@@ -214,26 +215,33 @@ class BrokerProc:
                 f"ensemble {name} contains models that are not available or ambiguous: "
                 + ", ".join(dict.fromkeys(missing))
             )
-        composing: dict[str, mc.ModelConfig] = {}
+        composing: dict[tuple[str, int], mc.ModelConfig] = {}
         for dep in mv.ensemble:
             entry = self.table.models[dep.model]
-            if entry.error:
+            versions = entry.versions.values()
+            # an ensemble it depends on that failed is "not valid", as a broken config is
+            failed_ensemble = next(
+                (v.reason for v in versions if v.ensemble is not None and not v.ever_ready), ""
+            )
+            if entry.error or (failed_ensemble and not any(v.ever_ready for v in versions)):
+                if any(v.state == "LOADING" for v in versions):
+                    return None
                 return (
                     f"ensemble '{name}' depends on '{dep.model}' which is not valid. Model "
-                    f"'{dep.model}' failed with error: {entry.error}"
+                    f"'{dep.model}' failed with error: {entry.error or failed_ensemble}"
                 )
-            versions = entry.versions.values()
-            if any(v.state == "LOADING" for v in versions):
+            if any(v.state == "LOADING" and not v.ever_ready for v in versions):
                 return None
+            # a version that has been READY counts: one restarting now will be back
             if dep.version >= 0:
                 v = entry.versions.get(dep.version)
-                if v is None or v.state != "READY":
+                if v is None or not v.ever_ready:
                     return (
                         f"ensemble '{name}' depends on '{dep.model}' whose required version "
                         f"{dep.version} is not loaded."
                     )
             else:
-                ready = [v for v in versions if v.state == "READY"]
+                ready = [v for v in versions if v.ever_ready]
                 if not ready:
                     why = next((v.reason for v in versions if v.reason), "")
                     failed = f" Model '{dep.model}' loading failed with error: {why}" if why else ""
@@ -242,7 +250,7 @@ class BrokerProc:
                         f"version.{failed}"
                     )
                 v = max(ready, key=lambda v: v.version)
-            composing[dep.model] = mc.ModelConfig.FromString(v.config)
+            composing[(dep.model, dep.version)] = mc.ModelConfig.FromString(v.config)
         try:
             ensemble.check_composition(mc.ModelConfig.FromString(mv.config), composing)
         except ConfigError as err:
@@ -639,6 +647,11 @@ class BrokerProc:
         mv = self.table.version(hello.model, hello.version)
         if mv is None:
             log.warning("worker for unexpected model %s/%d ignored", hello.model, hello.version)
+            return
+        if mv.ensemble is not None:  # a worker program a supervisord.conf lists by mistake
+            log.warning("worker for ensemble %s/%d stopped: an ensemble has no instances",
+                        hello.model, hello.version)  # fmt: skip
+            self._send(self.wsock, [ident, *m.encode(m.Shutdown("an ensemble has no instances"))])
             return
         if ident not in self.table.by_ident:
             gpu = hello.gpu if hello.gpu >= 0 else None

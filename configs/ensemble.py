@@ -66,40 +66,39 @@ def check_graph(config: pb.ModelConfig) -> None:
         if t not in read:
             raise ConfigError(name, f"ensemble input '{t}' for ensemble {name}' is not used")
     for t in outputs:
-        if t not in written:
+        if t not in read and t not in written:
             raise ConfigError(name, f"ensemble output '{t}' for ensemble {name}' is not used")
-    for t in sorted((read | set(written)) - set(inputs) - set(outputs)):
-        if t not in read or t not in written:
-            raise ConfigError(name, f"ensemble tensor '{t}' is unused in ensemble '{name}'")
-    ready = set(inputs)
+    ready = set(inputs)  # what the inputs lead to, step by step
     pending = list(config.ensemble_scheduling.step)
-    while True:
-        runnable = [s for s in pending if set(s.input_map.values()) <= ready]
-        if not runnable:
-            break
+    while runnable := [s for s in pending if set(s.input_map.values()) <= ready]:
         for s in runnable:
             ready.update(s.output_map.values())
             pending.remove(s)
     for t in outputs:
         if t not in ready:
-            step = config.ensemble_scheduling.step[written[t]]
-            missing = sorted(set(step.input_map.values()) - ready)
+            step = config.ensemble_scheduling.step[written[t]] if t in written else None
+            missing = sorted(set(step.input_map.values()) - ready) if step is not None else []
             detail = f": at least one of its depending tensors, '{missing[0]}', is not connected"
             raise ConfigError(
                 name, f"output '{t}' for ensemble '{name}' is not written" + detail * bool(missing)
             )
+    # the rest: tensors the inputs never lead to, or that no step reads
+    for t in sorted((read | set(written)) - set(inputs) - set(outputs)):
+        if t not in ready or t not in read:
+            raise ConfigError(name, f"ensemble tensor '{t}' is unused in ensemble '{name}'")
 
 
 def cycle(configs: Mapping[str, pb.ModelConfig], start: str) -> list[str] | None:
     """The ensembles on a circular dependency through ``start`` (the path, ``start``
     again at its end), or None."""
     path: list[str] = []
+    done: set[str] = set()  # explored: no way back to a model on the path from there
 
     def visit(model: str) -> list[str] | None:
         if model in path:
             return [*path[path.index(model) :], model]
         config = configs.get(model)
-        if config is None or not is_ensemble(config):
+        if model in done or config is None or not is_ensemble(config):
             return None
         path.append(model)
         for dep in dependencies(config):
@@ -107,6 +106,7 @@ def cycle(configs: Mapping[str, pb.ModelConfig], start: str) -> list[str] | None
             if found is not None:
                 return found
         path.pop()
+        done.add(model)
         return None
 
     found = visit(start)
@@ -132,9 +132,11 @@ def _agree(a: list[int], b: list[int]) -> bool:
     return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
 
 
-def check_composition(config: pb.ModelConfig, composing: Mapping[str, pb.ModelConfig]) -> None:
+def check_composition(
+    config: pb.ModelConfig, composing: Mapping[tuple[str, int], pb.ModelConfig]
+) -> None:
     """Raise ConfigError when the steps do not fit the composing models' configs
-    (``composing``: by model name, the config of the version each step runs)."""
+    (``composing``: by (model, step's model_version), the config of the version it runs)."""
     name = config.name
     # ensemble tensor -> (data type, dims without batch, full dims, the model it came from)
     seen: dict[str, tuple[int, list[int], list[int], str]] = {}
@@ -161,13 +163,12 @@ def check_composition(config: pb.ModelConfig, composing: Mapping[str, pb.ModelCo
                 f"{_shape_str(full)} is inferred from model {source}",
             )
 
-    for t in config.input:
-        meet(t.name, t.data_type, list(t.dims), config)
-    for t in config.output:
-        meet(t.name, t.data_type, list(t.dims), config)
+    for t in [*config.input, *config.output]:  # the ensemble's own: as reshaped, if they are
+        dims = list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
+        meet(t.name, t.data_type, dims, config)
     for step in config.ensemble_scheduling.step:
         model = step.model_name
-        cfg = composing[model]
+        cfg = composing[(model, int(step.model_version))]
         if 0 < cfg.max_batch_size < config.max_batch_size:
             raise ConfigError(
                 name,
@@ -194,21 +195,13 @@ def check_composition(config: pb.ModelConfig, composing: Mapping[str, pb.ModelCo
                     f"in ensemble {name}, input {key} in model {model} is not mapped to any "
                     "ensemble tensors",
                 )
-        targets: set[str] = set()
-        for key, tensor in out_map:
+        for key, tensor in out_map:  # (one tensor twice: check_graph refused it)
             if key not in outputs:
                 raise ConfigError(
                     name,
                     f"in ensemble {name}, ensemble tensor {tensor} is mapped from "
                     f"non-existing output {key} in model {model}",
                 )
-            if tensor in targets:
-                raise ConfigError(
-                    name,
-                    f"in ensemble {name}, multiple outputs in model {model} are mapped to the "
-                    f"same ensemble tensor {tensor}",
-                )
-            targets.add(tensor)
         for key, tensor in in_map:
             t = inputs[key]
             meet(tensor, t.data_type, list(t.dims), cfg)

@@ -365,15 +365,6 @@ class DataPlane:
         """Run an ensemble's steps (frontend/ensemble.py), once the request passed the
         checks any request to the ensemble's own config passes."""
         started = time.perf_counter_ns()
-        try:
-            batch = model.batch_size(req)
-            if not self.allow_client_shm and any(t.data is None for t in req.inputs):
-                raise client_shm.disabled()
-            for t in req.inputs[::-1]:
-                if t.data is not None:
-                    check_byte_size(t, model.name)
-        except RequestError as err:
-            raise ServingError(err.code, named(err.message, req.id)) from None
         key = (model.name, model.version)
         plan = self._plans.get(key)
         if plan is None:
@@ -382,7 +373,20 @@ class DataPlane:
         steps, inflight = plan
         run = ensemble.EnsembleRun(model, req, self.infer, self.model, inflight)
         try:
-            result = await run.run(steps)
+            batch = model.batch_size(req)
+            in_region = any(t.data is None for t in req.inputs) or any(
+                client_shm.output_spec(o) is not None for o in req.outputs
+            )
+            if in_region and not self.allow_client_shm:
+                raise client_shm.disabled()
+            for t in req.inputs[::-1]:
+                if t.data is not None:
+                    check_byte_size(t, model.name)
+            todo = run.check(steps)
+        except RequestError as err:
+            raise ServingError(err.code, named(err.message, req.id)) from None
+        try:
+            result = await run.run(todo)
         except ServingError:
             self.broker.notify(ensemble.done_note(model, started, False, batch))
             raise

@@ -32,6 +32,7 @@ later step also reads it (refused: the frontend cannot read a client's region).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ from frontend.types import (
 )
 from ipc import messages as m
 from ipc.errors import Code, ServingError
+
+log = logging.getLogger("shoal.frontend")
 
 Infer = Callable[[InferenceRequest], Awaitable[InferenceResult]]
 ModelOf = Callable[[str, str], Awaitable[ModelHandle]]
@@ -135,22 +138,30 @@ class EnsembleRun:
             r.release()
         self.results.clear()
 
-    async def run(self, steps: list[Step]) -> InferenceResult:
+    def check(self, steps: list[Step]) -> list[Step]:
+        """The steps the request needs; raises ServingError for outputs it asks in a way
+        the ensemble cannot give (before anything runs: no failure in the statistics)."""
+        asked = self.req.outputs
+        todo = needed(steps, {o.name for o in asked} or set(self.handle.outputs))
+        read_later = {t for s in todo for t in s.inputs.values()}
+        for o in asked:
+            if o.name in read_later and any(o.parameters.get(k) for k in _WRITTEN_ELSEWHERE):
+                raise ServingError(
+                    Code.UNSUPPORTED,
+                    f"output '{o.name}' of ensemble '{self.handle.name}' is read by a later "
+                    "step: it cannot be written to shared memory or classified",
+                )
+        return todo
+
+    async def run(self, todo: list[Step]) -> InferenceResult:
+        """Run ``todo`` (from ``check``); the ensemble's answer."""
         handle, req = self.handle, self.req
         batched = handle.max_batch_size > 0
         for t in req.inputs:
             self.tensors[t.name] = _Tensor(t, batched)
         asked = {o.name: o for o in req.outputs}
         wanted = list(asked) or list(handle.outputs)
-        todo = needed(steps, set(wanted))
         read_later = {t for s in todo for t in s.inputs.values()}
-        for name, o in asked.items():
-            if name in read_later and any(k in o.parameters for k in _WRITTEN_ELSEWHERE):
-                raise ServingError(
-                    Code.UNSUPPORTED,
-                    f"output '{name}' of ensemble '{handle.name}' is read by a later step: "
-                    "it cannot be written to shared memory or classified",
-                )
         try:
             await self._steps(todo, asked, read_later)
             outputs = [self._output(name) for name in wanted if name in self.tensors]
@@ -197,19 +208,42 @@ class EnsembleRun:
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     running.pop(task)
-                    try:
-                        step, result, model = task.result()
-                    except ServingError as err:
+                    error = self._collect(task)
+                    if error is not None:
                         failure = failure or ServingError(
-                            err.code, f"in ensemble '{self.handle.name}', {err.message}"
+                            error.code, f"in ensemble '{self.handle.name}', {error.message}"
                         )
-                        continue
-                    self._keep(step, result, model)
         finally:
-            for task in running:  # cancelled (the client left): so are its steps
-                task.cancel()
+            # Cancelled (the client left): so are its steps. An answer already in (or one
+            # that comes in spite of the cancel) is kept, so that its release frees it.
+            for task in running:
+                if task.done():
+                    self._collect(task)
+                else:
+                    task.cancel()
+                    task.add_done_callback(self._late)
         if failure is not None:
             raise failure
+
+    def _collect(
+        self, task: asyncio.Task[tuple[Step, InferenceResult, ModelHandle]]
+    ) -> ServingError | None:
+        """A finished step's answer, kept; or its error."""
+        if task.cancelled():
+            return ServingError(Code.CANCELLED, "Request was cancelled")
+        exc = task.exception()
+        if exc is None:
+            self._keep(*task.result())
+            return None
+        if isinstance(exc, ServingError):
+            return exc
+        log.error("ensemble '%s': a step failed", self.handle.name, exc_info=exc)
+        return ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _late(self, task: asyncio.Task[tuple[Step, InferenceResult, ModelHandle]]) -> None:
+        """A step that finished after its request was abandoned: its answer goes at once."""
+        if not task.cancelled() and task.exception() is None:
+            task.result()[1].release()
 
     def _keep(self, step: Step, result: InferenceResult, model: ModelHandle) -> None:
         self.results.append(result)

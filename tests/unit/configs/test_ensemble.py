@@ -42,11 +42,14 @@ def _model(name: str, mbs: int = 8, dims: str = "4", dtype: str = "TYPE_FP32") -
 CHAIN = [_step("a", {"X": "IN"}, {"Y": "MID"}), _step("b", {"X": "MID"}, {"Y": "OUT"})]
 
 
+ONE = _ensemble([_step("a", {"X": "IN"}, {"Y": "OUT"})])
+
+
 def test_a_chain_is_a_graph_and_its_dependencies_are_its_models() -> None:
     config = _ensemble(CHAIN)
     check_graph(config)
     assert dependencies(config) == [Dependency("a", -1), Dependency("b", -1)]
-    check_composition(config, {"a": _model("a"), "b": _model("b")})
+    check_composition(config, {("a", -1): _model("a"), ("b", -1): _model("b")})
 
 
 @pytest.mark.parametrize(
@@ -60,7 +63,10 @@ def test_a_chain_is_a_graph_and_its_dependencies_are_its_models() -> None:
         ([*CHAIN, _step("c", {"X": "IN"}, {"Y": "LOST"})], "IN", "OUT",
          "ensemble tensor 'LOST' is unused in ensemble 'e'"),
         ([CHAIN[0], _step("b", {"X": "MID", "Z": "NOWHERE"}, {"Y": "OUT"})],
-         "IN", "OUT", "ensemble tensor 'NOWHERE' is unused in ensemble 'e'"),
+         "IN", "OUT", "output 'OUT' for ensemble 'e' is not written: at least one of its "
+         "depending tensors, 'NOWHERE', is not connected"),
+        ([*CHAIN, _step("c", {"X": "L1"}, {"Y": "L2"}), _step("d", {"X": "L2"}, {"Y": "L1"})],
+         "IN", "OUT", "ensemble tensor 'L1' is unused in ensemble 'e'"),  # a loop of its own
         ([_step("a", {"X": "IN", "Z": "OUT"}, {"Y": "OUT"})], "IN", "OUT",
          "output 'OUT' for ensemble 'e' is not written: at least one of its depending "
          "tensors, 'OUT', is not connected"),
@@ -86,38 +92,45 @@ def test_cycles_through_ensembles_are_found() -> None:
 @pytest.mark.parametrize(
     ("models", "mbs", "message"),
     [
-        ({"a": _model("a", mbs=2)}, 4, "ensemble e allows maximum batch size 4, but it contains "
-         "model a which only allows maximum batch size to be 2"),
-        ({"a": _model("a", dtype="TYPE_INT32")}, 4, "in ensemble e, ensemble tensor IN: "
+        ({("a", -1): _model("a", mbs=2)}, 4, "ensemble e allows maximum batch size 4, but it "
+         "contains model a which only allows maximum batch size to be 2"),
+        ({("a", -1): _model("a", dtype="TYPE_INT32")}, 4, "in ensemble e, ensemble tensor IN: "
          "inconsistent data type: TYPE_FP32 is inferred from model e while TYPE_INT32 is "
          "inferred from model a"),
-        ({"a": _model("a", dims="5")}, 4, "in ensemble e, ensemble tensor IN: inconsistent "
+        ({("a", -1): _model("a", dims="5")}, 4, "in ensemble e, ensemble tensor IN: inconsistent "
          "shape: [-1,4] is inferred from model e while [-1,5] is inferred from model a"),
     ],
 )  # fmt: skip
 def test_steps_must_fit_their_models(models: dict, mbs: int, message: str) -> None:
     config = _ensemble(CHAIN, mbs=mbs)
     with pytest.raises(ConfigError) as err:
-        check_composition(config, {**models, "b": _model("b")})
+        check_composition(config, {**models, ("b", -1): _model("b")})
     assert err.value.message == message
 
 
 def test_maps_must_name_real_tensors_and_feed_every_required_input() -> None:
     wrong_in = _ensemble([_step("a", {"Q": "IN"}, {"Y": "OUT"})])
     with pytest.raises(ConfigError, match="ensemble tensor IN is mapping to non-existing input Q"):
-        check_composition(wrong_in, {"a": _model("a")})
+        check_composition(wrong_in, {("a", -1): _model("a")})
     wrong_out = _ensemble([_step("a", {"X": "IN"}, {"Q": "OUT"})])
     with pytest.raises(
         ConfigError, match="ensemble tensor OUT is mapped from non-existing output Q"
     ):
-        check_composition(wrong_out, {"a": _model("a")})
+        check_composition(wrong_out, {("a", -1): _model("a")})
     two_in = _model("a")
     two_in.input.add(name="W", data_type=pb.TYPE_FP32, dims=[4])
     with pytest.raises(
         ConfigError, match="input W in model a is not mapped to any ensemble tensors"
     ):
-        check_composition(_ensemble([_step("a", {"X": "IN"}, {"Y": "OUT"})]), {"a": two_in})
+        check_composition(ONE, {("a", -1): two_in})
     # a model that does not batch takes any ensemble batch size; -1 matches any size
-    check_composition(
-        _ensemble([_step("a", {"X": "IN"}, {"Y": "OUT"})]), {"a": _model("a", mbs=0, dims="-1")}
+    check_composition(ONE, {("a", -1): _model("a", mbs=0, dims="-1")})
+
+
+def test_each_pinned_version_is_checked_against_its_own_config() -> None:
+    pinned = _ensemble(
+        [_step("a", {"X": "IN"}, {"Y": "MID"}, 1), _step("a", {"X": "MID"}, {"Y": "OUT"}, 2)]
     )
+    check_composition(pinned, {("a", 1): _model("a"), ("a", 2): _model("a")})
+    with pytest.raises(ConfigError, match="inconsistent shape"):
+        check_composition(pinned, {("a", 1): _model("a"), ("a", 2): _model("a", dims="5")})

@@ -4,7 +4,15 @@ that do not (Triton's ReshapeTensorDims)."""
 
 from __future__ import annotations
 
-from frontend.ensemble import Step, _reshaped, needed
+import asyncio
+import contextlib
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from frontend.ensemble import EnsembleRun, Step, _reshaped, needed
+from frontend.model_handle import ModelHandle
+from frontend.types import InferenceRequest, InferenceResult, InputTensor, OutputTensor
 
 STEPS = [
     Step(0, "pre", "", {"X": "IN"}, {"Y": "A", "Z": "SIDE"}),
@@ -32,3 +40,86 @@ def test_a_tensor_without_a_batch_gains_one_for_a_model_that_batches() -> None:
     assert _reshaped([4], batched=False, mbs=8, dims=(-1,)) == [1, 4]
     assert _reshaped([2, 4], batched=False, mbs=8, dims=(4,)) == [2, 4]  # does not fit
     assert _reshaped([2, 4], batched=True, mbs=8, dims=(4,)) == [2, 4]
+
+
+def _handle() -> ModelHandle:
+    text = (
+        'name: "e" platform: "ensemble" max_batch_size: 4 '
+        'input { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } '
+        'output { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } '
+        'output { name: "SIDE" data_type: TYPE_FP32 dims: [ 1 ] }'
+    )
+    config = text_format.Parse(text, mc.ModelConfig())
+    return ModelHandle("e", 1, [1], config.SerializeToString())
+
+
+def _model_handle(name: str) -> ModelHandle:
+    text = (
+        f'name: "{name}" max_batch_size: 4 input {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} '
+        'output { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } '
+        'output { name: "Z" data_type: TYPE_FP32 dims: [ 1 ] }'
+    )
+    return ModelHandle(name, 1, [1], text_format.Parse(text, mc.ModelConfig()).SerializeToString())
+
+
+def _request() -> InferenceRequest:
+    data = memoryview(b"\0\0\0\0")
+    return InferenceRequest("e", "", inputs=[InputTensor("IN", "FP32", [1, 1], data)])
+
+
+class _Steps:
+    """Composing models that answer when told to, counting what their answers hold."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.gates: dict[str, asyncio.Event] = {}
+
+    async def infer(self, req: InferenceRequest) -> InferenceResult:
+        gate = self.gates.setdefault(req.model, asyncio.Event())
+        await gate.wait()
+        self.held += 1
+        outputs = [OutputTensor(o.name, "FP32", [1, 1], memoryview(b"\0" * 4)) for o in req.outputs]
+        return InferenceResult(req.model, "1", "", outputs, release=self._release)
+
+    def _release(self) -> None:
+        self.held -= 1
+
+    async def model_of(self, name: str, version: str) -> ModelHandle:
+        return _model_handle(name)
+
+
+def test_every_answer_is_released_with_the_result() -> None:
+    async def go() -> None:
+        steps = _Steps()
+        for name in ("pre", "model", "post", "other"):
+            steps.gates.setdefault(name, asyncio.Event()).set()
+        run = EnsembleRun(_handle(), _request(), steps.infer, steps.model_of)
+        result = await run.run(run.check(STEPS[:3]))
+        assert [o.name for o in result.outputs] == ["OUT", "SIDE"] and steps.held == 3
+        result.release()
+        assert steps.held == 0
+
+    asyncio.run(go())
+
+
+def test_a_request_abandoned_mid_way_releases_what_its_steps_answered() -> None:
+    """The client leaves while one step has answered (its answer not yet collected) and
+    another still runs: the answer is released, the other step is cancelled."""
+
+    async def go() -> None:
+        steps = _Steps()
+        parallel = [
+            Step(0, "a", "", {"X": "IN"}, {"Y": "OUT"}),
+            Step(1, "b", "", {"X": "IN"}, {"Y": "SIDE"}),
+        ]
+        run = EnsembleRun(_handle(), _request(), steps.infer, steps.model_of)
+        task = asyncio.ensure_future(run.run(parallel))
+        await asyncio.sleep(0.01)
+        steps.gates["a"].set()  # a answers ...
+        await asyncio.sleep(0)  # ... and its task finishes, uncollected
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert steps.held == 0
+
+    asyncio.run(go())
