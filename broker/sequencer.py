@@ -20,8 +20,8 @@ each request to the next. Triton 2.51's rules (sequence_batch_scheduler.cc):
   of a sequence that is cancelled (or whose frontend exits) while queued ends its whole
   sequence, as in Triton: its other queued requests fail with it.
 * A sequence in a slot with nothing queued or running for ``max_sequence_idle_microseconds``
-  (default 1 s) is closed: its correlation ID is forgotten, so a later request without
-  START is refused, and its slot frees. Nothing is sent to the model. Backlogged
+  (default 1 s; to within 10 ms) is closed: its correlation ID is forgotten, so a later
+  request without START is refused, and its slot frees. Nothing is sent to the model. Backlogged
   sequences are never idle. (Triton counts from the sequence's last arrival, so a
   prompt client whose requests wait behind a slow model loses its sequence; here the
   time counts from its last answer, or its last arrival if later.)
@@ -49,6 +49,7 @@ The request ``timeout`` parameter and priorities do not apply to sequence models
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -379,6 +380,9 @@ class SequenceBatcher:
         limit = self.cfg.max_idle_us * 1e-6
         for slots in self.slots.values():
             times += [s.idle_since + limit for s in slots if s is not None and s.idle()]
+        if times:  # on a 10 ms grid: a stream of answers, each moving the time a little,
+            # re-arms the broker's timer once per 10 ms, not once per answer
+            times = [math.ceil(min(times) * 100) / 100]
         delay = self.cfg.max_queue_delay_us * 1e-6
         if delay > 0:
             for ident in idle:

@@ -481,8 +481,10 @@ class WorkerProc:
         by_row: list[dict[str, np.ndarray] | None] = [None] * count
         for _, it, f in live:
             by_row[it.slot] = f
-        null = self.sequence.null_row(live[0][2])
-        feeds = [f if f is not None else null for f in by_row]
+        if len(live) < count:  # (most batches fill every row they span: no null row)
+            null = self.sequence.null_row(live[0][2])
+            by_row = [f if f is not None else null for f in by_row]
+        feeds = [f for f in by_row if f is not None]
         return feeds, [it.slot for _, it, _ in live], [1] * count
 
     def _die_after_report(self, done: m.BatchDone) -> None:

@@ -137,6 +137,15 @@ class SequenceIO:
         self.batching = batching
         self.added = {c.name for c in controls} | {s.input for s in states}
         self.state_outputs = [s.output for s in states]
+        self._shape = (1, 1) if batching else (1,)
+        # START, END, READY: one array per value, the same for every request (models read
+        # their inputs, never write them; a batch of several is a copy anyway)
+        self._flags = {
+            (c.name, flag): np.full(self._shape, c.true if flag else c.false, dtype=c.dtype)
+            for c in controls
+            if c.kind != "CORRID"
+            for flag in (False, True)
+        }
         # slot -> (the sequence it is of, state input -> value)
         self._held: dict[int, tuple[int | str, dict[str, np.ndarray]]] = {}
 
@@ -181,9 +190,9 @@ class SequenceIO:
         return cls(controls, states, config.max_batch_size > 0)
 
     def _value(self, c: Control, flag: bool | None, corrid: int | str) -> np.ndarray:
-        shape = (1, 1) if self.batching else (1,)
+        shape = self._shape
         if c.kind != "CORRID":
-            return np.full(shape, c.true if flag else c.false, dtype=c.dtype)
+            return self._flags[(c.name, bool(flag))]
         if c.dtype == object:
             value: Any = corrid.encode() if isinstance(corrid, str) else str(corrid).encode()
             return np.full(shape, value, dtype=object)
