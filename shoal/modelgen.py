@@ -335,6 +335,23 @@ def accumulate_model(batch: bool = True, corrid: str = "UINT64") -> bytes:
     return _finish(helper.make_graph(nodes, "accumulate", inputs, outputs))
 
 
+def simple_sequence_model() -> bytes:
+    """Triton's ``simple_sequence`` example, as its clients (``simple_*_sequence_*_client.py``)
+    expect it: INT32 INPUT ``[-1, 1]`` and the controls START and READY (INT32, [0, 1]);
+    OUTPUT = INPUT + START, so a sequence's first answer is its input plus one and the
+    others are their input."""
+    from onnx import helper
+
+    shape: list[int | str | None] = ["batch", 1]
+    nodes = [
+        helper.make_node("Mul", ["START", "READY"], ["started"]),
+        helper.make_node("Add", ["INPUT", "started"], ["OUTPUT"]),
+    ]
+    inputs = [_io(name, "INT32", shape) for name in ("INPUT", "START", "READY")]
+    graph = helper.make_graph(nodes, "simple_sequence", inputs, [_io("OUTPUT", "INT32", shape)])
+    return _finish(graph)
+
+
 RAGGED_SUM_CONFIG = """\
 name: "{name}"
 platform: "onnxruntime_onnx"
@@ -449,6 +466,55 @@ output [
 ]
 """
 
+SIMPLE_SEQUENCE_CONFIG = """\
+name: "simple_sequence"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  {
+    name: "INPUT"
+    data_type: TYPE_INT32
+    dims: [ 1 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT"
+    data_type: TYPE_INT32
+    dims: [ 1 ]
+  }
+]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  control_input [
+    {
+      name: "START"
+      control [
+        {
+          kind: CONTROL_SEQUENCE_START
+          int32_false_true: [ 0, 1 ]
+        }
+      ]
+    },
+    {
+      name: "READY"
+      control [
+        {
+          kind: CONTROL_SEQUENCE_READY
+          int32_false_true: [ 0, 1 ]
+        }
+      ]
+    }
+  ]
+}
+instance_group [
+  {
+    count: 1
+    kind: KIND_CPU
+  }
+]
+"""
+
 MLP_CONFIG = """\
 name: "mlp"
 platform: "onnxruntime_onnx"
@@ -531,6 +597,7 @@ def write_model(
 #: slow to build, not committed) is written only when its file is missing, unless forced.
 SHIPPED_MODELS: dict[str, tuple[Any, str, bool]] = {
     "simple": (simple_model, SIMPLE_CONFIG, True),
+    "simple_sequence": (simple_sequence_model, SIMPLE_SEQUENCE_CONFIG, True),
     "mlp": (mlp_model, MLP_CONFIG, True),
     "mlp_large": (mlp_large_model, MLP_LARGE_CONFIG, False),
 }

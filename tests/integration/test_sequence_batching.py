@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     )
     _write(repo, "acc_crash", mbs=1, extra=f"instance_group [ {{ count: 2 }} ]\n{warmup}")
     modelgen.write_model(repo, "simple", modelgen.simple_model(), modelgen.SIMPLE_CONFIG)
+    modelgen.write_shipped_repository(repo, ("simple_sequence",))
     with served(repo) as srv:
         yield srv
 
@@ -349,3 +352,71 @@ def test_a_crashed_instance_takes_only_its_sequences(server: ShoalServer) -> Non
     assert _send(url, "acc_crash", 41, 3, start=True, end=True)["OUTPUT"] == [3]
     assert _send(url, "acc_crash", 43, 1, end=True)["OUTPUT"] == [6]  # went on
     assert _send(url, "acc", 42, 9, start=True, end=True)["OUTPUT"] == [9]
+
+
+# What Triton's example clients (simple_{http,grpc}_sequence_{sync,stream}_infer_client.py)
+# send to the shipped simple_sequence and check: two int sequences and one uuid string.
+_VALUES = [11, 7, 5, 3, 2, 0, 1]
+
+
+def _example_sequences() -> list[tuple[int | str, list[int], list[int]]]:
+    """(sequence id, inputs, the answers the example expects)."""
+    return [
+        (1000, [0, *_VALUES], [1, *_VALUES]),
+        (1001, [100, *(-v for v in _VALUES)], [101, *(-v for v in _VALUES)]),
+        (str(uuid.uuid4()), [20, *(-v for v in _VALUES)], [21, *(-v for v in _VALUES)]),
+    ]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritons_sequence_examples_pass_on_the_shipped_model(
+    server: ShoalServer, protocol: str
+) -> None:
+    url, mod = _urls(server)[protocol]
+    client = mod.InferenceServerClient(url)
+    for corrid, inputs, expected in _example_sequences():
+        got = []
+        for i, value in enumerate(inputs):
+            inp = mod.InferInput("INPUT", [1, 1], "INT32")
+            inp.set_data_from_numpy(np.full([1, 1], value, np.int32))
+            result = client.infer(
+                "simple_sequence",
+                [inp],
+                outputs=[mod.InferRequestedOutput("OUTPUT")],
+                sequence_id=corrid,
+                sequence_start=i == 0,
+                sequence_end=i == len(inputs) - 1,
+            )
+            got.append(int(result.as_numpy("OUTPUT")[0][0]))
+        assert got == expected
+
+
+def test_tritons_streaming_sequence_example_passes(server: ShoalServer) -> None:
+    """As simple_grpc_sequence_stream_infer_client.py: both sequences on one stream,
+    interleaved, answers in order per sequence."""
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    sequences = _example_sequences()[:2]
+    try:
+        for i in range(len(sequences[0][1])):
+            for corrid, inputs, _ in sequences:
+                inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                inp.set_data_from_numpy(np.full([1, 1], inputs[i], np.int32))
+                client.async_stream_infer(
+                    "simple_sequence",
+                    [inp],
+                    request_id=f"{corrid}_{i}",
+                    sequence_id=corrid,
+                    sequence_start=i == 0,
+                    sequence_end=i == len(inputs) - 1,
+                )
+        got: dict[int | str, list[int]] = {corrid: [] for corrid, _, _ in sequences}
+        for _ in range(2 * len(sequences[0][1])):
+            result = answers.get(timeout=30)
+            assert not isinstance(result, InferenceServerException), result
+            corrid = int(result.get_response().id.split("_")[0])
+            got[corrid].append(int(result.as_numpy("OUTPUT")[0][0]))
+    finally:
+        client.stop_stream()
+    assert got == {corrid: expected for corrid, _, expected in sequences}

@@ -141,6 +141,7 @@ def test_shipped_configs_parse_as_model_config() -> None:
     for text, name, mbs in (
         (modelgen.SIMPLE_CONFIG, "simple", 8),
         (modelgen.MLP_CONFIG, "mlp", 32),
+        (modelgen.SIMPLE_SEQUENCE_CONFIG, "simple_sequence", 8),
     ):
         cfg = text_format.Parse(text, model_config_pb2.ModelConfig())
         assert cfg.name == name and cfg.max_batch_size == mbs
@@ -204,3 +205,12 @@ def test_modelgen_writes_large_model_only_when_missing(
     assert modelgen.main(["--force", str(tmp_path)]) == 0
     assert calls == ["built", "built"] and large.read_bytes() == first[large]
     assert modelgen.main(["--bogus"]) == 2
+
+
+def test_simple_sequence_adds_one_at_start_only() -> None:
+    sess = _session(modelgen.simple_sequence_model())
+    ints = lambda *v: np.array([[x] for x in v], np.int32)  # noqa: E731
+    (out,) = sess.run(
+        None, {"INPUT": ints(5, 5, 5), "START": ints(1, 0, 1), "READY": ints(1, 1, 0)}
+    )
+    assert out.reshape(-1).tolist() == [6, 5, 5]  # a row not READY is not started either
