@@ -146,6 +146,16 @@ class ShoalServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def client(self, protocol: str) -> tuple[str, Any]:
+        """The URL and the tritonclient module (tritonclient.http or .grpc) to reach this
+        server over ``protocol`` ("http" or "grpc")."""
+        if protocol == "http":
+            import tritonclient.http as module
+        else:
+            import tritonclient.grpc as module  # type: ignore[no-redef]
+        port = self.http_port if protocol == "http" else self.grpc_port
+        return f"127.0.0.1:{port}", module
+
     def http(
         self, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
     ) -> tuple[int, bytes]:

@@ -108,13 +108,6 @@ def _inputs(
     return out
 
 
-def _urls(server: ShoalServer) -> dict[str, tuple[str, Any]]:
-    return {
-        "http": (server.url, httpclient),
-        "grpc": (f"127.0.0.1:{server.grpc_port}", grpcclient),
-    }
-
-
 def _stats(server: ShoalServer, model: str) -> dict:
     status, body = server.http(f"/v2/models/{model}/stats")
     assert status == 200, body
@@ -123,7 +116,7 @@ def _stats(server: ShoalServer, model: str) -> dict:
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_steps_run_in_order_and_feed_each_other(server: ShoalServer, protocol: str) -> None:
-    url, client_mod = _urls(server)[protocol]
+    url, client_mod = server.client(protocol)
     client = client_mod.InferenceServerClient(url)
     a = np.arange(32, dtype=np.int32).reshape(2, 16)
     b = np.full((2, 16), 3, np.int32)
@@ -182,7 +175,7 @@ def _failures(port: int, model: str, reason: str) -> float:
 def test_a_failing_step_fails_the_request_in_tritons_words(
     server: ShoalServer, protocol: str
 ) -> None:
-    url, client_mod = _urls(server)[protocol]
+    url, client_mod = server.client(protocol)
     client = client_mod.InferenceServerClient(url)
     before = _stats(server, "ens_var")["inference_stats"]["fail"]["count"]
     short = np.ones((1, 8), np.int32)

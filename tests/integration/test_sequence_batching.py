@@ -98,13 +98,6 @@ def _send(
         client.close()
 
 
-def _urls(server: ShoalServer) -> dict[str, tuple[str, Any]]:
-    return {
-        "http": (server.url, httpclient),
-        "grpc": (f"127.0.0.1:{server.grpc_port}", grpcclient),
-    }
-
-
 def _stats(url: str, model: str) -> dict:
     with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=5) as r:
         (stats,) = json.loads(r.read())["model_stats"]
@@ -150,7 +143,7 @@ class _Call(threading.Thread):
 def test_interleaved_sequences_each_keep_their_own_state(
     server: ShoalServer, protocol: str
 ) -> None:
-    url, client = _urls(server)[protocol]
+    url, client = server.client(protocol)
     a, b = (101, 102) if protocol == "http" else (201, 202)
     assert _send(url, "acc", a, 10, start=True, protocol=client) == {
         "OUTPUT": [10], "START_OUT": [1], "END_OUT": [0], "READY_OUT": [1], "CORRID_OUT": [a],
@@ -169,7 +162,7 @@ def test_interleaved_sequences_each_keep_their_own_state(
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_string_ids_on_a_model_that_does_not_batch(server: ShoalServer, protocol: str) -> None:
-    url, client = _urls(server)[protocol]
+    url, client = server.client(protocol)
     corrid = f"session-{protocol}"
     first = _send(url, "acc_str", corrid, 4, start=True, protocol=client)
     assert first["OUTPUT"] == [4] and first["CORRID_OUT"] == [corrid.encode()]
@@ -193,7 +186,7 @@ def test_string_ids_on_a_model_that_does_not_batch(server: ShoalServer, protocol
 def test_refusals_come_in_tritons_words(
     server: ShoalServer, protocol: str, model: str, corrid: int | str, kw: dict, message: str
 ) -> None:
-    url, client = _urls(server)[protocol]
+    url, client = server.client(protocol)
     with pytest.raises(InferenceServerException) as err:
         _send(url, model, corrid, 1, protocol=client, **kw)
     assert err.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
@@ -372,7 +365,7 @@ def _example_sequences() -> list[tuple[int | str, list[int], list[int]]]:
 def test_tritons_sequence_examples_pass_on_the_shipped_model(
     server: ShoalServer, protocol: str
 ) -> None:
-    url, mod = _urls(server)[protocol]
+    url, mod = server.client(protocol)
     client = mod.InferenceServerClient(url)
     for corrid, inputs, expected in _example_sequences():
         got = []
