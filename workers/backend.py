@@ -48,6 +48,7 @@ class Backend(Protocol):
 _BACKENDS: dict[str, str] = {
     "onnxruntime": "workers.onnx_backend:OnnxRuntimeBackend",
     "pytorch": "workers.torch_backend:TorchBackend",
+    "python": "workers.python_backend:PythonBackend",
 }
 
 

@@ -129,6 +129,7 @@ class WorkerProc:
             config = entry.config
             backend_name = config.backend or "onnxruntime"
             backend = backends.create(backend_name)
+            backend.instance_name = s.instance_name  # type: ignore[attr-defined]  # (Python's)
             threads = _thread_count(config, backend_name, s.cores)
             backend.load(entry.model_file(s.version), config, threads, s.gpu is not None)
             specs = backend.io_spec()
@@ -399,6 +400,9 @@ class WorkerProc:
         t1 = t2 = t0
         samples = 0
         seq = self.sequence
+        if live and getattr(self.backend, "per_request", False):  # a Python model
+            t1, t2, samples = self._execute_requests(live, failed, answers)
+            live = []
         if live:
             names = sorted({o.name for _, it, _ in live for o in it.request.outputs})
             sizes = [max(it.request.batch_size, 1) for _, it, _ in live]
@@ -470,6 +474,42 @@ class WorkerProc:
                 "output %d µs", batch.batch_id, len(batch.items), samples, len(failed),
                 done.input_ns // 1000, done.infer_ns // 1000, done.output_ns // 1000,
             )  # fmt: skip
+
+    def _execute_requests(
+        self,
+        live: list[tuple[int, m.WorkItem, dict[str, np.ndarray]]],
+        failed: list[int],
+        answers: list[tuple[m.WorkItem, m.InferResponse]],
+    ) -> tuple[int, int, int]:
+        """A backend that takes the batch's requests one by one (Python models): each
+        request's own tensors in, its own outputs or error out. Returns the times the
+        execution began and ended, and the samples it ran."""
+        backend: Any = self.backend
+        if self.sequence is not None:
+            for _, it, tensors in live:
+                self.sequence.add(it, tensors)
+        requests = backend.requests([(it.request, tensors) for _, it, tensors in live])
+        t1 = time.perf_counter_ns()
+        results = backend.execute_requests(requests)
+        t2 = time.perf_counter_ns()
+        for (pos, it, _), result in zip(live, results, strict=True):
+            if isinstance(result, ServingError):
+                if result.code == Code.INTERNAL:
+                    log.error("%s", result.message)
+                failed.append(pos)
+                answers.append((it, _error(it, result.code, result.message)))
+                continue
+            missing = [o.name for o in it.request.outputs if o.name not in result]
+            resp = (
+                _error(it, Code.INTERNAL, f"output '{missing[0]}' was not produced by the model")
+                if missing
+                else self._result(it, result)
+            )
+            if resp.error is not None:
+                failed.append(pos)
+            answers.append((it, resp))
+        sizes = [max(it.request.batch_size, 1) for _, it, _ in live]
+        return t1, t2, sum(sizes) if self.max_batch_size > 0 else len(live)
 
     def _sequence_rows(
         self, count: int, live: list[tuple[int, m.WorkItem, dict[str, np.ndarray]]]

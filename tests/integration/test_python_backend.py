@@ -1,0 +1,298 @@
+"""Triton Python models (``backend: "python"``, ``model.py``) served by shoal's workers,
+driven by tritonclient over HTTP and gRPC.
+
+The models are written as Triton's documentation and examples write them (``import
+triton_python_backend_utils as pb_utils``, ``TritonPythonModel`` with ``initialize``,
+``execute`` and ``finalize``); one runs ONNX Runtime inside a Python model, as the
+benchmark's Triton peer does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from shoal import modelgen
+from tests.serverctl import ShoalServer, served
+
+ADD_SUB = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        out = pb_utils.get_output_config_by_name(config, "OUTPUT0")
+        self.dtype = pb_utils.triton_string_to_numpy(out["data_type"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            if (a < 0).any():
+                error = pb_utils.TritonError("negative input", pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
+                continue
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", (a + b).astype(self.dtype)),
+                pb_utils.Tensor("OUTPUT1", (a - b).astype(self.dtype)),
+            ]))
+        return responses
+"""
+MODELS = {
+    "raiser": """
+class TritonPythonModel:
+    def execute(self, requests):
+        raise ValueError("boom")
+""",
+    "too_few": """
+class TritonPythonModel:
+    def execute(self, requests):
+        return []
+""",
+    "half": """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a)]))
+        return out
+""",
+    "upper": """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            words = pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy()
+            upper = np.array([w.upper() for w in words.reshape(-1)], dtype=object)
+            upper = pb_utils.Tensor("UPPER", upper.reshape(words.shape))
+            out.append(pb_utils.InferenceResponse([upper]))
+        return out
+""",
+    "args": """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = args
+
+    def execute(self, requests):
+        text = np.array([json.dumps(self.args).encode()], dtype=object)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("ARGS", text)]) for _ in requests]
+""",
+    "ort": """
+import os
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+    def execute(self, requests):
+        batch = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+        (out,) = self.session.run(["OUTPUT0"], {"INPUT0": np.concatenate(batch)})
+        parts = np.split(out, np.cumsum([len(b) for b in batch])[:-1])
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", p)]) for p in parts]
+
+    def finalize(self):
+        self.session = None
+""",
+    "broken": """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("cannot start")
+""",
+}
+
+
+def _config(name: str, ins: str, outs: str, mbs: int = 8, extra: str = "") -> str:
+    head = f'name: "{name}"\nbackend: "python"\nmax_batch_size: {mbs}\n'
+    return f"{head}input [ {ins} ]\noutput [ {outs} ]\n{extra}"
+
+
+def _io(name: str, dtype: str = "TYPE_FP32", dims: str = "4") -> str:
+    return f'{{ name: "{name}" data_type: {dtype} dims: [ {dims} ] }}'
+
+
+def _write(repo: Path, name: str, source: str, config: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
+    (repo / name / "config.pbtxt").write_text(config)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+    repo = tmp_path_factory.mktemp("python-repo")
+    two_in = f"{_io('INPUT0')}, {_io('INPUT1')}"
+    two_out = f"{_io('OUTPUT0')}, {_io('OUTPUT1')}"
+    batching = "dynamic_batching { max_queue_delay_microseconds: 300000 }"
+    _write(repo, "add_sub", ADD_SUB, _config("add_sub", two_in, two_out, extra=batching))
+    for name in ("raiser", "too_few", "half"):
+        _write(repo, name, MODELS[name], _config(name, _io("INPUT0"), two_out))
+    text = _io("TEXT", "TYPE_STRING", "-1")
+    _write(
+        repo, "upper", MODELS["upper"], _config("upper", text, _io("UPPER", "TYPE_STRING", "-1"))
+    )
+    _write(
+        repo,
+        "args",
+        MODELS["args"],
+        _config("args", _io("INPUT0"), _io("ARGS", "TYPE_STRING", "1"), mbs=0),
+    )
+    _write(repo, "broken", MODELS["broken"], _config("broken", _io("INPUT0"), _io("OUTPUT0")))
+    modelgen.write_shipped_repository(repo, ("mlp",))
+    shutil.copytree(repo / "mlp", repo / "ort_mlp")  # its model.onnx, for the model.py
+    (repo / "ort_mlp" / "1" / "model.py").write_text(textwrap.dedent(MODELS["ort"]))
+    mlp_config = (repo / "mlp" / "config.pbtxt").read_text()
+    (repo / "ort_mlp" / "config.pbtxt").write_text(
+        mlp_config.replace('name: "mlp"', 'name: "ort_mlp"\nbackend: "python"').replace(
+            'platform: "onnxruntime_onnx"\n', ""
+        )
+    )
+    with served(repo, "--exit-on-error=false", "--strict-readiness=false") as srv:
+        srv.wait_settled(("add_sub", "ort_mlp", "broken", "args"))
+        yield srv
+
+
+def _pair(mod: Any, a: np.ndarray, b: np.ndarray) -> list:
+    out = []
+    for name, value in (("INPUT0", a), ("INPUT1", b)):
+        t = mod.InferInput(name, list(value.shape), "FP32")
+        t.set_data_from_numpy(value)
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_python_model_answers(server: ShoalServer, protocol: str) -> None:
+    url, mod = server.client(protocol)
+    client = mod.InferenceServerClient(url)
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    b = np.ones((2, 4), np.float32)
+    result = client.infer("add_sub", _pair(mod, a, b))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_batched_requests_reach_execute_together_and_fail_alone(server: ShoalServer) -> None:
+    """Three requests within the queue delay: one execute call with three requests. The
+    one the model answers with an error fails alone, with the model's code and words."""
+    before = _stats(server, "add_sub")
+    outcomes: dict[int, Any] = {}
+
+    def call(i: int) -> None:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+        a = np.full((1, 4), -1.0 if i == 1 else float(i), np.float32)
+        try:
+            outcomes[i] = client.infer("add_sub", _pair(httpclient, a, a)).as_numpy("OUTPUT0")
+        except InferenceServerException as exc:
+            outcomes[i] = exc
+        client.close()
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes[0].tolist() == [[0.0] * 4] and outcomes[2].tolist() == [[4.0] * 4]
+    error = outcomes[1]
+    assert isinstance(error, InferenceServerException)
+    assert (error.status(), error.message()) == ("400", "negative input")
+    after = _stats(server, "add_sub")
+    assert after["execution_count"] - before["execution_count"] == 1
+    assert after["inference_count"] - before["inference_count"] == 2  # the successes
+
+
+def _stats(server: ShoalServer, model: str) -> dict:
+    status, body = server.http(f"/v2/models/{model}/stats")
+    assert status == 200
+    return dict(json.loads(body)["model_stats"][0])
+
+
+@pytest.mark.parametrize(
+    ("model", "status", "message"),
+    [
+        ("raiser", "500", "Failed to process the request(s) for model instance 'raiser_0', "
+         "message: ValueError: boom"),
+        ("too_few", "500", "Failed to process the request(s) for model instance 'too_few_0', "
+         "message: Number of InferenceResponse objects do not match the number of "
+         "InferenceRequest objects (got 0 for 1)"),
+        ("half", "500", "output 'OUTPUT1' was not produced by the model"),
+    ],
+)  # fmt: skip
+def test_a_model_that_fails_fails_its_requests_and_nothing_else(
+    server: ShoalServer, model: str, status: str, message: str
+) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), np.float32))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer(model, [x])
+    assert (err.value.status(), err.value.message()) == (status, message)
+    assert server.model_version(model)["state"] == "READY"  # the worker lives on
+    result = client.infer(
+        "add_sub", _pair(httpclient, np.ones((1, 4), np.float32), np.ones((1, 4), np.float32))
+    )
+    assert result.as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+
+
+def test_bytes_tensors_are_bytes_objects(server: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    text = np.array([[b"triton", b"shoal"]], dtype=object)
+    x = httpclient.InferInput("TEXT", [1, 2], "BYTES")
+    x.set_data_from_numpy(text)
+    assert client.infer("upper", [x]).as_numpy("UPPER").tolist() == [[b"TRITON", b"SHOAL"]]
+
+
+def test_initialize_gets_tritons_args(server: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [4], "FP32")
+    x.set_data_from_numpy(np.ones(4, np.float32))
+    args = json.loads(client.infer("args", [x]).as_numpy("ARGS")[0])
+    assert args["model_name"] == "args" and args["model_version"] == "1"
+    assert args["model_instance_kind"] == "CPU" and args["model_instance_name"] == "args_0"
+    assert args["model_instance_device_id"] == "0"
+    assert Path(args["model_repository"]).name == "args"  # the model's own folder
+    assert json.loads(args["model_config"])["backend"] == "python"
+
+
+def test_a_model_that_cannot_initialize_is_unavailable_saying_why(server: ShoalServer) -> None:
+    state = server.model_version("broken")
+    assert state["state"] == "UNAVAILABLE"
+    assert "RuntimeError: cannot start" in state["reason"]
+
+
+def test_onnx_runtime_inside_a_python_model_matches_the_onnx_model(
+    server: ShoalServer,
+) -> None:
+    """A model.py that runs the model.onnx beside it (what the benchmark's Triton peer
+    serves) gives what that ONNX model served directly gives."""
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [3, 256], "FP32")
+    x.set_data_from_numpy(np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32))
+    direct = client.infer("mlp", [x]).as_numpy("OUTPUT0")
+    wrapped = client.infer("ort_mlp", [x]).as_numpy("OUTPUT0")
+    np.testing.assert_allclose(wrapped, direct, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,242 @@
+"""``triton_python_backend_utils`` for Python models served by shoal (workers/python_backend.py).
+
+A Triton Python model does ``import triton_python_backend_utils as pb_utils``; the worker
+that runs it registers this module under that name first. It gives what such models use
+of Triton's: Tensor, InferenceRequest and InferenceResponse, TritonError and
+TritonModelException, the by-name getters, the type converters, the request flags, and
+Logger (into the worker's log). Tensors live in the worker's memory as numpy arrays:
+BYTES as object arrays of ``bytes``, as Triton's Python backend gives them.
+
+Not here: business logic scripting (a model's own ``InferenceRequest(...).exec()`` to
+another model), decoupled response senders, DLPack and GPU tensors; those raise
+TritonModelException saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import numpy as np
+
+_log = logging.getLogger("shoal.worker.model")
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+_TYPES: dict[str, Any] = {
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+# model_config.proto's DataType numbers
+_TYPE_NUMBERS = {1: "TYPE_BOOL", 2: "TYPE_UINT8", 3: "TYPE_UINT16", 4: "TYPE_UINT32",
+                 5: "TYPE_UINT64", 6: "TYPE_INT8", 7: "TYPE_INT16", 8: "TYPE_INT32",
+                 9: "TYPE_INT64", 10: "TYPE_FP16", 11: "TYPE_FP32", 12: "TYPE_FP64",
+                 13: "TYPE_STRING"}  # fmt: skip
+
+
+class TritonModelException(Exception):
+    """What a Python model raises; the requests of its batch fail with the message."""
+
+
+class TritonError:
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+
+class Tensor:
+    def __init__(self, name: str, data: Any) -> None:
+        if not isinstance(name, str):
+            raise TritonModelException("Tensor name must be a string")
+        array = np.asarray(data)
+        if array.dtype.kind in "US":  # text or bytes: BYTES, as Triton keeps them
+            array = np.array([_as_bytes(v) for v in array.reshape(-1)], dtype=object).reshape(
+                array.shape
+            )
+        self._name = name
+        self._array = array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        raise TritonModelException("DLPack tensors are not supported by this server")
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        raise TritonModelException("DLPack tensors are not supported by this server")
+
+
+def _as_bytes(v: Any) -> bytes:
+    return v if isinstance(v, bytes) else str(v).encode()
+
+
+class InferenceRequest:
+    """A request as a Python model's ``execute`` receives it."""
+
+    def __init__(
+        self,
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        parameters: dict[str, Any] | None = None,
+        model_name: str = "",
+        **_: Any,
+    ) -> None:
+        self._inputs = list(inputs or [])
+        self._outputs = list(requested_output_names or [])
+        self._id = request_id
+        self._corrid = correlation_id
+        self._flags = flags
+        self._parameters = parameters or {}
+        self._model_name = model_name
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return self._outputs
+
+    def request_id(self) -> str:
+        return self._id
+
+    def correlation_id(self) -> int | str:
+        return self._corrid
+
+    def flags(self) -> int:
+        return self._flags
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def get_response_sender(self) -> Any:
+        raise TritonModelException("decoupled models are not supported by this server")
+
+    def exec(self, *args: Any, **kwargs: Any) -> Any:
+        raise TritonModelException(
+            "business logic scripting (a request from a model) is not supported by this server"
+        )
+
+    async_exec = exec
+
+
+class InferenceResponse:
+    def __init__(
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        self._outputs = list(output_tensors or [])
+        self._error = error
+        self._parameters = parameters or {}
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((t for t in model_config.get("input", []) if t.get("name") == name), None)
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((t for t in model_config.get("output", []) if t.get("name") == name), None)
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return _TYPES[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _TYPES[_TYPE_NUMBERS[data_type]]
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    for number, name in _TYPE_NUMBERS.items():
+        if np.dtype(_TYPES[name]) == np.dtype(data_type):
+            return number
+    return None
+
+
+class Logger:
+    """Lines into the worker's log, at Triton's levels."""
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug("%s", message)
+
+    @staticmethod
+    def log(message: str, level: int = 0) -> None:
+        _log.info("%s", message)

@@ -1,0 +1,173 @@
+"""Python backend: Triton's ``model.py`` models (backend ``python``), run in the worker.
+
+Triton runs a Python model in a stub process beside the server; shoal's worker already is
+one process per instance, so the model runs right there, with the same isolation: a model
+that crashes, hangs or leaks takes down its own worker alone.
+
+As Triton's Python backend:
+
+* ``model.py`` defines ``TritonPythonModel``. ``initialize(args)`` (if defined) gets
+  Triton's ``args``: ``model_config`` (the config as JSON text), ``model_instance_kind``,
+  ``model_instance_name``, ``model_instance_device_id``, ``model_repository`` (the
+  model's folder), ``model_version`` and ``model_name``. ``finalize()`` runs at unload.
+* ``execute(requests)`` gets the requests of a batch, each with its own tensors, and
+  returns one ``InferenceResponse`` per request, in order. A response with an error
+  fails its request alone; an exception, or a list of the wrong length, fails them all.
+* ``import triton_python_backend_utils as pb_utils`` is shoal's own (workers/pb_utils.py).
+* The config lists the model's inputs and outputs (there is no file to read them from).
+
+Not here: ``auto_complete_config``, decoupled models, business logic scripting, and
+custom execution environments (the model runs in the server's Python).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from configs.model_config import config_to_json
+from ipc import messages as m
+from ipc.errors import Code, ServingError
+from workers import pb_utils
+
+#: What a Python model imports; registered once per process, before any model.py loads.
+sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+
+_CODES = {
+    pb_utils.TritonError.UNKNOWN: Code.UNKNOWN,
+    pb_utils.TritonError.INTERNAL: Code.INTERNAL,
+    pb_utils.TritonError.NOT_FOUND: Code.NOT_FOUND,
+    pb_utils.TritonError.INVALID_ARG: Code.INVALID_ARG,
+    pb_utils.TritonError.UNAVAILABLE: Code.UNAVAILABLE,
+    pb_utils.TritonError.UNSUPPORTED: Code.UNSUPPORTED,
+    pb_utils.TritonError.ALREADY_EXISTS: Code.ALREADY_EXISTS,
+    pb_utils.TritonError.CANCELLED: Code.CANCELLED,
+}
+
+
+def _flags(req: m.InferRequest) -> int:
+    flags = 0
+    if req.sequence_start:
+        flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    if req.sequence_end:
+        flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+    return flags
+
+
+class PythonBackend:
+    per_request = True  # the worker hands it requests, not a gathered batch
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.name = ""
+        self.instance_name = ""
+
+    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
+        """Import ``model.py`` and run ``initialize(args)``. ``instance_name`` is set by
+        the worker first (Triton's <group>_<k>)."""
+        if not model_file.is_file():
+            raise FileNotFoundError(f"{model_file} not found")
+        self.name = config.name
+        spec = importlib.util.spec_from_file_location(f"shoal_model_{config.name}", model_file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {model_file}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        cls = getattr(module, "TritonPythonModel", None)
+        if cls is None:
+            raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+        self.model = cls()
+        init = getattr(self.model, "initialize", None)
+        if init is not None:
+            init(
+                {
+                    "model_config": json.dumps(config_to_json(config)),
+                    "model_instance_kind": "GPU" if gpu else "CPU",
+                    "model_instance_name": self.instance_name or f"{config.name}_0",
+                    "model_instance_device_id": "0",
+                    "model_repository": str(model_file.parent.parent),
+                    "model_version": model_file.parent.name,
+                    "model_name": config.name,
+                }
+            )
+
+    def io_spec(self) -> None:
+        return None  # the config lists them
+
+    def execute(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: list[str],
+        destinations: Mapping[str, np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
+        """One request (warmup runs these): its outputs in order."""
+        req = pb_utils.InferenceRequest(
+            [pb_utils.Tensor(n, a) for n, a in inputs.items()], list(outputs)
+        )
+        (result,) = self.execute_requests([req])
+        if isinstance(result, ServingError):
+            raise result
+        return [result[name] for name in outputs]
+
+    def requests(self, items: list[tuple[m.InferRequest, dict[str, Any]]]) -> list[Any]:
+        """pb_utils requests for a batch's (request, its tensors by name)."""
+        return [
+            pb_utils.InferenceRequest(
+                [pb_utils.Tensor(n, a) for n, a in tensors.items()],
+                [o.name for o in req.outputs],
+                request_id="",
+                correlation_id=req.sequence_id,
+                flags=_flags(req),
+                parameters={},
+                model_name=req.model,
+            )
+            for req, tensors in items
+        ]
+
+    def execute_requests(self, requests: list[Any]) -> list[dict[str, np.ndarray] | ServingError]:
+        """``TritonPythonModel.execute``: each request's outputs by name, or its error."""
+        try:
+            responses = self.model.execute(requests)
+        except Exception as exc:
+            trace = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            error = ServingError(
+                Code.INTERNAL,
+                f"Failed to process the request(s) for model instance '{self.instance_name}', "
+                f"message: {trace}",
+            )
+            return [error] * len(requests)
+        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
+            got = len(responses) if isinstance(responses, list | tuple) else type(responses)
+            error = ServingError(
+                Code.INTERNAL,
+                f"Failed to process the request(s) for model instance '{self.instance_name}', "
+                f"message: Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects (got {got} for {len(requests)})",
+            )
+            return [error] * len(requests)
+        out: list[dict[str, np.ndarray] | ServingError] = []
+        for resp in responses:
+            if not isinstance(resp, pb_utils.InferenceResponse):
+                what = type(resp).__name__
+                message = f"execute returned something that is not an InferenceResponse: {what}"
+                out.append(ServingError(Code.INTERNAL, message))
+                continue
+            err = resp.error()
+            if err is not None:
+                out.append(ServingError(_CODES.get(err.code(), Code.INTERNAL), err.message()))
+                continue
+            out.append({t.name(): t.as_numpy() for t in resp.output_tensors()})
+        return out
+
+    def unload(self) -> None:
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            finalize()
+        self.model = None
