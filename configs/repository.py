@@ -166,6 +166,16 @@ def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
     being served as something else."""
     if config.platform == ENSEMBLE_PLATFORM:
         validate_io(config)  # no worker completes an ensemble's config: it must be whole
+    if config.model_transaction_policy.decoupled:
+        # A decoupled model answers a request with any number of responses; shoal's
+        # workers answer each request once.
+        raise ConfigError(name, f"failed to load '{name}': decoupled models are not supported yet")
+    if config.backend == PYTHON_BACKEND and len(config.sequence_batching.state):
+        raise ConfigError(
+            name,
+            f"failed to load '{name}': implicit state (sequence_batching.state) is not "
+            "supported for Python models yet",
+        )
     if config.sequence_batching.iterative_sequence:
         # Iterative sequences re-queue a decoupled model's request after each of its
         # steps; shoal serves no decoupled model.

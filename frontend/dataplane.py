@@ -87,6 +87,13 @@ def _uint_param(req: InferenceRequest, key: str) -> int:
     return value % 2**64
 
 
+#: Request parameters Triton reads itself: a Python model's request.parameters() has the rest.
+_READ_BY_TRITON = frozenset(
+    ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
+     "binary_data_output")
+)  # fmt: skip
+
+
 def _version_state(s: m.ModelState) -> dict[str, Any]:
     out = {
         "version": s.version,
@@ -488,7 +495,7 @@ class DataPlane:
                 specs.append(m.OutputSpec(name, slot.region, slot.offset, size))
             else:
                 specs.append(m.OutputSpec(name))
-        return m.InferRequest(
+        msg = m.InferRequest(
             req_id=self.broker.next_id(),
             model=model.name,
             version=model.version,
@@ -501,6 +508,14 @@ class DataPlane:
             sequence_start=req.parameters.get("sequence_start") is True,
             sequence_end=req.parameters.get("sequence_end") is True,
         )
+        if model.is_python:
+            msg.request_id = req.id
+            msg.parameters = {
+                k: v
+                for k, v in req.parameters.items()
+                if k not in _READ_BY_TRITON and not k.startswith("triton_")
+            }
+        return msg
 
     def _outputs(self, resp: m.InferResponse, slots: list[Slot]) -> list[OutputTensor]:
         by_place = {(s.region, s.offset): s for s in slots}

@@ -66,6 +66,7 @@ class ModelHandle:
         self.required = [n for n, s in self.inputs.items() if not s.optional]
         self.response_cache = cfg.response_cache.enable  # if the server has a cache
         self.is_ensemble = cfg.platform == "ensemble"  # the frontend runs its steps
+        self.is_python = cfg.backend == "python"  # its model reads the request's id, params
         self.config_json = config_to_json(cfg)
         self.metadata = model_metadata(cfg, versions)
 

@@ -76,6 +76,10 @@ class InferRequest(msgspec.Struct, array_like=True):
     sequence_id: int | str = 0
     sequence_start: bool = False
     sequence_end: bool = False
+    # for a Python model (its request.request_id() and .parameters()): the client's id and
+    # the parameters Triton does not read itself; others go without
+    request_id: str = ""
+    parameters: dict[str, bool | int | float | str] = {}
 
 
 class InferResponse(msgspec.Struct, array_like=True):

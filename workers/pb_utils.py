@@ -51,6 +51,9 @@ _TYPE_NUMBERS = {1: "TYPE_BOOL", 2: "TYPE_UINT8", 3: "TYPE_UINT16", 4: "TYPE_UIN
 class TritonModelException(Exception):
     """What a Python model raises; the requests of its batch fail with the message."""
 
+    def message(self) -> str:
+        return str(self)
+
 
 class TritonError:
     UNKNOWN = 0
@@ -75,8 +78,12 @@ class TritonError:
 
 class Tensor:
     def __init__(self, name: str, data: Any) -> None:
-        if not isinstance(name, str):
-            raise TritonModelException("Tensor name must be a string")
+        if not isinstance(name, str) or not name:
+            raise TritonModelException("Tensor name must be a non-empty string")
+        if isinstance(data, Tensor) or not isinstance(data, np.ndarray | list | tuple):
+            raise TritonModelException(
+                f"Tensor '{name}' data must be a numpy array, not {type(data).__name__}"
+            )
         array = np.asarray(data)
         if array.dtype.kind in "US":  # text or bytes: BYTES, as Triton keeps them
             array = np.array([_as_bytes(v) for v in array.reshape(-1)], dtype=object).reshape(
@@ -93,6 +100,9 @@ class Tensor:
 
     def shape(self) -> list[int]:
         return list(self._array.shape)
+
+    def triton_dtype(self) -> int | None:
+        return numpy_to_triton_type(self._array.dtype)
 
     def is_cpu(self) -> bool:
         return True
@@ -173,7 +183,19 @@ class InferenceResponse:
         error: TritonError | None = None,
         parameters: dict[str, Any] | None = None,
     ) -> None:
-        self._outputs = list(output_tensors or [])
+        tensors = list(output_tensors or [])
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TritonModelException(
+                    f"InferenceResponse output_tensors must be pb_utils.Tensor objects, "
+                    f"not {type(t).__name__}"
+                )
+        if error is not None and not isinstance(error, TritonError):
+            what = type(error).__name__
+            raise TritonModelException(
+                f"InferenceResponse error must be a pb_utils.TritonError, not {what}"
+            )
+        self._outputs = tensors
         self._error = error
         self._parameters = parameters or {}
 
@@ -212,14 +234,41 @@ def triton_to_numpy_type(data_type: int) -> Any:
 
 
 def numpy_to_triton_type(data_type: Any) -> int | None:
+    dtype = np.dtype(data_type)
+    if dtype.kind in "OSU":
+        return 13  # TYPE_STRING
     for number, name in _TYPE_NUMBERS.items():
-        if np.dtype(_TYPES[name]) == np.dtype(data_type):
+        if np.dtype(_TYPES[name]) == dtype:
             return number
     return None
 
 
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray:
+    """Triton's layout of a BYTES tensor (each element: a 4-byte little-endian length,
+    then its bytes), as a flat uint8 array."""
+    parts = []
+    for v in np.asarray(input_tensor, dtype=object).reshape(-1):
+        b = _as_bytes(v)
+        parts += [len(b).to_bytes(4, "little"), b]
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
+    """The elements of a serialized BYTES tensor, as an object array of bytes."""
+    raw, items, at = bytes(np.asarray(encoded_tensor, dtype=np.uint8)), [], 0
+    while at + 4 <= len(raw):
+        n = int.from_bytes(raw[at : at + 4], "little")
+        items.append(raw[at + 4 : at + 4 + n])
+        at += 4 + n
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
 class Logger:
     """Lines into the worker's log, at Triton's levels."""
+
+    INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
 
     @staticmethod
     def log_info(message: str) -> None:
@@ -239,4 +288,8 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = 0) -> None:
-        _log.info("%s", message)
+        _log.log(
+            {1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}.get(level, logging.INFO),
+            "%s",
+            message,
+        )

@@ -485,31 +485,57 @@ class WorkerProc:
         request's own tensors in, its own outputs or error out. Returns the times the
         execution began and ended, and the samples it ran."""
         backend: Any = self.backend
-        if self.sequence is not None:
-            for _, it, tensors in live:
-                self.sequence.add(it, tensors)
-        requests = backend.requests([(it.request, tensors) for _, it, tensors in live])
         t1 = time.perf_counter_ns()
-        results = backend.execute_requests(requests)
+        try:
+            if self.sequence is not None:
+                for _, it, tensors in live:
+                    self.sequence.add(it, tensors)
+            requests = backend.requests([(it.request, tensors) for _, it, tensors in live])
+            t1 = time.perf_counter_ns()
+            results = backend.execute_requests(requests)
+        except Exception as exc:  # the model's fault, never the worker's end
+            log.exception("model '%s': requests could not be run", self.s.model)
+            results = [ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")] * len(live)
         t2 = time.perf_counter_ns()
         for (pos, it, _), result in zip(live, results, strict=True):
+            if not isinstance(result, ServingError):
+                result = self._model_outputs(it, result)
             if isinstance(result, ServingError):
                 if result.code == Code.INTERNAL:
                     log.error("%s", result.message)
                 failed.append(pos)
                 answers.append((it, _error(it, result.code, result.message)))
                 continue
-            missing = [o.name for o in it.request.outputs if o.name not in result]
-            resp = (
-                _error(it, Code.INTERNAL, f"output '{missing[0]}' was not produced by the model")
-                if missing
-                else self._result(it, result)
-            )
+            resp = self._result(it, result)
             if resp.error is not None:
                 failed.append(pos)
             answers.append((it, resp))
         sizes = [max(it.request.batch_size, 1) for _, it, _ in live]
         return t1, t2, sum(sizes) if self.max_batch_size > 0 else len(live)
+
+    def _model_outputs(
+        self, item: m.WorkItem, outs: dict[str, Any]
+    ) -> dict[str, Any] | ServingError:
+        """A Python model's outputs for ``item``, checked before they are written: each
+        requested one there, as an array of its config's data type or one that casts to it
+        within its kind (FP64 to FP32, say); otherwise the model's fault (INTERNAL)."""
+        for spec in item.request.outputs:
+            arr = outs.get(spec.name)
+            if arr is None:
+                return ServingError(
+                    Code.INTERNAL, f"output '{spec.name}' was not produced by the model"
+                )
+            dt = datatypes.datatype(self.output_types.get(spec.name, ""))
+            if dt is None or dt.numpy is None:  # BYTES: any elements, written as bytes
+                continue
+            got = getattr(arr, "dtype", None)
+            if got is None or not np.can_cast(got, dt.numpy, casting="same_kind"):
+                return ServingError(
+                    Code.INTERNAL,
+                    f"output '{spec.name}' of model '{self.s.model}' has data type {got}, "
+                    f"which its config's {self.output_types[spec.name]} cannot hold",
+                )
+        return outs
 
     def _sequence_rows(
         self, count: int, live: list[tuple[int, m.WorkItem, dict[str, np.ndarray]]]

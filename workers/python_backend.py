@@ -22,10 +22,12 @@ custom execution environments (the model runs in the server's Python).
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import inspect
 import json
+import logging
 import sys
-import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,9 +38,9 @@ from configs.model_config import config_to_json
 from ipc import messages as m
 from ipc.errors import Code, ServingError
 from workers import pb_utils
+from workers.tensors import on_host
 
-#: What a Python model imports; registered once per process, before any model.py loads.
-sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+log = logging.getLogger("shoal.worker")
 
 _CODES = {
     pb_utils.TritonError.UNKNOWN: Code.UNKNOWN,
@@ -75,10 +77,18 @@ class PythonBackend:
         if not model_file.is_file():
             raise FileNotFoundError(f"{model_file} not found")
         self.name = config.name
-        spec = importlib.util.spec_from_file_location(f"shoal_model_{config.name}", model_file)
+        # What a model imports, and where it finds its own files, as Triton's stub: the
+        # version folder and the model's folder on sys.path, the module as "<version>.model".
+        sys.modules["triton_python_backend_utils"] = pb_utils
+        for folder in (model_file.parent.parent, model_file.parent):
+            if str(folder) not in sys.path:
+                sys.path.insert(0, str(folder))
+        module_name = f"{model_file.parent.name}.{model_file.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, model_file)
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot load {model_file}")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # (dataclasses and pickle look it up there)
         spec.loader.exec_module(module)
         cls = getattr(module, "TritonPythonModel", None)
         if cls is None:
@@ -118,14 +128,16 @@ class PythonBackend:
 
     def requests(self, items: list[tuple[m.InferRequest, dict[str, Any]]]) -> list[Any]:
         """pb_utils requests for a batch's (request, its tensors by name)."""
+        # Each model gets its own copy of its inputs, as in Triton: they are views of
+        # shared memory (a client's region, the frontend's slab), or read-only bytes.
         return [
             pb_utils.InferenceRequest(
-                [pb_utils.Tensor(n, a) for n, a in tensors.items()],
+                [pb_utils.Tensor(n, np.array(on_host(a), copy=True)) for n, a in tensors.items()],
                 [o.name for o in req.outputs],
-                request_id="",
+                request_id=req.request_id,
                 correlation_id=req.sequence_id,
                 flags=_flags(req),
-                parameters={},
+                parameters=dict(req.parameters),
                 model_name=req.model,
             )
             for req, tensors in items
@@ -135,30 +147,31 @@ class PythonBackend:
         """``TritonPythonModel.execute``: each request's outputs by name, or its error."""
         try:
             responses = self.model.execute(requests)
+            if inspect.iscoroutine(responses):  # an async execute, as Triton runs it
+                responses = asyncio.run(responses)
         except Exception as exc:
-            trace = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            error = ServingError(
-                Code.INTERNAL,
-                f"Failed to process the request(s) for model instance '{self.instance_name}', "
-                f"message: {trace}",
+            return self._all_fail(f"{type(exc).__name__}: {exc}", len(requests))
+        if not isinstance(responses, list):
+            found = type(responses).__name__
+            return self._all_fail(
+                f"Expected a list in the execute return, found type '{found}'.", len(requests)
             )
-            return [error] * len(requests)
-        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
-            got = len(responses) if isinstance(responses, list | tuple) else type(responses)
-            error = ServingError(
-                Code.INTERNAL,
-                f"Failed to process the request(s) for model instance '{self.instance_name}', "
-                f"message: Number of InferenceResponse objects do not match the number of "
-                f"InferenceRequest objects (got {got} for {len(requests)})",
+        if len(responses) != len(requests):
+            return self._all_fail(
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
+                f"InferenceResponse(s) size is:{len(responses)}",
+                len(requests),
             )
-            return [error] * len(requests)
-        out: list[dict[str, np.ndarray] | ServingError] = []
         for resp in responses:
             if not isinstance(resp, pb_utils.InferenceResponse):
-                what = type(resp).__name__
-                message = f"execute returned something that is not an InferenceResponse: {what}"
-                out.append(ServingError(Code.INTERNAL, message))
-                continue
+                return self._all_fail(
+                    "Expected an 'InferenceResponse' object in the execute function return "
+                    f"list, found type '{type(resp).__name__}'.",
+                    len(requests),
+                )
+        out: list[dict[str, np.ndarray] | ServingError] = []
+        for resp in responses:
             err = resp.error()
             if err is not None:
                 out.append(ServingError(_CODES.get(err.code(), Code.INTERNAL), err.message()))
@@ -166,8 +179,21 @@ class PythonBackend:
             out.append({t.name(): t.as_numpy() for t in resp.output_tensors()})
         return out
 
+    def _all_fail(self, message: str, count: int) -> list[dict[str, np.ndarray] | ServingError]:
+        error = ServingError(
+            Code.INTERNAL,
+            f"Failed to process the request(s) for model instance '{self.instance_name}', "
+            f"message: {message}",
+        )
+        return [error] * count
+
     def unload(self) -> None:
+        """``finalize()``; an exception there is logged, as Triton does, and the worker
+        stops as it would have."""
         finalize = getattr(self.model, "finalize", None)
-        if finalize is not None:
-            finalize()
+        try:
+            if finalize is not None:
+                finalize()
+        except Exception:
+            log.exception("model '%s': finalize failed", self.name)
         self.model = None

@@ -120,6 +120,49 @@ class TritonPythonModel:
     def finalize(self):
         self.session = None
 """,
+    "inplace": """
+import triton_python_backend_utils as pb_utils
+from helper import TWICE  # a file beside model.py, as Triton's stub finds it
+
+class TritonPythonModel:
+    async def execute(self, requests):  # an async execute, as Triton allows
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            a *= TWICE  # its own copy: the request's bytes are not touched
+            extra = {"id": r.request_id(), "params": r.parameters()}
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a)],
+                                                  parameters=extra))
+        self.last = extra
+        return out
+""",
+    "params": """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            seen = {"id": r.request_id(), "params": json.loads(r.parameters())}
+            text = np.array([json.dumps(seen).encode()], dtype=object)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("ARGS", text)]))
+        return out
+""",
+    "sloppy": """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        kind = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy()[0][0]
+        if kind == 1:  # not a pb_utils.Tensor
+            return [pb_utils.InferenceResponse([np.zeros(4)]) for _ in requests]
+        # text where the config says FP32
+        bad = np.array([["a"] * 4], dtype=object)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", bad)]) for _ in requests]
+""",
     "broken": """
 class TritonPythonModel:
     def initialize(self, args):
@@ -163,6 +206,22 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         _config("args", _io("INPUT0"), _io("ARGS", "TYPE_STRING", "1"), mbs=0),
     )
     _write(repo, "broken", MODELS["broken"], _config("broken", _io("INPUT0"), _io("OUTPUT0")))
+    _write(repo, "inplace", MODELS["inplace"], _config("inplace", _io("INPUT0"), _io("OUTPUT0")))
+    (repo / "inplace" / "1" / "helper.py").write_text("TWICE = 2\n")
+    _write(
+        repo,
+        "params",
+        MODELS["params"],
+        _config("params", _io("INPUT0"), _io("ARGS", "TYPE_STRING", "1"), mbs=0),
+    )
+    _write(repo, "sloppy", MODELS["sloppy"], _config("sloppy", _io("INPUT0"), _io("OUTPUT0")))
+    decoupled = "model_transaction_policy { decoupled: true }"
+    _write(
+        repo,
+        "decoupled",
+        MODELS["half"],
+        _config("decoupled", _io("INPUT0"), _io("OUTPUT0"), extra=decoupled),
+    )
     modelgen.write_shipped_repository(repo, ("mlp",))
     shutil.copytree(repo / "mlp", repo / "ort_mlp")  # its model.onnx, for the model.py
     (repo / "ort_mlp" / "1" / "model.py").write_text(textwrap.dedent(MODELS["ort"]))
@@ -173,7 +232,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         )
     )
     with served(repo, "--exit-on-error=false", "--strict-readiness=false") as srv:
-        srv.wait_settled(("add_sub", "ort_mlp", "broken", "args"))
+        srv.wait_settled(("add_sub", "ort_mlp", "broken", "args", "inplace", "decoupled"))
         yield srv
 
 
@@ -239,7 +298,8 @@ def _stats(server: ShoalServer, model: str) -> dict:
          "message: ValueError: boom"),
         ("too_few", "500", "Failed to process the request(s) for model instance 'too_few_0', "
          "message: Number of InferenceResponse objects do not match the number of "
-         "InferenceRequest objects (got 0 for 1)"),
+         "InferenceRequest objects. InferenceRequest(s) size is:1, and InferenceResponse(s) "
+         "size is:0"),
         ("half", "500", "output 'OUTPUT1' was not produced by the model"),
     ],
 )  # fmt: skip
@@ -296,3 +356,53 @@ def test_onnx_runtime_inside_a_python_model_matches_the_onnx_model(
     direct = client.infer("mlp", [x]).as_numpy("OUTPUT0")
     wrapped = client.infer("ort_mlp", [x]).as_numpy("OUTPUT0")
     np.testing.assert_allclose(wrapped, direct, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_gets_its_own_inputs_and_helpers_and_may_be_async(server: ShoalServer) -> None:
+    """It may write into its inputs (its copy: Triton's stub copies them too), import a
+    file beside model.py, and define execute as a coroutine."""
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    data = np.arange(4, dtype=np.float32).reshape(1, 4)
+    x.set_data_from_numpy(data)
+    for _ in range(2):  # the same bytes twice: the first call changed nothing of them
+        np.testing.assert_array_equal(client.infer("inplace", [x]).as_numpy("OUTPUT0"), 2 * data)
+
+
+def test_a_model_sees_the_request_id_and_its_own_parameters(server: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [4], "FP32")
+    x.set_data_from_numpy(np.ones(4, np.float32))
+    result = client.infer(
+        "params", [x], request_id="r-7", parameters={"max_tokens": 5, "mode": "fast"}
+    )
+    seen = json.loads(result.as_numpy("ARGS")[0])
+    assert seen == {"id": "r-7", "params": {"max_tokens": 5, "mode": "fast"}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        (1.0, "Failed to process the request(s) for model instance 'sloppy_0', message: "
+         "TritonModelException: InferenceResponse output_tensors must be "
+         "pb_utils.Tensor objects, not ndarray"),
+        (2.0, "output 'OUTPUT0' of model 'sloppy' has data type object, which its config's "
+         "FP32 cannot hold"),
+    ],
+)  # fmt: skip
+def test_a_models_mistakes_are_its_own(server: ShoalServer, kind: float, message: str) -> None:
+    """Answers that are not what the config says fail the request (500), not the client
+    (400), and the worker lives on."""
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    x.set_data_from_numpy(np.full((1, 4), kind, np.float32))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("sloppy", [x])
+    assert (err.value.status(), err.value.message()) == ("500", message)
+    assert server.model_version("sloppy")["state"] == "READY"
+
+
+def test_a_decoupled_model_is_refused_at_load(server: ShoalServer) -> None:
+    state = server.model_version("decoupled")
+    assert state["state"] == "UNAVAILABLE"
+    assert state["reason"] == "failed to load 'decoupled': decoupled models are not supported yet"

@@ -4,19 +4,38 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from tritonclient.grpc import model_config_pb2 as pb
 
-import workers.python_backend  # noqa: F401  (registers the module under Triton's name)
 from workers import pb_utils
+from workers.python_backend import PythonBackend
 
 
-def test_it_is_importable_under_tritons_name() -> None:
-    import triton_python_backend_utils  # type: ignore[import-not-found]
-
-    assert triton_python_backend_utils is pb_utils
+def test_a_model_imports_it_under_tritons_name_and_finalize_errors_are_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", [*sys.path])  # the load adds the model's folders
+    monkeypatch.delitem(sys.modules, "1.model", raising=False)
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    model = tmp_path / "m" / "1" / "model.py"
+    model.write_text(
+        "import triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        self.utils = pb_utils\n"
+        "    def finalize(self):\n"
+        "        raise RuntimeError('cleanup failed')\n"
+    )
+    backend = PythonBackend()
+    backend.load(model, pb.ModelConfig(name="m", backend="python"), 1, False)
+    assert backend.model.utils is pb_utils
     assert sys.modules["triton_python_backend_utils"] is pb_utils
+    backend.unload()  # logged, not raised: the worker stops as it would have
+    assert backend.model is None
+    del sys.modules["1.model"]
 
 
 def test_text_becomes_bytes_objects_as_in_triton() -> None:
