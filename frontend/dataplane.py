@@ -463,6 +463,10 @@ class DataPlane:
                 refs.append(client_shm.input_ref(t, shape, model.name))
                 continue
             n = len(t.data)
+            if t.location is not None:  # an earlier step's output, where its answer left it
+                region, offset = t.location
+                refs.append(m.TensorRef(t.name, t.datatype, shape, n, region, offset))
+                continue
             if n <= m.INLINE_MAX_BYTES:
                 refs.append(m.TensorRef(t.name, t.datatype, shape, n, data=bytes(t.data)))
                 continue
@@ -522,6 +526,7 @@ class DataPlane:
         out: list[OutputTensor] = []
         for ref in resp.outputs:
             data: memoryview | None
+            location = None
             if ref.data is not None:
                 data = memoryview(ref.data)
             elif ref.region.startswith(m.CLIENT_REGION):
@@ -531,7 +536,8 @@ class DataPlane:
                 if slot is None or ref.nbytes > slot.capacity:
                     raise ServingError(Code.INTERNAL, f"output '{ref.name}' came back misplaced")
                 data = slot.view[: ref.nbytes]
-            out.append(OutputTensor(ref.name, ref.datatype, list(ref.shape), data))
+                location = (ref.region, ref.offset)
+            out.append(OutputTensor(ref.name, ref.datatype, list(ref.shape), data, {}, location))
         return out
 
     def _alloc(self, nbytes: int) -> Slot:

@@ -22,11 +22,12 @@ and answers with the ensemble outputs asked for. As in Triton 2.51:
   a model with one whose dims it fits.
 
 Intermediate tensors stay where their step's answer put them (the frontend's shared
-memory, or the message) until the request ends; the next step's request reads them from
-there like any request's input. An ensemble input in a client's shared-memory region is
-passed to its steps as the same reference: the frontend never reads it. An ensemble
-output asked into a client region is written there by the step that produces it, unless a
-later step also reads it (refused: the frontend cannot read a client's region).
+memory, or the message) until the request ends; a later step's request names them there
+(a reference to the slab slot: no copy), or carries them inline when they are small. An
+ensemble input in a client's shared-memory region is passed to its steps as the same
+reference: the frontend never reads it. An ensemble output asked into a client region is
+written there by the step that produces it, unless a later step also reads it (refused:
+the frontend cannot read a client's region).
 """
 
 from __future__ import annotations
@@ -251,7 +252,7 @@ class EnsembleRun:
             name = step.outputs.get(out.name)
             if name is None:
                 continue
-            value = InputTensor(name, out.datatype, list(out.shape), out.data)
+            value = InputTensor(name, out.datatype, list(out.shape), out.data, {}, out.location)
             self.tensors[name] = _Tensor(value, model.max_batch_size > 0, out)
 
     async def _step(
@@ -269,7 +270,9 @@ class EnsembleRun:
             shape = list(t.shape)
             if spec is not None:
                 shape = _reshaped(shape, tensor.batched, model.max_batch_size, spec.dims)
-            inputs.append(InputTensor(model_input, t.datatype, shape, t.data, dict(t.parameters)))
+            inputs.append(
+                InputTensor(model_input, t.datatype, shape, t.data, dict(t.parameters), t.location)
+            )
         outputs = []
         for model_output, name in step.outputs.items():
             params: dict[str, ParamValue] = {}

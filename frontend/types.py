@@ -21,6 +21,9 @@ class InputTensor:
     shape: list[int]
     data: memoryview | None  # None when the tensor lives in client shared memory
     parameters: dict[str, ParamValue] = field(default_factory=dict)
+    # where ``data`` lies in this frontend's shared memory (slab region, offset), when it
+    # is an earlier answer's output (an ensemble's step): sent as that reference, no copy
+    location: tuple[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -46,6 +49,7 @@ class OutputTensor:
     shape: list[int]
     data: memoryview | None  # None when written to client shared memory
     parameters: dict[str, ParamValue] = field(default_factory=dict)
+    location: tuple[str, int] | None = None  # in this frontend's shared memory, if there
 
 
 def _no_release() -> None:

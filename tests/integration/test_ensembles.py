@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from shoal import modelgen
+from tests.repos import write_identity
 from tests.serverctl import ShoalServer, served
 
 _IO = '{{ name: "{0}" data_type: {1} dims: [ {2} ] }}'
@@ -49,10 +50,11 @@ def _ensemble(
     dtype: str = "TYPE_INT32",
     mbs: int = 8,
     scheduling: str = "",
+    out: tuple[str, str] = ("TYPE_INT32", "16"),  # the outputs' data type and dims
 ) -> None:
     (repo / name / "1").mkdir(parents=True)
     ins = ", ".join(_IO.format(n, dtype, dims) for n in inputs)
-    outs = ", ".join(_IO.format(n, "TYPE_INT32", "16") for n in outputs)
+    outs = ", ".join(_IO.format(n, *out) for n in outputs)
     (repo / name / "config.pbtxt").write_text(
         f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {mbs}\n'
         f"input [ {ins} ]\noutput [ {outs} ]\n"
@@ -84,6 +86,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     _ensemble(repo, "ens_bad_map", [wrong], outputs=("SUM",))
     _ensemble(repo, "ens_type", [_ONCE], outputs=("SUM",), dtype="TYPE_FP32")
     _ensemble(repo, "ens_unwritten", [_ONCE], outputs=("SUM", "NEVER"))
+    write_identity(repo, "big", dims="[ 8192 ]")  # 32 KiB a request: in the frontend's slab
+    through = [
+        _step("big", {"INPUT0": "X"}, {"OUTPUT0": "MID"}),
+        _step("big", {"INPUT0": "MID"}, {"OUTPUT0": "Y"}),
+    ]
+    big = ("TYPE_FP32", "8192")
+    _ensemble(repo, "ens_big", through, ("X",), ("Y",), "8192", "TYPE_FP32", out=big)
     serial = "max_inflight_requests: 1"
     _ensemble(repo, "ens_serial", [_ONCE], outputs=("SUM",), scheduling=serial)
     loop_a = _step("ens_loop_b", {"IN0": "IN0", "IN1": "IN1"}, {"SUM": "SUM"})
@@ -315,3 +324,14 @@ def _until(check: Any, timeout: float = 30.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition never met"
         time.sleep(0.02)
+
+
+def test_large_intermediate_tensors_pass_between_steps_by_reference(server: ShoalServer) -> None:
+    """32 KiB tensors travel in the frontend's slab: the second step reads the first
+    one's output where its answer left it."""
+    client = httpclient.InferenceServerClient(server.url)
+    data = np.random.default_rng(5).standard_normal((2, 8192)).astype(np.float32)
+    x = httpclient.InferInput("X", [2, 8192], "FP32")
+    x.set_data_from_numpy(data)
+    for _ in range(3):
+        np.testing.assert_array_equal(client.infer("ens_big", [x]).as_numpy("Y"), data)
