@@ -369,6 +369,27 @@ def side_by_side_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def report_head(title: str, pa: str, load: float) -> list[str]:
+    """The first lines of a side-by-side run's report: its title and time, the commit,
+    perf_analyzer's version, the load at start and the cores."""
+    return [
+        f"# {title} ({time.strftime('%Y-%m-%d %H:%M')})",
+        "",
+        f"commit {_git_commit()}; perf_analyzer {perf_analyzer_version(pa)}; "
+        f"load average at start {load:.2f}; {len(os.sched_getaffinity(0))} cores",
+        "",
+    ]
+
+
+def write_report(out_dir: Path, stamp: str, tag: str, report: str, skipped: list[str]) -> int:
+    """Write ``<stamp>-<tag>.md`` (the points skipped after it), print it; exit status 0."""
+    out = out_dir / f"{stamp}-{tag}.md"
+    out.write_text(report + "".join(f"\n{s}" for s in skipped))
+    print(out.read_text())
+    print(f"[bench] wrote {out}")
+    return 0
+
+
 @dataclass(frozen=True)
 class RunStart:
     stamp: str  # names the run's files

@@ -21,15 +21,13 @@ a miss costs) and each over in-process ORT. A record, not a test.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import ort_baseline
-from perf_analyzer import Measurement, perf_analyzer_version
-from run import _fmt, _git_commit, _ratio, side_by_side_parser, start_run
+from perf_analyzer import Measurement
+from run import _fmt, _ratio, report_head, side_by_side_parser, start_run, write_report
 from run_batching import _link_model, _point, _start
 from servers import ServerProcess, shoal_server
 
@@ -59,11 +57,7 @@ def _report(
 ) -> str:
     best = max(ort, key=lambda m: m.throughput) if ort else None
     lines = [
-        f"# shoal: the response cache on {MODEL} ({time.strftime('%Y-%m-%d %H:%M')})",
-        "",
-        f"commit {_git_commit()}; perf_analyzer {perf_analyzer_version(pa)}; "
-        f"load average at start {load:.2f}; {len(os.sched_getaffinity(0))} cores",
-        "",
+        *report_head(f"shoal: the response cache on {MODEL}", pa, load),
         "In-process ONNX Runtime, batch 1: "
         + ", ".join(f"{m.server} {m.throughput:,.0f}/s (p50 {m.p50_us:,.0f} µs)" for m in ort),
         "",
@@ -117,11 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 srv.stop()
     ort = [ort_baseline.measure(a.repo / MODEL / "1" / "model.onnx", MODEL, t) for t in (1, 2)]
-    out = a.out_dir / f"{stamp}-cache.md"
-    out.write_text(_report(a, pa, results, ort, load) + "".join(f"\n{s}" for s in skipped))
-    print(out.read_text())
-    print(f"[bench] wrote {out}")
-    return 0
+    return write_report(a.out_dir, stamp, "cache", _report(a, pa, results, ort, load), skipped)
 
 
 if __name__ == "__main__":

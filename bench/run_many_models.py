@@ -22,14 +22,12 @@ alike. The report gives crowded/baseline: 1.0 means idle models cost nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from perf_analyzer import Measurement, perf_analyzer_version
-from run import _fmt, _git_commit, _ratio, side_by_side_parser, start_run
+from perf_analyzer import Measurement
+from run import _fmt, _ratio, report_head, side_by_side_parser, start_run, write_report
 from run_batching import _link_model, _point, _start
 from servers import ServerProcess, shoal_server
 
@@ -65,12 +63,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _report(a: argparse.Namespace, pa: str, results: dict[tuple, Measurement], load: float) -> str:
     lines = [
-        f"# shoal: {MODEL} beside {a.idle} idle batching models "
-        f"({time.strftime('%Y-%m-%d %H:%M')})",
-        "",
-        f"commit {_git_commit()}; perf_analyzer {perf_analyzer_version(pa)}; "
-        f"load average at start {load:.2f}; {len(os.sched_getaffinity(0))} cores",
-        "",
+        *report_head(f"shoal: {MODEL} beside {a.idle} idle batching models", pa, load),
         "baseline: mlp + 1 idle model; crowded: mlp + the idle models. Same core, same thread.",
         "",
         "| protocol | c | baseline infer/s | crowded infer/s | crowded/baseline | "
@@ -121,11 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for srv in servers.values():
                 srv.stop()
-    out = a.out_dir / f"{stamp}-many.md"
-    out.write_text(_report(a, pa, results, load))
-    print(out.read_text())
-    print(f"[bench] wrote {out}")
-    return 0
+    return write_report(a.out_dir, stamp, "many", _report(a, pa, results, load), [])
 
 
 if __name__ == "__main__":

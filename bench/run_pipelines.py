@@ -25,15 +25,13 @@ test.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import ort_baseline
-from perf_analyzer import Measurement, perf_analyzer_version, run_perf_analyzer
-from run import _fmt, _git_commit, _ratio, side_by_side_parser, start_run
+from perf_analyzer import Measurement, run_perf_analyzer
+from run import _fmt, _ratio, report_head, side_by_side_parser, start_run, write_report
 from run_batching import _link_model, _start
 from servers import shoal_server
 
@@ -102,11 +100,7 @@ def _report(
         return max((m.throughput for m in ort.get(model, [])), default=None)
 
     lines = [
-        f"# shoal: sequences and ensembles ({time.strftime('%Y-%m-%d %H:%M')})",
-        "",
-        f"commit {_git_commit()}; perf_analyzer {perf_analyzer_version(pa)}; "
-        f"load average at start {load:.2f}; {len(os.sched_getaffinity(0))} cores",
-        "",
+        *report_head("shoal: sequences and ensembles", pa, load),
         "In-process ONNX Runtime, batch 1: "
         + "; ".join(
             f"{m.model} {m.server} {m.throughput:,.0f}/s" for ms in ort.values() for m in ms
@@ -179,11 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 srv.stop()
         ort = _ort(a.repo, repos["sequences"])
-    out = a.out_dir / f"{run.stamp}-pipelines.md"
-    out.write_text(_report(a, run.pa, got, ort, run.load) + "".join(f"\n{s}" for s in skipped))
-    print(out.read_text())
-    print(f"[bench] wrote {out}")
-    return 0
+    report = _report(a, run.pa, got, ort, run.load)
+    return write_report(a.out_dir, run.stamp, "pipelines", report, skipped)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,14 @@ not a test.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import ort_baseline
-from perf_analyzer import Measurement, perf_analyzer_version
-from run import _fmt, _git_commit, _ratio, side_by_side_parser, start_run
+from perf_analyzer import Measurement
+from run import _fmt, _ratio, report_head, side_by_side_parser, start_run, write_report
 from run_batching import _link_model, _point, _start
 from servers import TRITON_PEER, ServerProcess, shoal_server, triton_peer_server
 
@@ -71,11 +69,7 @@ def _report(
 ) -> str:
     best = max((m.throughput for m in ort), default=None)
     lines = [
-        f"# shoal vs Triton on the same Python model ({time.strftime('%Y-%m-%d %H:%M')})",
-        "",
-        f"commit {_git_commit()}; perf_analyzer {perf_analyzer_version(pa)}; "
-        f"load average at start {load:.2f}; {len(os.sched_getaffinity(0))} cores",
-        "",
+        *report_head("shoal vs Triton on the same Python model", pa, load),
         "In-process ONNX Runtime, batch 1: "
         + ", ".join(f"{m.server} {m.throughput:,.0f}/s (p50 {m.p50_us:,.0f} µs)" for m in ort),
         "",
@@ -129,11 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 srv.stop()
     ort = [ort_baseline.measure(a.repo / MODEL / "1" / "model.onnx", MODEL, t) for t in (1, 2)]
-    out = a.out_dir / f"{run.stamp}-python.md"
-    out.write_text(_report(a, run.pa, got, ort, run.load) + "".join(f"\n{s}" for s in skipped))
-    print(out.read_text())
-    print(f"[bench] wrote {out}")
-    return 0
+    report = _report(a, run.pa, got, ort, run.load)
+    return write_report(a.out_dir, run.stamp, "python", report, skipped)
 
 
 if __name__ == "__main__":
