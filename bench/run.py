@@ -369,16 +369,23 @@ def side_by_side_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def report_head(title: str, pa: str, load: float) -> list[str]:
+def report_head(
+    title: str, pa: str, load: float, ort: list[Measurement] | None = None
+) -> list[str]:
     """The first lines of a side-by-side run's report: its title and time, the commit,
-    perf_analyzer's version, the load at start and the cores."""
-    return [
+    perf_analyzer's version, the load at start and the cores; then the in-process ONNX
+    Runtime baselines, if given."""
+    lines = [
         f"# {title} ({time.strftime('%Y-%m-%d %H:%M')})",
         "",
         f"commit {_git_commit()}; perf_analyzer {perf_analyzer_version(pa)}; "
         f"load average at start {load:.2f}; {len(os.sched_getaffinity(0))} cores",
         "",
     ]
+    if ort is not None:
+        baselines = (f"{m.server} {m.throughput:,.0f}/s (p50 {m.p50_us:,.0f} µs)" for m in ort)
+        lines += ["In-process ONNX Runtime, batch 1: " + ", ".join(baselines), ""]
+    return lines
 
 
 def write_report(out_dir: Path, stamp: str, tag: str, report: str, skipped: list[str]) -> int:

@@ -57,10 +57,7 @@ def _report(
 ) -> str:
     best = max(ort, key=lambda m: m.throughput) if ort else None
     lines = [
-        *report_head(f"shoal: the response cache on {MODEL}", pa, load),
-        "In-process ONNX Runtime, batch 1: "
-        + ", ".join(f"{m.server} {m.throughput:,.0f}/s (p50 {m.p50_us:,.0f} µs)" for m in ort),
-        "",
+        *report_head(f"shoal: the response cache on {MODEL}", pa, load, ort),
         "| protocol | c | off /s | hits /s | misses /s | hits/off | misses/off | "
         "hits/ORT | off p50 µs | hits p50 µs | misses p50 µs |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

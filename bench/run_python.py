@@ -69,10 +69,7 @@ def _report(
 ) -> str:
     best = max((m.throughput for m in ort), default=None)
     lines = [
-        *report_head("shoal vs Triton on the same Python model", pa, load),
-        "In-process ONNX Runtime, batch 1: "
-        + ", ".join(f"{m.server} {m.throughput:,.0f}/s (p50 {m.p50_us:,.0f} µs)" for m in ort),
-        "",
+        *report_head("shoal vs Triton on the same Python model", pa, load, ort),
         "| protocol | c | shoal-python /s | triton-python /s | shoal-onnx /s | "
         "shoal-py/triton-py | onnx/python | shoal-py p50 µs | triton-py p50 µs | "
         "shoal-py/ORT |",
