@@ -506,12 +506,14 @@ class DataPlane:
             inputs=refs,
             outputs=specs,
             batch_size=batch,
-            priority=_uint_param(req, "priority"),
-            timeout_us=_uint_param(req, "timeout"),
-            sequence_id=_sequence_id(req),
-            sequence_start=req.parameters.get("sequence_start") is True,
-            sequence_end=req.parameters.get("sequence_end") is True,
         )
+        params = req.parameters
+        if params:  # (most requests carry none: nothing to look up)
+            msg.priority = _uint_param(req, "priority")
+            msg.timeout_us = _uint_param(req, "timeout")
+            msg.sequence_id = _sequence_id(req)
+            msg.sequence_start = params.get("sequence_start") is True
+            msg.sequence_end = params.get("sequence_end") is True
         if model.is_python:
             msg.request_id = req.id
             msg.parameters = {
