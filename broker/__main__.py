@@ -7,6 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
+from configs.model_control import MODES
 from ipc.lifecycle import (
     add_process_flags,
     die_with_parent,
@@ -36,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         help="kill (and so restart) an instance whose batch runs longer; 0: never",
     )
+    p.add_argument("--model-control-mode", default="none", choices=MODES)
+    p.add_argument("--load-model", action="append", default=[])
+    p.add_argument("--repository-poll-secs", default=15.0, type=float)
     add_instance_memory_flag(p)
     add_rate_limit_flags(p)
     add_process_flags(p)
@@ -67,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             instance_memory_limit_mb=args.instance_memory_limit_mb,
             rate_limit=args.rate_limit,
             rate_limit_resources=args.rate_limit_resource,
+            model_control_mode=args.model_control_mode,
+            load_models=args.load_model,
+            repository_poll_secs=args.repository_poll_secs,
         )
     )
     return run_until_stopped(proc)

@@ -44,6 +44,8 @@ class Instance:
     cores: list[int] = field(default_factory=list)
     gpu: int | None = None  # the server's id of its GPU; None: a CPU instance
     name: str = ""  # Triton's instance name (<group>_<k>), as the worker reported it
+    generation: int = 0  # the load it belongs to (model control)
+    retiring: bool = False  # told to stop for good (its version was unloaded or replaced)
     # (when reported, [(frontend, req_id)]): requests it answered straight to their
     # frontends lately; if it dies, those answers may not have left it (router.py).
     answered: deque[tuple[float, list[tuple[bytes, int]]]] = field(default_factory=deque)
@@ -77,6 +79,7 @@ class ModelVersion:
     # an ensemble's composing models (configs.ensemble): it has no instances; a frontend
     # runs its steps, and it is READY once they are, and fit together
     ensemble: list[Dependency] | None = None
+    generation: int = 0  # the load it belongs to: 0 at start, then one per load API call
     stats: VersionStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -184,6 +187,9 @@ class ModelEntryState:
     name: str
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     error: str = ""
+    # a load in progress (model control): its versions, READY only once they all are;
+    # then they replace ``versions``, which go on serving until then
+    staged: dict[int, ModelVersion] = field(default_factory=dict)
 
 
 class ModelTable:
@@ -191,6 +197,9 @@ class ModelTable:
         self.models: dict[str, ModelEntryState] = {}
         self.by_ident: dict[bytes, Instance] = {}
         self.summaries = False  # a frontend serves latency summaries
+        # versions a load replaced or an unload removed: their instances finish what they
+        # were given, then stop (broker.control)
+        self.retiring: list[ModelVersion] = []
 
     def add_model(
         self,
@@ -198,24 +207,35 @@ class ModelTable:
         versions: dict[int, int],
         platform: str,
         passive: frozenset[int] = frozenset(),
+        generation: int = 0,
     ) -> None:
         """Expect ``versions`` (version -> instance count) of ``name``; the instances
-        numbered in ``passive`` load but are never sent work."""
+        numbered in ``passive`` load but are never sent work. A later ``generation`` (a
+        load through the API) is staged: see ``commit``."""
         entry = self.models.setdefault(name, ModelEntryState(name))
+        into = entry.staged if generation else entry.versions
         for v, count in versions.items():
-            mv = entry.versions[v] = ModelVersion(name, v, count, platform, passive=passive)
+            mv = ModelVersion(name, v, count, platform, passive=passive, generation=generation)
+            into[v] = mv
             if self.summaries:
                 mv.stats.keep_windows()
 
     def add_ensemble(
-        self, name: str, versions: list[int], config: bytes, deps: list[Dependency]
+        self,
+        name: str,
+        versions: list[int],
+        config: bytes,
+        deps: list[Dependency],
+        generation: int = 0,
     ) -> list[ModelVersion]:
         """Expect the ``versions`` of the ensemble ``name``: LOADING until its composing
-        models settle (the broker's ``_settle_ensembles``)."""
+        models settle (the broker's ``_settle_ensembles``); staged for a ``generation``."""
         entry = self.models.setdefault(name, ModelEntryState(name))
+        into = entry.staged if generation else entry.versions
         out = []
         for v in versions:
-            mv = entry.versions[v] = ModelVersion(name, v, 0, "ensemble", ensemble=deps)
+            mv = ModelVersion(name, v, 0, "ensemble", ensemble=deps, generation=generation)
+            into[v] = mv
             mv.config = config
             mv.metric_tags = metric_tags(config)
             if self.summaries:
@@ -226,9 +246,63 @@ class ModelTable:
     def add_error(self, name: str, error: str) -> None:
         self.models[name] = ModelEntryState(name, error=error)
 
+    def commit(self, name: str) -> list[ModelVersion]:
+        """A load's staged versions replace the loaded ones, which retire (returned): they
+        finish what they hold, then their instances stop. A version that kept answers in
+        order hands that order on, so answers still leave in arrival order across it."""
+        entry = self.models[name]
+        old, entry.versions, entry.staged = entry.versions, entry.staged, {}
+        entry.error = ""
+        for v, mv in entry.versions.items():
+            before = old.get(v)
+            if before is not None and before.ordering is not None:
+                mv.ordering = before.ordering
+        self.retiring += old.values()
+        return list(old.values())
+
+    def remove(self, name: str) -> list[ModelVersion]:
+        """Unload ``name``: its versions retire (returned), a load's staged ones too."""
+        entry = self.models.pop(name, None)
+        if entry is None:
+            return []
+        gone = [*entry.versions.values(), *entry.staged.values()]
+        self.retiring += gone
+        return gone
+
     def version(self, name: str, version: int) -> ModelVersion | None:
         entry = self.models.get(name)
         return None if entry is None else entry.versions.get(version)
+
+    def owner(self, inst: Instance) -> ModelVersion | None:
+        """The version ``inst`` serves."""
+        return self.find(inst.model, inst.version, inst.generation)
+
+    def find(self, name: str, version: int, generation: int) -> ModelVersion | None:
+        """That version of that load: the loaded one, a load's staged one, or one retiring
+        (a reload runs a second copy of a version while the first serves)."""
+        entry = self.models.get(name)
+        if entry is not None:
+            for versions in (entry.versions, entry.staged):
+                mv = versions.get(version)
+                if mv is not None and mv.generation == generation:
+                    return mv
+        key = (name, version, generation)
+        return next((v for v in self.retiring if (v.name, v.version, v.generation) == key), None)
+
+    def ordering(self, name: str, version: int) -> OrderedRelease | None:
+        """The order the answers of ``name``'s ``version`` leave in (preserve_ordering):
+        the loaded version's, or a retiring one's (a load hands its order on)."""
+        mv = self.version(name, version)
+        if mv is not None and mv.ordering is not None:
+            return mv.ordering
+        return next(
+            (
+                mv.ordering
+                for mv in self.retiring
+                if (mv.name, mv.version) == (name, version) and mv.ordering is not None
+            ),
+            None,
+        )
 
     def resolve(self, name: str, version: int) -> ModelVersion | None:
         """The version a request names; -1 picks the highest READY version."""

@@ -31,6 +31,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from broker import memory
 from broker.batcher import Rejected, cuda_devices
 from broker.client_regions import ClientRegions
+from broker.control import Effects, ModelControl
 from broker.endings import Endings
 from broker.models import Instance, ModelTable, ModelVersion
 from broker.rate_limiter import RateLimiter
@@ -40,6 +41,7 @@ from broker.wake_timer import WakeTimer
 from configs import ensemble, rate_limits, repository
 from configs.devices import gpu_count
 from configs.ensemble import is_ensemble
+from configs.model_control import ALL, startup_models
 from configs.placement import instance_count, passive_instances
 from configs.rate_limits import describe
 from configs.schema import ConfigError
@@ -67,6 +69,9 @@ class BrokerSettings:
     instance_memory_limit_mb: int = 0  # for models whose config sets none; 0: no limit
     rate_limit: str = "off"  # --rate-limit (configs/rate_limits.py)
     rate_limit_resources: list[str] = field(default_factory=list)  # --rate-limit-resource
+    model_control_mode: str = "none"  # configs.model_control
+    load_models: list[str] = field(default_factory=list)  # --load-model (explicit mode)
+    repository_poll_secs: float = 15.0  # poll mode: how often the repository is rescanned
 
 
 class BrokerProc:
@@ -107,6 +112,18 @@ class BrokerProc:
         self.frontend_fds: dict[bytes, int] = {}
         self.startup_reported = False
         self._unsettled: list[ModelVersion] = []  # ensembles waiting for their models
+        self.control = ModelControl(
+            self.table,
+            settings.model_repository,
+            settings.runtime_dir,
+            explicit=settings.model_control_mode == "explicit",
+            model_config_name=settings.model_config_name,
+            autocomplete=settings.autocomplete,
+            poll_secs=settings.repository_poll_secs if settings.model_control_mode == "poll" else 0,
+        )
+        # its identity once it said hello (explicit and poll modes: it starts the workers
+        # of the models loaded while the server runs)
+        self.launcher: bytes | None = None
 
     def load_repository(self) -> None:
         entries = repository.scan(
@@ -118,8 +135,26 @@ class BrokerProc:
         limits = rate_limits.for_repository(entries, self.s.rate_limit, self.s.rate_limit_resources)
         if limits is not None:
             self.router.limiter = RateLimiter(limits)
+            self.control.refused = dict(limits.refused)
             log.info("rate limiter: execution_count; resources %s", describe(limits.copies))
         configs = {e.name: e.config for e in entries if not e.error and e.config is not None}
+        mode, names = self.s.model_control_mode, self.s.load_models
+        chosen = startup_models(entries, mode, names)
+        for e in entries:
+            if e.name not in chosen:
+                self.control.unloaded[e.name] = {}  # never loaded: in the index by name
+        self.control.named = (
+            {e.name for e in entries} if ALL in names or mode != "explicit" else set(names)
+        )
+        for name in sorted(set(names) - {e.name for e in entries} - {ALL}):
+            if mode == "explicit":  # Triton's: the model is not in the repository
+                self.table.add_error(
+                    name, f"failed to load '{name}', failed to poll from model repository"
+                )
+        entries = [e for e in entries if e.name in chosen]
+        self.control.loaded = {e.name: e for e in entries if not e.error and e.config}
+        if self.control.poll_secs > 0:
+            self.control.start_polling(time.monotonic())
         for e in entries:
             if limits is not None and e.name in limits.refused:
                 e.error = limits.refused[e.name]
@@ -140,7 +175,9 @@ class BrokerProc:
             platform = e.config.platform or e.config.backend
             passive = passive_instances(e.config)
             self.table.add_model(e.name, {v: count for v in e.versions}, platform, passive)
-        log.info("repository %s: %d model(s)", self.s.model_repository, len(entries))
+        log.info(
+            "repository %s: %d model(s) loading at start", self.s.model_repository, len(entries)
+        )
 
     # -- loop ------------------------------------------------------------------------
 
@@ -148,6 +185,8 @@ class BrokerProc:
         self.load_repository()
         settle_gc()
         while not self.stop:
+            if self.control.busy:
+                self._apply(self.control.tick())
             if self._unsettled:
                 self._settle_ensembles()
             if not self.startup_reported and self.table.startup_done():
@@ -181,6 +220,28 @@ class BrokerProc:
         self._reap_peers()
         self._shutdown_workers()
         return 0
+
+    def _apply(self, effects: Effects) -> None:
+        """Carry out a turn of model control (broker/control.py)."""
+        if effects.start and self.launcher is not None:
+            self._send(self.fsock, [self.launcher, *m.encode(m.StartWorkers(effects.start))])
+        for inst in effects.stop:
+            shutdown = m.Shutdown("its model was unloaded or reloaded", retire=True)
+            self._send(self.wsock, [inst.ident, *m.encode(shutdown)])
+        if effects.changed:
+            # the ensembles that use a model loaded or unloaded are judged again
+            for mv in self.table.all_versions():
+                uses = {d.model for d in mv.ensemble or []}
+                if uses & effects.changed and mv not in self._unsettled:
+                    self._unsettled.append(mv)
+            frames = m.encode(m.ModelsChanged(sorted(effects.changed)))
+            frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]
+            for ident in [*self.frontend_fds, *frontends]:
+                self._send(self.fsock, [ident, *frames])
+        # after the news: a frontend drops what it kept before its client hears the answer
+        for frontend, reply in effects.replies:
+            self._send(self.fsock, [frontend, *m.encode(reply)])
+        self._unsettled += effects.ensembles
 
     def _settle_ensembles(self) -> None:
         """Ensembles whose composing models have settled become READY (their steps fit
@@ -268,6 +329,8 @@ class BrokerProc:
             del self._unwatched[ident]
             self._watch(ident, pid, role)  # back in _unwatched if it fails again
         self.endings.tick(now, self._unwatched)
+        if self.control.poll_secs > 0:
+            self._apply(self.control.poll(now))
         dispatches, failures = self.router.tick(now)
         for item, message in failures:
             self._fail_item(item, ServingError(Code.UNAVAILABLE, message))
@@ -357,9 +420,9 @@ class BrokerProc:
         self._answer_item(item, item.frontend, m.encode_payload(resp))
 
     def _answer_item(self, item: m.WorkItem, frontend: bytes, payload: bytes | None) -> None:
-        mv = self.table.version(item.request.model, item.request.version)
-        if item.seq and mv is not None and mv.ordering is not None:
-            released = mv.ordering.answer(item.seq, frontend, payload)
+        ordering = self.table.ordering(item.request.model, item.request.version)
+        if item.seq and ordering is not None:
+            released = ordering.answer(item.seq, frontend, payload)
         else:
             released = [(frontend, payload)]
         for fe, data in released:
@@ -397,8 +460,11 @@ class BrokerProc:
         elif isinstance(msg, m.ShmRequest):
             self._send(self.fsock, [ident, *m.encode(self._on_shm(msg))])
         elif isinstance(msg, m.ServerQuery):
-            ready = self.table.all_ready() if self.s.strict_readiness else True
-            states = self.table.states()
+            ready = self.table.all_ready() and not self.control.failures()
+            ready = ready or not self.s.strict_readiness
+            states = sorted(
+                [*self.table.states(), *self.control.index()], key=lambda s: (s.name, s.version)
+            )
             if msg.memory_of:
                 self._add_details(states, msg.memory_of)
             state = m.ServerState(msg.query_id, True, ready, states)
@@ -416,6 +482,13 @@ class BrokerProc:
         elif isinstance(msg, m.FrontendLeaving):
             if ident in self.frontend_fds or ident in self._unwatched:  # one it watches
                 self._leaving.add(ident)
+        elif isinstance(msg, m.ModelControl):
+            self._apply(self.control.request(ident, msg))
+        elif isinstance(msg, m.LauncherHello):
+            if ident == sockets.LAUNCHER_IDENTITY and self.control.managed:
+                self.launcher = ident
+                self.control.has_launcher = True
+                self._send(self.fsock, [ident, *m.encode(self._welcome())])
         elif isinstance(msg, m.FrontendHello):
             self._watch(ident, msg.pid, "frontend")
             if msg.summaries:
@@ -426,7 +499,7 @@ class BrokerProc:
         """A (re)joining peer's welcome, with the server's log settings: the broker's,
         from its flags or changed since. After a broker restart, every process takes
         those of the new broker's flags again, as GET /v2/logging then shows."""
-        return m.Welcome(os.getpid(), logs.current())
+        return m.Welcome(os.getpid(), logs.current(), self.control.explicit)
 
     def _change_log_settings(self, changes: dict[str, bool | int | str]) -> None:
         """The logging extension's update (``changes`` checked by the frontend): applied
@@ -449,6 +522,9 @@ class BrokerProc:
         """The READY version a request or query names, else Triton's error for why not
         (each reason after UNKNOWN_MODEL, as Triton's GetModel writes it)."""
         entry = self.table.models.get(name)
+        if entry is None and self.control.unloaded.get(name):
+            # unloaded, or its load failed (Triton's words; 404: it will not come back alone)
+            raise ServingError(Code.NOT_FOUND, f"{UNKNOWN_MODEL}'{name}' has no available versions")
         if entry is None:
             raise unknown_model(name)
         if version >= 0:
@@ -614,7 +690,7 @@ class BrokerProc:
             if inst.state == "LOADING":
                 inst.state = "READY"
                 inst.cores = list(msg.cores)
-                mv = self.table.version(inst.model, inst.version)
+                mv = self.table.owner(inst)
                 if mv is not None:
                     mv.set_config(msg.config)
                     mv.refresh_state()
@@ -628,7 +704,7 @@ class BrokerProc:
             self._dispatch(self.router.instance_ready(inst, time.monotonic()))
         elif isinstance(msg, m.WorkerFailed) and inst is not None:
             log.error("%s", msg.message)
-            mv = self.table.version(inst.model, inst.version)
+            mv = self.table.owner(inst)
             if mv is not None:
                 mv.load_failed(inst, msg.message)
 
@@ -636,7 +712,7 @@ class BrokerProc:
         inst = self.table.by_ident.get(ident)
         if inst is None or len(frames) != 5:
             return
-        mv = self.table.version(inst.model, inst.version)
+        mv = self.table.owner(inst)
         if mv is None or mv.ordering is None:
             return
         for fe, data in mv.ordering.answer(int(frames[3]), frames[2], frames[4]):
@@ -644,7 +720,14 @@ class BrokerProc:
                 self._send(self.fsock, [fe, m.RESULT, data])
 
     def _on_hello(self, ident: bytes, hello: m.WorkerHello) -> None:
-        mv = self.table.version(hello.model, hello.version)
+        mv = self.table.find(hello.model, hello.version, hello.generation)
+        if mv is None and self.control.managed:
+            # one of a load since unloaded or replaced (restarted after a crash, say)
+            log.info("worker for %s/%d (load %d) stopped: not loaded now",
+                     hello.model, hello.version, hello.generation)  # fmt: skip
+            retire = m.Shutdown("its model is not loaded", retire=True)
+            self._send(self.wsock, [ident, *m.encode(retire)])
+            return
         if mv is None:
             log.warning("worker for unexpected model %s/%d ignored", hello.model, hello.version)
             return
@@ -658,6 +741,7 @@ class BrokerProc:
             inst = Instance(
                 ident, hello.model, hello.version, hello.instance, hello.pid, gpu=gpu,
                 name=hello.name or f"{hello.model}_{hello.instance}",
+                generation=hello.generation,
             )  # fmt: skip
             self.table.by_ident[ident] = inst
             mv.add_instance(inst)
@@ -733,19 +817,22 @@ class BrokerProc:
         if inst is None:
             return
         why, ended = self.endings.pop(ident)
-        # An instance that reported its load failed is not restarted: no unasked exit.
-        counted = why != "crash" or inst.state != "DEAD"
+        if inst.retiring:  # told to stop for good (unloaded, or replaced by a reload)
+            ended = "stopped: its model was unloaded or reloaded"
+        # An instance that reported its load failed is not restarted: no unasked exit;
+        # nor is one that was told to stop for good.
+        counted = (why != "crash" or inst.state != "DEAD") and not inst.retiring
         # When the broker is stopping (SIGTERM), the workers are being stopped with it
         # (the launcher signals them together): an exit is the stop, not a fault.
         log.log(
-            logging.INFO if self.stop else logging.ERROR,
+            logging.INFO if self.stop or inst.retiring else logging.ERROR,
             "instance %d of %s/%d (pid %d) %s", inst.index, inst.model, inst.version, inst.pid,
             "stopped" if self.stop else ended,
         )  # fmt: skip
         was_loading = inst.state == "LOADING"
         ran = {id(item) for item in inst.in_flight.items} if inst.in_flight else set()
         failed, dispatches = self.router.instance_lost(inst, time.monotonic())
-        version = self.table.version(inst.model, inst.version)
+        version = self.table.owner(inst)
         if version is not None:
             if counted and not self.stop:
                 version.exits[why] = version.exits.get(why, 0) + 1

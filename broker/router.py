@@ -102,7 +102,7 @@ class Router:
         return self._dispatch(mv, now)
 
     def instance_ready(self, inst: Instance, now: float) -> list[Dispatch]:
-        mv = self.table.version(inst.model, inst.version)
+        mv = self.table.owner(inst)
         if mv is None:
             return []
         if inst.index in mv.passive or inst.state != "READY":
@@ -124,7 +124,7 @@ class Router:
         if self.limiter is not None:
             self.limiter.release(inst)
         self._remember_answered(inst, batch, now)
-        mv = self.table.version(inst.model, inst.version)
+        mv = self.table.owner(inst)
         if mv is not None:
             if mv.sequencer is not None:
                 mv.sequencer.completed(inst.ident, batch.items, now)
@@ -177,7 +177,7 @@ class Router:
         memory), and its death, seen a little later (``instance_lost``), answers the batch
         it runs. Until then no batch goes to it, so its siblings take the requests."""
         inst.state = "DEAD"
-        mv = self.table.version(inst.model, inst.version)
+        mv = self.table.owner(inst)
         if mv is None:
             return
         if inst.ident in mv.idle:
@@ -190,7 +190,7 @@ class Router:
         """Mark ``inst`` dead. Returns the items it was running (they failed) and, if
         no instance that can be sent requests is left, every queued item of the version
         too (a passive instance never takes them)."""
-        mv = self.table.version(inst.model, inst.version)
+        mv = self.table.owner(inst)
         failed = list(inst.in_flight.items) if inst.in_flight else []
         inst.in_flight = None
         self._busy.pop(inst.ident, None)

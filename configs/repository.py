@@ -99,6 +99,15 @@ def scan(
     return entries
 
 
+def model_dirs(repo: Path) -> list[str]:
+    """The names of ``repo``'s models (its sub-directories, hidden ones skipped), sorted;
+    none if it cannot be read."""
+    try:
+        return sorted(c.name for c in repo.iterdir() if c.is_dir() and not c.name.startswith("."))
+    except OSError:
+        return []
+
+
 def find(
     repo: Path,
     name: str,

@@ -74,6 +74,8 @@ class BrokerClient:
         self._broker_addr = sockets.endpoint(runtime_dir, sockets.FRONTEND_SOCKET)
         self.sock = sockets.dealer(self.ctx, self._broker_addr, self.identity)
         self.on_broker_lost: list[Callable[[], None]] = []
+        # models loaded, reloaded or unloaded (model control): their names
+        self.on_models_changed: list[Callable[[list[str]], None]] = []
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[msgspec.Struct]] = {}
         self._outbox: list[bytes] = []  # encoded requests of this turn, not sent yet
@@ -87,6 +89,7 @@ class BrokerClient:
         self._closed = False
         self._leaving = False  # stopping on request (leaving)
         self.silent_broker_s = _SILENT_BROKER_S
+        self.model_control = False  # the broker's model control mode is explicit
 
     @property
     def waiting(self) -> int:
@@ -265,12 +268,17 @@ class BrokerClient:
             self._watch_broker(msg.broker_pid)
             if msg.log is not None:
                 logs.apply(msg.log)
+            self.model_control = msg.model_control
             self._welcomed.set()
             if self._leaving:
                 self._send(m.encode(m.FrontendLeaving()))
             return
         if isinstance(msg, m.LogSettings):
             logs.apply(msg)
+            return
+        if isinstance(msg, m.ModelsChanged):
+            for callback in self.on_models_changed:
+                callback(msg.names)
             return
         if isinstance(msg, m.Unconfirmed):
             assert self._loop is not None

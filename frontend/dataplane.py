@@ -24,6 +24,7 @@ from frontend.response_cache import ResponseCache
 from frontend.types import InferenceRequest, InferenceResult, OutputTensor
 from ipc import messages as m
 from ipc.errors import (
+    MODEL_CONTROL_DISABLED,
     UNKNOWN_MODEL,
     Code,
     RequestError,
@@ -54,6 +55,11 @@ EXTENSIONS = [
 
 _INT64_MAX = 2**63 - 1
 _HASH_IN_THREAD_BYTES = 1 << 20  # about 1 ms of hashing: more goes to a thread
+
+
+# How long a load or unload may take before its client is answered UNAVAILABLE (a model
+# that loads for longer is still loaded; the index shows when).
+_MODEL_CONTROL_TIMEOUT_S = 600.0
 
 
 def parse_version(version: str) -> int:
@@ -136,12 +142,14 @@ class DataPlane:
         self.pool = pool
         self.server_id = server_id
         self._models: dict[tuple[str, int], ModelHandle] = {}
+        self._models_epoch = 0  # models loaded or unloaded so far (model control)
         # ensembles' steps, and their max_inflight_requests
         self._plans: dict[
             tuple[str, int], tuple[list[ensemble.Step], dict[int, asyncio.Semaphore] | None]
         ] = {}
         self.requests_handled = 0
         broker.on_broker_lost.append(self._broker_lost)
+        broker.on_models_changed.append(self._models_changed)
 
     def _broker_lost(self) -> None:
         """Workers may still write into slots of requests that were just failed: those
@@ -152,6 +160,17 @@ class DataPlane:
         self._models.clear()
         self._plans.clear()
         if self.cache is not None:  # a new broker may serve other model files
+            self.cache.clear()
+
+    def _models_changed(self, names: list[str]) -> None:
+        """Models were loaded, reloaded or unloaded: what this frontend kept of them goes
+        (their configs; the ensemble plans, which may use them; cached answers)."""
+        changed = set(names)
+        self._models_epoch += 1
+        for key in [k for k in self._models if k[0] in changed]:
+            del self._models[key]
+        self._plans.clear()
+        if self.cache is not None:
             self.cache.clear()
 
     # -- control plane ---------------------------------------------------------------
@@ -212,7 +231,8 @@ class DataPlane:
             entry = {"name": s.name}
             if s.version >= 0:
                 entry["version"] = str(s.version)
-            entry["state"] = s.state
+            if s.state:  # none for a model never loaded: listed by name alone
+                entry["state"] = s.state
             if s.reason:
                 entry["reason"] = s.reason
             out.append(entry)
@@ -229,13 +249,30 @@ class DataPlane:
         """Load, unload (and, over gRPC, the index) naming a repository: Triton 2.51's."""
         return ServingError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
 
-    @staticmethod
-    def refuse_model_control() -> ServingError:
-        """Load and unload under model control mode "none" (Triton's default, and shoal's
-        only mode): every model of the repository loads at start. Triton 2.51's words."""
-        return ServingError(
-            Code.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled"
+    def refuse_model_control(self) -> ServingError | None:
+        """Outside explicit model control mode, unload is refused before its body is read,
+        as Triton 2.51 does (load is refused by the broker, after its body's checks)."""
+        if self.broker.model_control:
+            return None
+        return ServingError(Code.UNAVAILABLE, MODEL_CONTROL_DISABLED)
+
+    async def model_control(
+        self,
+        action: str,
+        model: str,
+        config: str = "",
+        files: dict[str, bytes] | None = None,
+        unload_dependents: bool = False,
+    ) -> None:
+        """The repository extension's load or unload: answered once the model is loaded
+        (READY) or unloaded, or with why not (the broker refuses both outside explicit
+        model control mode, in Triton's words)."""
+        msg = m.ModelControl(
+            self.broker.next_id(), action, model, config, files or {}, unload_dependents
         )
+        reply = await self.broker.query(msg, m.ControlReply, timeout=_MODEL_CONTROL_TIMEOUT_S)
+        if reply.error is not None:
+            raise ServingError(Code(reply.error.code), reply.error.message)
 
     async def server_live(self) -> bool:
         state = await self._server_state()
@@ -258,9 +295,11 @@ class DataPlane:
         handle = self._models.get((name, v))
         if handle is not None:
             return handle
+        epoch = self._models_epoch
         info = await self._info(name, v)  # answers only for a READY version
         handle = ModelHandle(name, info.version, list(info.versions), info.config)
-        self._models[(name, v)] = handle
+        if epoch == self._models_epoch:  # else a load or unload came in between: not kept
+            self._models[(name, v)] = handle
         return handle
 
     def cached_model(self, name: str, version: str) -> ModelHandle:
@@ -316,6 +355,7 @@ class DataPlane:
         try:
             batch = model.batch_size(req)
             if self.cache is not None and model.response_cache:
+                epoch = self._models_epoch
                 lookup = time.perf_counter_ns()
                 key = await self._key(req, model)
                 if key is not None and (hit := self._cached(req, model, key, started, lookup)):
@@ -355,7 +395,12 @@ class DataPlane:
         except BaseException:
             self._free(slots, pool)
             raise
-        if key is not None and self.cache is not None and resp.model_version in (0, model.version):
+        if (
+            key is not None
+            and self.cache is not None
+            and resp.model_version in (0, model.version)
+            and epoch == self._models_epoch  # no load or unload since: not a stale answer
+        ):
             t0 = time.perf_counter_ns()
             self.cache.put(key, outputs)  # (an answer of another version is not this key's)
             self.cache.insertion_ns += time.perf_counter_ns() - t0

@@ -269,7 +269,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             if request.repository_name:
                 raise self.dp.refuse_named_repository()
             grpc_codec.check_load_parameters(request.parameters)
-            raise self.dp.refuse_model_control()
+            params = request.parameters
+            config = params["config"].string_param if "config" in params else ""
+            files = {k: v.bytes_param for k, v in params.items() if k.startswith("file:")}
+            await self.dp.model_control("load", request.model_name, config, files)
+            return pb.RepositoryModelLoadResponse()
 
         return await _guard(context, call)
 
@@ -278,7 +282,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             if request.repository_name:
                 raise self.dp.refuse_named_repository()
             grpc_codec.check_unload_parameters(request.parameters)
-            raise self.dp.refuse_model_control()
+            params = request.parameters
+            dependents = "unload_dependents" in params and params["unload_dependents"].bool_param
+            await self.dp.model_control("unload", request.model_name, "", {}, dependents)
+            return pb.RepositoryModelUnloadResponse()
 
         return await _guard(context, call)
 

@@ -12,6 +12,8 @@ its C parser (3.14) reports a deflate stream that ends early to the connection o
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import os
 import zlib
@@ -304,11 +306,14 @@ async def repository_index(request: web.Request) -> web.Response:
 
 
 async def repository_load(request: web.Request) -> web.Response:
-    """Refused (model control mode "none"), after the body's checks, in Triton 2.51's
-    order and words: every parameter a string, named ``config`` or ``file:<path>``."""
+    """Load (or reload) a model: explicit model control. The body's checks come first, in
+    Triton 2.51's order and words: every parameter a string, named ``config`` (a JSON
+    ModelConfig that replaces config.pbtxt) or ``file:<version>/<path>`` (base64)."""
     if "repository" in request.match_info:
         raise _dp(request).refuse_named_repository()
     body = await request.read()
+    config = ""
+    files: dict[str, bytes] = {}
     if body:
         doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
         if "parameters" in doc:
@@ -322,13 +327,39 @@ async def repository_load(request: web.Request) -> web.Response:
                     raise ServingError(
                         Code.INTERNAL, "unexpected error on creating Triton parameter"
                     )
-    raise _dp(request).refuse_model_control()
+                if key == "config":
+                    config = value
+                else:
+                    try:
+                        files[key] = base64.b64decode(value, validate=True)
+                    except binascii.Error:
+                        raise ServingError(
+                            Code.INVALID_ARG, f"failed to decode '{key}' as base64"
+                        ) from None
+    await _dp(request).model_control("load", request.match_info["model"], config, files)
+    return _empty(True)
 
 
 async def repository_unload(request: web.Request) -> web.Response:
+    """Unload a model (with ``unload_dependents``: an ensemble's composing models that
+    only it uses)."""
     if "repository" in request.match_info:
         raise _dp(request).refuse_named_repository()
-    raise _dp(request).refuse_model_control()  # Triton reads no body first
+    if (refusal := _dp(request).refuse_model_control()) is not None:
+        raise refusal  # Triton reads no body first
+    body = await request.read()
+    dependents = False
+    if body:
+        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+        params = doc.get("parameters", {})
+        if not isinstance(params, dict):
+            raise ServingError(Code.INTERNAL, "attempt to get members for non-object")
+        value = params.get("unload_dependents", False)
+        if not isinstance(value, bool):
+            raise ServingError(Code.INTERNAL, "attempt to access JSON non-boolean as boolean")
+        dependents = value
+    await _dp(request).model_control("unload", request.match_info["model"], "", {}, dependents)
+    return _empty(True)
 
 
 async def logging_get(request: web.Request) -> web.Response:

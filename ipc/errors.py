@@ -81,6 +81,8 @@ def invalid_request(message: str) -> RequestError:
 #: What Triton's ModelRepositoryManager::GetModel puts before every reason a model (or
 #: version) cannot be had: not found, not at ready state, no available versions.
 UNKNOWN_MODEL: Final = "Request for unknown model: "
+# Load and unload outside explicit model control mode: Triton 2.51's words.
+MODEL_CONTROL_DISABLED: Final = "explicit model load / unload is not allowed if polling is enabled"
 
 
 def unknown_model(name: str) -> ServingError:

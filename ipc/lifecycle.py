@@ -19,6 +19,7 @@ from typing import Protocol
 
 _PR_SET_PDEATHSIG = 1
 EXIT_FATAL = 3  # a role cannot run with its settings: restarting it cannot help
+EXIT_RETIRED = 4  # a worker whose model was unloaded or reloaded: not to be restarted
 
 
 def die_with_parent(expected_parent: int | None, sig: int = signal.SIGTERM) -> None:

@@ -156,6 +156,7 @@ class WorkerHello(msgspec.Struct, array_like=True):
     rejoin: bool = False
     gpu: int = -1  # the server's id of the GPU it runs on; -1: on the CPU
     name: str = ""  # Triton's instance name, <group>_<k>, for the errors that name it
+    generation: int = 0  # the load it belongs to (model control: a reload starts a new one)
 
 
 class WorkerReady(msgspec.Struct, array_like=True):
@@ -194,6 +195,7 @@ class LogSettings(msgspec.Struct, array_like=True):
 class Welcome(msgspec.Struct, array_like=True):
     broker_pid: int
     log: LogSettings | None = None  # the server's, once changed at run time
+    model_control: bool = False  # explicit model control: the API loads and unloads
 
 
 class ModelQuery(msgspec.Struct, array_like=True):
@@ -484,6 +486,56 @@ class RegionsReleased(msgspec.Struct, array_like=True):
 
 class Shutdown(msgspec.Struct, array_like=True):
     reason: str = ""
+    retire: bool = False  # its model was unloaded or replaced: exit for good (EXIT_RETIRED)
+
+
+class ModelControl(msgspec.Struct, array_like=True):
+    """Frontend -> broker: the model repository extension's load or unload (explicit
+    model control). Answered by ControlReply once the model has settled."""
+
+    query_id: int
+    action: str  # load | unload
+    model: str
+    config: str = ""  # load: a JSON ModelConfig that replaces the model's config file
+    files: dict[str, bytes] = {}  # load: "file:<version>/<path>" parameters, decoded
+    unload_dependents: bool = False  # unload: the ensembles that use it go too
+
+
+class ControlReply(msgspec.Struct, array_like=True):
+    query_id: int
+    error: ErrorInfo | None = None
+
+
+class ModelsChanged(msgspec.Struct, array_like=True):
+    """Broker -> frontends: these models were loaded, reloaded or unloaded; what a
+    frontend keeps of them (configs, ensemble plans, cached responses) is stale."""
+
+    names: list[str]
+
+
+class LauncherHello(msgspec.Struct, array_like=True):
+    """Launcher -> broker (on the frontend socket): it starts the workers the broker asks
+    for (StartWorkers), the instances of models loaded through the model control API."""
+
+    pid: int
+
+
+class WorkerSpec(msgspec.Struct, array_like=True):
+    model: str
+    version: int
+    instance: int
+    name: str  # Triton's instance name, <group>_<k>
+    generation: int
+    cores: list[int] = []
+    gpu: int = -1  # -1: a CPU instance, on ``cores``
+    config_file: str = ""  # a JSON ModelConfig replacing the repository's (load's config)
+    model_repository: str = ""  # "": the server's; else a load's own files (file:...)
+
+
+class StartWorkers(msgspec.Struct, array_like=True):
+    """Broker -> launcher: start these instances."""
+
+    workers: list[WorkerSpec]
 
 
 # One-byte kinds. RESULT frames an InferResponse on the broker -> frontend path, and on
@@ -519,6 +571,11 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     Cancel: b"C",
     CacheHit: b"c",
     EnsembleDone: b"e",
+    ModelControl: b"n",
+    ControlReply: b"N",
+    ModelsChanged: b"M",
+    LauncherHello: b"a",
+    StartWorkers: b"A",
 }
 RESULT: Final[bytes] = b"r"
 

@@ -23,6 +23,9 @@ from ipc.shm import owner_gone
 
 FRONTEND_SOCKET: Final[str] = "frontends.sock"
 WORKER_SOCKET: Final[str] = "workers.sock"
+# The launcher's identity on the frontend socket (explicit model control: it starts the
+# workers of the models the API loads).
+LAUNCHER_IDENTITY: Final[bytes] = b"launcher"
 _FRONTEND_IDENT = re.compile(rb"^f-\d+-\d+$")
 
 

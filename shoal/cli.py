@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from configs.model_control import check_flags
 from ipc.lifecycle import run_until_stopped
 from ipc.logs import setup_logging
 from shoal.flags import (
@@ -78,7 +79,21 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
     p.add_argument(
         "--model-control-mode",
         default="none",
-        help="none (the only mode: every model loads at start; load/unload are refused)",
+        help="none (every model loads at start; load/unload are refused), explicit (the "
+        "models --load-model names load at start; the API loads, reloads and unloads) or "
+        "poll (every model loads at start; the repository is rescanned for changes)",
+    )
+    p.add_argument(
+        "--repository-poll-secs",
+        default=15.0,
+        type=float,
+        help="poll mode: how often the repository is rescanned for changes",
+    )
+    p.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        help="explicit mode: a model to load at start (repeatable; '*': all of them)",
     )
     p.add_argument("--backend-config", action="append", default=[])
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
@@ -130,12 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     if not repo.is_dir():
         print(f"error: model repository '{repo}' is not a directory", file=sys.stderr)
         return 2
-    if args.model_control_mode != "none":
-        print(
-            f"error: --model-control-mode={args.model_control_mode} is not supported: shoal "
-            "loads every model of the repository at start (mode none)",
-            file=sys.stderr,
-        )
+    refusal = check_flags(args.model_control_mode, args.load_model)
+    if refusal is None and args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
+        refusal = "--repository-poll-secs must be more than 0 in poll mode"
+    if refusal is None and args.load_model and args.model_control_mode != "explicit":
+        refusal = "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
         return 2
     try:
         frontend_flags(args)  # each frontend reads them again; refused here at once
@@ -181,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         strict_readiness=args.strict_readiness,
         autocomplete=autocomplete,
         model_config_name=args.model_config_name,
+        model_control_mode=args.model_control_mode,
+        load_models=args.load_model,
+        repository_poll_secs=args.repository_poll_secs,
         default_max_batch_size=int(backend_cfg.get("default-max-batch-size", 4)),
         exit_timeout_secs=args.exit_timeout_secs,
         http_max_input_size=args.http_max_input_size,

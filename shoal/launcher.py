@@ -22,12 +22,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import zmq
+
 from configs import rate_limits, repository
 from configs.devices import gpu_count
+from configs.model_control import startup_models
 from configs.placement import plan_repository
-from ipc import shm
-from ipc.lifecycle import EXIT_FATAL
-from ipc.messages import LogSettings
+from ipc import messages as m
+from ipc import shm, sockets
+from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
+from ipc.messages import LogSettings, WorkerSpec
 from ipc.sockets import ensure_runtime_dir
 from shoal.flags import log_flags, rate_limit_flags
 
@@ -64,6 +68,9 @@ class ServeSettings:
     strict_readiness: bool = True
     autocomplete: bool = True
     model_config_name: str = ""
+    model_control_mode: str = "none"  # configs.model_control
+    load_models: list[str] = field(default_factory=list)  # --load-model (explicit mode)
+    repository_poll_secs: float = 15.0  # poll mode
     default_max_batch_size: int = 4
     exit_timeout_secs: float = 30.0
     http_max_input_size: int = 64 * 1024 * 1024
@@ -95,6 +102,12 @@ class Launcher:
         self.restarts: list[tuple[float, str, list[str], int]] = []  # (due, role, argv, count)
         self.own_runtime_dir = not s.runtime_dir
         self.runtime_dir = ensure_runtime_dir(s.runtime_dir or None)
+        # To the broker (explicit model control): it asks for the workers of the models
+        # loaded through the API. None in mode none: every worker starts here, at once.
+        self.ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self.sock: zmq.Socket[bytes] | None = None
+        self.welcomed = False
+        self.last_hello = 0.0
 
     # -- argv of each role -----------------------------------------------------------
 
@@ -128,6 +141,9 @@ class Launcher:
             str(self.s.execution_timeout_secs),
             f"--instance-memory-limit-mb={self.s.instance_memory_limit_mb}",
             *rate_limit_flags(self.s.rate_limit, self.s.rate_limit_resources),
+            f"--model-control-mode={self.s.model_control_mode}",
+            f"--repository-poll-secs={self.s.repository_poll_secs}",
+            *(f"--load-model={name}" for name in self.s.load_models),
         ]
 
     def frontend_argv(self, index: int) -> list[str]:
@@ -176,8 +192,8 @@ class Launcher:
         ]
 
     def worker_argvs(self) -> list[tuple[str, list[str]]]:
-        """(instance name, argv) of every worker the repository asks for, placed on its
-        own cores or GPU (see configs.placement)."""
+        """(instance name, argv) of every worker the repository asks for at start, placed
+        on its own cores or GPU (see configs.placement)."""
         entries = repository.scan(
             self.s.model_repository,
             model_config_name=self.s.model_config_name,
@@ -188,20 +204,36 @@ class Launcher:
         limits = rate_limits.for_repository(entries, self.s.rate_limit, self.s.rate_limit_resources)
         if limits is not None:  # and they take no cores from the others
             entries = [e for e in entries if e.name not in limits.refused]
-        out = []
-        for p in plan_repository(entries, sorted(os.sched_getaffinity(0))):
-            argv = [
-                sys.executable, "-m", "workers", *self._common(), *self._model_args(),
-                "--model", p.model, "--version", str(p.version), "--instance", str(p.index),
-                "--instance-name", p.name,
-                "--default-max-batch-size", str(self.s.default_max_batch_size),
-            ]  # fmt: skip
-            if p.gpu is not None:
-                argv += ["--gpu", str(p.gpu)]
-            else:
-                argv += ["--cores", ",".join(map(str, p.cores))]
-            out.append((f"{p.model}/{p.version} {p.name}", argv))
-        return out
+        chosen = startup_models(entries, self.s.model_control_mode, self.s.load_models)
+        entries = [e for e in entries if e.name in chosen]
+        plans = plan_repository(entries, sorted(os.sched_getaffinity(0)))
+        return [
+            self.worker_argv(
+                WorkerSpec(p.model, p.version, p.index, p.name, 0, list(p.cores), _gpu(p.gpu))
+            )
+            for p in plans
+        ]
+
+    def worker_argv(self, w: WorkerSpec) -> tuple[str, list[str]]:
+        """(instance name, argv) of one worker: placed, and of its load (generation)."""
+        args = self._model_args()
+        if w.model_repository:  # a load's own files (file:<version>/<path>)
+            args[1] = w.model_repository
+        argv = [
+            sys.executable, "-m", "workers", *self._common(), *args,
+            "--model", w.model, "--version", str(w.version), "--instance", str(w.instance),
+            "--instance-name", w.name,
+            "--default-max-batch-size", str(self.s.default_max_batch_size),
+        ]  # fmt: skip
+        if w.generation:
+            argv += ["--generation", str(w.generation)]
+        if w.config_file:
+            argv += ["--config-override", w.config_file]
+        if w.gpu >= 0:
+            argv += ["--gpu", str(w.gpu)]
+        else:
+            argv += ["--cores", ",".join(map(str, w.cores))]
+        return (f"{w.model}/{w.version} {w.name}", argv)
 
     # -- process management ----------------------------------------------------------
 
@@ -223,20 +255,33 @@ class Launcher:
             self._spawn(f"worker {name}", argv)
         for i in range(self.s.frontend_processes):
             self._spawn(f"frontend#{i}", self.frontend_argv(i))
+        if self.s.model_control_mode in ("explicit", "poll"):
+            self.ctx = zmq.Context()
+            addr = sockets.endpoint(self.runtime_dir, sockets.FRONTEND_SOCKET)
+            self.sock = sockets.dealer(self.ctx, addr, sockets.LAUNCHER_IDENTITY)
         return self._watch()
 
     def _watch(self) -> int:
         while not self.stop:
             fds = [c.pidfd for c in self.children]
+            if self.sock is not None:
+                # ZMQ_FD is edge-triggered: every wake-up (and every turn) reads all
+                fds.append(self.sock.FD)
             now = time.monotonic()
             for due, role, argv, count in [r for r in self.restarts if r[0] <= now]:
                 self.restarts.remove((due, role, argv, count))
                 self._spawn(role, argv, count)
-            wait = min([1.0, *(r[0] - now for r in self.restarts)])
+            if self.sock is not None and not self.welcomed and now - self.last_hello > 0.5:
+                self.sock.send_multipart(m.encode(m.LauncherHello(os.getpid())))
+                self.last_hello = now
+            wait = min([1.0 if self.welcomed or self.sock is None else 0.5,
+                        *(r[0] - now for r in self.restarts)])  # fmt: skip
             try:
                 ready, _, _ = select.select(fds, [], [], max(wait, 0.0))
             except InterruptedError:
                 continue
+            if self.sock is not None:
+                self._from_broker()
             for fd in ready:
                 child = next((c for c in self.children if c.pidfd == fd), None)
                 if child is None:
@@ -245,6 +290,27 @@ class Launcher:
                 if code is not None:
                     return code
         return 0
+
+    def _from_broker(self) -> None:
+        """The broker's welcome, and the workers it asks for (models loaded through the
+        model control API)."""
+        assert self.sock is not None
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = m.decode(frames[0], frames[1])
+            except (ValueError, IndexError) as exc:
+                log.warning("dropped a malformed message from the broker: %s", exc)
+                continue
+            if isinstance(msg, m.Welcome):
+                self.welcomed = True
+            elif isinstance(msg, m.StartWorkers) and not self.stop:
+                for spec in msg.workers:
+                    name, argv = self.worker_argv(spec)
+                    self._spawn(f"worker {name}", argv)
 
     def _reap(self, child: Child) -> int | None:
         """Handle a child's exit; returns the launcher's exit code when it must stop."""
@@ -257,6 +323,9 @@ class Launcher:
         if child.role == "broker":
             log.error("broker %s; stopping the server", _exit_reason(rc))
             return rc if rc > 0 else 1  # killed by a signal (rc < 0): a plain failure
+        if rc == EXIT_RETIRED and child.role.startswith("worker"):
+            log.info("%s stopped: its model was unloaded or reloaded", child.role)
+            return None
         if rc == EXIT_FATAL:
             if child.role.startswith("frontend"):
                 log.error("%s cannot run; stopping the server", child.role)
@@ -300,9 +369,16 @@ class Launcher:
         self.children.clear()
         shm.sweep_stale(pids)
         shm.sweep_stale()
+        if self.sock is not None and self.ctx is not None:
+            self.sock.close(0)
+            self.ctx.term()
         if self.own_runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
         log.info("stopped")
+
+
+def _gpu(gpu: int | None) -> int:
+    return -1 if gpu is None else gpu
 
 
 def _exit_reason(rc: int) -> str:

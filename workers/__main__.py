@@ -45,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cores", default=None, help="comma-separated CPU cores to pin to")
     p.add_argument("--gpu", default=None, type=int, help="the one GPU this instance sees")
     p.add_argument("--instance-name", default="")
+    p.add_argument("--generation", default=0, type=int, help="the load it belongs to")
+    p.add_argument(
+        "--config-override", default="", help="a JSON ModelConfig file replacing config.pbtxt"
+    )
     add_process_flags(p)
     add_log_flags(p)
     return p.parse_args(argv)
@@ -126,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             gpu=args.gpu,
             gpu_count=gpus,
             instance_name=args.instance_name or f"{args.model}_{args.instance}",
+            generation=args.generation,
+            config_override=Path(args.config_override) if args.config_override else None,
             fault=_fault(args.model, args.instance),
         )
     )

@@ -27,12 +27,18 @@ from configs import autocomplete as ac
 from configs import repository
 from configs.backend_params import instance_threads, ort_session_params, torch_thread_params
 from configs.devices import gpu_count
-from configs.model_config import ConfigError, ModelConfig, v2_datatype, validate_io
+from configs.model_config import (
+    ConfigError,
+    ModelConfig,
+    parse_config_json,
+    v2_datatype,
+    validate_io,
+)
 from configs.placement import passive_instances
 from ipc import datatypes, logs, sockets
 from ipc import messages as m
 from ipc.errors import Code, ServingError
-from ipc.lifecycle import EXIT_FATAL, settle_gc
+from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, settle_gc
 from ipc.shm import RegionMap
 from workers import backend as backends
 from workers import classification, warmup
@@ -77,6 +83,8 @@ class WorkerSettings:
     gpu: int | None = None
     gpu_count: int | None = None  # the server's GPUs (this process sees only its own)
     instance_name: str = ""
+    generation: int = 0  # the load it belongs to (model control)
+    config_override: Path | None = None  # a load's JSON config, replacing config.pbtxt
     fault: str = ""  # SHOAL_TEST_FAULT's action, for tests only (see workers/__main__.py)
 
 
@@ -102,6 +110,7 @@ class WorkerProc:
         self.rejoin = False  # a broker it served under exited
         self.result_socks: dict[bytes, zmq.Socket[bytes]] = {}
         self.cuda = CudaRegions(settings.gpu)
+        self.retired = False  # told to stop for good: its model was unloaded or replaced
 
     # -- startup ---------------------------------------------------------------------
 
@@ -109,19 +118,30 @@ class WorkerProc:
         s = self.s
         gpu = -1 if s.gpu is None else s.gpu
         hello = m.WorkerHello(
-            s.model, s.version, s.instance, os.getpid(), self.rejoin, gpu, s.instance_name
+            s.model,
+            s.version,
+            s.instance,
+            os.getpid(),
+            self.rejoin,
+            gpu,
+            s.instance_name,
+            s.generation,
         )
         self.sock.send_multipart(m.encode(hello))
 
     def load(self) -> m.WorkerReady | m.WorkerFailed:
         s = self.s
         try:
+            override = None
+            if s.config_override is not None:
+                override = parse_config_json(s.config_override.read_text(), s.model)
             entry = repository.find(
                 s.model_repository,
                 s.model,
                 model_config_name=s.model_config_name,
                 autocomplete_enabled=s.autocomplete,
                 gpu_count=s.gpu_count if s.gpu_count is not None else gpu_count(),
+                config_override=override,
             )
             if entry is None or entry.error or entry.config is None:
                 reason = entry.error if entry is not None else "no such model directory"
@@ -248,11 +268,14 @@ class WorkerProc:
                 return msg.broker_pid
             if isinstance(msg, m.Shutdown):
                 self.stop = True
+                self.retired = msg.retire
         return None
 
     def run(self) -> int:
         self._hello()
         broker_pid = self._welcome_before_load()
+        if self.retired:  # unloaded (or replaced) before it loaded
+            return EXIT_RETIRED
         outcome = self.load()
         self.sock.send_multipart(m.encode(outcome))
         if isinstance(outcome, m.WorkerFailed):
@@ -286,7 +309,7 @@ class WorkerProc:
                 self._hello()
                 self.sock.send_multipart(m.encode(m.WorkerReady(self.config_bytes, self.s.cores)))
                 last_hello = time.monotonic()
-        return 0
+        return EXIT_RETIRED if self.retired else 0
 
     def _drain(self, poller: zmq.Poller) -> str:
         while True:
@@ -314,6 +337,7 @@ class WorkerProc:
                 self._forget_frontend(msg.frontend)
             elif isinstance(msg, m.Shutdown):
                 log.info("stopping: %s", msg.reason or "asked to")
+                self.retired = msg.retire
                 return "shutdown"
 
     def _forget_exited_frontends(self) -> None:

@@ -1,6 +1,7 @@
 """Triton's model repository extension under model control mode "none" (Triton's
-default, shoal's only mode): the index over HTTP and gRPC, and load / unload refused in
-Triton 2.51's words after its body checks (checked side by side with triton-peer)."""
+default): the index over HTTP and gRPC, and load / unload refused in Triton 2.51's words
+after its body checks (checked side by side with triton-peer). Explicit model control:
+test_model_control.py."""
 
 from __future__ import annotations
 
@@ -178,10 +179,28 @@ def test_grpc_checks_names_and_parameters_as_triton(server: ShoalServer) -> None
     )  # other unload parameters are ignored
 
 
-def test_another_model_control_mode_is_refused_at_start(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (
+            ["--model-control-mode=poll", "--repository-poll-secs=0"],
+            "--repository-poll-secs must be more than 0 in poll mode",
+        ),
+        (["--model-control-mode=lazy"], "unexpected value for --model-control-mode: 'lazy'"),
+        (
+            ["--load-model=simple"],  # Triton 2.51's words
+            "Use of '--load-model' requires setting '--model-control-mode=explicit' as well.",
+        ),
+        (
+            ["--model-control-mode=explicit", "--load-model=*", "--load-model=simple"],
+            "Wildcard model name '*' must be the ONLY startup model if specified at all.",
+        ),
+    ],
+)
+def test_model_control_flags_triton_refuses_are_refused_at_start(
+    tmp_path: Path, flags: list[str], words: str
+) -> None:
     argv = [sys.executable, "-m", "shoal", "serve", f"--model-repository={tmp_path}"]
-    done = subprocess.run(
-        [*argv, "--model-control-mode=explicit"], capture_output=True, text=True, timeout=60
-    )
+    done = subprocess.run([*argv, *flags], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "--model-control-mode=explicit is not supported" in done.stderr
+    assert words in done.stderr

@@ -46,7 +46,7 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
         "--cuda-memory-pool-byte-size=1:0", "--backend-directory=/opt/tritonserver/backends",
         "--trace-config=rate=100", "--response-cache-byte-size=1048576", "--rate-limit=OFF",
-        "--rate-limit-resource=R:1", "--load-model=simple", "--grpc-keepalive-time=10000",
+        "--rate-limit-resource=R:1", "--grpc-keepalive-time=10000",
         "--grpc-keepalive-permit-without-calls=true", "--grpc-http2-max-pings-without-data=0",
     ]  # fmt: skip
     with served(repo, *flags) as srv:

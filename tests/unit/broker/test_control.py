@@ -1,0 +1,201 @@
+"""broker/control.py: explicit model control over a real ModelTable and repository
+directory, without sockets: what a load stages and starts, when it settles, what an
+unload retires, and what the index and readiness say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.control import ModelControl
+from broker.models import Instance, ModelTable
+from ipc import messages as m
+from ipc.errors import MODEL_CONTROL_DISABLED, Code
+from shoal import modelgen
+
+FE = b"f-0-1"
+ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN0" data_type: TYPE_INT32 dims: [ 16 ] },
+        { name: "IN1" data_type: TYPE_INT32 dims: [ 16 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]
+ensemble_scheduling { step [ { model_name: "simple" model_version: -1
+  input_map { key: "INPUT0" value: "IN0" } input_map { key: "INPUT1" value: "IN1" }
+  output_map { key: "OUTPUT0" value: "OUT" } } ] }
+"""
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> ModelControl:
+    repo = tmp_path / "repo"
+    modelgen.write_shipped_repository(repo)
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE)
+    run = tmp_path / "run"
+    run.mkdir()
+    c = ModelControl(ModelTable(), repo, run, explicit=True)
+    c.has_launcher = True
+    return c
+
+
+def _load(c: ModelControl, name: str, config: str = "", qid: int = 1) -> list[m.WorkerSpec]:
+    out = c.request(FE, m.ModelControl(qid, "load", name, config))
+    assert out.replies == []  # not settled before its instances report
+    return out.start
+
+
+def _ready(c: ModelControl, spec: m.WorkerSpec, ident: bytes) -> Instance:
+    """What the broker does when that worker says hello and reports READY."""
+    mv = c.table.find(spec.model, spec.version, spec.generation)
+    assert mv is not None
+    inst = Instance(ident, spec.model, spec.version, spec.instance, 100, generation=spec.generation)
+    c.table.by_ident[ident] = inst
+    mv.add_instance(inst)
+    inst.state = "READY"
+    mv.refresh_state()
+    return inst
+
+
+def test_a_load_answers_once_its_instances_are_ready_and_then_replaces_the_loaded(
+    control: ModelControl,
+) -> None:
+    (spec,) = _load(control, "simple")
+    assert (spec.model, spec.version, spec.generation, spec.config_file) == ("simple", 1, 1, "")
+    assert control.tick().replies == []
+    first = _ready(control, spec, b"w1")
+    out = control.tick()
+    assert out.replies == [(FE, m.ControlReply(1))] and out.changed == {"simple"}
+    assert control.table.version("simple", 1).generation == 1  # type: ignore[union-attr]
+    # a reload with a config: staged beside the first, which serves until it is READY
+    (spec2,) = _load(control, "simple", '{"max_batch_size": 4}', qid=2)
+    assert spec2.generation == 2 and Path(spec2.config_file).read_text() == (
+        '{"max_batch_size": 4}'
+    )
+    assert control.table.version("simple", 1).generation == 1  # type: ignore[union-attr]
+    _ready(control, spec2, b"w2")
+    out = control.tick()
+    assert out.replies == [(FE, m.ControlReply(2))]
+    assert out.stop == [first]  # the replaced instance had nothing to run: it stops
+    assert first.retiring
+    assert control.table.version("simple", 1).generation == 2  # type: ignore[union-attr]
+
+
+def test_a_failed_reload_keeps_the_loaded_version_and_its_instance_retires(
+    control: ModelControl,
+) -> None:
+    (spec,) = _load(control, "simple")
+    _ready(control, spec, b"w1")
+    control.tick()
+    (spec2,) = _load(control, "simple", qid=2)
+    mv = control.table.find("simple", 1, spec2.generation)
+    assert mv is not None
+    inst = Instance(b"w2", "simple", 1, 0, 101, generation=spec2.generation)
+    mv.add_instance(inst)
+    mv.load_failed(inst, "failed to load 'simple' version 1: boom")
+    (reply,) = control.tick().replies
+    assert reply[1].error == m.ErrorInfo(
+        int(Code.INVALID_ARG),
+        "load failed for model 'simple': version 1 is at UNAVAILABLE state: "
+        "failed to load 'simple' version 1: boom;\n",
+    )
+    assert control.table.version("simple", 1).generation == 1  # type: ignore[union-attr]
+    assert not control.failures()  # the model still serves: the server stays ready
+
+
+def test_a_failed_first_load_shows_in_the_index_and_fails_readiness_until_unloaded(
+    control: ModelControl,
+) -> None:
+    (spec,) = _load(control, "mlp")
+    mv = control.table.find("mlp", 1, spec.generation)
+    inst = Instance(b"w1", "mlp", 1, 0, 100, generation=spec.generation)
+    mv.add_instance(inst)  # type: ignore[union-attr]
+    mv.load_failed(inst, "boom")  # type: ignore[union-attr]
+    control.tick()
+    assert "mlp" not in control.table.models
+    assert [s for s in control.index() if s.name == "mlp"] == [
+        m.ModelState("mlp", 1, "UNAVAILABLE", "boom")
+    ]
+    assert control.failures()
+    out = control.request(FE, m.ModelControl(2, "unload", "mlp"))
+    assert out.replies == [(FE, m.ControlReply(2))]
+    assert not control.failures()
+    assert [s for s in control.index() if s.name == "mlp"] == [
+        m.ModelState("mlp", 1, "UNAVAILABLE", "unloaded")
+    ]
+
+
+def test_unload_retires_once_drained_and_answers_when_the_workers_are_gone(
+    control: ModelControl,
+) -> None:
+    (spec,) = _load(control, "simple")
+    inst = _ready(control, spec, b"w1")
+    control.tick()
+    inst.in_flight = m.ExecuteBatch(1, [])
+    out = control.request(FE, m.ModelControl(2, "unload", "simple"))
+    assert out.stop == [] and out.replies == [] and out.changed == {"simple"}
+    assert [s for s in control.index() if s.name == "simple"] == [
+        m.ModelState("simple", 1, "UNLOADING")
+    ]
+    inst.in_flight = None  # its batch is done
+    assert control.tick().stop == [inst]
+    assert control.tick().stop == []  # told once
+    inst.state = "DEAD"  # its exit (the broker's _lost)
+    assert control.tick().replies == [(FE, m.ControlReply(2))]
+    assert control.table.retiring == []
+
+
+def test_an_ensemble_brings_its_composing_model_and_unload_dependents_takes_it(
+    control: ModelControl,
+) -> None:
+    (spec,) = _load(control, "ens")  # its composing model, not loaded yet
+    assert spec.model == "simple"
+    _ready(control, spec, b"w1")
+    out = control.tick()
+    (ens,) = out.ensembles  # staged: the broker judges it against simple's config
+    assert ens.name == "ens" and out.replies == []
+    ens.state = "READY"
+    assert control.tick().replies == [(FE, m.ControlReply(1))]
+    assert control.named == {"ens"}
+    out = control.request(FE, m.ModelControl(2, "unload", "ens", unload_dependents=True))
+    assert out.changed == {"ens", "simple"}
+    assert "simple" not in control.table.models
+
+
+@pytest.mark.parametrize(
+    ("setup", "msg", "code", "words"),
+    [
+        ("none-mode", m.ModelControl(1, "load", "simple"), Code.UNAVAILABLE,
+         MODEL_CONTROL_DISABLED),
+        ("no-launcher", m.ModelControl(1, "unload", "simple"), Code.UNAVAILABLE,
+         "needs shoal serve"),
+        ("", m.ModelControl(1, "load", "../simple"), Code.INVALID_ARG,
+         "model name must not contain path traversal characters"),
+        ("", m.ModelControl(1, "load", "nope"), Code.INTERNAL,
+         "failed to load 'nope', failed to poll from model repository"),
+        ("", m.ModelControl(1, "load", "simple", "{"), Code.INTERNAL,
+         "failed to load 'simple', failed to poll from model repository: "),
+    ],
+)  # fmt: skip
+def test_refusals(
+    control: ModelControl, setup: str, msg: m.ModelControl, code: Code, words: str
+) -> None:
+    control.explicit = setup != "none-mode"
+    control.has_launcher = setup != "no-launcher"
+    out = control.request(FE, msg)
+    ((frontend, reply),) = out.replies
+    assert frontend == FE and reply.error is not None
+    assert reply.error.code == int(code) and words in reply.error.message
+    assert out.start == [] and not control.ops
+
+
+def test_unloading_a_model_that_is_not_loaded_succeeds_and_changes_nothing(
+    control: ModelControl,
+) -> None:
+    out = control.request(FE, m.ModelControl(1, "unload", "never_heard_of"))
+    assert out.replies == [(FE, m.ControlReply(1))] and not out.changed
+    assert "never_heard_of" not in {s.name for s in control.index()}
+    assert {s.name: s.state for s in control.index()} == {
+        "ens": "", "mlp": "", "simple": ""  # listed by name alone: never loaded
+    }  # fmt: skip
