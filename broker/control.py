@@ -10,7 +10,13 @@ that fails leaves the loaded versions serving. An unload retires the versions at
 
 An ensemble's composing models that are not loaded load first, in the same call; then
 the ensemble's steps are checked against them, as at start. Operations on one model run
-one after another; each answers every client that asked for it.
+one after another, and one that would touch a model another is loading or unloading (an
+ensemble's composing model) waits for it; each answers every client that asked for it.
+An unload cancels the load of the same model it finds under way.
+
+Nothing waits for ever: a staged instance whose worker has not said hello within
+``START_DEADLINE_S`` fails its load, and the launcher is told which loads are gone, so
+that it restarts none of their workers again.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import contextlib
 import logging
 import os
 import shutil
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +42,10 @@ from ipc import messages as m
 from ipc.errors import MODEL_CONTROL_DISABLED, Code, ServingError
 
 log = logging.getLogger("shoal.broker.control")
+
+#: How long a load waits for each staged instance's worker to say hello (it says hello
+#: before it loads its model: a slow model load is not cut short by this).
+START_DEADLINE_S = 60.0
 
 
 def poll_failed(name: str, why: str = "") -> ServingError:
@@ -69,6 +80,9 @@ class Operation:
     ensemble: ModelEntry | None = None
     entries: dict[str, ModelEntry] = field(default_factory=dict)  # what it stages
     error: ServingError | None = None
+    started_at: float = 0.0
+    claims: set[str] = field(default_factory=set)  # the models it loads or unloads
+    cancelled: bool = False  # a load an unload of its model overtook
 
 
 @dataclass
@@ -80,10 +94,12 @@ class Effects:
     replies: list[tuple[bytes, m.ControlReply]] = field(default_factory=list)
     changed: set[str] = field(default_factory=set)  # ModelsChanged to the frontends
     ensembles: list[ModelVersion] = field(default_factory=list)  # staged: to settle
+    gone: list[int] = field(default_factory=list)  # loads with nothing left (the launcher)
 
     def __iadd__(self, other: Effects) -> Effects:
         self.start += other.start
         self.stop += other.stop
+        self.gone += other.gone
         self.replies += other.replies
         self.changed |= other.changed
         self.ensembles += other.ensembles
@@ -129,6 +145,8 @@ class ModelControl:
         # what a load wrote for its workers (its config, its files), removed with its last
         # version
         self._written: dict[int, list[Path]] = {}
+        self._live: set[int] = set()  # loads (generations) that may have versions
+        self._claimed: dict[str, Operation] = {}  # model -> the started op that touches it
 
     @property
     def busy(self) -> bool:
@@ -156,8 +174,13 @@ class ModelControl:
         if self.poll_secs <= 0 or now < self._next_poll or not self.has_launcher:
             return out  # (without a launcher, under supervisord, nothing could load)
         self._next_poll = now + self.poll_secs
-        names = repository.model_dirs(self.repo)
-        stamps = {name: _stamp(self.repo / name) for name in names}
+        try:
+            names = [c.name for c in self.repo.iterdir() if c.is_dir() and c.name[0] != "."]
+        except OSError as exc:  # (a network file system's hiccup): nothing is unloaded
+            log.warning("poll: cannot read the model repository: %s", exc)
+            return out
+        # a directory that cannot be read now keeps the stamp it had (no reload for that)
+        stamps = {n: _stamp(self.repo / n) or self._stamps.get(n, 0) for n in names}
         for name in sorted(set(self._stamps) - set(stamps)):
             log.info("poll: %s was removed from the repository: unloading it", name)
             self._enqueue(Operation("unload", name))
@@ -198,6 +221,9 @@ class ModelControl:
             op = Operation(
                 msg.action, msg.model, msg.config, dict(msg.files), msg.unload_dependents
             )
+            head = queue[0] if queue else None
+            if msg.action == "unload" and head is not None and head.action == "load":
+                head.cancelled = True  # (if it has not settled yet)
             queue.append(op)
             same = op
         same.waiters.append((frontend, msg.query_id))
@@ -225,38 +251,43 @@ class ModelControl:
 
     # -- progress --------------------------------------------------------------------
 
-    def tick(self) -> Effects:
+    def tick(self, now: float | None = None) -> Effects:
         """Start what can start, settle what has settled, stop what has drained."""
+        now = time.monotonic() if now is None else now
         out = Effects()
-        out.stop += self._drained()  # (forgets those whose instances are gone)
+        out.stop += self._drained(out)  # (forgets those whose instances are gone)
         for name in list(self.ops):
             queue = self.ops[name]
             while queue:
                 op = queue[0]
-                if not op.started:
-                    op.started = True
-                    out += self._start(op)
-                if not self._settle(op, out):
+                if not op.started and not self._begin(op, now, out):
+                    break  # another operation is loading or unloading a model it touches
+                if not self._settle(op, now, out):
                     break
                 queue.popleft()
+                for claimed in op.claims:
+                    if self._claimed.get(claimed) is op:
+                        del self._claimed[claimed]
                 for frontend, query_id in op.waiters:
                     out.replies.append((frontend, _reply(query_id, op.error)))
             if not queue:
                 del self.ops[name]
-        out.stop += self._drained()  # those just replaced or unloaded too
+        out.stop += self._drained(out)  # those just replaced or unloaded too
         return out
 
-    def _drained(self) -> list[Instance]:
-        """Retiring versions with nothing left to run: their instances are told to stop
-        (once); a version whose instances have all gone is forgotten."""
+    def _drained(self, out: Effects) -> list[Instance]:
+        """Retiring versions with nothing left to run (no request queued or running, no
+        sequence still open on them): their instances are told to stop (once); a version
+        whose instances have all gone is forgotten."""
         stop: list[Instance] = []
         for mv in list(self.table.retiring):
             live = [i for i in mv.instances.values() if i.state != "DEAD"]
             if not live:
                 self.table.retiring.remove(mv)
-                self._forget_files(mv.generation)
+                self._generation_gone(mv.generation, out)
                 continue
-            if mv.pending or any(i.in_flight is not None for i in live):
+            sequences = mv.sequencer is not None and mv.sequencer.holds_work()
+            if mv.pending or sequences or any(i.in_flight is not None for i in live):
                 continue
             for inst in live:
                 if not inst.retiring:
@@ -264,12 +295,24 @@ class ModelControl:
                     stop.append(inst)
         return stop
 
-    def _start(self, op: Operation) -> Effects:
-        out = Effects()
+    def _claim(self, op: Operation, names: set[str]) -> bool:
+        """Whether ``op`` may touch ``names`` now (no other started op does); claimed."""
+        if any(self._claimed.get(n, op) is not op for n in names):
+            return False
+        for n in names:
+            self._claimed[n] = op
+        op.claims |= names
+        return True
+
+    def _begin(self, op: Operation, now: float, out: Effects) -> bool:
+        """Start ``op``, unless another started operation touches one of its models."""
         if op.action == "unload":
-            op.parts = names = [op.model]
+            names = [op.model]
             if op.unload_dependents:  # Triton's: the composing models no one else uses
                 names += self._composing_only(op.model)
+            if not self._claim(op, set(names)):
+                return False
+            op.started, op.parts = True, names
             for name in names:
                 gone = self.table.remove(name)
                 self.loaded.pop(name, None)
@@ -280,38 +323,49 @@ class ModelControl:
                     log.info("unloading %s (%d version(s))", name, len(gone))
                 elif self.unloaded.get(name):  # a failed load's versions: unloaded now
                     self.unloaded[name] = dict.fromkeys(self.unloaded[name], "unloaded")
-            return out
-        self.named.add(op.model)
+            return True
+        op.started = True
+        if op.model in self.refused:  # (a poll: the API refuses it before)
+            op.error = ServingError(Code.INVALID_ARG, self.refused[op.model])
+            return True
         self._generation += 1
         op.generation = self._generation
+        self._live.add(op.generation)
         try:
             repo = self._write_files(op) if op.files else self.repo
             entry = self._read(op.model, op.config, repo)
+            self._plan(op, entry)
         except ServingError as err:
             op.error = err
-            return out
-        if is_ensemble(entry.config):  # type: ignore[arg-type]
-            op.ensemble = entry
-            for dep in dependencies(entry.config):  # type: ignore[arg-type]
-                if dep.model not in self.table.models and dep.model not in op.entries:
-                    try:
-                        part = self._read(dep.model, "")
-                    except ServingError as err:
-                        op.error = err
-                        return out
-                    if is_ensemble(part.config):  # type: ignore[arg-type]
-                        op.error = poll_failed(
-                            op.model, f"its composing ensemble '{dep.model}' is not loaded"
-                        )
-                        return out
-                    op.parts.append(dep.model)
-                    op.entries[dep.model] = part
-        else:
-            op.parts.append(op.model)
-            op.entries[op.model] = entry
+            self._generation_gone(op.generation, out)
+            return True
+        if not self._claim(op, {op.model, *op.parts}):
+            self._generation_gone(op.generation, out)  # its files: written again then
+            op.started, op.generation = False, 0
+            op.parts, op.entries, op.ensemble = [], {}, None
+            return False
+        self.named.add(op.model)
+        op.started_at = now
         for name in op.parts:
             out.start += self._stage(op, op.entries[name])
-        return out
+        return True
+
+    def _plan(self, op: Operation, entry: ModelEntry) -> None:
+        """What ``op`` stages: the model, or an ensemble's composing models that are not
+        loaded (then the ensemble, once they are)."""
+        if not is_ensemble(entry.config):  # type: ignore[arg-type]
+            op.parts, op.entries = [op.model], {op.model: entry}
+            return
+        op.ensemble = entry
+        for dep in dependencies(entry.config):  # type: ignore[arg-type]
+            loaded = self.table.models.get(dep.model)
+            if (loaded is not None and loaded.versions) or dep.model in op.entries:
+                continue
+            part = self._read(dep.model, "")
+            if is_ensemble(part.config):  # type: ignore[arg-type]
+                raise poll_failed(op.model, f"its composing ensemble '{dep.model}' is not loaded")
+            op.parts.append(dep.model)
+            op.entries[dep.model] = part
 
     def _write_files(self, op: Operation) -> Path:
         """A load's ``file:<version>/<path>`` parameters, written as a model directory of
@@ -343,15 +397,18 @@ class ModelControl:
         model_dir.mkdir(parents=True, exist_ok=True)
         return root
 
-    def _forget_files(self, generation: int) -> None:
-        """Remove what a load wrote once no version of it is left."""
-        if generation not in self._written:
+    def _generation_gone(self, generation: int, out: Effects) -> None:
+        """Once no version of a load is left: what it wrote is removed, and the launcher
+        hears that none of its workers is to run (nor be restarted) any more."""
+        if generation not in self._live:
             return
         staged = [v for e in self.table.models.values() for v in e.staged.values()]
         versions = [*self.table.all_versions(), *self.table.retiring, *staged]
         if any(mv.generation == generation for mv in versions):
             return
-        for path in self._written.pop(generation):
+        self._live.discard(generation)
+        out.gone.append(generation)
+        for path in self._written.pop(generation, []):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
@@ -426,16 +483,30 @@ class ModelControl:
             if p.model == entry.name
         ]
 
-    def _settle(self, op: Operation, out: Effects) -> bool:
+    def _settle(self, op: Operation, now: float, out: Effects) -> bool:
         """Whether ``op`` is over (its outcome in ``op.error``)."""
         if op.action == "unload":
             return not any(mv.name in op.parts for mv in self.table.retiring)
+        if op.error is None and op.cancelled:
+            op.error = ServingError(
+                Code.UNAVAILABLE, f"failed to load '{op.model}': an unload of it came first"
+            )
         if op.error is None:
             for name in op.parts:
                 entry = self.table.models.get(name)
-                staged = entry.staged if entry is not None else {}
-                if any(v.state == "LOADING" for v in staged.values()):
+                loading = [
+                    v for v in (entry.staged if entry else {}).values() if v.state == "LOADING"
+                ]
+                if not loading:
+                    continue
+                if now - op.started_at < START_DEADLINE_S:
                     return False
+                missing = [v for v in loading if len(v.instances) < v.expected_instances]
+                if not missing:
+                    return False  # its workers are loading the model: that takes its time
+                for v in missing:
+                    v.state = "UNAVAILABLE"
+                    v.reason = f"its worker process did not start within {START_DEADLINE_S:g} s"
         failed = [
             v
             for name in op.parts
@@ -491,6 +562,7 @@ class ModelControl:
             if entry.name not in self.loaded:
                 del self.table.models[entry.name]
                 self.unloaded[entry.name] = {v.version: v.reason for v in bad}
+            self._generation_gone(op.generation, out)
             return True
         self._commit(entry.name, entry, out)
         return True
@@ -503,10 +575,10 @@ class ModelControl:
                 continue
             staged = [v for v in entry.staged.values() if v.generation == op.generation]
             entry.staged = {}
-            self.table.retiring += staged
+            self.table.retiring += [v for v in staged if v.instances]  # (workers to stop)
             if not entry.versions and not entry.error:
                 del self.table.models[name]  # not loaded before: it stays unloaded
-        self._forget_files(op.generation)
+        self._generation_gone(op.generation, out)
         log.error("%s", op.error.message if op.error else "load failed")
 
     def _composing_only(self, name: str) -> list[str]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Container
 from typing import Final
 
 from broker import memory
-from broker.models import Instance, ModelTable
+from broker.models import Instance, ModelTable, ModelVersion
 from broker.router import Router
 from ipc import messages as m
 
@@ -26,6 +26,9 @@ log = logging.getLogger("shoal.broker")
 
 #: How long an instance asked to stop (over its memory limit) has before it is killed.
 STOP_GRACE_S: Final = 10.0
+#: How long an instance told to stop for good (its model unloaded or replaced) has: it
+#: is idle, but one still loading its model reads the order only once loaded.
+RETIRE_GRACE_S: Final = 30.0
 
 
 class Endings:
@@ -49,19 +52,27 @@ class Endings:
         # ident -> why, and how: "was killed (...)", "was stopped (...)"
         self._ended: dict[bytes, tuple[m.ExitReason, str]] = {}
         self._stopping: dict[bytes, tuple[float, str]] = {}  # ident -> (kill at, reason)
+        self._retiring: dict[bytes, float] = {}  # ident -> kill at (told to stop for good)
         self._next_check = 0.0
 
     def limit_mb(self, model: str, version: int) -> int:
         """The limit on each instance's own memory: its config's, else the server's."""
-        mv = self.table.version(model, version)
+        return self._limit_of(self.table.version(model, version))
+
+    def _limit_of(self, mv: ModelVersion | None) -> int:
         if mv is not None and mv.memory_limit_mb is not None:
             return mv.memory_limit_mb
         return self.default_limit_mb
+
+    def expect_exit(self, inst: Instance, now: float) -> None:
+        """``inst`` was told to stop for good: killed if it has not exited in time."""
+        self._retiring[inst.ident] = now + RETIRE_GRACE_S
 
     def pop(self, ident: bytes) -> tuple[m.ExitReason, str]:
         """At an instance's death: why it ended and how ("crash", "exited" when the
         broker did not end it)."""
         self._stopping.pop(ident, None)
+        self._retiring.pop(ident, None)
         return self._ended.pop(ident, ("crash", "exited"))
 
     def tick(self, now: float, unwatched: Container[bytes] = ()) -> None:
@@ -78,6 +89,16 @@ class Endings:
                 )
         if self._stopping:  # (the loop's every turn comes here: nothing to build if none)
             self._kill_late_stops(now)
+        for ident in [i for i, due in self._retiring.items() if now >= due]:
+            del self._retiring[ident]
+            late = self.table.by_ident.get(ident)
+            if late is not None:
+                self.kill(
+                    late,
+                    "crash",  # (not counted: an instance told to stop for good)
+                    f"it had not exited {RETIRE_GRACE_S:g} s after its model was unloaded "
+                    "or reloaded",
+                )
         if now >= self._next_check:
             self._next_check = now + memory.CHECK_EVERY_S
             self._check_memory(now, unwatched)
@@ -103,8 +124,8 @@ class Endings:
     def _check_memory(self, now: float, unwatched: Container[bytes]) -> None:
         instances = [i for i in self.table.by_ident.values() if i.ident not in unwatched]
 
-        def limit(inst: Instance) -> int:
-            return self.limit_mb(inst.model, inst.version)
+        def limit(inst: Instance) -> int:  # its own copy's (a reload runs two for a while)
+            return self._limit_of(self.table.owner(inst))
 
         if not self._supported:
             if not self._warned and any(limit(i) > 0 for i in instances):

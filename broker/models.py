@@ -289,20 +289,20 @@ class ModelTable:
         key = (name, version, generation)
         return next((v for v in self.retiring if (v.name, v.version, v.generation) == key), None)
 
-    def ordering(self, name: str, version: int) -> OrderedRelease | None:
-        """The order the answers of ``name``'s ``version`` leave in (preserve_ordering):
-        the loaded version's, or a retiring one's (a load hands its order on)."""
-        mv = self.version(name, version)
-        if mv is not None and mv.ordering is not None:
-            return mv.ordering
-        return next(
-            (
-                mv.ordering
-                for mv in self.retiring
-                if (mv.name, mv.version) == (name, version) and mv.ordering is not None
-            ),
-            None,
-        )
+    def sequence_home(self, mv: ModelVersion, corrid: int | str) -> ModelVersion:
+        """The copy of ``mv`` that holds the open sequence ``corrid``: a retiring one
+        (replaced by a reload while the sequence ran), else ``mv`` itself."""
+        if mv.sequencer is None or corrid in mv.sequencer.open:
+            return mv
+        for old in self.retiring:
+            if (
+                (old.name, old.version) == (mv.name, mv.version)
+                and old.sequencer is not None
+                and corrid in old.sequencer.open
+                and old.schedulable()
+            ):
+                return old
+        return mv
 
     def resolve(self, name: str, version: int) -> ModelVersion | None:
         """The version a request names; -1 picks the highest READY version."""
@@ -375,9 +375,10 @@ class ModelTable:
     def states(self) -> list[m.ModelState]:
         out: list[m.ModelState] = []
         for e in sorted(self.models.values(), key=lambda e: e.name):
-            if e.error:
+            if e.error and not e.staged:
                 out.append(m.ModelState(e.name, -1, "UNAVAILABLE", e.error))
-            for v in sorted(e.versions.values(), key=lambda v: v.version):
+            # a model's first load shows its versions LOADING (a reload: the loaded ones)
+            for v in sorted((e.versions or e.staged).values(), key=lambda v: v.version):
                 instances = [
                     m.InstanceInfo(
                         i.index,

@@ -34,6 +34,7 @@ from broker.client_regions import ClientRegions
 from broker.control import Effects, ModelControl
 from broker.endings import Endings
 from broker.models import Instance, ModelTable, ModelVersion
+from broker.ordering import OrderedRelease
 from broker.rate_limiter import RateLimiter
 from broker.router import Dispatch, Router
 from broker.sequencer import SequenceRefused
@@ -225,9 +226,13 @@ class BrokerProc:
         """Carry out a turn of model control (broker/control.py)."""
         if effects.start and self.launcher is not None:
             self._send(self.fsock, [self.launcher, *m.encode(m.StartWorkers(effects.start))])
+        if effects.gone and self.launcher is not None:
+            self._send(self.fsock, [self.launcher, *m.encode(m.GenerationsGone(effects.gone))])
+        now = time.monotonic()
         for inst in effects.stop:
             shutdown = m.Shutdown("its model was unloaded or reloaded", retire=True)
             self._send(self.wsock, [inst.ident, *m.encode(shutdown)])
+            self.endings.expect_exit(inst, now)  # killed if it has not exited in time
         if effects.changed:
             # the ensembles that use a model loaded or unloaded are judged again
             for mv in self.table.all_versions():
@@ -413,18 +418,18 @@ class BrokerProc:
         resp = m.InferResponse(req_id, [], info)
         self._send(self.fsock, [frontend, m.RESULT, m.encode_payload(resp)])
 
-    def _fail_item(self, item: m.WorkItem, err: ServingError) -> None:
-        """Answer an admitted request with an error (in its turn, if ordered)."""
+    def _fail_item(
+        self, item: m.WorkItem, err: ServingError, ordering: OrderedRelease | None = None
+    ) -> None:
+        """Answer an admitted request with an error; in its turn if it was ordered (only
+        a request an instance was given has a turn: ``ordering`` is that version's)."""
         self._finished(item)
         resp = m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(err.code), err.message))
-        self._answer_item(item, item.frontend, m.encode_payload(resp))
-
-    def _answer_item(self, item: m.WorkItem, frontend: bytes, payload: bytes | None) -> None:
-        ordering = self.table.ordering(item.request.model, item.request.version)
+        payload = m.encode_payload(resp)
         if item.seq and ordering is not None:
-            released = ordering.answer(item.seq, frontend, payload)
+            released = ordering.answer(item.seq, item.frontend, payload)
         else:
-            released = [(frontend, payload)]
+            released = [(item.frontend, payload)]
         for fe, data in released:
             if data is not None:
                 self._send(self.fsock, [fe, m.RESULT, data])
@@ -609,6 +614,9 @@ class BrokerProc:
         """The version that will run ``req`` and the client regions it references, or
         ServingError with Triton's reason why not. Nothing is held or queued yet."""
         mv = self._lookup(req.model, req.version)
+        if mv.sequencer is not None and req.sequence_id and not req.sequence_start:
+            # a sequence that began before a reload ends on the copy that holds its state
+            mv = self.table.sequence_home(mv, req.sequence_id)
         req.version = mv.version  # -1 resolved once: its answer finds the same version
         if mv.ensemble is not None:  # a frontend runs its steps, never the broker
             raise ServingError(Code.INTERNAL, f"ensemble '{mv.name}' sent to the scheduler")
@@ -862,13 +870,14 @@ class BrokerProc:
         siblings = (
             version is not None and version.sequencer is not None and bool(version.schedulable())
         )
+        ordering = version.ordering if version is not None else None
         for item in failed:
             if id(item) in ran:
-                self._fail_item(item, err)
+                self._fail_item(item, err, ordering)
             elif siblings:
-                self._fail_item(item, sequence_lost)
+                self._fail_item(item, sequence_lost, ordering)
             else:
-                self._fail_item(item, orphaned)
+                self._fail_item(item, orphaned, ordering)
         error = m.ErrorInfo(int(err.code), err.message)
         for frontend, req_ids in self.router.unconfirmed(inst, time.monotonic()).items():
             self._send(self.fsock, [frontend, *m.encode(m.Unconfirmed(req_ids, error))])

@@ -61,13 +61,13 @@ class Router:
         # The version whose queue holds each queued request: a cancel looks there only.
         self._queued_in: dict[tuple[bytes, int], ModelVersion] = {}
         # Batching versions whose batcher holds a request or an unreported rejection.
-        self._armed: dict[tuple[str, int], ModelVersion] = {}
+        self._armed: dict[int, ModelVersion] = {}  # by id: a reload keeps two copies
         # Instances running a batch, oldest dispatch first (re-inserted on each dispatch).
         self._busy: dict[bytes, Instance] = {}
         # Rate-limited only: versions that hold queued requests, the idle instances whose
         # due batch the limiter holds back (a release, not their queue delay, is what
         # can let them go), and when next_wakeup last said tick has work.
-        self._waiting: dict[tuple[str, int], ModelVersion] = {}
+        self._waiting: dict[int, ModelVersion] = {}
         self._held_back: set[bytes] = set()
         self._wake_at: float | None = None
 
@@ -81,16 +81,16 @@ class Router:
         before any batch is formed from them."""
         if mv.sequencer is not None:
             mv.sequencer.enqueue(item, now)  # SequenceRefused: no sequence takes it
-            self._armed[(mv.name, mv.version)] = mv
+            self._armed[id(mv)] = mv
         elif mv.batcher is not None:
             mv.batcher.enqueue(item, now)
-            self._armed[(mv.name, mv.version)] = mv
+            self._armed[id(mv)] = mv
         else:
             mv.queue.append(item)
         self._arrived[_key(item)] = now
         self._queued_in[_key(item)] = mv
         if self.limiter is not None:
-            self._waiting[(mv.name, mv.version)] = mv
+            self._waiting[id(mv)] = mv
         return self._dispatch(mv, now) if dispatch else []
 
     def holds(self, frontend: bytes, req_id: int) -> bool:
@@ -388,7 +388,7 @@ class Router:
 
     def _dispatch(self, mv: ModelVersion, now: float) -> list[Dispatch]:
         if self.limiter is not None:
-            self._waiting[(mv.name, mv.version)] = mv
+            self._waiting[id(mv)] = mv
             # With every instance of it busy, its work changes nobody's turn.
             return self._allocate(now) if mv.idle else []
         out: list[Dispatch] = []

@@ -21,7 +21,7 @@ def check_flags(mode: str, load_models: list[str]) -> str | None:
     if mode not in MODES:
         return f"unexpected value for --model-control-mode: '{mode}'"
     if load_models and mode != "explicit":
-        return None  # Triton ignores --load-model outside explicit mode (the caller warns)
+        return "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
     if ALL in load_models and len(load_models) > 1:
         return "Wildcard model name '*' must be the ONLY startup model if specified at all."
     return None

@@ -538,6 +538,13 @@ class StartWorkers(msgspec.Struct, array_like=True):
     workers: list[WorkerSpec]
 
 
+class GenerationsGone(msgspec.Struct, array_like=True):
+    """Broker -> launcher: nothing of these loads is left; a worker of one still running
+    (one that never said hello) is stopped, and none is restarted."""
+
+    generations: list[int]
+
+
 # One-byte kinds. RESULT frames an InferResponse on the broker -> frontend path, and on
 # the worker -> broker path for preserve_ordering items: [RESULT, frontend, seq, payload].
 KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
@@ -576,6 +583,7 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     ModelsChanged: b"M",
     LauncherHello: b"a",
     StartWorkers: b"A",
+    GenerationsGone: b"O",
 }
 RESULT: Final[bytes] = b"r"
 

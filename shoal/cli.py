@@ -148,8 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     refusal = check_flags(args.model_control_mode, args.load_model)
     if refusal is None and args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
         refusal = "--repository-poll-secs must be more than 0 in poll mode"
-    if refusal is None and args.load_model and args.model_control_mode != "explicit":
-        refusal = "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return 2

@@ -92,6 +92,7 @@ class Child:
     pidfd: int
     restarts: int = 0
     started: float = field(default_factory=time.monotonic)
+    generation: int = 0  # a worker's load (model control); 0: started with the server
 
 
 class Launcher:
@@ -108,6 +109,7 @@ class Launcher:
         self.sock: zmq.Socket[bytes] | None = None
         self.welcomed = False
         self.last_hello = 0.0
+        self.gone_generations: set[int] = set()  # loads whose workers must not run again
 
     # -- argv of each role -----------------------------------------------------------
 
@@ -241,7 +243,9 @@ class Launcher:
         # Own process group: a terminal's Ctrl-C reaches the launcher alone, which then
         # stops the children in order; PDEATHSIG still ties them to the launcher.
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, process_group=0)
-        child = Child(role, argv, proc, os.pidfd_open(proc.pid), restarts)
+        child = Child(
+            role, argv, proc, os.pidfd_open(proc.pid), restarts, generation=_generation(argv)
+        )
         self.children.append(child)
         log.debug("started %s (pid %d)", role, proc.pid)
         return child
@@ -311,6 +315,18 @@ class Launcher:
                 for spec in msg.workers:
                     name, argv = self.worker_argv(spec)
                     self._spawn(f"worker {name}", argv)
+            elif isinstance(msg, m.GenerationsGone):
+                self._generations_gone(set(msg.generations))
+
+    def _generations_gone(self, gone: set[int]) -> None:
+        """Workers of loads the broker has no version of: those still running (never
+        said hello, or on their way out) are stopped, and none is restarted."""
+        self.gone_generations |= gone
+        self.restarts = [r for r in self.restarts if _generation(r[2]) not in gone]
+        for c in self.children:
+            if c.generation in gone:
+                with contextlib.suppress(ProcessLookupError):
+                    c.proc.send_signal(signal.SIGTERM)
 
     def _reap(self, child: Child) -> int | None:
         """Handle a child's exit; returns the launcher's exit code when it must stop."""
@@ -323,6 +339,9 @@ class Launcher:
         if child.role == "broker":
             log.error("broker %s; stopping the server", _exit_reason(rc))
             return rc if rc > 0 else 1  # killed by a signal (rc < 0): a plain failure
+        if child.generation in self.gone_generations:
+            log.info("%s stopped: its load is over", child.role)
+            return None
         if rc == EXIT_RETIRED and child.role.startswith("worker"):
             log.info("%s stopped: its model was unloaded or reloaded", child.role)
             return None
@@ -375,6 +394,13 @@ class Launcher:
         if self.own_runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
         log.info("stopped")
+
+
+def _generation(argv: list[str]) -> int:
+    """The load a worker's argv belongs to (``--generation``); 0: none given."""
+    if "--generation" in argv:
+        return int(argv[argv.index("--generation") + 1])
+    return 0
 
 
 def _gpu(gpu: int | None) -> int:

@@ -27,7 +27,7 @@ from shoal import modelgen
 from tests.serverctl import ShoalServer, processes_with, served
 
 POLL_FAILED = "failed to poll from model repository"
-OTHERS = ("mlp", "ens", "slow", "broken", "uploaded")
+OTHERS = ("mlp", "ens", "slow", "broken", "uploaded", "simple_sequence")
 
 SLOW = """
 import time
@@ -64,7 +64,7 @@ ensemble_scheduling { step [ { model_name: "simple" model_version: -1
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("model-control")
-    modelgen.write_shipped_repository(repo)
+    modelgen.write_shipped_repository(repo, ("simple", "mlp", "simple_sequence"))
     (repo / "ens" / "1").mkdir(parents=True)
     (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE)
     (repo / "slow" / "1").mkdir(parents=True)
@@ -123,6 +123,7 @@ def test_at_start_the_named_model_loads_and_the_index_lists_the_others_by_name(
         {"name": "ens"},
         {"name": "mlp"},
         {"name": "simple", "version": "1", "state": "READY"},
+        {"name": "simple_sequence"},
         {"name": "slow"},
     ]
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
@@ -195,15 +196,21 @@ def test_a_reload_keeps_serving_every_request(
             except InferenceServerException as exc:
                 errors.append(exc.message())
 
-    thread = threading.Thread(target=hammer)
-    thread.start()
+    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    for thread in threads:
+        thread.start()
     try:
         for batch in (4, 2, 8):
-            baseline.load_model("simple", config=json.dumps({"max_batch_size": batch}))
+            # requests wait in the dynamic batcher (20 ms) as the copies change over
+            batching = {"max_queue_delay_microseconds": 20000}
+            config = {"max_batch_size": batch, "dynamic_batching": batching}
+            baseline.load_model("simple", config=json.dumps(config))
             assert baseline.get_model_config("simple")["max_batch_size"] == batch
+        baseline.load_model("simple")
     finally:
         stop.set()
-        thread.join()
+        for thread in threads:
+            thread.join()
     assert errors == []
     assert done[0] > 0
     _until(lambda: len(_workers(server, "simple")) == 1)  # the replaced ones retire
@@ -373,7 +380,7 @@ def test_tritons_model_control_example_clients(server: ShoalServer) -> None:
     ):
         grpc = isinstance(client, grpcclient.InferenceServerClient)
         index = client.get_model_repository_index()
-        assert len(index.models if grpc else index) == 5
+        assert len(index.models if grpc else index) == 6
         client.load_model("simple")
         assert client.is_model_ready("simple")
         with pytest.raises(InferenceServerException) as e:
@@ -452,3 +459,28 @@ def test_poll_mode_loads_reloads_and_unloads_what_changes_in_the_repository(
         _until(lambda: not client.is_model_ready("mlp") and not _workers(srv, "mlp"))
         assert [e["name"] for e in client.get_model_repository_index()] == ["simple"]
         assert client.is_server_ready()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_sequence_begun_before_a_reload_ends_on_the_copy_that_holds_it(
+    server: ShoalServer, protocol: str
+) -> None:
+    url, module = server.client(protocol)
+    client = module.InferenceServerClient(url)
+    client.load_model("simple_sequence")
+    (old,) = _workers(server, "simple_sequence")
+
+    def step(value: int, seq: int, **flags: bool) -> int:
+        inp = module.InferInput("INPUT", [1, 1], "INT32")
+        inp.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        out = client.infer("simple_sequence", [inp], sequence_id=seq, **flags)
+        return int(out.as_numpy("OUTPUT")[0, 0])
+
+    assert step(10, 42, sequence_start=True) == 11  # OUTPUT = INPUT + START
+    client.load_model("simple_sequence")  # a new copy; sequence 42 is open on the old one
+    assert step(20, 43, sequence_start=True) == 21  # a new sequence: the new copy
+    assert step(30, 42) == 30  # not refused for want of a START: the old copy has it
+    assert old in _workers(server, "simple_sequence")  # it holds an open sequence
+    assert step(40, 42, sequence_end=True) == 40
+    _until(lambda: old not in _workers(server, "simple_sequence"))
+    assert step(50, 43, sequence_end=True) == 50

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.control import ModelControl
+from broker.control import START_DEADLINE_S, ModelControl
 from broker.models import Instance, ModelTable
+from configs.model_config import parse_config_text
 from ipc import messages as m
 from ipc.errors import MODEL_CONTROL_DISABLED, Code
 from shoal import modelgen
@@ -199,3 +200,108 @@ def test_unloading_a_model_that_is_not_loaded_succeeds_and_changes_nothing(
     assert {s.name: s.state for s in control.index()} == {
         "ens": "", "mlp": "", "simple": ""  # listed by name alone: never loaded
     }  # fmt: skip
+
+
+def test_an_ensemble_waits_for_a_load_of_its_composing_model_under_way(
+    control: ModelControl,
+) -> None:
+    """Two operations never stage the same model: the ensemble's starts once the load of
+    its composing model is over, and then finds it loaded."""
+    (spec,) = _load(control, "simple")
+    out = control.request(FE, m.ModelControl(2, "load", "ens"))
+    assert out.start == [] and not control.ops["ens"][0].started  # it waits
+    _ready(control, spec, b"w1")
+    out = control.tick()
+    assert out.replies == [(FE, m.ControlReply(1))]
+    (ens,) = out.ensembles  # simple is loaded: the ensemble is staged at once
+    assert out.start == []
+    ens.state = "READY"
+    assert control.tick().replies == [(FE, m.ControlReply(2))]
+
+
+def test_a_worker_that_never_says_hello_fails_its_load_in_time(control: ModelControl) -> None:
+    (spec,) = _load(control, "simple")
+    t0 = control.ops["simple"][0].started_at
+    assert control.tick(t0 + START_DEADLINE_S - 1).replies == []
+    out = control.tick(t0 + START_DEADLINE_S + 1)
+    ((_, reply),) = out.replies
+    assert reply.error is not None and reply.error.message == (
+        "load failed for model 'simple': version 1 is at UNAVAILABLE state: its worker "
+        f"process did not start within {START_DEADLINE_S:g} s;\n"
+    )
+    assert out.gone == [spec.generation]  # the launcher stops and never restarts it
+    assert "simple" not in control.table.models and not control.ops
+
+
+def test_an_unload_cancels_a_load_of_the_model_under_way(control: ModelControl) -> None:
+    (spec,) = _load(control, "mlp")
+    out = control.request(FE, m.ModelControl(2, "unload", "mlp"))
+    ((_, first), (_, second)) = out.replies
+    assert first.error is not None and first.error.code == int(Code.UNAVAILABLE)
+    assert "an unload of it came first" in first.error.message
+    assert second == m.ControlReply(2)  # nothing was loaded: nothing to wait for
+    assert out.gone == [spec.generation]
+
+
+def test_a_replaced_copy_keeps_its_open_sequences_until_they_end(tmp_path: Path) -> None:
+    """A sequence that began before a reload continues on the copy holding its state;
+    that copy stops only once no sequence is open on it."""
+    repo = tmp_path / "repo"
+    modelgen.write_shipped_repository(repo, ("simple_sequence",))
+    run = tmp_path / "run"
+    run.mkdir()
+    c = ModelControl(ModelTable(), repo, run, explicit=True)
+    c.has_launcher = True
+    (spec,) = _load(c, "simple_sequence")
+    first = _ready(c, spec, b"w1")
+    config = (repo / "simple_sequence" / "config.pbtxt").read_text()
+    c.table.find("simple_sequence", 1, spec.generation).set_config(  # type: ignore[union-attr]
+        parse_config_text(config, "simple_sequence").SerializeToString()
+    )
+    c.tick()
+    old = c.table.version("simple_sequence", 1)
+    assert old is not None and old.sequencer is not None
+    old.sequencer.add_instance(first.ident)
+    start = m.InferRequest(1, "simple_sequence", 1, [], [], sequence_id=7, sequence_start=True)
+    old.sequencer.enqueue(m.WorkItem(FE, start), 0.0)
+    old.sequencer.completed(first.ident, old.sequencer.take(first.ident, 0.0), 0.0)
+    (spec2,) = _load(c, "simple_sequence", qid=2)
+    _ready(c, spec2, b"w2")
+    c.table.find("simple_sequence", 1, spec2.generation).set_config(  # type: ignore[union-attr]
+        old.config
+    )
+    out = c.tick()
+    assert out.replies == [(FE, m.ControlReply(2))] and out.stop == []  # sequence 7 is open
+    new = c.table.version("simple_sequence", 1)
+    assert new is not None and new is not old
+    assert c.table.sequence_home(new, 7) is old
+    assert c.table.sequence_home(new, 8) is new
+    old.sequencer.expire(3600.0)  # its idle time ran out (or its END came)
+    assert c.tick().stop == [first]
+
+
+def test_poll_keeps_every_model_when_the_repository_cannot_be_read(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    modelgen.write_shipped_repository(repo, ("simple",))
+    run = tmp_path / "run"
+    run.mkdir()
+    c = ModelControl(ModelTable(), repo, run, explicit=False, poll_secs=1.0)
+    c.has_launcher = True
+    c.start_polling(0.0)
+    repo.rename(tmp_path / "elsewhere")  # (a network file system's hiccup, a swap)
+    assert c.poll(2.0).start == [] and not c.ops
+    (tmp_path / "elsewhere").rename(repo)
+    assert c.poll(4.0).start == [] and not c.ops  # unchanged: nothing to do
+    (repo / "simple" / "config.pbtxt").touch()
+    assert [w.model for w in c.poll(6.0).start] == ["simple"]  # changed: reloaded
+
+
+def test_a_first_load_shows_its_versions_loading(control: ModelControl) -> None:
+    (spec,) = _load(control, "mlp")
+    (state,) = [s for s in control.table.states() if s.name == "mlp"]
+    assert (state.version, state.state) == (1, "LOADING")
+    assert not control.table.all_ready()  # Triton: not ready while a model loads
+    _ready(control, spec, b"w1")
+    control.tick()
+    (state,) = [s for s in control.table.states() if s.name == "mlp"]
+    assert (state.version, state.state) == (1, "READY")

@@ -282,7 +282,7 @@ def test_the_loop_sees_only_the_versions_holding_requests() -> None:
     assert router.next_wakeup() is None and router.tick(0.0) == ([], [])
     assert router._armed == {}
     router.submit(busy, _named_item(1, "m7"), 0.0)
-    assert list(router._armed) == [("m7", 1)]
+    assert list(router._armed.values()) == [busy]
     assert router.next_wakeup() == 0.1
     ((inst, batch),) = router.tick(0.1)[0]  # the delay ran out: sent
     assert inst.model == "m7" and [it.request.req_id for it in batch.items] == [1]
