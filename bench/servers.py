@@ -189,8 +189,11 @@ def descendants(root: int) -> list[int]:
     return sorted(found)
 
 
-def shoal_server(repo: Path, log_path: Path, frontends: int = 1) -> ServerProcess:
-    """``shoal serve`` on three free loopback ports with ``--frontend-processes frontends``."""
+def shoal_server(
+    repo: Path, log_path: Path, frontends: int = 1, extra: tuple[str, ...] = ()
+) -> ServerProcess:
+    """``shoal serve`` on three free loopback ports with ``--frontend-processes frontends``
+    (and the flags in ``extra``)."""
     base = free_port_block(3)
     shoal = REPO_ROOT / ".venv" / "bin" / "shoal"
     argv = [
@@ -201,6 +204,7 @@ def shoal_server(repo: Path, log_path: Path, frontends: int = 1) -> ServerProces
         *("--grpc-address", "127.0.0.1", "--grpc-port", str(base + 1)),
         *("--metrics-port", str(base + 2)),
         *("--frontend-processes", str(frontends)),
+        *extra,
     ]
     return ServerProcess(
         f"shoal-{frontends}f",

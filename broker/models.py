@@ -367,8 +367,12 @@ class ModelTable:
         return out
 
     def all_ready(self) -> bool:
+        """Strict readiness: every version READY, or unloaded (an ensemble whose composing
+        model was unloaded: Triton's reason "unloaded" does not count against it)."""
         return all(
-            not e.error and e.versions and all(v.state == "READY" for v in e.versions.values())
+            not e.error
+            and e.versions
+            and all(v.state == "READY" or v.reason == "unloaded" for v in e.versions.values())
             for e in self.models.values()
         )
 

@@ -234,10 +234,16 @@ class BrokerProc:
             self._send(self.wsock, [inst.ident, *m.encode(shutdown)])
             self.endings.expect_exit(inst, now)  # killed if it has not exited in time
         if effects.changed:
-            # the ensembles that use a model loaded or unloaded are judged again
+            # The ensembles that use a model unloaded go with it, as Triton's do (reason
+            # "unloaded": they do not make the server unready), and come back when it
+            # does; those that use a model (re)loaded are judged again.
             for mv in self.table.all_versions():
                 uses = {d.model for d in mv.ensemble or []}
-                if uses & effects.changed and mv not in self._unsettled:
+                if not uses & effects.changed:
+                    continue
+                if any(name not in self.table.models for name in uses):
+                    mv.state, mv.reason = "UNAVAILABLE", "unloaded"
+                elif mv not in self._unsettled:
                     self._unsettled.append(mv)
             frames = m.encode(m.ModelsChanged(sorted(effects.changed)))
             frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]

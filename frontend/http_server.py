@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import os
 import zlib
@@ -332,9 +333,12 @@ async def repository_load(request: web.Request) -> web.Response:
                 else:
                     try:
                         files[key] = base64.b64decode(value, validate=True)
-                    except binascii.Error:
+                    except binascii.Error:  # Triton's: as a file it cannot write
+                        model = request.match_info["model"]
                         raise ServingError(
-                            Code.INVALID_ARG, f"failed to decode '{key}' as base64"
+                            Code.INTERNAL,
+                            f"failed to load '{model}', failed to poll from model repository: "
+                            f"'{key}' is not base64",
                         ) from None
     await _dp(request).model_control("load", request.match_info["model"], config, files)
     return _empty(True)
@@ -349,15 +353,12 @@ async def repository_unload(request: web.Request) -> web.Response:
         raise refusal  # Triton reads no body first
     body = await request.read()
     dependents = False
-    if body:
-        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
-        params = doc.get("parameters", {})
-        if not isinstance(params, dict):
-            raise ServingError(Code.INTERNAL, "attempt to get members for non-object")
-        value = params.get("unload_dependents", False)
-        if not isinstance(value, bool):
-            raise ServingError(Code.INTERNAL, "attempt to access JSON non-boolean as boolean")
-        dependents = value
+    # A body that does not parse, or says something else, is ignored: Triton 2.51 unloads
+    # all the same (checked side by side).
+    with contextlib.suppress(ServingError):
+        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH) if body else {}
+        params = doc.get("parameters", {}) if isinstance(doc, dict) else {}
+        dependents = isinstance(params, dict) and params.get("unload_dependents") is True
     await _dp(request).model_control("unload", request.match_info["model"], "", {}, dependents)
     return _empty(True)
 

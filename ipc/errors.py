@@ -86,4 +86,6 @@ MODEL_CONTROL_DISABLED: Final = "explicit model load / unload is not allowed if 
 
 
 def unknown_model(name: str) -> ServingError:
-    return invalid_arg(f"{UNKNOWN_MODEL}'{name}' is not found")
+    """NOT_FOUND (HTTP 404), as Triton 2.51 answers it over both protocols (checked
+    against the real server side by side)."""
+    return ServingError(Code.NOT_FOUND, f"{UNKNOWN_MODEL}'{name}' is not found")

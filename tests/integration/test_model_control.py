@@ -273,6 +273,22 @@ def test_loads_that_cannot_read_the_model_fail_as_tritons_poll_does(
     client.unload_model("no_such_model")  # nothing to do: Triton answers success
 
 
+def test_http_bodies_as_triton_reads_them(server: ShoalServer) -> None:
+    """Triton 2.51, checked side by side: an unload body that does not parse (or says
+    something else) is ignored, and a file parameter that is no base64 fails the load
+    as a directory it cannot read."""
+    for body in (b"junk", b'{"parameters": 5}', b'{"parameters": {"unload_dependents": "x"}}'):
+        assert server.http("/v2/repository/models/mlp/load", b"")[0] == 200
+        assert server.http("/v2/repository/models/mlp/unload", body) == (200, b"")
+        assert server.http_status("/v2/models/mlp/ready") == 400
+    bad = b'{"parameters": {"config": "{}", "file:1/model.onnx": "!!!"}}'
+    status, reply = server.http("/v2/repository/models/uploaded/load", bad)
+    assert status == 500
+    assert json.loads(reply)["error"].startswith(
+        "failed to load 'uploaded', failed to poll from model repository"
+    )
+
+
 def test_an_ensemble_loads_its_composing_models_and_unload_dependents_takes_them(
     server: ShoalServer, baseline: httpclient.InferenceServerClient
 ) -> None:
@@ -290,16 +306,17 @@ def test_an_ensemble_loads_its_composing_models_and_unload_dependents_takes_them
     assert not _workers(server, "simple")
 
 
-def test_unloading_a_composing_model_makes_its_ensemble_unavailable_until_it_is_back(
+def test_unloading_a_composing_model_unloads_its_ensemble_until_it_is_back(
     baseline: httpclient.InferenceServerClient,
 ) -> None:
+    """As Triton 2.51 does (checked side by side): the ensemble goes with its composing
+    model, as "unloaded" (the server stays ready), and comes back with it."""
     baseline.load_model("ens")
     baseline.unload_model("simple")
     (entry,) = [e for e in baseline.get_model_repository_index() if e["name"] == "ens"]
-    assert entry["state"] == "UNAVAILABLE"
-    assert entry["reason"] == (
-        "ensemble ens contains models that are not available or ambiguous: simple"
-    )
+    assert entry == {"name": "ens", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert not baseline.is_model_ready("ens")
+    assert baseline.is_server_ready()
     baseline.load_model("simple")
     assert baseline.is_model_ready("ens")
     # unload_dependents leaves a composing model that was loaded by name
