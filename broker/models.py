@@ -249,14 +249,20 @@ class ModelTable:
     def commit(self, name: str) -> list[ModelVersion]:
         """A load's staged versions replace the loaded ones, which retire (returned): they
         finish what they hold, then their instances stop. A version that kept answers in
-        order hands that order on, so answers still leave in arrival order across it."""
+        order hands that order on, so answers still leave in arrival order across it; and
+        its statistics (and exit counts) go on counting, for both copies: a reload is not
+        a new version to a client (perf_analyzer reads the counts' growth across it, and
+        the Prometheus counters stay monotonic)."""
         entry = self.models[name]
         old, entry.versions, entry.staged = entry.versions, entry.staged, {}
         entry.error = ""
         for v, mv in entry.versions.items():
             before = old.get(v)
-            if before is not None and before.ordering is not None:
+            if before is None:
+                continue
+            if before.ordering is not None:
                 mv.ordering = before.ordering
+            mv.stats, mv.exits = before.stats, before.exits
         self.retiring += old.values()
         return list(old.values())
 

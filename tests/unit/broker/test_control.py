@@ -74,13 +74,20 @@ def test_a_load_answers_once_its_instances_are_ready_and_then_replaces_the_loade
     assert spec2.generation == 2 and Path(spec2.config_file).read_text() == (
         '{"max_batch_size": 4}'
     )
-    assert control.table.version("simple", 1).generation == 1  # type: ignore[union-attr]
+    loaded = control.table.version("simple", 1)
+    assert loaded is not None and loaded.generation == 1
+    loaded.stats.failed(1000, "OTHER")  # counted before the reload
     _ready(control, spec2, b"w2")
     out = control.tick()
     assert out.replies == [(FE, m.ControlReply(2))]
     assert out.stop == [first]  # the replaced instance had nothing to run: it stops
     assert first.retiring
-    assert control.table.version("simple", 1).generation == 2  # type: ignore[union-attr]
+    reloaded = control.table.version("simple", 1)
+    assert reloaded is not None and reloaded.generation == 2
+    # the statistics go on counting across the reload (one version to its clients)
+    assert (
+        reloaded.stats is loaded.stats and reloaded.stats.snapshot().inference_stats.fail.count == 1
+    )
 
 
 def test_a_failed_reload_keeps_the_loaded_version_and_its_instance_retires(
