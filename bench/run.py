@@ -405,6 +405,36 @@ class RunStart:
     pa: str  # the perf_analyzer binary
 
 
+def perf_point(
+    run: RunStart,
+    a: argparse.Namespace,
+    url: str,
+    *,
+    server: str,
+    model: str,
+    protocol: str,
+    concurrency: int,
+    name: str,
+    extra: tuple[str, ...] = (),
+) -> Measurement:
+    """One perf_analyzer point of a side-by-side run (``side_by_side_parser``'s flags),
+    its CSV and log in the run's raw folder as ``<name>.csv``/``.log``."""
+    return run_perf_analyzer(
+        run.pa,
+        server=server,
+        url=url,
+        protocol=protocol,
+        model=model,
+        concurrency=concurrency,
+        csv_path=run.raw / f"{name}.csv",
+        interval_ms=a.measurement_interval,
+        max_trials=a.max_trials,
+        stability_pct=a.stability_percentage,
+        timeout_s=(a.max_trials + 2) * a.measurement_interval / 1e3 + 30,
+        extra=extra,
+    )
+
+
 def start_run(out_dir: Path, tag: str) -> RunStart:
     """Begin a benchmark run: SIGTERM stops it as Ctrl-C does (the servers are stopped),
     and its raw folder ``<stamp>-<tag>-raw`` is made."""

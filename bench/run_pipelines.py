@@ -30,8 +30,16 @@ import tempfile
 from pathlib import Path
 
 import ort_baseline
-from perf_analyzer import Measurement, run_perf_analyzer
-from run import _fmt, _ratio, report_head, side_by_side_parser, start_run, write_report
+from perf_analyzer import Measurement
+from run import (
+    _fmt,
+    _ratio,
+    perf_point,
+    report_head,
+    side_by_side_parser,
+    start_run,
+    write_report,
+)
 from run_batching import _link_model, _start
 from servers import shoal_server
 
@@ -150,21 +158,11 @@ def main(argv: list[str] | None = None) -> int:
                             what = f"{model} {protocol} c={c}"
                             print(f"[bench] perf_analyzer {what}", flush=True)
                             try:
-                                got[(model, protocol, c)] = run_perf_analyzer(
-                                    run.pa,
-                                    server="shoal",
-                                    url=srv.url(protocol),
-                                    protocol=protocol,
-                                    model=model,
-                                    concurrency=c,
-                                    csv_path=run.raw / f"{model}-{protocol}-c{c}.csv",
-                                    interval_ms=a.measurement_interval,
-                                    max_trials=a.max_trials,
-                                    stability_pct=a.stability_percentage,
-                                    timeout_s=(a.max_trials + 2) * a.measurement_interval / 1e3
-                                    + 30,
-                                    extra=extra,
-                                )
+                                got[(model, protocol, c)] = perf_point(
+                                    run, a, srv.url(protocol), server="shoal", model=model,
+                                    protocol=protocol, concurrency=c,
+                                    name=f"{model}-{protocol}-c{c}", extra=extra,
+                                )  # fmt: skip
                             except (RuntimeError, OSError) as e:
                                 skipped.append(f"{what}: {e}")
             except KeyboardInterrupt:

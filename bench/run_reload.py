@@ -30,8 +30,16 @@ import urllib.request
 from pathlib import Path
 
 import ort_baseline
-from perf_analyzer import Measurement, run_perf_analyzer
-from run import _fmt, _ratio, report_head, side_by_side_parser, start_run, write_report
+from perf_analyzer import Measurement
+from run import (
+    _fmt,
+    _ratio,
+    perf_point,
+    report_head,
+    side_by_side_parser,
+    start_run,
+    write_report,
+)
 from run_batching import _link_model, _start
 from servers import shoal_server
 
@@ -130,20 +138,11 @@ def main(argv: list[str] | None = None) -> int:
                                 reloads[(protocol, c)] = reloader
                                 reloader.start()
                             try:
-                                got[(mode, protocol, c)] = run_perf_analyzer(
-                                    run.pa,
-                                    server=f"shoal-{mode}",
-                                    url=srv.url(protocol),
-                                    protocol=protocol,
-                                    model=MODEL,
-                                    concurrency=c,
-                                    csv_path=run.raw / f"{mode}-{protocol}-c{c}.csv",
-                                    interval_ms=a.measurement_interval,
-                                    max_trials=a.max_trials,
-                                    stability_pct=a.stability_percentage,
-                                    timeout_s=(a.max_trials + 2) * a.measurement_interval / 1e3
-                                    + 30,
-                                )
+                                got[(mode, protocol, c)] = perf_point(
+                                    run, a, srv.url(protocol), server=f"shoal-{mode}",
+                                    model=MODEL, protocol=protocol, concurrency=c,
+                                    name=f"{mode}-{protocol}-c{c}",
+                                )  # fmt: skip
                             except (RuntimeError, OSError) as e:
                                 skipped.append(f"{what}: {e}")
                             finally:

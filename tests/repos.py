@@ -9,6 +9,18 @@ import tritonclient.http as httpclient
 
 from shoal import modelgen
 
+#: An ensemble ``ens`` of one step: ``simple``'s OUTPUT0 (IN0 + IN1) as its OUT.
+SIMPLE_ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN0" data_type: TYPE_INT32 dims: [ 16 ] },
+        { name: "IN1" data_type: TYPE_INT32 dims: [ 16 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]
+ensemble_scheduling { step [ { model_name: "simple" model_version: -1
+  input_map { key: "INPUT0" value: "IN0" } input_map { key: "INPUT1" value: "IN1" }
+  output_map { key: "OUTPUT0" value: "OUT" } } ] }
+"""
+
 
 def write_identity(
     repo: Path, name: str, extra: str = "", dims: str = "[ 4 ]", mbs: int = 8

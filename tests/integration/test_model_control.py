@@ -24,6 +24,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from shoal import modelgen
+from tests.repos import SIMPLE_ENSEMBLE
 from tests.serverctl import ShoalServer, processes_with, served
 
 POLL_FAILED = "failed to poll from model repository"
@@ -49,16 +50,6 @@ max_batch_size: 0
 input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
 """
-ENSEMBLE = """
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "IN0" data_type: TYPE_INT32 dims: [ 16 ] },
-        { name: "IN1" data_type: TYPE_INT32 dims: [ 16 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]
-ensemble_scheduling { step [ { model_name: "simple" model_version: -1
-  input_map { key: "INPUT0" value: "IN0" } input_map { key: "INPUT1" value: "IN1" }
-  output_map { key: "OUTPUT0" value: "OUT" } } ] }
-"""
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("model-control")
     modelgen.write_shipped_repository(repo, ("simple", "mlp", "simple_sequence"))
     (repo / "ens" / "1").mkdir(parents=True)
-    (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE)
+    (repo / "ens" / "config.pbtxt").write_text(SIMPLE_ENSEMBLE)
     (repo / "slow" / "1").mkdir(parents=True)
     (repo / "slow" / "1" / "model.py").write_text(SLOW)
     (repo / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)

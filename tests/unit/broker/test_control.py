@@ -14,18 +14,9 @@ from configs.model_config import parse_config_text
 from ipc import messages as m
 from ipc.errors import MODEL_CONTROL_DISABLED, Code
 from shoal import modelgen
+from tests.repos import SIMPLE_ENSEMBLE
 
 FE = b"f-0-1"
-ENSEMBLE = """
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "IN0" data_type: TYPE_INT32 dims: [ 16 ] },
-        { name: "IN1" data_type: TYPE_INT32 dims: [ 16 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]
-ensemble_scheduling { step [ { model_name: "simple" model_version: -1
-  input_map { key: "INPUT0" value: "IN0" } input_map { key: "INPUT1" value: "IN1" }
-  output_map { key: "OUTPUT0" value: "OUT" } } ] }
-"""
 
 
 @pytest.fixture
@@ -33,7 +24,7 @@ def control(tmp_path: Path) -> ModelControl:
     repo = tmp_path / "repo"
     modelgen.write_shipped_repository(repo)
     (repo / "ens" / "1").mkdir(parents=True)
-    (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE)
+    (repo / "ens" / "config.pbtxt").write_text(SIMPLE_ENSEMBLE)
     run = tmp_path / "run"
     run.mkdir()
     c = ModelControl(ModelTable(), repo, run, explicit=True)
