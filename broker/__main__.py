@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             model_control_mode=args.model_control_mode,
             load_models=args.load_model,
             repository_poll_secs=args.repository_poll_secs,
+            expect_launcher=args.parent_pid is not None,
         )
     )
     return run_until_stopped(proc)

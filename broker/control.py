@@ -83,6 +83,7 @@ class Operation:
     started_at: float = 0.0
     claims: set[str] = field(default_factory=set)  # the models it loads or unloads
     cancelled: bool = False  # a load an unload of its model overtook
+    blocked_by: set[str] = field(default_factory=set)  # claimed by others when it tried
 
 
 @dataclass
@@ -146,6 +147,7 @@ class ModelControl:
         # version
         self._written: dict[int, list[Path]] = {}
         self._live: set[int] = set()  # loads (generations) that may have versions
+        self._spawned: set[int] = set()  # those that asked the launcher for workers
         self._claimed: dict[str, Operation] = {}  # model -> the started op that touches it
 
     @property
@@ -194,8 +196,9 @@ class ModelControl:
 
     def _enqueue(self, op: Operation) -> None:
         queue = self.ops.setdefault(op.model, deque())
-        if not any(not o.started and o.action == op.action for o in queue):
-            queue.append(op)
+        last = queue[-1] if queue else None
+        if last is None or last.started or last.action != op.action:
+            queue.append(op)  # (the same as the last one waiting: that one does it)
 
     # -- requests --------------------------------------------------------------------
 
@@ -207,15 +210,14 @@ class ModelControl:
             out.replies.append((frontend, _reply(msg.query_id, refusal)))
             return out
         queue = self.ops.setdefault(msg.model, deque())
-        # The same unload again while one waits: one operation, answered to both.
-        same = next(
-            (
-                op
-                for op in queue
-                if not op.started and op.action == msg.action == "unload"
-                and op.unload_dependents == msg.unload_dependents
-            ),
-            None,
+        # The same unload again, right behind one that waits: one operation, answered to
+        # both (one further back would jump what came between).
+        last = queue[-1] if queue else None
+        same = (
+            last
+            if last is not None and not last.started and last.action == msg.action == "unload"
+            and last.unload_dependents == msg.unload_dependents
+            else None
         )  # fmt: skip
         if same is None:
             op = Operation(
@@ -260,10 +262,19 @@ class ModelControl:
             queue = self.ops[name]
             while queue:
                 op = queue[0]
-                if not op.started and not self._begin(op, now, out):
-                    break  # another operation is loading or unloading a model it touches
-                if not self._settle(op, now, out):
-                    break
+                try:
+                    if not op.started and not self._begin(op, now, out):
+                        break  # another operation is loading or unloading a model it touches
+                    if not self._settle(op, now, out):
+                        break
+                except Exception as exc:  # a bug must neither hang its clients nor the broker
+                    log.exception("model control of '%s' failed", op.model)
+                    op.started = True
+                    op.error = ServingError(
+                        Code.INTERNAL, f"failed to {op.action} '{op.model}': {exc}"
+                    )
+                    if op.action == "load":
+                        self._discard(op, out)
                 queue.popleft()
                 for claimed in op.claims:
                     if self._claimed.get(claimed) is op:
@@ -281,11 +292,13 @@ class ModelControl:
         whose instances have all gone is forgotten."""
         stop: list[Instance] = []
         for mv in list(self.table.retiring):
-            live = [i for i in mv.instances.values() if i.state != "DEAD"]
-            if not live:
+            if not mv.instances:  # every exit seen (and what the last held answered)
                 self.table.retiring.remove(mv)
                 self._generation_gone(mv.generation, out)
                 continue
+            live = [i for i in mv.instances.values() if i.state != "DEAD"]
+            if not live:
+                continue  # killed: its exit, not seen yet, answers what it held
             sequences = mv.sequencer is not None and mv.sequencer.holds_work()
             if mv.pending or sequences or any(i.in_flight is not None for i in live):
                 continue
@@ -324,7 +337,14 @@ class ModelControl:
                 elif self.unloaded.get(name):  # a failed load's versions: unloaded now
                     self.unloaded[name] = dict.fromkeys(self.unloaded[name], "unloaded")
             return True
+        if op.blocked_by and any(self._claimed.get(n, op) is not op for n in op.blocked_by):
+            return False  # (tried again once those are released, not on every turn)
         op.started = True
+        if op.cancelled:  # an unload of its model came before it began
+            op.error = ServingError(
+                Code.UNAVAILABLE, f"failed to load '{op.model}': an unload of it came first"
+            )
+            return True
         if op.model in self.refused:  # (a poll: the API refuses it before)
             op.error = ServingError(Code.INVALID_ARG, self.refused[op.model])
             return True
@@ -337,17 +357,21 @@ class ModelControl:
             self._plan(op, entry)
         except ServingError as err:
             op.error = err
+            op.parts, op.entries, op.ensemble = [], {}, None  # it staged nothing
             self._generation_gone(op.generation, out)
             return True
-        if not self._claim(op, {op.model, *op.parts}):
+        touched = {op.model, *op.parts}
+        if not self._claim(op, touched):
+            op.blocked_by = touched
+            op.parts, op.entries, op.ensemble = [], {}, None
             self._generation_gone(op.generation, out)  # its files: written again then
             op.started, op.generation = False, 0
-            op.parts, op.entries, op.ensemble = [], {}, None
             return False
         self.named.add(op.model)
         op.started_at = now
         for name in op.parts:
             out.start += self._stage(op, op.entries[name])
+        self._spawned.add(op.generation)
         return True
 
     def _plan(self, op: Operation, entry: ModelEntry) -> None:
@@ -407,7 +431,9 @@ class ModelControl:
         if any(mv.generation == generation for mv in versions):
             return
         self._live.discard(generation)
-        out.gone.append(generation)
+        if generation in self._spawned:
+            self._spawned.discard(generation)
+            out.gone.append(generation)
         for path in self._written.pop(generation, []):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
@@ -522,11 +548,23 @@ class ModelControl:
         if op.error is not None:
             self._discard(op, out)
             return True
+        lost = [n for n in op.parts if not self._staged_by(op, n)]
+        if lost:  # (a bug: no one else touches what it claimed)
+            op.error = ServingError(
+                Code.INTERNAL, f"failed to load '{op.model}': {', '.join(lost)} not staged"
+            )
+            self._discard(op, out)
+            return True
         for name in op.parts:
             self._commit(name, op.entries[name], out)
         if op.ensemble is not None:
             return self._settle_ensemble(op, out)
         return True
+
+    def _staged_by(self, op: Operation, name: str) -> bool:
+        entry = self.table.models.get(name)
+        staged = entry.staged.values() if entry is not None else []
+        return any(v.generation == op.generation for v in staged)
 
     def _commit(self, name: str, entry: ModelEntry, out: Effects) -> None:
         entry_state = self.table.models.get(name)
@@ -574,9 +612,9 @@ class ModelControl:
             if entry is None:
                 continue
             staged = [v for v in entry.staged.values() if v.generation == op.generation]
-            entry.staged = {}
+            entry.staged = {k: v for k, v in entry.staged.items() if v not in staged}
             self.table.retiring += [v for v in staged if v.instances]  # (workers to stop)
-            if not entry.versions and not entry.error:
+            if not entry.versions and not entry.staged and not entry.error:
                 del self.table.models[name]  # not loaded before: it stays unloaded
         self._generation_gone(op.generation, out)
         log.error("%s", op.error.message if op.error else "load failed")
@@ -622,7 +660,10 @@ class ModelControl:
         unloaded: it has no directory in the repository (Triton's index)."""
         draining = {(v.name, v.version) for v in self.table.retiring}
         out = []
-        for name in repository.model_dirs(self.repo):  # what it holds now, as Triton's
+        failed = {n for n, vs in self.unloaded.items() if any(r != "unloaded" for r in vs.values())}
+        # what the repository holds now, as Triton's; and any whose failed load keeps the
+        # server from being ready (one loaded from a request's files has no directory)
+        for name in sorted({*repository.model_dirs(self.repo), *failed}):
             if name in self.table.models:
                 continue
             versions = self.unloaded.get(name, {})

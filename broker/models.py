@@ -260,8 +260,8 @@ class ModelTable:
             before = old.get(v)
             if before is None:
                 continue
-            if before.ordering is not None:
-                mv.ordering = before.ordering
+            if before.ordering is not None and mv.ordering is not None:
+                mv.ordering = before.ordering  # (else the old copy keeps its own to drain)
             mv.stats, mv.exits = before.stats, before.exits
         self.retiring += old.values()
         return list(old.values())

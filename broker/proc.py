@@ -73,6 +73,7 @@ class BrokerSettings:
     model_control_mode: str = "none"  # configs.model_control
     load_models: list[str] = field(default_factory=list)  # --load-model (explicit mode)
     repository_poll_secs: float = 15.0  # poll mode: how often the repository is rescanned
+    expect_launcher: bool = False  # started by shoal serve (explicit/poll: it starts workers)
 
 
 class BrokerProc:
@@ -234,17 +235,7 @@ class BrokerProc:
             self._send(self.wsock, [inst.ident, *m.encode(shutdown)])
             self.endings.expect_exit(inst, now)  # killed if it has not exited in time
         if effects.changed:
-            # The ensembles that use a model unloaded go with it, as Triton's do (reason
-            # "unloaded": they do not make the server unready), and come back when it
-            # does; those that use a model (re)loaded are judged again.
-            for mv in self.table.all_versions():
-                uses = {d.model for d in mv.ensemble or []}
-                if not uses & effects.changed:
-                    continue
-                if any(name not in self.table.models for name in uses):
-                    mv.state, mv.reason = "UNAVAILABLE", "unloaded"
-                elif mv not in self._unsettled:
-                    self._unsettled.append(mv)
+            self._ensembles_changed(effects.changed)
             frames = m.encode(m.ModelsChanged(sorted(effects.changed)))
             frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]
             for ident in [*self.frontend_fds, *frontends]:
@@ -253,6 +244,47 @@ class BrokerProc:
         for frontend, reply in effects.replies:
             self._send(self.fsock, [frontend, *m.encode(reply)])
         self._unsettled += effects.ensembles
+        if self._unsettled:  # at once: an ensemble judged again is LOADING until then
+            self._settle_ensembles()
+
+    def _ensembles_changed(self, changed: set[str]) -> None:
+        """The ensembles that use a model loaded or unloaded, directly or through other
+        ensembles: one that lacks a model now goes with it, as Triton's do (UNAVAILABLE,
+        "unloaded": not counted against readiness), and comes back with it; the others
+        are judged again (LOADING until then, so that an ensemble of ensembles waits for
+        those it uses)."""
+        ensembles = {
+            mv.name: mv for mv in self.table.all_versions() if mv.ensemble is not None
+        }  # (one version each: an ensemble's versions share its steps)
+        affected: set[str] = set()
+        frontier = set(changed)
+        while frontier:
+            users = {
+                name
+                for name, mv in ensembles.items()
+                if name not in affected and frontier & {d.model for d in mv.ensemble or []}
+            }
+            affected |= users
+            frontier = users
+
+        def lacks(name: str, seen: frozenset[str] = frozenset()) -> bool:
+            mv = ensembles.get(name)
+            if mv is None:
+                return name not in self.table.models
+            return name not in seen and any(
+                lacks(d.model, seen | {name}) for d in mv.ensemble or []
+            )
+
+        for mv in self.table.all_versions():
+            if mv.name not in affected:
+                continue
+            mv.ever_ready = False
+            if lacks(mv.name):
+                mv.state, mv.reason = "UNAVAILABLE", "unloaded"
+            else:
+                mv.state, mv.reason = "LOADING", ""
+                if mv not in self._unsettled:
+                    self._unsettled.append(mv)
 
     def _settle_ensembles(self) -> None:
         """Ensembles whose composing models have settled become READY (their steps fit
@@ -473,6 +505,8 @@ class BrokerProc:
         elif isinstance(msg, m.ServerQuery):
             ready = self.table.all_ready() and not self.control.failures()
             ready = ready or not self.s.strict_readiness
+            if self.s.expect_launcher and self.control.managed and not self.control.has_launcher:
+                ready = False  # the load API is not served until the launcher is here
             states = sorted(
                 [*self.table.states(), *self.control.index()], key=lambda s: (s.name, s.version)
             )
@@ -497,6 +531,8 @@ class BrokerProc:
             self._apply(self.control.request(ident, msg))
         elif isinstance(msg, m.LauncherHello):
             if ident == sockets.LAUNCHER_IDENTITY and self.control.managed:
+                if self.launcher is None:
+                    log.info("launcher %d connected: models load and unload while serving", msg.pid)
                 self.launcher = ident
                 self.control.has_launcher = True
                 self._send(self.fsock, [ident, *m.encode(self._welcome())])

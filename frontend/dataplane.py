@@ -250,8 +250,9 @@ class DataPlane:
         return ServingError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
 
     def refuse_model_control(self) -> ServingError | None:
-        """Outside explicit model control mode, unload is refused before its body is read,
-        as Triton 2.51 does (load is refused by the broker, after its body's checks)."""
+        """Outside explicit model control mode (none, poll), load and unload are refused
+        here: an HTTP unload before its body is read, a load after its body's checks, as
+        Triton 2.51 does. (A frontend not yet welcomed by a broker refuses them too.)"""
         if self.broker.model_control:
             return None
         return ServingError(Code.UNAVAILABLE, MODEL_CONTROL_DISABLED)

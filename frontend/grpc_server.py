@@ -269,6 +269,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             if request.repository_name:
                 raise self.dp.refuse_named_repository()
             grpc_codec.check_load_parameters(request.parameters)
+            if (refusal := self.dp.refuse_model_control()) is not None:
+                raise refusal  # (mode none or poll)
             params = request.parameters
             config = params["config"].string_param if "config" in params else ""
             files = {k: v.bytes_param for k, v in params.items() if k.startswith("file:")}
@@ -282,6 +284,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             if request.repository_name:
                 raise self.dp.refuse_named_repository()
             grpc_codec.check_unload_parameters(request.parameters)
+            if (refusal := self.dp.refuse_model_control()) is not None:
+                raise refusal  # (mode none or poll)
             params = request.parameters
             dependents = "unload_dependents" in params and params["unload_dependents"].bool_param
             await self.dp.model_control("unload", request.model_name, "", {}, dependents)

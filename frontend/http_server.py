@@ -331,16 +331,20 @@ async def repository_load(request: web.Request) -> web.Response:
                 if key == "config":
                     config = value
                 else:
-                    try:
-                        files[key] = base64.b64decode(value, validate=True)
-                    except binascii.Error:  # Triton's: as a file it cannot write
-                        model = request.match_info["model"]
-                        raise ServingError(
-                            Code.INTERNAL,
-                            f"failed to load '{model}', failed to poll from model repository: "
-                            f"'{key}' is not base64",
-                        ) from None
-    await _dp(request).model_control("load", request.match_info["model"], config, files)
+                    files[key] = value.encode()
+    if (refusal := _dp(request).refuse_model_control()) is not None:
+        raise refusal  # (mode none or poll: after the body's checks, as Triton)
+    model = request.match_info["model"]
+    for key, value in files.items():
+        try:
+            files[key] = base64.b64decode(value, validate=True)
+        except binascii.Error:  # Triton's: as a file it cannot write
+            raise ServingError(
+                Code.INTERNAL,
+                f"failed to load '{model}', failed to poll from model repository: "
+                f"'{key}' is not base64",
+            ) from None
+    await _dp(request).model_control("load", model, config, files)
     return _empty(True)
 
 

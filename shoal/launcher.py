@@ -342,7 +342,7 @@ class Launcher:
         if child.generation in self.gone_generations:
             log.info("%s stopped: its load is over", child.role)
             return None
-        if rc == EXIT_RETIRED and child.role.startswith("worker"):
+        if rc == EXIT_RETIRED and child.role.startswith("worker") and self.sock is not None:
             log.info("%s stopped: its model was unloaded or reloaded", child.role)
             return None
         if rc == EXIT_FATAL:

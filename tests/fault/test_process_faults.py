@@ -801,3 +801,18 @@ def test_a_stopped_broker_does_not_outlive_a_killed_launcher(small_repo: Path) -
                 os.kill(pid, signal.SIGKILL)
         srv.stop()  # already gone: checks nothing is left (a frontend's slab, swept)
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def test_launcher_killed_takes_the_workers_of_loaded_models_with_it(small_repo: Path) -> None:
+    """Explicit model control: workers the launcher started for the load API (and a reload
+    whose copies change over) die with it too, and leave no shared memory."""
+    srv = ShoalServer(small_repo, "--model-control-mode=explicit", "--load-model=simple")
+    client = httpclient.InferenceServerClient(srv.url)
+    client.load_model("mlp")
+    client.load_model("simple", config='{"max_batch_size": 4}')
+    assert any("--generation" in cmd for cmd in processes_with(srv.runtime_dir).values())
+    srv.seen_pids |= set(srv.pids())
+    _kill_launcher_and_expect_no_child(srv)
+    assert not srv.leftovers()
+    srv._log.close()
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)

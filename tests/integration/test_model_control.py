@@ -28,7 +28,16 @@ from tests.repos import SIMPLE_ENSEMBLE
 from tests.serverctl import ShoalServer, processes_with, served
 
 POLL_FAILED = "failed to poll from model repository"
-OTHERS = ("mlp", "ens", "slow", "broken", "uploaded", "simple_sequence")
+OTHERS = ("mlp", "outer", "ens", "slow", "broken", "uploaded", "simple_sequence")
+# an ensemble of the ensemble ``ens``
+OUTER = (
+    SIMPLE_ENSEMBLE.replace('model_name: "simple"', 'model_name: "ens"')
+    .replace(
+        'key: "INPUT0" value: "IN0" } input_map { key: "INPUT1"',
+        'key: "IN0" value: "IN0" } input_map { key: "IN1"',
+    )
+    .replace('key: "OUTPUT0" value: "OUT"', 'key: "OUT" value: "OUT"')
+)
 
 SLOW = """
 import time
@@ -58,6 +67,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     modelgen.write_shipped_repository(repo, ("simple", "mlp", "simple_sequence"))
     (repo / "ens" / "1").mkdir(parents=True)
     (repo / "ens" / "config.pbtxt").write_text(SIMPLE_ENSEMBLE)
+    (repo / "outer" / "1").mkdir(parents=True)
+    (repo / "outer" / "config.pbtxt").write_text(OUTER)
     (repo / "slow" / "1").mkdir(parents=True)
     (repo / "slow" / "1" / "model.py").write_text(SLOW)
     (repo / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
@@ -113,6 +124,7 @@ def test_at_start_the_named_model_loads_and_the_index_lists_the_others_by_name(
         {"name": "broken"},
         {"name": "ens"},
         {"name": "mlp"},
+        {"name": "outer"},
         {"name": "simple", "version": "1", "state": "READY"},
         {"name": "simple_sequence"},
         {"name": "slow"},
@@ -310,6 +322,14 @@ def test_unloading_a_composing_model_unloads_its_ensemble_until_it_is_back(
     assert baseline.is_server_ready()
     baseline.load_model("simple")
     assert baseline.is_model_ready("ens")
+    # through an ensemble of ensembles too
+    baseline.load_model("outer")
+    baseline.unload_model("simple")
+    assert not baseline.is_model_ready("outer") and not baseline.is_model_ready("ens")
+    assert baseline.is_server_ready()
+    baseline.load_model("simple")
+    assert baseline.is_model_ready("outer") and baseline.is_model_ready("ens")
+    baseline.unload_model("outer")
     # unload_dependents leaves a composing model that was loaded by name
     baseline.unload_model("ens", unload_dependents=True)
     assert baseline.is_model_ready("simple")
@@ -388,7 +408,7 @@ def test_tritons_model_control_example_clients(server: ShoalServer) -> None:
     ):
         grpc = isinstance(client, grpcclient.InferenceServerClient)
         index = client.get_model_repository_index()
-        assert len(index.models if grpc else index) == 6
+        assert len(index.models if grpc else index) == 7
         client.load_model("simple")
         assert client.is_model_ready("simple")
         with pytest.raises(InferenceServerException) as e:

@@ -112,6 +112,7 @@ def test_a_failed_first_load_shows_in_the_index_and_fails_readiness_until_unload
     mv.add_instance(inst)  # type: ignore[union-attr]
     mv.load_failed(inst, "boom")  # type: ignore[union-attr]
     control.tick()
+    mv.instances.clear()  # type: ignore[union-attr]  # its worker's exit (the broker's _lost)
     assert "mlp" not in control.table.models
     assert [s for s in control.index() if s.name == "mlp"] == [
         m.ModelState("mlp", 1, "UNAVAILABLE", "boom")
@@ -140,7 +141,10 @@ def test_unload_retires_once_drained_and_answers_when_the_workers_are_gone(
     inst.in_flight = None  # its batch is done
     assert control.tick().stop == [inst]
     assert control.tick().stop == []  # told once
-    inst.state = "DEAD"  # its exit (the broker's _lost)
+    inst.state = "DEAD"  # killed, say: its exit is not seen yet, the unload waits for it
+    assert control.tick().replies == []
+    (retiring,) = control.table.retiring
+    retiring.instances.pop(inst.ident)  # its exit (the broker's _lost)
     assert control.tick().replies == [(FE, m.ControlReply(2))]
     assert control.table.retiring == []
 
@@ -303,3 +307,60 @@ def test_a_first_load_shows_its_versions_loading(control: ModelControl) -> None:
     control.tick()
     (state,) = [s for s in control.table.states() if s.name == "mlp"]
     assert (state.version, state.state) == (1, "READY")
+
+
+def test_a_load_that_fails_reading_its_ensemble_leaves_a_load_under_way_alone(
+    control: ModelControl,
+) -> None:
+    """An ensemble whose second composing model is missing fails before it claims its
+    first one, which another operation is loading: that load goes on and settles."""
+    (control.repo / "ens2" / "1").mkdir(parents=True)
+    config = SIMPLE_ENSEMBLE.replace(
+        "output_map", 'input_map { key: "X" value: "IN0" } output_map'
+    ).replace(
+        "step [ {",
+        'step [ { model_name: "missing" model_version: -1 '
+        'input_map { key: "A" value: "IN0" } output_map { key: "B" value: "OUT" } }, {',
+    )
+    (control.repo / "ens2" / "config.pbtxt").write_text(config)
+    (spec,) = _load(control, "simple")
+    out = control.request(FE, m.ModelControl(2, "load", "ens2"))
+    ((_, reply),) = out.replies
+    assert reply.error is not None and reply.error.code == int(Code.INTERNAL)
+    _ready(control, spec, b"w1")
+    assert control.tick().replies == [(FE, m.ControlReply(1))]
+    assert control.table.version("simple", 1) is not None
+
+
+def test_a_bug_in_a_load_answers_its_client_and_spares_the_broker(
+    control: ModelControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(control, "_read", broken)
+    out = control.request(FE, m.ModelControl(1, "load", "simple"))
+    ((_, reply),) = out.replies
+    assert reply.error == m.ErrorInfo(int(Code.INTERNAL), "failed to load 'simple': boom")
+    assert not control.ops and not control.busy
+
+
+def test_a_load_waiting_for_a_claim_is_not_planned_again_on_every_turn(
+    control: ModelControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (spec,) = _load(control, "simple")
+    reads: list[str] = []
+    read = control._read
+
+    def counted(name: str, *args: object) -> object:
+        reads.append(name)
+        return read(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(control, "_read", counted)
+    control.request(FE, m.ModelControl(2, "load", "ens"))  # waits for simple's load
+    for _ in range(5):
+        control.tick()
+    assert reads == ["ens", "simple"]  # planned once, then it waits for the claim to go
+    _ready(control, spec, b"w1")
+    control.tick()
+    assert reads == ["ens", "simple", "ens"]  # simple is loaded now: the ensemble is staged
