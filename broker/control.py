@@ -416,7 +416,7 @@ class ModelControl:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # (ValueError: a NUL in the name)
                 raise poll_failed(op.model, f"cannot write '{rel}': {exc}") from None
         model_dir.mkdir(parents=True, exist_ok=True)
         return root
@@ -577,8 +577,8 @@ class ModelControl:
         log.info("%s loaded (%d version(s) retire)", name, len(old))
 
     def _settle_ensemble(self, op: Operation, out: Effects) -> bool:
-        """Stage the ensemble once its composing models are in; the broker settles it
-        (``ensembles``) and reports through ``ensemble_settled``."""
+        """Stage the ensemble once its composing models are in (``ensembles``: the broker
+        judges its steps against them, as at start); commit it once judged READY."""
         entry = op.ensemble
         assert entry is not None and entry.config is not None
         state = self.table.models.get(entry.name)

@@ -507,9 +507,9 @@ class BrokerProc:
             ready = ready or not self.s.strict_readiness
             if self.s.expect_launcher and self.control.managed and not self.control.has_launcher:
                 ready = False  # the load API is not served until the launcher is here
-            states = sorted(
-                [*self.table.states(), *self.control.index()], key=lambda s: (s.name, s.version)
-            )
+            states = self.table.states()
+            if self.control.managed:  # (mode none: every model of the repository is there)
+                states = sorted([*states, *self.control.index()], key=lambda s: (s.name, s.version))
             if msg.memory_of:
                 self._add_details(states, msg.memory_of)
             state = m.ServerState(msg.query_id, True, ready, states)
