@@ -164,7 +164,8 @@ class ModelControl:
 
     def start_polling(self, now: float) -> None:
         """Remember how the repository's models look at start (they load as in mode none)."""
-        self._stamps = {name: _stamp(self.repo / name) for name in repository.model_dirs(self.repo)}
+        with contextlib.suppress(OSError):  # (unreadable: the first rescan finds all new)
+            self._stamps = {n: _stamp(self.repo / n) for n in repository.model_dirs(self.repo)}
         self._next_poll = now + self.poll_secs
 
     def poll(self, now: float) -> Effects:
@@ -177,7 +178,7 @@ class ModelControl:
             return out  # (without a launcher, under supervisord, nothing could load)
         self._next_poll = now + self.poll_secs
         try:
-            names = [c.name for c in self.repo.iterdir() if c.is_dir() and c.name[0] != "."]
+            names = repository.model_dirs(self.repo)
         except OSError as exc:  # (a network file system's hiccup): nothing is unloaded
             log.warning("poll: cannot read the model repository: %s", exc)
             return out
@@ -663,7 +664,11 @@ class ModelControl:
         failed = {n for n, vs in self.unloaded.items() if any(r != "unloaded" for r in vs.values())}
         # what the repository holds now, as Triton's; and any whose failed load keeps the
         # server from being ready (one loaded from a request's files has no directory)
-        for name in sorted({*repository.model_dirs(self.repo), *failed}):
+        try:
+            names = repository.model_dirs(self.repo)
+        except OSError:
+            names = []
+        for name in sorted({*names, *failed}):
             if name in self.table.models:
                 continue
             versions = self.unloaded.get(name, {})

@@ -100,12 +100,9 @@ def scan(
 
 
 def model_dirs(repo: Path) -> list[str]:
-    """The names of ``repo``'s models (its sub-directories, hidden ones skipped), sorted;
-    none if it cannot be read."""
-    try:
-        return sorted(c.name for c in repo.iterdir() if c.is_dir() and not c.name.startswith("."))
-    except OSError:
-        return []
+    """The names of ``repo``'s models (its sub-directories, hidden ones skipped), sorted.
+    Raises OSError if ``repo`` cannot be read."""
+    return sorted(c.name for c in repo.iterdir() if c.is_dir() and not c.name.startswith("."))
 
 
 def find(
