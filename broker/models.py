@@ -49,6 +49,9 @@ class Instance:
     # (when reported, [(frontend, req_id)]): requests it answered straight to their
     # frontends lately; if it dies, those answers may not have left it (router.py).
     answered: deque[tuple[float, list[tuple[bytes, int]]]] = field(default_factory=deque)
+    # a decoupled model's requests it ran and still answers (until StreamsEnded), by
+    # (frontend, req_id): if it dies, they fail as its batch would
+    streams: dict[tuple[bytes, int], m.WorkItem] = field(default_factory=dict)
 
 
 @dataclass

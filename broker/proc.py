@@ -524,6 +524,11 @@ class BrokerProc:
             item = self.router.cancel(ident, msg.req_id, time.monotonic())
             if item is not None:  # still queued: its answer frees the frontend's slots
                 self._fail_item(item, ServingError(Code.CANCELLED, "Request was cancelled"))
+            elif (runner := self.router.running(ident, msg.req_id)) is not None:
+                # running, or a decoupled model still answers it: the model may look
+                # (request.is_cancelled()) and stop early
+                cancel = m.encode(m.Cancel(msg.req_id, ident))
+                self._send(self.wsock, [runner.ident, *cancel])
         elif isinstance(msg, m.FrontendLeaving):
             if ident in self.frontend_fds or ident in self._unwatched:  # one it watches
                 self._leaving.add(ident)
@@ -731,9 +736,13 @@ class BrokerProc:
         if isinstance(msg, m.BatchDone):
             current = inst.in_flight if inst is not None else None
             if inst is not None and current is not None and current.batch_id == msg.batch_id:
-                for item in current.items:
-                    self._finished(item)
+                for pos, item in enumerate(current.items):
+                    if pos not in msg.open:  # an open stream still writes its outputs
+                        self._finished(item)
                 self._dispatch(self.router.batch_done(inst, msg, time.monotonic()))
+        elif isinstance(msg, m.StreamsEnded) and inst is not None:
+            for item in self.router.streams_ended(inst, msg.keys):
+                self._finished(item)
         elif isinstance(msg, m.WorkerHello):
             self._on_hello(ident, msg)
         elif isinstance(msg, m.WorkerReady) and inst is not None:
@@ -881,6 +890,7 @@ class BrokerProc:
         )  # fmt: skip
         was_loading = inst.state == "LOADING"
         ran = {id(item) for item in inst.in_flight.items} if inst.in_flight else set()
+        ran |= {id(item) for item in inst.streams.values()}  # a decoupled model's, open
         failed, dispatches = self.router.instance_lost(inst, time.monotonic())
         version = self.table.owner(inst)
         if version is not None:

@@ -123,7 +123,11 @@ class Router:
         self._busy.pop(inst.ident, None)
         if self.limiter is not None:
             self.limiter.release(inst)
-        self._remember_answered(inst, batch, now)
+        still_open = set(done.open)
+        for pos in still_open:
+            if 0 <= pos < len(batch.items):
+                inst.streams[_key(batch.items[pos])] = batch.items[pos]
+        self._remember_answered(inst, batch, now, still_open)
         mv = self.table.owner(inst)
         if mv is not None:
             if mv.sequencer is not None:
@@ -153,9 +157,33 @@ class Router:
             return self._allocate(now) if self.limiter is not None else []
         return self.instance_ready(inst, now)
 
-    def _remember_answered(self, inst: Instance, batch: m.ExecuteBatch, now: float) -> None:
-        # Ordered answers travel with the report, through the broker: never unconfirmed.
-        direct = [_key(item) for item in batch.items if not item.seq]
+    def streams_ended(self, inst: Instance, keys: list[tuple[bytes, int]]) -> list[m.WorkItem]:
+        """A decoupled model's requests that got their final response; returns them."""
+        ended = (inst.streams.pop((frontend, req_id), None) for frontend, req_id in keys)
+        return [item for item in ended if item is not None]
+
+    def running(self, frontend: bytes, req_id: int) -> Instance | None:
+        """The instance that runs the request, or still answers it (a decoupled model's)."""
+        key = (frontend, req_id)
+        for inst in self._busy.values():
+            batch = inst.in_flight
+            if batch is not None and any(_key(it) == key for it in batch.items):
+                return inst
+        for inst in self.table.by_ident.values():
+            if key in inst.streams:
+                return inst
+        return None
+
+    def _remember_answered(
+        self, inst: Instance, batch: m.ExecuteBatch, now: float, still_open: set[int]
+    ) -> None:
+        # Ordered answers travel with the report, through the broker: never unconfirmed;
+        # nor are open streams (their requests are inst.streams', until they end).
+        direct = [
+            _key(item)
+            for pos, item in enumerate(batch.items)
+            if not item.seq and pos not in still_open
+        ]
         if direct:
             inst.answered.append((now, direct))
         while inst.answered and now - inst.answered[0][0] > UNCONFIRMED_WINDOW_S:
@@ -187,17 +215,22 @@ class Router:
         mv.refresh_state()
 
     def instance_lost(self, inst: Instance, now: float) -> tuple[list[m.WorkItem], list[Dispatch]]:
-        """Mark ``inst`` dead. Returns the items it was running (they failed) and, if
-        no instance that can be sent requests is left, every queued item of the version
-        too (a passive instance never takes them)."""
+        """Mark ``inst`` dead. Returns the items it was running or still answering (they
+        failed) and, if no instance that can be sent requests is left, every queued item
+        of the version too (a passive instance never takes them)."""
         mv = self.table.owner(inst)
         failed = list(inst.in_flight.items) if inst.in_flight else []
+        # Open streams counted as successes when their batch returned (as Triton counts
+        # a decoupled model's requests): they fail now, and count no more.
+        streams = list(inst.streams.values())
+        inst.streams.clear()
         inst.in_flight = None
         self._busy.pop(inst.ident, None)
         inst.state = "DEAD"
         if self.limiter is not None:
             self.limiter.release(inst)
         if mv is None:
+            failed += streams
             return failed, self._allocate(now) if self.limiter is not None else []
         if inst.ident in mv.idle:
             mv.idle.remove(inst.ident)
@@ -219,6 +252,7 @@ class Router:
             )
         for item in failed:
             self._fail(mv, item, now, "BACKEND")
+        failed += streams
         if self.limiter is not None:  # what it held is free: any version may go
             return failed, self._allocate(now)
         return failed, self._dispatch(mv, now)

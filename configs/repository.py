@@ -173,9 +173,21 @@ def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
     if config.platform == ENSEMBLE_PLATFORM:
         validate_io(config)  # no worker completes an ensemble's config: it must be whole
     if config.model_transaction_policy.decoupled:
-        # A decoupled model answers a request with any number of responses; shoal's
-        # workers answer each request once.
-        raise ConfigError(name, f"failed to load '{name}': decoupled models are not supported yet")
+        # A decoupled model answers a request with any number of responses, through the
+        # response senders of Python models (workers/python_backend.py).
+        what = ""
+        if config.backend != PYTHON_BACKEND:
+            what = f"backend '{config.backend or config.platform}'"
+        elif config.dynamic_batching.preserve_ordering:
+            what = "dynamic_batching.preserve_ordering"
+        elif config.HasField("sequence_batching"):
+            what = "sequence_batching"
+        if what:
+            raise ConfigError(
+                name,
+                f"failed to load '{name}': decoupled models are supported for Python models "
+                f"only, without preserve_ordering or sequence batching (this one has {what})",
+            )
     if config.backend == PYTHON_BACKEND and len(config.sequence_batching.state):
         raise ConfigError(
             name,

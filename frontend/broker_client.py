@@ -63,6 +63,42 @@ _CLOSE_LINGER_MS = 200
 T = TypeVar("T", bound=msgspec.Struct)
 
 
+class ResponseStream:
+    """A decoupled model's answers to one request, as they arrive, until its final one.
+    It stands in the pending table where a Future stands for other requests (``done``,
+    ``set_result``, ``set_exception``, ``add_done_callback``)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[m.InferResponse | BaseException] = asyncio.Queue()
+        self._done = False
+        self._callbacks: list[Callable[[ResponseStream], None]] = []
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, resp: msgspec.Struct) -> None:
+        assert isinstance(resp, m.InferResponse)
+        self.queue.put_nowait(resp)
+        if resp.final:
+            self._end()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.queue.put_nowait(exc)
+        self._end()
+
+    def add_done_callback(self, callback: Callable[[ResponseStream], None]) -> None:
+        if self._done:
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+    def _end(self) -> None:
+        self._done = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+
 class BrokerClient:
     def __init__(self, runtime_dir: Path, index: int, summaries: bool = False) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -77,7 +113,7 @@ class BrokerClient:
         # models loaded, reloaded or unloaded (model control): their names
         self.on_models_changed: list[Callable[[list[str]], None]] = []
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[msgspec.Struct]] = {}
+        self._pending: dict[int, asyncio.Future[msgspec.Struct] | ResponseStream] = {}
         self._outbox: list[bytes] = []  # encoded requests of this turn, not sent yet
         self._notes: list[list[bytes]] = []  # one-way notes of this turn (notify), after them
         self._flush_due = False
@@ -145,6 +181,29 @@ class BrokerClient:
         self._pending.pop(req.req_id, None)
         assert isinstance(resp, m.InferResponse)
         return resp
+
+    def open_stream(self, req: m.InferRequest) -> ResponseStream:
+        """Send one request to a decoupled model: its answers arrive on the stream, the
+        last with ``final`` (an error from the broker, or the broker lost, ends it too).
+        The caller must ``close_stream`` it."""
+        if not self.connected:
+            raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
+        stream = self._pending[req.req_id] = ResponseStream()
+        self._queue(m.encode_payload(req))
+        return stream
+
+    def close_stream(
+        self, req_id: int, stream: ResponseStream, on_abandoned: Callable[[], None]
+    ) -> None:
+        """The caller is done with ``stream``. One not ended yet (its client went away)
+        is cancelled: the model may see it and stop; ``on_abandoned`` runs once it ends,
+        as ``infer``'s does."""
+        if stream.done():
+            self._pending.pop(req_id, None)
+            return
+        stream.add_done_callback(lambda _: self._abandoned(req_id, on_abandoned))
+        if self.connected:
+            self._send(m.encode(m.Cancel(req_id)))
 
     def notify(self, msg: msgspec.Struct) -> None:
         """A one-way message to the broker, sent at the end of this turn of the loop after

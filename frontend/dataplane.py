@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -21,7 +22,7 @@ from frontend import client_shm, ensemble
 from frontend.broker_client import BrokerClient
 from frontend.model_handle import ModelHandle, check_byte_size
 from frontend.response_cache import ResponseCache
-from frontend.types import InferenceRequest, InferenceResult, OutputTensor
+from frontend.types import InferenceRequest, InferenceResult, OutputTensor, ResponseError
 from ipc import messages as m
 from ipc.errors import (
     MODEL_CONTROL_DISABLED,
@@ -348,6 +349,12 @@ class DataPlane:
 
     async def infer(self, req: InferenceRequest) -> InferenceResult:
         model = await self.model(req.model, req.version)
+        if model.decoupled:  # (the protocols refuse it first, in Triton's words)
+            raise ServingError(
+                Code.UNSUPPORTED,
+                f"model '{model.name}' is decoupled: it answers through ModelStreamInfer and "
+                "generate_stream only (an ensemble cannot run it here)",
+            )
         if model.is_ensemble:
             return await self._infer_ensemble(model, req)
         started = time.perf_counter_ns()
@@ -367,11 +374,7 @@ class DataPlane:
             if key is not None:
                 msg.cache_miss_ns = lookup
         except ServingError as err:
-            self._free(slots)
-            await self._region_errors_first(req, err)
-            if isinstance(err, RequestError):
-                raise ServingError(err.code, named(err.message, req.id)) from None
-            raise
+            raise await self._refused(req, err, slots) from None
         except BaseException:
             self._free(slots)
             raise
@@ -413,6 +416,72 @@ class DataPlane:
             outputs=outputs,
             release=lambda: self._free(slots, pool),
         )
+
+    async def infer_stream(
+        self, req: InferenceRequest
+    ) -> AsyncIterator[InferenceResult | ResponseError]:
+        """The responses to ``req`` as they come, each an answer of its own: outputs, or
+        an error that ends nothing but itself (raised: what refused the request before
+        it ran). A decoupled model may send any number; the last is the one with the
+        final flag, and the final flag alone yields nothing unless the request asked for
+        it (``triton_enable_empty_final_response``), as an empty response. Each response
+        says whether it is the final one (``triton_final_response``), as Triton's do.
+        Another model's one answer is the final one; an ensemble's errors are raised."""
+        model = await self.model(req.model, req.version)
+        if model.is_ensemble:
+            yield await self._infer_ensemble(model, req)
+            return
+        slots: list[Slot] = []  # its inputs' (a decoupled model's outputs travel inline)
+        try:
+            msg = self._build(req, model, model.batch_size(req), slots)
+        except ServingError as err:
+            raise await self._refused(req, err, slots) from None
+        except BaseException:
+            self._free(slots)
+            raise
+        pool = self.pool
+        try:
+            stream = self.broker.open_stream(msg)
+        except BaseException:
+            self._free(slots, pool)
+            raise
+        empty_final = req.parameters.get("triton_enable_empty_final_response") is True
+        try:
+            while True:
+                resp = await stream.queue.get()
+                if isinstance(resp, BaseException):
+                    raise resp
+                if resp.error is not None:
+                    message = resp.error.message
+                    if resp.error.names_request:
+                        message = named(message, req.id)
+                    yield ResponseError(message, resp.final)
+                elif not resp.empty or empty_final:
+                    yield InferenceResult(
+                        model_name=model.name,
+                        # (the final flag alone names no version, as in Triton 2.51)
+                        model_version="" if resp.empty else str(resp.model_version),
+                        id=req.id,
+                        outputs=self._outputs(resp, slots),  # valid until the next one
+                        parameters={"triton_final_response": resp.final},
+                    )
+                if resp.final:
+                    self.requests_handled += 1
+                    return
+        finally:
+            self.broker.close_stream(msg.req_id, stream, lambda: self._free(slots, pool))
+            if stream.done():
+                self._free(slots, pool)
+
+    async def _refused(
+        self, req: InferenceRequest, err: ServingError, slots: list[Slot]
+    ) -> ServingError:
+        """The error a request refused before it was sent gets (its slots freed)."""
+        self._free(slots)
+        await self._region_errors_first(req, err)
+        if isinstance(err, RequestError):
+            return ServingError(err.code, named(err.message, req.id))
+        return err
 
     async def _infer_ensemble(self, model: ModelHandle, req: InferenceRequest) -> InferenceResult:
         """Run an ensemble's steps (frontend/ensemble.py), once the request passed the
@@ -538,7 +607,8 @@ class DataPlane:
             if classes := classification.get(name, 0):  # a few strings: inline
                 specs.append(m.OutputSpec(name, classification=classes))
                 continue
-            size = model.output_nbytes(name, batch)
+            # (a decoupled model's answers carry their outputs: it may send many)
+            size = None if model.decoupled else model.output_nbytes(name, batch)
             if size is not None and size > m.INLINE_MAX_BYTES:
                 slot = self._alloc(size)
                 slots.append(slot)

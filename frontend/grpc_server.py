@@ -30,8 +30,10 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from frontend import grpc_codec, log_settings, restricted
 from frontend.dataplane import DataPlane
+from frontend.grpc_codec import set_param
+from frontend.types import ResponseError
 from ipc import logs
-from ipc.errors import GRPC_STATUS, ServingError
+from ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
 from shoal.flags import GrpcTls
 
 log = logging.getLogger("shoal.frontend.grpc")
@@ -178,6 +180,10 @@ class LateAnswerLogFilter(logging.Filter):
 
 
 logging.getLogger("grpc._cython.cygrpc").addFilter(LateAnswerLogFilter())
+
+
+#: A stream's answer: a response to send (or None), and whether it is its request's last.
+_Answer = tuple[pb.ModelStreamInferResponse | None, bool]
 
 
 def _stream_error(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
@@ -366,7 +372,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         # The model first, as Triton looks it up before reading the request's tensors.
-        await self.dp.model(request.model_name, request.model_version)
+        model = await self.dp.model(request.model_name, request.model_version)
+        if model.decoupled:
+            raise ServingError(Code.UNSUPPORTED, DECOUPLED_UNARY)
         result = await self.dp.infer(grpc_codec.decode_infer_request(request))
         try:
             return grpc_codec.encode_infer_response(result)
@@ -380,6 +388,31 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         except Exception as exc:
             return _stream_error(request, exc)
 
+    async def _stream_decoupled(
+        self, request: pb.ModelInferRequest, answers: asyncio.Queue[_Answer | None]
+    ) -> None:
+        """One request of a stream to a decoupled model: each of its responses goes out
+        as it comes (an error among them too); the last one releases its window place."""
+        try:
+            async for r in self.dp.infer_stream(grpc_codec.decode_infer_request(request)):
+                if isinstance(r, ResponseError):  # the model's: it names the model too
+                    failed = pb.ModelInferResponse(id=request.id, model_name=request.model_name)
+                    set_param(failed.parameters["triton_final_response"], r.final)
+                    error = pb.ModelStreamInferResponse(
+                        error_message=r.message, infer_response=failed
+                    )
+                    answers.put_nowait((error, False))
+                    continue
+                try:
+                    encoded = grpc_codec.encode_infer_response(r)
+                finally:
+                    r.release()
+                answers.put_nowait((pb.ModelStreamInferResponse(infer_response=encoded), False))
+        except Exception as exc:
+            answers.put_nowait((_stream_error(request, exc), True))
+            return
+        answers.put_nowait((None, True))
+
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
@@ -387,7 +420,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         Triton's stream sends them (clients match them by id): a model that hangs holds
         back its own answers only. At most STREAM_WINDOW requests are running or answered
         but not yet sent; past that, reading pauses."""
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        # (a response to send, or None; whether its request is done with) ... None: the end
+        answers: asyncio.Queue[_Answer | None] = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_WINDOW)
         running: set[asyncio.Task[None]] = set()
         unparsable: list[_Unparsable] = []
@@ -403,9 +437,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             been handed over (``before``), and says so (``handed``) just before its own
             hand-over, which does not wait. A warm stream waits for nothing."""
             failed: Exception | None = None
+            decoupled = False
             try:
                 try:
-                    await self.dp.model(request.model_name, request.model_version)
+                    model = await self.dp.model(request.model_name, request.model_version)
+                    decoupled = model.decoupled
                 except Exception as exc:  # the request's answer, in its turn
                     failed = exc
                 if before is not None:
@@ -413,9 +449,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             finally:
                 handed.set()  # also when cancelled: the next ones must not wait for it
             if failed is not None:
-                answers.put_nowait(_stream_error(request, failed))
+                answers.put_nowait((_stream_error(request, failed), True))
+            elif decoupled:
+                await self._stream_decoupled(request, answers)
             else:
-                answers.put_nowait(await self._stream_one(request))
+                answers.put_nowait((await self._stream_one(request), True))
 
         async def read() -> None:
             before: asyncio.Event | None = None
@@ -437,9 +475,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
         reader = asyncio.create_task(read())
         try:
-            while (response := await answers.get()) is not None:
-                yield response
-                window.release()
+            while (next_answer := await answers.get()) is not None:
+                response, last = next_answer
+                if response is not None:
+                    yield response
+                if last:
+                    window.release()
             if unparsable:
                 unparsable[0].log()
                 await context.abort(grpc.StatusCode.INTERNAL, UNPARSABLE_MESSAGE)

@@ -25,11 +25,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
-from frontend import http_codec, http_shm, log_settings, restricted
+from frontend import generate, http_codec, http_shm, log_settings, restricted
 from frontend.dataplane import DataPlane
 from frontend.http_raw_input import RawInputMeta
+from frontend.types import InferenceRequest, InferenceResult, ResponseError
 from ipc import logs
-from ipc.errors import Code, ServingError, invalid_arg
+from ipc.errors import DECOUPLED_HTTP, Code, ServingError, invalid_arg
 
 log = logging.getLogger("shoal.frontend.http")
 # aiohttp's connection handlers log here instead of "aiohttp.server" (see build_app).
@@ -266,7 +267,8 @@ async def infer(request: web.Request) -> web.Response:
     # The model first, as Triton creates the request for it before reading the body: an
     # unknown model is the answer to any body sent to it (and the raw form needs the
     # model's single input).
-    await dp.model(name, version)
+    if (await dp.model(name, version)).decoupled:
+        raise ServingError(Code.UNSUPPORTED, DECOUPLED_HTTP)
     req, options = http_codec.decode_infer_request(
         body, header_length, name, version, raw_input_meta=raw_meta
     )
@@ -284,6 +286,72 @@ async def infer(request: web.Request) -> web.Response:
     if "Accept-Encoding" in request.headers:
         resp.enable_compression()
     return resp
+
+
+async def _generate_request(request: web.Request) -> InferenceRequest:
+    dp = _dp(request)
+    name, version = _model_args(request)
+    body = await _read_body(request)
+    model = await dp.model(name, version)
+    doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+    return generate.decode_request(doc, model, version)
+
+
+async def generate_one(request: web.Request) -> web.Response:
+    """Triton's generate extension: one response as one JSON object. A model error is
+    400; a decoupled model that sends no response or several answers 200 with an error,
+    as Triton 2.51 does (its headers have gone out by then)."""
+    req = await _generate_request(request)
+    answers: list[bytes | ResponseError] = []
+    async for r in _dp(request).infer_stream(req):
+        if isinstance(r, ResponseError):
+            answers.append(r)
+            continue
+        try:
+            answers.append(generate.encode_response(r))
+        finally:
+            r.release()
+    if answers and isinstance(answers[0], ResponseError):
+        return _error(answers[0].message, 400)
+    if len(answers) != 1:
+        return _error(generate.ONE_RESPONSE, 200)
+    body = answers[0]
+    assert isinstance(body, bytes)
+    return web.Response(body=body, content_type=_JSON)
+
+
+async def generate_stream(request: web.Request) -> web.StreamResponse:
+    """Triton's generate extension as server-sent events: ``data: <JSON>`` per response
+    as it comes (a model error too: 400 if it is the first, else one more event). What
+    refuses the request before it runs is a plain JSON error."""
+    req = await _generate_request(request)
+    answers = _dp(request).infer_stream(req).__aiter__()
+    try:
+        first = await anext(answers, None)
+        resp = web.StreamResponse(status=400 if isinstance(first, ResponseError) else 200)
+        resp.content_type = "text/event-stream"
+        resp.charset = "utf-8"
+        await resp.prepare(request)
+        item = first
+        while item is not None:
+            await resp.write(b"data: " + _event(item) + b"\n\n")
+            try:
+                item = await anext(answers, None)
+            except ServingError as exc:  # the server lost its broker: the last event
+                item = ResponseError(exc.message, True)
+        await resp.write_eof()
+        return resp
+    finally:
+        await answers.aclose()  # type: ignore[attr-defined]
+
+
+def _event(item: InferenceResult | ResponseError) -> bytes:
+    if isinstance(item, ResponseError):
+        return generate.encode_error(item.message)
+    try:
+        return generate.encode_response(item)
+    finally:
+        item.release()
 
 
 async def model_stats(request: web.Request) -> web.Response:
@@ -450,6 +518,8 @@ def build_app(
     # (the hot path) and ready (the probes) first.
     for base in (model, versioned):
         r.add_post(base + "/infer", infer)
+        r.add_post(base + "/generate", generate_one)
+        r.add_post(base + "/generate_stream", generate_stream)
         r.add_get(base + "/ready", model_ready)
         r.add_get(base + "/stats", model_stats)
         r.add_get(base, model_metadata)

@@ -67,6 +67,8 @@ class ModelHandle:
         self.response_cache = cfg.response_cache.enable  # if the server has a cache
         self.is_ensemble = cfg.platform == "ensemble"  # the frontend runs its steps
         self.is_python = cfg.backend == "python"  # its model reads the request's id, params
+        # any number of answers per request, through streams only (ModelStreamInfer)
+        self.decoupled = cfg.model_transaction_policy.decoupled
         self.config_json = config_to_json(cfg)
         self.metadata = model_metadata(cfg, versions)
 

@@ -57,6 +57,15 @@ def _no_release() -> None:
 
 
 @dataclass(slots=True)
+class ResponseError:
+    """An error a model sent as one of its responses: a decoupled model's may be
+    followed by more responses (``final`` says whether it is the last)."""
+
+    message: str
+    final: bool
+
+
+@dataclass(slots=True)
 class InferenceResult:
     """Outputs of one request. ``data`` views may point into server shared memory:
     call ``release()`` once the bytes have been consumed (after which they are invalid)."""

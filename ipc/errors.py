@@ -85,6 +85,11 @@ UNKNOWN_MODEL: Final = "Request for unknown model: "
 MODEL_CONTROL_DISABLED: Final = "explicit model load / unload is not allowed if polling is enabled"
 
 
+# A decoupled model called where one answer is all a call can carry: Triton 2.51's words.
+DECOUPLED_UNARY: Final = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+DECOUPLED_HTTP: Final = "HTTP end point doesn't support models with decoupled transaction policy"
+
+
 def unknown_model(name: str) -> ServingError:
     """NOT_FOUND (HTTP 404), as Triton 2.51 answers it over both protocols (checked
     against the real server side by side)."""

@@ -87,6 +87,10 @@ class InferResponse(msgspec.Struct, array_like=True):
     outputs: list[TensorRef] = []
     error: ErrorInfo | None = None
     model_version: int = 0
+    # A decoupled model answers a request with any number of responses: each but the last
+    # says final=False; the last (final=True) may carry no outputs, only the end.
+    final: bool = True
+    empty: bool = False  # the final flag alone: no response of the model's
 
 
 # A tensor in a client-registered region is referenced as "shm:<region name>" by the
@@ -144,6 +148,16 @@ class BatchDone(msgspec.Struct, array_like=True):
     # of those, the ones refused as malformed before anything ran (BYTES in a client
     # region): Triton refuses these before its scheduler, so they count in no statistic
     refused: list[int] = []
+    # a decoupled model's requests whose final response has not gone out yet: the
+    # instance answers them later, and reports each (StreamsEnded) when it has
+    open: list[int] = []
+
+
+class StreamsEnded(msgspec.Struct, array_like=True):
+    """Worker -> broker: these requests, reported open in their BatchDone, got their
+    final response (frontend, req_id)."""
+
+    keys: list[tuple[bytes, int]]
 
 
 class WorkerHello(msgspec.Struct, array_like=True):
@@ -309,9 +323,12 @@ class EnsembleDone(msgspec.Struct, array_like=True):
 class Cancel(msgspec.Struct, array_like=True):
     """Frontend -> broker: the client gave up on this request (a gRPC deadline or cancel).
     If it is still queued the broker drops it and answers CANCELLED, which frees what the
-    frontend holds for it; once it runs, the worker's answer does that."""
+    frontend holds for it; once it runs, the worker's answer does that. Broker -> worker,
+    with ``frontend``: a decoupled model's request it runs or still answers was cancelled
+    (the model's ``is_cancelled()`` says so from then on)."""
 
     req_id: int
+    frontend: bytes = b""
 
 
 class Unconfirmed(msgspec.Struct, array_like=True):
@@ -584,6 +601,7 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     LauncherHello: b"a",
     StartWorkers: b"A",
     GenerationsGone: b"O",
+    StreamsEnded: b"E",
 }
 RESULT: Final[bytes] = b"r"
 

@@ -7,15 +7,19 @@ TritonModelException, the by-name getters, the type converters, the request flag
 Logger (into the worker's log). Tensors live in the worker's memory as numpy arrays:
 BYTES as object arrays of ``bytes``, as Triton's Python backend gives them.
 
-Not here: business logic scripting (a model's own ``InferenceRequest(...).exec()`` to
-another model), decoupled response senders, DLPack and GPU tensors; those raise
+A decoupled model's requests carry response senders (``get_response_sender()``): the
+worker gives each request one (``InferenceResponseSender``) that sends each response as it
+is given, from any thread. Not here: business logic scripting (a model's own
+``InferenceRequest(...).exec()`` to another model), DLPack and GPU tensors; those raise
 TritonModelException saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -131,8 +135,10 @@ class InferenceRequest:
         flags: int = 0,
         parameters: dict[str, Any] | None = None,
         model_name: str = "",
+        sender: InferenceResponseSender | None = None,
         **_: Any,
     ) -> None:
+        self._sender = sender
         self._inputs = list(inputs or [])
         self._outputs = list(requested_output_names or [])
         self._id = request_id
@@ -163,10 +169,15 @@ class InferenceRequest:
         return self._model_name
 
     def is_cancelled(self) -> bool:
-        return False
+        return self._sender is not None and self._sender.is_cancelled()
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException("decoupled models are not supported by this server")
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "Unable to get response sender: the model does not use the decoupled "
+                "transaction policy"
+            )
+        return self._sender
 
     def exec(self, *args: Any, **kwargs: Any) -> Any:
         raise TritonModelException(
@@ -207,6 +218,65 @@ class InferenceResponse:
 
     def error(self) -> TritonError | None:
         return self._error
+
+
+class InferenceResponseSender:
+    """A decoupled model's way to answer one request: any number of responses, then the
+    final flag (with the last response or alone), from any thread, during ``execute`` or
+    after it returned. ``deliver(response, final)`` is the worker's; ``cancelled()``
+    whether the request's client gave up."""
+
+    def __init__(
+        self,
+        deliver: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._deliver = deliver
+        self._cancelled = cancelled
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is not "
+                "equal to TRITONSERVER_RESPONSE_COMPLETE_FINAL"
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send expects an InferenceResponse, not {type(response).__name__}"
+            )
+        if final:
+            self._closed = True
+        self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+    @property
+    def closed(self) -> bool:
+        """The final flag went out."""
+        return self._closed
+
+    def close(self) -> None:
+        """The final flag, if it has not gone out yet (the worker's, not the model's)."""
+        if not self._closed:
+            self._closed = True
+            self._deliver(None, True)
+
+    def __del__(self) -> None:
+        # A request the model let go of without its final flag would keep its client
+        # waiting for ever: it ends here, with the flag alone.
+        if not self._closed:
+            _log.warning("a response sender was dropped before its final flag: request ended")
+            with contextlib.suppress(Exception):  # the worker is stopping: no one to tell
+                self.close()
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

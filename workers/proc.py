@@ -15,7 +15,9 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +43,10 @@ from ipc.errors import Code, ServingError
 from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, settle_gc
 from ipc.shm import RegionMap
 from workers import backend as backends
-from workers import classification, warmup
+from workers import classification, pb_utils, warmup
 from workers.batch_io import BatchAssembler
 from workers.cuda_regions import CudaRegions
+from workers.python_backend import error_code
 from workers.sequence_io import SequenceIO
 from workers.tensors import (
     OutputTooLarge,
@@ -67,6 +70,7 @@ _FAILED_REPORT_WAIT_S = 10.0
 # the welcome carries the server's log settings, which the load's own lines should obey.
 _WELCOME_BEFORE_LOAD_S = 0.5
 _CLOSE_LINGER_MS = 1000  # how long unsent answers may hold a stopping worker
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 @dataclass
@@ -86,6 +90,15 @@ class WorkerSettings:
     generation: int = 0  # the load it belongs to (model control)
     config_override: Path | None = None  # a load's JSON config, replacing config.pbtxt
     fault: str = ""  # SHOAL_TEST_FAULT's action, for tests only (see workers/__main__.py)
+
+
+@dataclass
+class _Stream:
+    """A decoupled model's request, from its batch until its final response."""
+
+    item: m.WorkItem
+    reported_open: bool = False  # its BatchDone named it open: StreamsEnded names its end
+    cancelled: bool = False  # its client gave up (the broker said so)
 
 
 class WorkerProc:
@@ -111,6 +124,16 @@ class WorkerProc:
         self.result_socks: dict[bytes, zmq.Socket[bytes]] = {}
         self.cuda = CudaRegions(settings.gpu)
         self.retired = False  # told to stop for good: its model was unloaded or replaced
+        # A decoupled model answers from its own threads too: what they touch (the result
+        # sockets, the mappings, the streams) is the main loop's only while it holds this
+        # lock, which it lets go while the model's code runs. The broker socket stays the
+        # main loop's alone: ended streams wait in _ended and the eventfd wakes the loop.
+        self.io_lock = threading.RLock()
+        self.streams: dict[tuple[bytes, int], _Stream] = {}
+        self._ended: list[tuple[bytes, int]] = []
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._welcomed = False
+        self._last_hello = self._last_sweep = 0.0
 
     # -- startup ---------------------------------------------------------------------
 
@@ -286,30 +309,50 @@ class WorkerProc:
         settle_gc()
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._wake, zmq.POLLIN)
         if broker_pid is not None:
             self._watch_broker(broker_pid, poller)
-        welcomed = self.broker_pidfd is not None
-        last_hello = last_sweep = time.monotonic()
+        self._welcomed = self.broker_pidfd is not None
+        self._last_hello = self._last_sweep = time.monotonic()
         while not self.stop:
             events = dict(poller.poll(500))
-            if time.monotonic() - last_sweep > _SWEEP_MAPPINGS_S:
-                # Growth slabs a frontend unlinked: let their pages go (busy or not: a
-                # steady trickle of requests must not keep them mapped for ever).
-                self.regions.drop_unlinked()
-                self._forget_exited_frontends()
-                last_sweep = time.monotonic()
-            if self.broker_pidfd is not None and self.broker_pidfd in events:
-                self._broker_lost(poller)
-                welcomed = False
-            if self.sock in events:
-                if self._drain(poller) == "shutdown":
-                    break
-                welcomed = welcomed or self.broker_pidfd is not None
-            if not welcomed and time.monotonic() - last_hello > _HELLO_RETRY_S:
-                self._hello()
-                self.sock.send_multipart(m.encode(m.WorkerReady(self.config_bytes, self.s.cores)))
-                last_hello = time.monotonic()
+            with self.io_lock:
+                try:
+                    if self._turn(poller, events) == "shutdown":
+                        break
+                finally:
+                    self._report_ended()  # also those that ended while the model ran
         return EXIT_RETIRED if self.retired else 0
+
+    def _turn(self, poller: zmq.Poller, events: dict[Any, int]) -> str:
+        """One turn of the loop over what the poll found (``io_lock`` held)."""
+        if self._wake in events:
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self._wake)
+        if time.monotonic() - self._last_sweep > _SWEEP_MAPPINGS_S:
+            # Growth slabs a frontend unlinked: let their pages go (busy or not: a
+            # steady trickle of requests must not keep them mapped for ever).
+            self.regions.drop_unlinked()
+            self._forget_exited_frontends()
+            self._last_sweep = time.monotonic()
+        if self.broker_pidfd is not None and self.broker_pidfd in events:
+            self._broker_lost(poller)
+            self._welcomed = False
+        if self.sock in events:
+            if self._drain(poller) == "shutdown":
+                return "shutdown"
+            self._welcomed = self._welcomed or self.broker_pidfd is not None
+        if not self._welcomed and time.monotonic() - self._last_hello > _HELLO_RETRY_S:
+            self._hello()
+            self.sock.send_multipart(m.encode(m.WorkerReady(self.config_bytes, self.s.cores)))
+            self._last_hello = time.monotonic()
+        return ""
+
+    def _report_ended(self) -> None:
+        """Tell the broker which open streams got their final response."""
+        if self._ended:
+            keys, self._ended = self._ended, []
+            self.sock.send_multipart(m.encode(m.StreamsEnded(keys)))
 
     def _drain(self, poller: zmq.Poller) -> str:
         while True:
@@ -335,6 +378,10 @@ class WorkerProc:
                 self.cuda.release(msg.reg_ids)
             elif isinstance(msg, m.FrontendGone):
                 self._forget_frontend(msg.frontend)
+            elif isinstance(msg, m.Cancel):
+                stream = self.streams.get((msg.frontend, msg.req_id))
+                if stream is not None:
+                    stream.cancelled = True
             elif isinstance(msg, m.Shutdown):
                 log.info("stopping: %s", msg.reason or "asked to")
                 self.retired = msg.retire
@@ -355,7 +402,11 @@ class WorkerProc:
                 self._forget_frontend(frontend)
 
     def _forget_frontend(self, frontend: bytes) -> None:
-        """Its result socket and its slabs' mappings go, so their memory can be freed."""
+        """Its result socket and its slabs' mappings go, so their memory can be freed;
+        its requests a decoupled model still answers are cancelled."""
+        for stream in self.streams.values():
+            if stream.item.frontend == frontend:
+                stream.cancelled = True
         dead = self.result_socks.pop(frontend, None)
         if dead is not None:
             dead.close(0)
@@ -424,7 +475,11 @@ class WorkerProc:
         t1 = t2 = t0
         samples = 0
         seq = self.sequence
-        if live and getattr(self.backend, "per_request", False):  # a Python model
+        still_open: list[int] = []
+        if live and getattr(self.backend, "decoupled", False):
+            t1, t2, samples = self._execute_decoupled(live, failed, still_open)
+            live = []
+        elif live and getattr(self.backend, "per_request", False):  # a Python model
             t1, t2, samples = self._execute_requests(live, failed, answers)
             live = []
         if live:
@@ -473,7 +528,9 @@ class WorkerProc:
                         failed.append(pos)
                     answers.append((it, resp))
         t3 = time.perf_counter_ns()
-        done = m.BatchDone(batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed, refused)
+        done = m.BatchDone(
+            batch.batch_id, samples, t1 - t0, t2 - t1, t3 - t2, failed, refused, still_open
+        )
         if self.s.fault == "die-after-report":
             self._die_after_report(done)
         # The report goes before the answers sent straight to frontends, so that a client
@@ -536,6 +593,104 @@ class WorkerProc:
             answers.append((it, resp))
         sizes = [max(it.request.batch_size, 1) for _, it, _ in live]
         return t1, t2, sum(sizes) if self.max_batch_size > 0 else len(live)
+
+    def _execute_decoupled(
+        self,
+        live: list[tuple[int, m.WorkItem, dict[str, np.ndarray]]],
+        failed: list[int],
+        still_open: list[int],
+    ) -> tuple[int, int, int]:
+        """A decoupled Python model's batch: each request answers through its response
+        sender, now or later, from any thread (``_deliver``). ``still_open`` gets the
+        positions whose final response has not gone out when ``execute`` returns; the
+        broker holds them open until StreamsEnded. An ``execute`` that fails ends each
+        request not ended yet with the error (those count as failed). Returns as
+        ``_execute_requests``."""
+        backend: Any = self.backend
+        senders = [self._sender(it) for _, it, _ in live]
+        t1 = time.perf_counter_ns()
+        try:
+            requests = backend.requests([(it.request, tensors) for _, it, tensors in live], senders)
+            t1 = time.perf_counter_ns()
+            with self._unlocked():  # the model's threads may answer meanwhile
+                failure = backend.execute_decoupled(requests)
+        except Exception as exc:  # the model's fault, never the worker's end
+            log.exception("model '%s': requests could not be run", self.s.model)
+            failure = f"{type(exc).__name__}: {exc}"
+        t2 = time.perf_counter_ns()
+        # A request whose sender the model kept no reference to ends when ``senders``
+        # goes, after the report (pb_utils.InferenceResponseSender.__del__).
+        requests = []
+        if failure is not None:
+            log.error("%s", failure)
+        for (pos, it, _), sender in zip(live, senders, strict=True):
+            if failure is not None and not sender.closed:
+                failed.append(pos)
+                error = pb_utils.TritonError(failure)
+                sender.send(pb_utils.InferenceResponse(error=error), _FINAL)
+            stream = self.streams.get((it.frontend, it.request.req_id))
+            if stream is not None:
+                stream.reported_open = True
+                still_open.append(pos)
+        sizes = [max(it.request.batch_size, 1) for _, it, _ in live]
+        return t1, t2, sum(sizes) if self.max_batch_size > 0 else len(live)
+
+    def _sender(self, item: m.WorkItem) -> pb_utils.InferenceResponseSender:
+        stream = self.streams[(item.frontend, item.request.req_id)] = _Stream(item)
+
+        def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+            self._deliver(stream, response, final)
+
+        return pb_utils.InferenceResponseSender(deliver, lambda: stream.cancelled)
+
+    def _deliver(self, stream: _Stream, response: Any, final: bool) -> None:
+        """One response of a decoupled model's request (``response`` None: the final
+        flag alone), sent to its frontend at once, from whichever thread the model
+        sends it. Its outputs travel inline, or into the client's region: a frontend's
+        slot holds one response, and this request may have many."""
+        item = stream.item
+        req_id, version = item.request.req_id, self.s.version
+        with self.io_lock:
+            if self.streams.get((item.frontend, req_id)) is not stream:
+                return  # ended already: the instance is stopping (_end_open_streams)
+            if response is None:
+                resp = m.InferResponse(req_id, [], None, version, final=True, empty=True)
+            elif response.has_error():
+                err = response.error()
+                code = error_code(err.code())
+                resp = m.InferResponse(req_id, [], m.ErrorInfo(int(code), err.message()), version)
+                resp.final = final
+            else:
+                resp = self._stream_result(item, response, final)
+            self._answer_frontend(item.frontend, [m.encode_payload(resp)])
+            if final:
+                key = (item.frontend, req_id)
+                self.streams.pop(key, None)
+                if stream.reported_open:
+                    self._ended.append(key)
+                    os.eventfd_write(self._wake, 1)
+
+    def _stream_result(self, item: m.WorkItem, response: Any, final: bool) -> m.InferResponse:
+        """A decoupled response: the outputs the request asked for that the model gave,
+        inline or into the client's region."""
+        given = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        specs = [
+            s if s.region.startswith(m.CLIENT_REGION) else _inline(s)
+            for s in item.request.outputs
+            if s.name in given
+        ]
+        resp = self._result(item, given, specs)
+        resp.final = final
+        return resp
+
+    @contextlib.contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """Let go of ``io_lock`` (held once, by the loop) while the model's code runs."""
+        self.io_lock.release()
+        try:
+            yield
+        finally:
+            self.io_lock.acquire()
 
     def _model_outputs(
         self, item: m.WorkItem, outs: dict[str, Any]
@@ -619,12 +774,18 @@ class WorkerProc:
                 taken.append((where, start, end))
         return out or None
 
-    def _result(self, item: m.WorkItem, outs: dict[str, np.ndarray]) -> m.InferResponse:
-        """Write the request's outputs where it asked; its answer (or why not)."""
+    def _result(
+        self,
+        item: m.WorkItem,
+        outs: dict[str, np.ndarray],
+        specs: list[m.OutputSpec] | None = None,
+    ) -> m.InferResponse:
+        """Write the request's outputs (``specs``, if not those it asked for) where it
+        asked; its answer (or why not)."""
         refs = []
         clients = {c.reg_id: c for c in item.regions}
         try:
-            for spec in item.request.outputs:
+            for spec in item.request.outputs if specs is None else specs:
                 dtype = self.output_types.get(spec.name, "")
                 arr = outs[spec.name]
                 if spec.classification > 0:
@@ -669,15 +830,33 @@ class WorkerProc:
             log.warning("frontend %r is not reading; %d result(s) dropped", frontend, len(payloads))
 
     def close(self) -> None:
-        self.cuda.close()
-        # The last answers leave first (an instance stopped over its memory limit has
-        # just answered its batch); a frontend gone takes at most this long to give up.
-        for sock in self.result_socks.values():
-            sock.close(_CLOSE_LINGER_MS)
+        # finalize() first: a decoupled model's threads may still answer until it
+        # returns (Triton's examples wait for them there). Requests still open after it
+        # end with an error: nothing will answer them.
         if self.backend is not None:
             self.backend.unload()
-        self.regions.close()
-        self.sock.close(_CLOSE_LINGER_MS)
+        with self.io_lock:
+            self._end_open_streams()
+            self.cuda.close()
+            # The last answers leave first (an instance stopped over its memory limit has
+            # just answered its batch); a frontend gone takes at most this long to give up.
+            for sock in self.result_socks.values():
+                sock.close(_CLOSE_LINGER_MS)
+            self.result_socks.clear()
+            self.regions.close()
+            self.sock.close(_CLOSE_LINGER_MS)
+        os.close(self._wake)
+
+    def _end_open_streams(self) -> None:
+        for key, stream in list(self.streams.items()):
+            self.streams.pop(key, None)
+            error = m.ErrorInfo(
+                int(Code.UNAVAILABLE),
+                f"Failed to process the request(s) for model instance '{self.s.instance_name}',"
+                " message: the instance stopped before the model sent the final response",
+            )
+            resp = m.InferResponse(key[1], [], error, self.s.version)
+            self._answer_frontend(stream.item.frontend, [m.encode_payload(resp)])
 
 
 def _error(
@@ -685,6 +864,10 @@ def _error(
 ) -> m.InferResponse:
     error = m.ErrorInfo(int(code), message, names_request)
     return m.InferResponse(item.request.req_id, [], error)
+
+
+def _inline(spec: m.OutputSpec) -> m.OutputSpec:
+    return m.OutputSpec(spec.name, classification=spec.classification)
 
 
 def _thread_count(config: ModelConfig, backend: str, cores: list[int]) -> int:

@@ -15,9 +15,12 @@ As Triton's Python backend:
   fails its request alone; an exception, or a list of the wrong length, fails them all.
 * ``import triton_python_backend_utils as pb_utils`` is shoal's own (workers/pb_utils.py).
 * The config lists the model's inputs and outputs (there is no file to read them from).
+* A decoupled model (``model_transaction_policy { decoupled: true }``) answers through
+  each request's response sender, any number of times, and its ``execute`` returns None
+  (``execute_decoupled``). The worker gives the senders (workers/proc.py).
 
-Not here: ``auto_complete_config``, decoupled models, business logic scripting, and
-custom execution environments (the model runs in the server's Python).
+Not here: ``auto_complete_config``, business logic scripting, and custom execution
+environments (the model runs in the server's Python).
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ _CODES = {
 }
 
 
+def error_code(code: int) -> Code:
+    """A pb_utils.TritonError's code as the server's."""
+    return _CODES.get(code, Code.INTERNAL)
+
+
 def _flags(req: m.InferRequest) -> int:
     flags = 0
     if req.sequence_start:
@@ -70,6 +78,7 @@ class PythonBackend:
         self.model: Any = None
         self.name = ""
         self.instance_name = ""
+        self.decoupled = False  # its config's model_transaction_policy
 
     def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
         """Import ``model.py`` and run ``initialize(args)``. ``instance_name`` is set by
@@ -77,6 +86,7 @@ class PythonBackend:
         if not model_file.is_file():
             raise FileNotFoundError(f"{model_file} not found")
         self.name = config.name
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
         # What a model imports, and where it finds its own files, as Triton's stub: the
         # version folder and the model's folder on sys.path, the module as "<version>.model".
         sys.modules["triton_python_backend_utils"] = pb_utils
@@ -117,17 +127,30 @@ class PythonBackend:
         outputs: list[str],
         destinations: Mapping[str, np.ndarray] | None = None,
     ) -> list[np.ndarray]:
-        """One request (warmup runs these): its outputs in order."""
-        req = pb_utils.InferenceRequest(
-            [pb_utils.Tensor(n, a) for n, a in inputs.items()], list(outputs)
-        )
+        """One request (warmup runs these): its outputs in order. A decoupled model's
+        responses are dropped (it answers when it will); only its failure counts."""
+        tensors = [pb_utils.Tensor(n, a) for n, a in inputs.items()]
+        if self.decoupled:
+            sender = pb_utils.InferenceResponseSender(lambda response, final: None)
+            failure = self.execute_decoupled(
+                [pb_utils.InferenceRequest(tensors, list(outputs), sender=sender)]
+            )
+            if failure is not None:
+                raise ServingError(Code.INTERNAL, failure)
+            return []
+        req = pb_utils.InferenceRequest(tensors, list(outputs))
         (result,) = self.execute_requests([req])
         if isinstance(result, ServingError):
             raise result
         return [result[name] for name in outputs]
 
-    def requests(self, items: list[tuple[m.InferRequest, dict[str, Any]]]) -> list[Any]:
-        """pb_utils requests for a batch's (request, its tensors by name)."""
+    def requests(
+        self,
+        items: list[tuple[m.InferRequest, dict[str, Any]]],
+        senders: list[pb_utils.InferenceResponseSender] | None = None,
+    ) -> list[Any]:
+        """pb_utils requests for a batch's (request, its tensors by name); a decoupled
+        model's with their response senders."""
         # Each model gets its own copy of its inputs, as in Triton: they are views of
         # shared memory (a client's region, the frontend's slab), or read-only bytes.
         return [
@@ -139,9 +162,32 @@ class PythonBackend:
                 flags=_flags(req),
                 parameters=dict(req.parameters),
                 model_name=req.model,
+                sender=senders[i] if senders is not None else None,
             )
-            for req, tensors in items
+            for i, (req, tensors) in enumerate(items)
         ]
+
+    def execute_decoupled(self, requests: list[Any]) -> str | None:
+        """A decoupled model's ``execute``: its responses go through the requests'
+        senders. Returns why the whole batch failed (an exception, a return value other
+        than None), or None."""
+        try:
+            returned = self.model.execute(requests)
+            if inspect.iscoroutine(returned):
+                returned = asyncio.run(returned)
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+        else:
+            if returned is None:
+                return None
+            message = (
+                f"Python model '{self.instance_name}' is using the decoupled mode and the "
+                "execute function must return None."
+            )
+        # Triton 2.51's words (it names the instance as the model, here)
+        return (
+            f"Failed to process the request(s) for model '{self.instance_name}', message: {message}"
+        )
 
     def execute_requests(self, requests: list[Any]) -> list[dict[str, np.ndarray] | ServingError]:
         """``TritonPythonModel.execute``: each request's outputs by name, or its error."""
@@ -174,7 +220,7 @@ class PythonBackend:
         for resp in responses:
             err = resp.error()
             if err is not None:
-                out.append(ServingError(_CODES.get(err.code(), Code.INTERNAL), err.message()))
+                out.append(ServingError(error_code(err.code()), err.message()))
                 continue
             out.append({t.name(): t.as_numpy() for t in resp.output_tensors()})
         return out

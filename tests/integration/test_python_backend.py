@@ -215,7 +215,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         _config("params", _io("INPUT0"), _io("ARGS", "TYPE_STRING", "1"), mbs=0),
     )
     _write(repo, "sloppy", MODELS["sloppy"], _config("sloppy", _io("INPUT0"), _io("OUTPUT0")))
-    decoupled = "model_transaction_policy { decoupled: true }"
+    decoupled = "model_transaction_policy { decoupled: true }\n" + (
+        "dynamic_batching { preserve_ordering: true }"
+    )
     _write(
         repo,
         "decoupled",
@@ -402,7 +404,14 @@ def test_a_models_mistakes_are_its_own(server: ShoalServer, kind: float, message
     assert server.model_version("sloppy")["state"] == "READY"
 
 
-def test_a_decoupled_model_is_refused_at_load(server: ShoalServer) -> None:
+def test_a_decoupled_model_that_preserves_ordering_is_refused_at_load(
+    server: ShoalServer,
+) -> None:
+    """(Decoupled models themselves are served: tests/integration/test_decoupled.py.)"""
     state = server.model_version("decoupled")
     assert state["state"] == "UNAVAILABLE"
-    assert state["reason"] == "failed to load 'decoupled': decoupled models are not supported yet"
+    assert state["reason"] == (
+        "failed to load 'decoupled': decoupled models are supported for Python models only, "
+        "without preserve_ordering or sequence batching (this one has "
+        "dynamic_batching.preserve_ordering)"
+    )

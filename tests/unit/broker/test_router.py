@@ -669,3 +669,37 @@ def test_a_retired_busy_instance_does_not_come_back_with_its_report() -> None:
     router.submit(mv, _item(2), 0.0)
     failed, dispatches = router.instance_lost(a, 1.0)
     assert [it.request.req_id for it in failed] == [2] and dispatches == []
+
+
+def test_a_decoupled_models_open_requests_outlive_their_batch_until_they_end() -> None:
+    """A batch reported done with open requests (a decoupled model still answers them):
+    the instance takes the next batch at once; the open ones are not unconfirmed answers
+    but its streams, which the model's end (StreamsEnded) or the instance's death closes,
+    counted once, as successes when their batch returned."""
+    table, router, a, mv = _lone_ready()
+    router.submit(mv, _item(1), 0.0)
+    assert a.in_flight is not None
+    router.batch_done(a, m.BatchDone(a.in_flight.batch_id, 1, open=[0]), 1.0)
+    assert list(a.streams) == [(b"f0", 1)]
+    assert router.running(b"f0", 1) is a  # a cancel goes to the instance that answers it
+    router.submit(mv, _item(2), 1.0)  # the instance is free for the next batch
+    assert a.in_flight is not None and a.in_flight.items[0].request.req_id == 2
+    router.batch_done(a, m.BatchDone(a.in_flight.batch_id, 1, open=[0]), 1.5)
+    assert router.unconfirmed(a, 1.6) == {}  # nothing answered whole: both still open
+    ended = router.streams_ended(a, [(b"f0", 1), (b"f9", 5)])  # an unknown key: ignored
+    assert [it.request.req_id for it in ended] == [1]
+    assert router.running(b"f0", 1) is None
+    failed, _ = router.instance_lost(a, 2.0)
+    assert [it.request.req_id for it in failed] == [2]
+    assert not a.streams
+    (stats,) = table.stats("simple", -1)
+    assert (stats.inference_stats.success.count, stats.inference_stats.fail.count) == (2, 0)
+
+
+def test_a_running_request_is_found_for_its_cancel() -> None:
+    _, router, a, mv = _lone_ready()
+    router.submit(mv, _item(1), 0.0)
+    router.submit(mv, _item(2), 0.0)
+    assert router.running(b"f0", 1) is a
+    assert router.running(b"f0", 2) is None  # queued: the router drops it itself
+    assert router.running(b"f1", 1) is None  # another frontend's namesake

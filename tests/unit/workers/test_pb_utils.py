@@ -65,3 +65,41 @@ def test_getters_and_converters() -> None:
     assert (err.message(), err.code()) == ("no", 3)
     with pytest.raises(pb_utils.TritonModelException, match="business logic scripting"):
         req.exec()
+
+
+def test_a_response_sender_sends_until_its_final_flag() -> None:
+    sent: list[tuple[object, bool]] = []
+    cancelled = [False]
+    sender = pb_utils.InferenceResponseSender(
+        lambda r, final: sent.append((r, final)), lambda: cancelled[0]
+    )
+    request = pb_utils.InferenceRequest([], [], sender=sender)
+    assert request.get_response_sender() is sender and not request.is_cancelled()
+    response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(1))])
+    sender.send(response)
+    with pytest.raises(pb_utils.TritonModelException, match="must be provided"):
+        sender.send()  # neither a response nor the final flag
+    with pytest.raises(pb_utils.TritonModelException, match="expects an InferenceResponse"):
+        sender.send("text")  # type: ignore[arg-type]
+    cancelled[0] = True
+    assert request.is_cancelled() and sender.is_cancelled()
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    with pytest.raises(pb_utils.TritonModelException) as err:
+        sender.send(response)
+    assert err.value.message() == "Unable to send response. Response sender has been closed."
+    assert sent == [(response, False), (None, True)]
+
+
+def test_a_dropped_sender_sends_the_final_flag_itself() -> None:
+    sent: list[tuple[object, bool]] = []
+    sender = pb_utils.InferenceResponseSender(lambda r, final: sent.append((r, final)))
+    del sender
+    assert sent == [(None, True)]
+
+
+def test_a_request_of_a_model_that_is_not_decoupled_has_no_sender() -> None:
+    with pytest.raises(pb_utils.TritonModelException, match="decoupled transaction policy"):
+        pb_utils.InferenceRequest([], []).get_response_sender()
+    config = {"model_transaction_policy": {"decoupled": True}}
+    assert pb_utils.using_decoupled_model_transaction_policy(config)
+    assert not pb_utils.using_decoupled_model_transaction_policy({})
