@@ -42,6 +42,7 @@ class Measurement:
     note: str = ""
     protocol: str = ""
     frontends: int | None = None
+    responses: float | None = None  # per second, a decoupled model's (any per request)
 
 
 def perf_analyzer_path() -> str:
@@ -114,6 +115,9 @@ def run_perf_analyzer(
                 throughput=float(row["Inferences/Second"]),
                 p50_us=float(row["p50 latency"]),
                 p99_us=float(row["p99 latency"]),
+                responses=float(row["Response Throughput"])
+                if "Response Throughput" in row
+                else None,
                 **common,  # type: ignore[arg-type]
             )
     passes = [(float(m[2]), float(m[3])) for m in _PASS.finditer(text)][-3:]

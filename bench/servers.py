@@ -221,6 +221,37 @@ def ensure_triton_peer_installed() -> None:
         subprocess.run([str(TRITON_PEER), "install"], check=True)
 
 
+def triton_python_server(repo: Path, log_path: Path) -> ServerProcess:
+    """The real tritonserver (triton-peer's build) on a repository of Python models as
+    they are, on three free ports. Its Python stub ignores $PYTHONPATH: a model that
+    imports numpy must put the $PYTHONPATH entries on sys.path itself."""
+    ensure_triton_peer_installed()
+    python = PEER_VENV / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    ts = Path(site) / "pytriton" / "tritonserver"
+    stub = ts / "backends" / "python" / "triton_python_backend_stub"
+    if not stub.exists():  # as triton-peer installs it
+        stub.write_bytes((ts / "python_backend_stubs" / "3.11" / stub.name).read_bytes())
+        stub.chmod(0o755)
+    base = free_port_block(3)
+    argv = [
+        str(ts / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={ts / 'backends'}",
+        f"--cache-directory={ts / 'caches'}",
+        *("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"),
+        *(f"--http-port={base}", f"--grpc-port={base + 1}", f"--metrics-port={base + 2}"),
+        "--pinned-memory-pool-byte-size=0",
+    ]
+    env = {"LD_LIBRARY_PATH": f"{site}/nvidia_pytriton.libs", "PYTHONPATH": site}
+    return ServerProcess(
+        "triton", argv, f"127.0.0.1:{base}", log_path, grpc_url=f"127.0.0.1:{base + 1}", env=env
+    )
+
+
 def triton_peer_server(repo: Path, log_path: Path, tmpdir: Path | None = None) -> ServerProcess:
     """triton-peer on three free ports; ``tmpdir`` (its ``$TMPDIR``) gets the shadow repository
     it builds, so a caller that removes ``tmpdir`` afterwards leaves nothing in /tmp."""

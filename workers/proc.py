@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,9 @@ class WorkerProc:
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._welcomed = False
         self._last_hello = self._last_sweep = 0.0
+        # Messages read while the model ran (looking for cancels), handled next, in order.
+        self._deferred: deque[list[bytes]] = deque()
+        self._main_thread = threading.get_ident()
 
     # -- startup ---------------------------------------------------------------------
 
@@ -338,7 +342,7 @@ class WorkerProc:
         if self.broker_pidfd is not None and self.broker_pidfd in events:
             self._broker_lost(poller)
             self._welcomed = False
-        if self.sock in events:
+        if self.sock in events or self._deferred:
             if self._drain(poller) == "shutdown":
                 return "shutdown"
             self._welcomed = self._welcomed or self.broker_pidfd is not None
@@ -356,10 +360,13 @@ class WorkerProc:
 
     def _drain(self, poller: zmq.Poller) -> str:
         while True:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                return ""
+            if self._deferred:
+                frames = self._deferred.popleft()
+            else:
+                try:
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    return ""
             try:
                 msg = m.decode(frames[0], frames[1])
             except (ValueError, IndexError) as exc:
@@ -641,7 +648,31 @@ class WorkerProc:
         def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
             self._deliver(stream, response, final)
 
-        return pb_utils.InferenceResponseSender(deliver, lambda: stream.cancelled)
+        def cancelled() -> bool:
+            if not stream.cancelled and threading.get_ident() == self._main_thread:
+                self._read_cancels()  # the model streams inside execute: the loop waits
+            return stream.cancelled
+
+        return pb_utils.InferenceResponseSender(deliver, cancelled)
+
+    def _read_cancels(self) -> None:
+        """While the model runs on the loop's thread: the cancels the broker sent; what
+        else it sent waits, in order, for the loop (``_deferred``)."""
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            try:
+                msg = m.decode(frames[0], frames[1])
+            except (ValueError, IndexError):
+                msg = None
+            if isinstance(msg, m.Cancel):
+                stream = self.streams.get((msg.frontend, msg.req_id))
+                if stream is not None:
+                    stream.cancelled = True
+            else:
+                self._deferred.append(frames)
 
     def _deliver(self, stream: _Stream, response: Any, final: bool) -> None:
         """One response of a decoupled model's request (``response`` None: the final

@@ -7,6 +7,7 @@ The models are written as Triton's decoupled examples write them (``repeat_int32
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import queue
@@ -49,7 +50,7 @@ class TritonPythonModel:
         for i, v in enumerate(values):
             if delay:
                 time.sleep(delay)
-            if MODE == "cancellable" and request.is_cancelled():
+            if MODE.startswith("cancellable") and request.is_cancelled():
                 pb_utils.Logger.log_info(f"cancelled after {{i}} response(s)")
                 sender.send(flags=FINAL)
                 return
@@ -86,8 +87,8 @@ class TritonPythonModel:
         for t in self.threads:
             t.join()
 """
-MODES = ("inline", "last_final", "threaded", "cancellable", "errors", "dropped", "raises",
-         "returns_list")  # fmt: skip
+MODES = ("inline", "last_final", "threaded", "cancellable", "cancellable_inline", "errors",
+         "dropped", "raises", "returns_list")  # fmt: skip
 CONFIG = """
 name: "{name}"
 backend: "python"
@@ -311,21 +312,24 @@ def test_a_unary_call_is_refused(server: ShoalServer) -> None:
     )
 
 
-def test_a_cancelled_stream_reaches_the_model(server: ShoalServer) -> None:
-    """The client closes its stream while the model still answers: the model sees its
-    request cancelled and stops early; the instance serves the next stream."""
+@pytest.mark.parametrize("model", ["repeat_cancellable", "repeat_cancellable_inline"])
+def test_a_cancelled_stream_reaches_the_model(server: ShoalServer, model: str) -> None:
+    """The client closes its stream while the model still answers, from its thread or
+    inside execute: the model sees its request cancelled and stops early; the instance
+    serves the next stream."""
+    before = server.log().count("cancelled after")
     s = Stream(server)
-    s.send("repeat_cancellable", list(range(200)), delay_ms=20)
+    s.send(model, list(range(200)), delay_ms=20)
     assert len(s.take(3)) == 3
     s.client.stop_stream(cancel_requests=True)
     s.client.close()
     deadline = time.monotonic() + 10
-    while "cancelled after" not in server.log() and time.monotonic() < deadline:
+    while server.log().count("cancelled after") == before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert "cancelled after" in server.log()
+    assert server.log().count("cancelled after") == before + 1
     again = Stream(server)
     try:
-        again.send("repeat_cancellable", [7])
+        again.send(model, [7])
         assert _values(again.take(1)) == [(7, 0)]
     finally:
         again.close()
@@ -503,3 +507,20 @@ def test_an_unload_lets_the_models_threads_finish_their_streams(tmp_path: Path) 
             assert not client.is_model_ready("repeat_threaded")
         finally:
             s.close()
+
+
+def test_a_closed_event_stream_reaches_the_model(server: ShoalServer) -> None:
+    """The SSE client goes away after the first event: the model, still answering from
+    its thread, sees its request cancelled."""
+    before = server.log().count("cancelled after")
+    conn = http.client.HTTPConnection(server.url, timeout=20)
+    body = json.dumps({"IN": list(range(200)), "DELAY_MS": 20})
+    conn.request("POST", "/v2/models/repeat_cancellable/generate_stream", body)
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.readline().startswith(b"data: ")
+    conn.close()
+    deadline = time.monotonic() + 10
+    while server.log().count("cancelled after") == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.log().count("cancelled after") == before + 1
