@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
@@ -27,6 +27,7 @@ from ipc import messages as m
 from ipc.errors import (
     MODEL_CONTROL_DISABLED,
     UNKNOWN_MODEL,
+    AnswerError,
     Code,
     RequestError,
     ServingError,
@@ -353,7 +354,7 @@ class DataPlane:
             raise ServingError(
                 Code.UNSUPPORTED,
                 f"model '{model.name}' is decoupled: it answers through ModelStreamInfer and "
-                "generate_stream only (an ensemble cannot run it here)",
+                "the generate extension only (an ensemble cannot run it here)",
             )
         if model.is_ensemble:
             return await self._infer_ensemble(model, req)
@@ -389,12 +390,7 @@ class DataPlane:
             raise
         try:
             if resp.error is not None:
-                if resp.error.message.startswith(UNKNOWN_MODEL):
-                    self._models.pop((req.model, parse_version(req.version)), None)
-                message = resp.error.message
-                if resp.error.names_request:
-                    message = named(message, req.id)
-                raise ServingError(Code(resp.error.code), message)
+                raise self._answer_error(resp.error, req)
             outputs = self._outputs(resp, slots)
         except BaseException:
             self._free(slots, pool)
@@ -419,19 +415,25 @@ class DataPlane:
 
     async def infer_stream(
         self, req: InferenceRequest
-    ) -> AsyncIterator[InferenceResult | ResponseError]:
+    ) -> AsyncGenerator[InferenceResult | ResponseError, None]:
         """The responses to ``req`` as they come, each an answer of its own: outputs, or
         an error that ends nothing but itself (raised: what refused the request before
         it ran). A decoupled model may send any number; the last is the one with the
         final flag, and the final flag alone yields nothing unless the request asked for
         it (``triton_enable_empty_final_response``), as an empty response. Each response
         says whether it is the final one (``triton_final_response``), as Triton's do.
-        Another model's one answer is the final one; an ensemble's errors are raised."""
+        Another model's one answer (``infer``'s) is the final one."""
         model = await self.model(req.model, req.version)
-        if model.is_ensemble:
-            yield await self._infer_ensemble(model, req)
+        if not model.decoupled:
+            try:
+                result = await self.infer(req)
+            except AnswerError as err:  # the model's (or its instance's) answer
+                yield ResponseError(err.message, True)
+                return
+            result.parameters["triton_final_response"] = True
+            yield result
             return
-        slots: list[Slot] = []  # its inputs' (a decoupled model's outputs travel inline)
+        slots: list[Slot] = []  # its inputs' (its outputs travel in its answers)
         try:
             msg = self._build(req, model, model.batch_size(req), slots)
         except ServingError as err:
@@ -451,18 +453,20 @@ class DataPlane:
                 resp = await stream.queue.get()
                 if isinstance(resp, BaseException):
                     raise resp
+                # The model has its own copy of the inputs once it answers (the Python
+                # backend copies them before execute): a long stream pins no slot.
+                self._free(slots, pool)
                 if resp.error is not None:
-                    message = resp.error.message
-                    if resp.error.names_request:
-                        message = named(message, req.id)
-                    yield ResponseError(message, resp.final)
+                    yield ResponseError(self._answer_error(resp.error, req).message, resp.final)
                 elif not resp.empty or empty_final:
                     yield InferenceResult(
                         model_name=model.name,
                         # (the final flag alone names no version, as in Triton 2.51)
-                        model_version="" if resp.empty else str(resp.model_version),
+                        model_version=""
+                        if resp.empty
+                        else str(resp.model_version or model.version),
                         id=req.id,
-                        outputs=self._outputs(resp, slots),  # valid until the next one
+                        outputs=self._outputs(resp, []),
                         parameters={"triton_final_response": resp.final},
                     )
                 if resp.final:
@@ -472,6 +476,13 @@ class DataPlane:
             self.broker.close_stream(msg.req_id, stream, lambda: self._free(slots, pool))
             if stream.done():
                 self._free(slots, pool)
+
+    def _answer_error(self, error: m.ErrorInfo, req: InferenceRequest) -> AnswerError:
+        """An answer's error as raised; a model unknown by now is no longer cached."""
+        if error.message.startswith(UNKNOWN_MODEL):
+            self._models.pop((req.model, parse_version(req.version)), None)
+        message = named(error.message, req.id) if error.names_request else error.message
+        return AnswerError(Code(error.code), message)
 
     async def _refused(
         self, req: InferenceRequest, err: ServingError, slots: list[Slot]

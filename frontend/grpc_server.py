@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from frontend import grpc_codec, log_settings, restricted
 from frontend.dataplane import DataPlane
 from frontend.grpc_codec import set_param
-from frontend.types import ResponseError
+from frontend.types import InferenceResult, ResponseError
 from ipc import logs
 from ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
 from shoal.flags import GrpcTls
@@ -197,6 +197,21 @@ def _stream_error(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStre
     return pb.ModelStreamInferResponse(
         error_message=message, infer_response=pb.ModelInferResponse(id=request.id)
     )
+
+
+def _stream_answer(
+    request: pb.ModelInferRequest, r: InferenceResult | ResponseError
+) -> pb.ModelStreamInferResponse:
+    """One response of a decoupled model on a stream. A model's error response names
+    the model and says whether it is the last, as Triton 2.51's does."""
+    if isinstance(r, ResponseError):
+        failed = pb.ModelInferResponse(id=request.id, model_name=request.model_name)
+        set_param(failed.parameters["triton_final_response"], r.final)
+        return pb.ModelStreamInferResponse(error_message=r.message, infer_response=failed)
+    try:
+        return pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(r))
+    finally:
+        r.release()
 
 
 def _internal(exc: Exception) -> str:
@@ -384,9 +399,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def _stream_one(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
         """One request of a stream: its error is its own answer, never the stream's end."""
         try:
-            return pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+            answer = await self._infer(request)
         except Exception as exc:
             return _stream_error(request, exc)
+        set_param(answer.parameters["triton_final_response"], True)  # as Triton 2.51's
+        return pb.ModelStreamInferResponse(infer_response=answer)
 
     async def _stream_decoupled(
         self, request: pb.ModelInferRequest, answers: asyncio.Queue[_Answer | None]
@@ -394,20 +411,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         """One request of a stream to a decoupled model: each of its responses goes out
         as it comes (an error among them too); the last one releases its window place."""
         try:
-            async for r in self.dp.infer_stream(grpc_codec.decode_infer_request(request)):
-                if isinstance(r, ResponseError):  # the model's: it names the model too
-                    failed = pb.ModelInferResponse(id=request.id, model_name=request.model_name)
-                    set_param(failed.parameters["triton_final_response"], r.final)
-                    error = pb.ModelStreamInferResponse(
-                        error_message=r.message, infer_response=failed
-                    )
-                    answers.put_nowait((error, False))
-                    continue
-                try:
-                    encoded = grpc_codec.encode_infer_response(r)
-                finally:
-                    r.release()
-                answers.put_nowait((pb.ModelStreamInferResponse(infer_response=encoded), False))
+            responses = self.dp.infer_stream(grpc_codec.decode_infer_request(request))
+            async with contextlib.aclosing(responses) as answered:  # (its end cancels)
+                async for r in answered:
+                    answers.put_nowait((_stream_answer(request, r), False))
         except Exception as exc:
             answers.put_nowait((_stream_error(request, exc), True))
             return

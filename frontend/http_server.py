@@ -303,14 +303,9 @@ async def generate_one(request: web.Request) -> web.Response:
     as Triton 2.51 does (its headers have gone out by then)."""
     req = await _generate_request(request)
     answers: list[bytes | ResponseError] = []
-    async for r in _dp(request).infer_stream(req):
-        if isinstance(r, ResponseError):
-            answers.append(r)
-            continue
-        try:
-            answers.append(generate.encode_response(r))
-        finally:
-            r.release()
+    async with contextlib.aclosing(_dp(request).infer_stream(req)) as responses:
+        async for r in responses:
+            answers.append(r if isinstance(r, ResponseError) else _event(r))
     if answers and isinstance(answers[0], ResponseError):
         return _error(answers[0].message, 400)
     if len(answers) != 1:
@@ -325,8 +320,7 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     as it comes (a model error too: 400 if it is the first, else one more event). What
     refuses the request before it runs is a plain JSON error."""
     req = await _generate_request(request)
-    answers = _dp(request).infer_stream(req).__aiter__()
-    try:
+    async with contextlib.aclosing(_dp(request).infer_stream(req)) as answers:
         first = await anext(answers, None)
         resp = web.StreamResponse(status=400 if isinstance(first, ResponseError) else 200)
         resp.content_type = "text/event-stream"
@@ -341,8 +335,6 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
                 item = ResponseError(exc.message, True)
         await resp.write_eof()
         return resp
-    finally:
-        await answers.aclose()  # type: ignore[attr-defined]
 
 
 def _event(item: InferenceResult | ResponseError) -> bytes:

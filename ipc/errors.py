@@ -65,6 +65,11 @@ class RequestError(ServingError):
     Raised where the client's request id is not at hand; the frontend names it."""
 
 
+class AnswerError(ServingError):
+    """An error a request's answer carried (its model's, or its instance's end), as
+    opposed to one that refused the request before it ran."""
+
+
 def named(message: str, request_id: str) -> str:
     """Triton's form of a request's error: ``[request id: <id>] <message>``."""
     return f"[request id: {request_id or '<id_unknown>'}] {message}"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -234,10 +235,9 @@ class InferenceResponseSender:
         self._deliver = deliver
         self._cancelled = cancelled
         self._closed = False
+        self._lock = threading.Lock()  # two threads' final flags: one goes, one raises
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self._closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
         final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if response is None and not final:
             raise TritonModelException(
@@ -248,8 +248,13 @@ class InferenceResponseSender:
             raise TritonModelException(
                 f"send expects an InferenceResponse, not {type(response).__name__}"
             )
-        if final:
-            self._closed = True
+        with self._lock:
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if final:
+                self._closed = True
         self._deliver(response, final)
 
     def is_cancelled(self) -> bool:
@@ -262,9 +267,11 @@ class InferenceResponseSender:
 
     def close(self) -> None:
         """The final flag, if it has not gone out yet (the worker's, not the model's)."""
-        if not self._closed:
+        with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            self._deliver(None, True)
+        self._deliver(None, True)
 
     def __del__(self) -> None:
         # A request the model let go of without its final flag would keep its client

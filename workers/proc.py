@@ -138,6 +138,7 @@ class WorkerProc:
         # Messages read while the model ran (looking for cancels), handled next, in order.
         self._deferred: deque[list[bytes]] = deque()
         self._main_thread = threading.get_ident()
+        self._gone: set[bytes] = set()  # frontends that exited: their streams go unsent
 
     # -- startup ---------------------------------------------------------------------
 
@@ -411,6 +412,7 @@ class WorkerProc:
     def _forget_frontend(self, frontend: bytes) -> None:
         """Its result socket and its slabs' mappings go, so their memory can be freed;
         its requests a decoupled model still answers are cancelled."""
+        self._gone.add(frontend)  # (identities carry the pid: never one again)
         for stream in self.streams.values():
             if stream.item.frontend == frontend:
                 stream.cancelled = True
@@ -623,10 +625,13 @@ class WorkerProc:
                 failure = backend.execute_decoupled(requests)
         except Exception as exc:  # the model's fault, never the worker's end
             log.exception("model '%s': requests could not be run", self.s.model)
-            failure = f"{type(exc).__name__}: {exc}"
+            failure = (
+                f"Failed to process the request(s) for model '{self.s.instance_name}', "
+                f"message: {type(exc).__name__}: {exc}"
+            )
         t2 = time.perf_counter_ns()
-        # A request whose sender the model kept no reference to ends when ``senders``
-        # goes, after the report (pb_utils.InferenceResponseSender.__del__).
+        # (the model's requests, and so their senders, are let go of: a sender the model
+        # kept no reference to ends its request when this returns, through its __del__)
         requests = []
         if failure is not None:
             log.error("%s", failure)
@@ -680,20 +685,20 @@ class WorkerProc:
         sends it. Its outputs travel inline, or into the client's region: a frontend's
         slot holds one response, and this request may have many."""
         item = stream.item
-        req_id, version = item.request.req_id, self.s.version
+        req_id = item.request.req_id
         with self.io_lock:
             if self.streams.get((item.frontend, req_id)) is not stream:
                 return  # ended already: the instance is stopping (_end_open_streams)
-            if response is None:
-                resp = m.InferResponse(req_id, [], None, version, final=True, empty=True)
-            elif response.has_error():
-                err = response.error()
-                code = error_code(err.code())
-                resp = m.InferResponse(req_id, [], m.ErrorInfo(int(code), err.message()), version)
-                resp.final = final
-            else:
-                resp = self._stream_result(item, response, final)
-            self._answer_frontend(item.frontend, [m.encode_payload(resp)])
+            try:
+                resp = self._stream_response(item, response, final)
+                payload = m.encode_payload(resp)
+            except Exception as exc:  # the model's fault: the request ends with it
+                log.exception("model '%s': a response could not be sent", self.s.model)
+                final = True
+                message = f"failed to send a response: {type(exc).__name__}: {exc}"
+                payload = m.encode_payload(_error(item, Code.INTERNAL, message))
+            if item.frontend not in self._gone:  # a frontend gone reads nothing more
+                self._answer_frontend(item.frontend, [payload])
             if final:
                 key = (item.frontend, req_id)
                 self.streams.pop(key, None)
@@ -701,10 +706,24 @@ class WorkerProc:
                     self._ended.append(key)
                     os.eventfd_write(self._wake, 1)
 
+    def _stream_response(self, item: m.WorkItem, response: Any, final: bool) -> m.InferResponse:
+        version = self.s.version
+        if response is None:
+            return m.InferResponse(item.request.req_id, [], None, version, final=True, empty=True)
+        if response.has_error():
+            err = response.error()
+            error = m.ErrorInfo(int(error_code(err.code())), str(err.message()))
+            return m.InferResponse(item.request.req_id, [], error, version, final=final)
+        return self._stream_result(item, response, final)
+
     def _stream_result(self, item: m.WorkItem, response: Any, final: bool) -> m.InferResponse:
         """A decoupled response: the outputs the request asked for that the model gave,
         inline or into the client's region."""
         given = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        asked = [s for s in item.request.outputs if s.name in given]
+        checked = self._model_outputs(item, given, asked)
+        if isinstance(checked, ServingError):
+            return _error(item, checked.code, checked.message, final=final)
         specs = [
             s if s.region.startswith(m.CLIENT_REGION) else _inline(s)
             for s in item.request.outputs
@@ -724,12 +743,13 @@ class WorkerProc:
             self.io_lock.acquire()
 
     def _model_outputs(
-        self, item: m.WorkItem, outs: dict[str, Any]
+        self, item: m.WorkItem, outs: dict[str, Any], specs: list[m.OutputSpec] | None = None
     ) -> dict[str, Any] | ServingError:
-        """A Python model's outputs for ``item``, checked before they are written: each
-        requested one there, as an array of its config's data type or one that casts to it
-        within its kind (FP64 to FP32, say); otherwise the model's fault (INTERNAL)."""
-        for spec in item.request.outputs:
+        """A Python model's outputs for ``item`` (``specs`` of them, if not all it asked
+        for), checked before they are written: each one there, as an array of its config's
+        data type or one that casts to it within its kind (FP64 to FP32, say); otherwise
+        the model's fault (INTERNAL)."""
+        for spec in item.request.outputs if specs is None else specs:
             arr = outs.get(spec.name)
             if arr is None:
                 return ServingError(
@@ -891,10 +911,10 @@ class WorkerProc:
 
 
 def _error(
-    item: m.WorkItem, code: Code, message: str, names_request: bool = False
+    item: m.WorkItem, code: Code, message: str, names_request: bool = False, final: bool = True
 ) -> m.InferResponse:
     error = m.ErrorInfo(int(code), message, names_request)
-    return m.InferResponse(item.request.req_id, [], error)
+    return m.InferResponse(item.request.req_id, [], error, final=final)
 
 
 def _inline(spec: m.OutputSpec) -> m.OutputSpec:

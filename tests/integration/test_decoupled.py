@@ -58,8 +58,11 @@ class TritonPythonModel:
                 error = pb_utils.TritonError(f"negative value at {{i}}")
                 sender.send(pb_utils.InferenceResponse(error=error))
                 continue
+            out = np.array([v], np.int32)
+            if MODE == "bad_output":
+                out = out + 0.5
             response = pb_utils.InferenceResponse([
-                pb_utils.Tensor("OUT", np.array([v], np.int32)),
+                pb_utils.Tensor("OUT", out),
                 pb_utils.Tensor("IDX", np.array([i], np.uint32)),
             ])
             last = i == len(values) - 1
@@ -88,7 +91,7 @@ class TritonPythonModel:
             t.join()
 """
 MODES = ("inline", "last_final", "threaded", "cancellable", "cancellable_inline", "errors",
-         "dropped", "raises", "returns_list")  # fmt: skip
+         "dropped", "raises", "returns_list", "bad_output")  # fmt: skip
 CONFIG = """
 name: "{name}"
 backend: "python"
@@ -266,6 +269,32 @@ def test_an_error_response_ends_nothing_but_itself(stream: Stream) -> None:
     assert second.message() == "negative value at 1"
     stream.send("repeat_errors", [4])  # the stream still serves
     assert _values(stream.take(1)) == [(4, 0)]
+
+
+def test_an_output_of_the_wrong_type_is_the_models_error(stream: Stream) -> None:
+    """Checked as a Python model's answer is: FP64 for an INT32 output is not truncated
+    but refused, as that response's error; the request goes on to its end."""
+    stream.send("repeat_bad_output", [1, 2], enable_empty_final_response=True)
+    first, second, last = stream.take(3)
+    message = (
+        "output 'OUT' of model 'repeat_bad_output' has data type float64, which its "
+        "config's INT32 cannot hold"
+    )
+    assert isinstance(first, InferenceServerException) and first.message() == message
+    assert isinstance(second, InferenceServerException) and second.message() == message
+    assert _final(last)
+
+
+def test_a_model_that_is_not_decoupled_answers_a_stream_once_and_finally(
+    stream: Stream,
+) -> None:
+    x = grpcclient.InferInput("text_input", [1], "BYTES")
+    x.set_data_from_numpy(np.array([b"s"], dtype=object))
+    stream.client.async_stream_infer("text", [x], enable_empty_final_response=True)
+    (answer,) = stream.take(1)
+    assert answer.as_numpy("text_output")[0] == b"echo:s"
+    assert _final(answer)  # as Triton 2.51 marks it; no empty response follows
+    assert stream.quiet()
 
 
 def test_a_sender_dropped_without_the_final_flag_ends_its_request(
