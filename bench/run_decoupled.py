@@ -152,11 +152,12 @@ def _report(
         "shoal p50 µs | Triton p50 µs | in-process resp/s | shoal/in-process |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    notes = []
     for n in a.responses:
         for c in a.concurrency:
             s, t = got.get(("shoal", n, c)), got.get(("triton", n, c))
-            sr = s.responses if s else None
-            tr = t.responses if t else None
+            sr, tr = _responses(s, n), _responses(t, n)
+            notes += [f"{m.server} N={n} c={c}: {m.note}" for m in (s, t) if m and m.note]
             lines.append(
                 f"| {n} | {c} | {_fmt(s.throughput if s else None, ',.0f')} | "
                 f"{_fmt(sr, ',.0f')} | {_fmt(tr, ',.0f')} | {_fmt(_ratio(sr, tr), '.2f')} | "
@@ -164,7 +165,17 @@ def _report(
                 f"{_fmt(t.p50_us if t else None, ',.0f')} | "
                 f"{baseline[n]:,.0f} | {_fmt(_ratio(sr, baseline[n]), '.2f')} |"
             )
+    if notes:
+        lines += ["", "Not settled (responses/s = requests/s x N there):", *notes]
     return "\n".join(lines) + "\n"
+
+
+def _responses(m: Measurement | None, n: int) -> float | None:
+    """Responses per second: perf_analyzer's, or requests/s x N for a level it did not
+    settle (then it writes no CSV; every request gets its N responses)."""
+    if m is None:
+        return None
+    return m.responses if m.responses is not None else m.throughput * n
 
 
 def main(argv: list[str] | None = None) -> int:
