@@ -9,13 +9,14 @@ BYTES as object arrays of ``bytes``, as Triton's Python backend gives them.
 
 A decoupled model's requests carry response senders (``get_response_sender()``): the
 worker gives each request one (``InferenceResponseSender``) that sends each response as it
-is given, from any thread. Not here: business logic scripting (a model's own
-``InferenceRequest(...).exec()`` to another model), DLPack and GPU tensors; those raise
-TritonModelException saying so.
+is given, from any thread. A model's own ``InferenceRequest(model_name=..., ...).exec()``
+(business logic scripting) goes through the worker's ``scripting`` (workers/bls.py). Not
+here: DLPack and GPU tensors; those raise TritonModelException saying so.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -134,12 +135,20 @@ class InferenceRequest:
         request_id: str = "",
         correlation_id: int | str = 0,
         flags: int = 0,
-        parameters: dict[str, Any] | None = None,
+        parameters: dict[str, Any] | str | None = None,
         model_name: str = "",
         sender: InferenceResponseSender | None = None,
+        model_version: int = -1,
+        timeout: int = 0,
         **_: Any,
     ) -> None:
+        if isinstance(parameters, str):  # Triton takes a JSON object's text too
+            parameters = json.loads(parameters) if parameters else {}
+            if not isinstance(parameters, dict):
+                raise TritonModelException("request parameters must be a JSON object")
         self._sender = sender
+        self._model_version = model_version
+        self._timeout = timeout
         self._inputs = list(inputs or [])
         self._outputs = list(requested_output_names or [])
         self._id = request_id
@@ -180,12 +189,26 @@ class InferenceRequest:
             )
         return self._sender
 
-    def exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise TritonModelException(
-            "business logic scripting (a request from a model) is not supported by this server"
-        )
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on its model (business logic scripting, workers/bls.py): its
+        response, with its error if it failed; a decoupled model's responses, as an
+        iterator, with ``decoupled=True``."""
+        return _scripting().exec(self, decoupled)
 
-    async_exec = exec
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        client = _scripting()
+        if decoupled:
+            return client.exec(self, True)
+        return await asyncio.wrap_future(client.submit(self))
+
+    def bls_model_version(self) -> int:
+        return self._model_version
+
+    def bls_timeout(self) -> int:
+        return self._timeout
+
+    def bls_parameters(self) -> dict[str, Any]:
+        return self._parameters
 
 
 class InferenceResponse:
@@ -219,6 +242,16 @@ class InferenceResponse:
 
     def error(self) -> TritonError | None:
         return self._error
+
+
+#: The worker's client for a model's own requests (workers/bls.py); None outside one.
+scripting: Any = None
+
+
+def _scripting() -> Any:
+    if scripting is None:
+        raise TritonModelException("business logic scripting is not available outside a worker")
+    return scripting
 
 
 class InferenceResponseSender:

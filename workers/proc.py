@@ -139,6 +139,7 @@ class WorkerProc:
         self._deferred: deque[list[bytes]] = deque()
         self._main_thread = threading.get_ident()
         self._gone: set[bytes] = set()  # frontends that exited: their streams go unsent
+        self.scripting: Any = None  # a Python model's requests to other models (workers/bls.py)
 
     # -- startup ---------------------------------------------------------------------
 
@@ -177,6 +178,10 @@ class WorkerProc:
             config = entry.config
             backend_name = config.backend or "onnxruntime"
             backend = backends.create(backend_name)
+            if backend_name == "python":  # its model may call other models
+                from workers.bls import BlsClient  # (a frontend's modules: Python's only)
+
+                self.scripting = pb_utils.scripting = BlsClient(s.runtime_dir)
             backend.instance_name = s.instance_name  # type: ignore[attr-defined]  # (Python's)
             threads = _thread_count(config, backend_name, s.cores)
             backend.load(entry.model_file(s.version), config, threads, s.gpu is not None)
@@ -886,6 +891,8 @@ class WorkerProc:
         # end with an error: nothing will answer them.
         if self.backend is not None:
             self.backend.unload()
+        if self.scripting is not None:
+            self.scripting.close()
         with self.io_lock:
             self._end_open_streams()
             self.cuda.close()

@@ -19,8 +19,11 @@ As Triton's Python backend:
   each request's response sender, any number of times, and its ``execute`` returns None
   (``execute_decoupled``). The worker gives the senders (workers/proc.py).
 
-Not here: ``auto_complete_config``, business logic scripting, and custom execution
-environments (the model runs in the server's Python).
+* A model's own requests to other models (business logic scripting,
+  ``pb_utils.InferenceRequest(...).exec()``) go through workers/bls.py.
+
+Not here: ``auto_complete_config``, and custom execution environments (the model runs in
+the server's Python).
 """
 
 from __future__ import annotations

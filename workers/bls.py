@@ -1,0 +1,230 @@
+"""Business logic scripting: a Python model's own requests to other models
+(``pb_utils.InferenceRequest(model_name=..., ...).exec()`` and ``async_exec()``).
+
+The worker reaches the other models the way a frontend does, through the broker: it
+runs a frontend's data plane (frontend/dataplane.py) on an event loop in a thread of its
+own, with its own broker connection, result socket and shared-memory pool (``bls``
+segments, owned by the worker: removed when it stops, swept after it dies). So a model's
+request is checked, batched, routed and counted as a client's is; it may go to an
+ensemble or a decoupled model (``exec(decoupled=True)``: an iterator over its
+responses); its error comes back in the response (``has_error()``), never raised.
+
+Started on a model's first request, so a worker whose model never calls another costs
+nothing. A model that calls its own model waits for an instance of it: with one
+instance, for ever, as in Triton (its execution timeout, when set, ends that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frontend.broker_client import BrokerClient
+from frontend.dataplane import DataPlane
+from frontend.types import (
+    InferenceRequest,
+    InferenceResult,
+    InputTensor,
+    RequestedOutput,
+    ResponseError,
+)
+from ipc import datatypes
+from ipc.errors import Code, ServingError
+from ipc.shm import SlabPool
+from workers import pb_utils
+
+log = logging.getLogger("shoal.worker.bls")
+
+#: The frontend index of a worker's BLS connection (identities also carry the pid).
+BLS_INDEX = 9999
+_POOL_BYTES = 4 << 20  # grows on demand, as a frontend's
+_START_TIMEOUT_S = 10.0
+_CODES = {
+    Code.UNKNOWN: pb_utils.TritonError.UNKNOWN,
+    Code.INTERNAL: pb_utils.TritonError.INTERNAL,
+    Code.NOT_FOUND: pb_utils.TritonError.NOT_FOUND,
+    Code.INVALID_ARG: pb_utils.TritonError.INVALID_ARG,
+    Code.UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
+    Code.UNSUPPORTED: pb_utils.TritonError.UNSUPPORTED,
+    Code.ALREADY_EXISTS: pb_utils.TritonError.ALREADY_EXISTS,
+    Code.CANCELLED: pb_utils.TritonError.CANCELLED,
+}
+_END = object()  # the end of a decoupled model's responses
+
+
+class BlsClient:
+    def __init__(self, runtime_dir: Path) -> None:
+        self.runtime_dir = runtime_dir
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._dp: DataPlane | None = None
+
+    # -- pb_utils' side (any thread of the model's) ------------------------------------
+
+    def exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        if decoupled:
+            return self._responses(req)
+        return self.submit(req).result()
+
+    def submit(self, req: pb_utils.InferenceRequest) -> concurrent.futures.Future[Any]:
+        """One answer, as a future (``async_exec`` awaits it)."""
+        loop, dp = self._started()
+        return asyncio.run_coroutine_threadsafe(_one(dp, _request(req)), loop)
+
+    def _responses(self, req: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+        loop, dp = self._started()
+        answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        asyncio.run_coroutine_threadsafe(_stream(dp, _request(req), answers.put), loop)
+        while (answer := answers.get()) is not _END:
+            yield answer
+
+    def _started(self) -> tuple[asyncio.AbstractEventLoop, DataPlane]:
+        with self._lock:
+            if self._dp is None:
+                self._start()
+            assert self._loop is not None and self._dp is not None
+            return self._loop, self._dp
+
+    def _start(self) -> None:
+        started: concurrent.futures.Future[DataPlane] = concurrent.futures.Future()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, args=(started,), name="bls", daemon=True)
+        self._thread.start()
+        self._dp = started.result(_START_TIMEOUT_S)
+        log.info("business logic scripting: connected to the broker")
+
+    # -- the loop's thread ------------------------------------------------------------
+
+    def _run(self, started: concurrent.futures.Future[DataPlane]) -> None:
+        assert self._loop is not None
+        asyncio.set_event_loop(self._loop)
+        try:
+            dp = self._loop.run_until_complete(self._connect())
+        except BaseException as exc:
+            started.set_exception(exc)
+            return
+        started.set_result(dp)
+        self._loop.run_forever()
+
+    async def _connect(self) -> DataPlane:
+        broker = BrokerClient(self.runtime_dir, BLS_INDEX)
+        dp = DataPlane(broker, SlabPool("bls", _POOL_BYTES))
+        broker.start()
+        if not await broker.wait_connected(_START_TIMEOUT_S):
+            raise ServingError(Code.UNAVAILABLE, "no broker answered")
+        return dp
+
+    def close(self) -> None:
+        """Stop the loop; its connection and pool go (the worker is stopping)."""
+        loop, dp, thread = self._loop, self._dp, self._thread
+        if loop is None or dp is None or thread is None:
+            return
+
+        async def stop() -> None:
+            dp.broker.leaving()
+            await dp.broker.close()
+            dp.pool.close()
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(stop(), loop)
+        thread.join(5.0)
+
+
+def _request(req: pb_utils.InferenceRequest) -> InferenceRequest:
+    """A pb_utils request as the data plane takes a client's."""
+    inputs = []
+    for t in req.inputs():
+        arr = t.as_numpy()
+        if arr.dtype.kind in "OSU":
+            name, data = "BYTES", datatypes.serialize_bytes(arr.reshape(-1))
+        else:
+            name = _V2_NAMES.get(np.dtype(arr.dtype).newbyteorder("<"), "")
+            if not name:
+                raise pb_utils.TritonModelException(
+                    f"input '{t.name()}' has data type {arr.dtype}, which no model takes"
+                )
+            data = np.ascontiguousarray(arr, dtype=np.dtype(arr.dtype).newbyteorder("<")).tobytes()
+        inputs.append(InputTensor(t.name(), name, list(arr.shape), memoryview(data)))
+    params = dict(req.bls_parameters())
+    if req.bls_timeout():
+        params["timeout"] = req.bls_timeout()
+    if req.correlation_id():
+        params["sequence_id"] = req.correlation_id()
+        flags = req.flags()
+        params["sequence_start"] = bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+        params["sequence_end"] = bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+    version = req.bls_model_version()
+    return InferenceRequest(
+        model=req.model_name(),
+        version=str(version) if version > 0 else "",
+        id=req.request_id(),
+        parameters=params,
+        inputs=inputs,
+        outputs=[RequestedOutput(n) for n in req.requested_output_names()],
+    )
+
+
+_V2_NAMES = {dt.numpy: dt.name for dt in datatypes.DATATYPES.values() if dt.numpy is not None} | {
+    np.dtype("<u2"): "UINT16"
+}  # (BF16 shares uint16's layout: uint16 it is)
+
+
+async def _one(dp: DataPlane, req: InferenceRequest) -> pb_utils.InferenceResponse:
+    try:
+        result = await dp.infer(req)
+    except ServingError as err:
+        return _failed(err.message, err.code)
+    try:
+        return _response(result)
+    finally:
+        result.release()
+
+
+async def _stream(dp: DataPlane, req: InferenceRequest, put: Any) -> None:
+    try:
+        async for r in dp.infer_stream(req):
+            put(_failed(r.message, Code.INTERNAL) if isinstance(r, ResponseError) else _taken(r))
+    except ServingError as err:
+        put(_failed(err.message, err.code))
+    except Exception as exc:  # whatever happens, the model's iterator must end
+        put(_failed(f"{type(exc).__name__}: {exc}", Code.INTERNAL))
+    finally:
+        put(_END)
+
+
+def _taken(result: InferenceResult) -> pb_utils.InferenceResponse:
+    try:
+        return _response(result)
+    finally:
+        result.release()
+
+
+def _failed(message: str, code: Code) -> pb_utils.InferenceResponse:
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, _CODES[code]))
+
+
+def _response(result: InferenceResult) -> pb_utils.InferenceResponse:
+    """The answer's outputs as the model's own arrays (copied out of shared memory)."""
+    tensors = []
+    for o in result.outputs:
+        dt = datatypes.datatype(o.datatype)
+        if dt is None or o.data is None:
+            continue
+        if dt.numpy is None:
+            values = np.empty(datatypes.element_count(o.shape), dtype=object)
+            values[:] = [bytes(b) for b in datatypes.split_bytes(o.data)]
+            arr = values.reshape(o.shape)
+        else:
+            arr = np.frombuffer(o.data, dtype=dt.numpy).reshape(o.shape).copy()
+        tensors.append(pb_utils.Tensor(o.name, arr))
+    params = {k: v for k, v in result.parameters.items() if k != "triton_final_response"}
+    return pb_utils.InferenceResponse(tensors, parameters=params)
