@@ -184,6 +184,10 @@ class BrokerProc:
     # -- loop ------------------------------------------------------------------------
 
     def run(self) -> int:
+        # What processes killed with an earlier broker left (a worker's scripting pool,
+        # workers/bls.py, is swept by the broker that watches it: none did).
+        if stale := shm.sweep_stale():
+            log.info("removed %d stale shared-memory segment(s)", len(stale))
         self.load_repository()
         settle_gc()
         while not self.stop:

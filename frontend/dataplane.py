@@ -428,7 +428,7 @@ class DataPlane:
             try:
                 result = await self.infer(req)
             except AnswerError as err:  # the model's (or its instance's) answer
-                yield ResponseError(err.message, True)
+                yield ResponseError(err.message, True, err.code)
                 return
             result.parameters["triton_final_response"] = True
             yield result
@@ -457,7 +457,8 @@ class DataPlane:
                 # backend copies them before execute): a long stream pins no slot.
                 self._free(slots, pool)
                 if resp.error is not None:
-                    yield ResponseError(self._answer_error(resp.error, req).message, resp.final)
+                    failed = self._answer_error(resp.error, req)
+                    yield ResponseError(failed.message, resp.final, failed.code)
                 elif not resp.empty or empty_final:
                     yield InferenceResult(
                         model_name=model.name,

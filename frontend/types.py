@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ipc.errors import Code
+
 ParamValue = bool | int | float | str
 
 
@@ -63,6 +65,7 @@ class ResponseError:
 
     message: str
     final: bool
+    code: Code = Code.INTERNAL
 
 
 @dataclass(slots=True)

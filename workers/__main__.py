@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGKILL, not SIGTERM: a worker stuck in a model's native code never runs a Python
     # handler, and would outlive its parent (and the broker whose execution timeout would
-    # have killed it). It owns no shared-memory segment, so dying hard leaves nothing.
+    # have killed it). The one shared-memory pool it may own (a Python model's scripted
+    # requests, workers/bls.py) is removed by the broker, or by the next start's sweep.
     die_with_parent(args.parent_pid, signal.SIGKILL)
     setup_logging(f"worker:{args.model}/{args.version}#{args.instance}", log_settings(args))
     set_cpu_scheduling()

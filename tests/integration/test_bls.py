@@ -34,11 +34,13 @@ class TritonPythonModel:
         for request in requests:
             a = pb_utils.get_input_tensor_by_name(request, "IN0").as_numpy()
             b = pb_utils.get_input_tensor_by_name(request, "IN1").as_numpy()
-            target = json.loads(request.parameters()).get("target", "simple")
+            params = json.loads(request.parameters())
+            forward = params.get("forward")  # a parameter passed on, set to 1
             call = pb_utils.InferenceRequest(
-                model_name=target,
+                model_name=params.get("target", "simple"),
                 requested_output_names=["OUTPUT0"],
                 inputs=[pb_utils.Tensor("INPUT0", a[None]), pb_utils.Tensor("INPUT1", b[None])],
+                parameters={forward: 1} if forward else {},
             )
             answer = call.exec()
             if answer.has_error():
@@ -94,6 +96,31 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
         return responses
 """
+# Iterates a decoupled model's responses and lets go after the first two (the called
+# model, streaming 200 from its thread, must see its request cancelled).
+BREAK = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="repeat_cancellable", requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", np.arange(200, dtype=np.int32)),
+                        pb_utils.Tensor("DELAY_MS", np.array([20], np.uint32))],
+            )
+            got = []
+            for r in call.exec(decoupled=True):
+                got.append(r.output_tensors()[0].as_numpy()[0])
+                if len(got) == 2:
+                    break
+            out = np.array(got, dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
+        return responses
+"""
 CONFIG = """
 name: "{name}"
 backend: "python"
@@ -111,7 +138,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("bls")
     modelgen.write_shipped_repository(repo, ("simple",))
     write_decoupled(repo)
-    for name, code in (("bls_sync", SYNC), ("bls_async", ASYNC), ("bls_stream", STREAM)):
+    models = (
+        ("bls_sync", SYNC),
+        ("bls_async", ASYNC),
+        ("bls_stream", STREAM),
+        ("bls_break", BREAK),
+    )
+    for name, code in models:
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
         (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
@@ -158,6 +191,32 @@ def test_an_error_of_the_called_model_comes_back_in_its_response(server: ShoalSe
         "Expected [-1,16], got [1,4]"
     )
     np.testing.assert_array_equal(_call(server, "bls_sync", a), a + 1)  # serving still
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"target": "repeat_inline"},
+         "model 'repeat_inline' is decoupled: call it with exec(decoupled=True)"),
+        ({"forward": "priority"}, "parameter 'priority' is reserved for Triton usage: a "
+         "scripted request sets it through its own argument"),
+    ],
+)  # fmt: skip
+def test_a_call_the_server_cannot_take_is_answered_so(
+    server: ShoalServer, params: dict[str, str], message: str
+) -> None:
+    with pytest.raises(InferenceServerException) as err:
+        _call(server, "bls_sync", np.arange(16, dtype=np.int32), **params)
+    assert err.value.message() == message
+
+
+def test_a_decoupled_call_let_go_of_early_is_cancelled(server: ShoalServer) -> None:
+    before = server.log().count("cancelled after")
+    np.testing.assert_array_equal(_call(server, "bls_break", np.zeros(1, np.int32)), [0, 1])
+    deadline = time.monotonic() + 10
+    while server.log().count("cancelled after") == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.log().count("cancelled after") == before + 1
 
 
 def test_async_calls_run_together(server: ShoalServer) -> None:
