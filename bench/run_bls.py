@@ -31,7 +31,7 @@ import ort_baseline
 from perf_analyzer import Measurement
 from run import _fmt, _ratio, perf_point, report_head, side_by_side_parser, start_run, write_report
 from run_batching import _link_model, _start
-from servers import TRITON_PEER, ServerProcess, shoal_server, triton_python_server
+from servers import TRITON_PEER, python_server
 
 SERVERS = ("shoal", "triton")
 MODELS = ("mlp", "bls_mlp")
@@ -85,14 +85,6 @@ def _repos(src: Path, tmp: Path) -> dict[str, Path]:
     return repos
 
 
-def _server(name: str, repo: Path, raw: Path) -> ServerProcess:
-    if name == "triton":
-        return triton_python_server(repo, raw / "triton.log")
-    srv = shoal_server(repo, raw / "shoal.log")
-    srv.name = name
-    return srv
-
-
 def _report(
     a: argparse.Namespace,
     pa: str,
@@ -138,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="shoal-bls-") as tmp:
         repos = _repos(a.repo, Path(tmp))
         for name in SERVERS:  # one server at a time: each has the cores
-            srv = _server(name, repos[name], run.raw)
+            srv = python_server(name, repos[name], run.raw)
             try:
                 if _start(srv, a.ready_timeout, skipped) is None:
                     continue

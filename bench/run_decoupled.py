@@ -39,7 +39,7 @@ from run import (
     write_report,
 )
 from run_batching import _start
-from servers import REPO_ROOT, ServerProcess, shoal_server, triton_python_server
+from servers import REPO_ROOT, python_server
 
 sys.path.insert(0, str(REPO_ROOT))
 from tritonclient.grpc import model_config_pb2 as mc
@@ -128,14 +128,6 @@ def in_process(repo: Path, responses: int, seconds: float = 2.0) -> float:
     return rate
 
 
-def _server(name: str, repo: Path, raw: Path) -> ServerProcess:
-    if name == "triton":
-        return triton_python_server(repo, raw / "triton.log")
-    srv = shoal_server(repo, raw / "shoal.log")
-    srv.name = name
-    return srv
-
-
 def _report(
     a: argparse.Namespace,
     pa: str,
@@ -187,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         repo = _repository(Path(tmp))
         baseline = {n: in_process(repo, n) for n in a.responses}
         for name in SERVERS:  # one server at a time: each has the cores
-            srv = _server(name, repo, run.raw)
+            srv = python_server(name, repo, run.raw)
             try:
                 if _start(srv, a.ready_timeout, skipped) is None:
                     continue

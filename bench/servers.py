@@ -252,6 +252,16 @@ def triton_python_server(repo: Path, log_path: Path) -> ServerProcess:
     )
 
 
+def python_server(name: str, repo: Path, raw: Path) -> ServerProcess:
+    """``name`` "triton": tritonserver on the repository's Python models as they are
+    (``triton_python_server``); else shoal on it, named ``name``. Logs in ``raw``."""
+    if name == "triton":
+        return triton_python_server(repo, raw / "triton.log")
+    srv = shoal_server(repo, raw / f"{name}.log")
+    srv.name = name
+    return srv
+
+
 def triton_peer_server(repo: Path, log_path: Path, tmpdir: Path | None = None) -> ServerProcess:
     """triton-peer on three free ports; ``tmpdir`` (its ``$TMPDIR``) gets the shadow repository
     it builds, so a caller that removes ``tmpdir`` afterwards leaves nothing in /tmp."""
