@@ -643,8 +643,10 @@ class WorkerProc:
         for (pos, it, _), sender in zip(live, senders, strict=True):
             if failure is not None and not sender.closed:
                 failed.append(pos)
-                error = pb_utils.TritonError(failure)
-                sender.send(pb_utils.InferenceResponse(error=error), _FINAL)
+                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(failure))
+                # (a model thread's final flag may win the race: then it is closed)
+                with contextlib.suppress(pb_utils.TritonModelException):
+                    sender.send(error, _FINAL)
             stream = self.streams.get((it.frontend, it.request.req_id))
             if stream is not None:
                 stream.reported_open = True
@@ -729,11 +731,7 @@ class WorkerProc:
         checked = self._model_outputs(item, given, asked)
         if isinstance(checked, ServingError):
             return _error(item, checked.code, checked.message, final=final)
-        specs = [
-            s if s.region.startswith(m.CLIENT_REGION) else _inline(s)
-            for s in item.request.outputs
-            if s.name in given
-        ]
+        specs = [s if s.region.startswith(m.CLIENT_REGION) else _inline(s) for s in asked]
         resp = self._result(item, given, specs)
         resp.final = final
         return resp
