@@ -12,9 +12,10 @@
 # No setup.sh, no .venv, no network: the wheels scripts/gpu-wheels.sh put in .whl/ go to
 # /tmp/site (SHOAL_GPU_SITE), and PYTHONPATH is that plus the repo root (shoal's packages are
 # plain folders there; the server's children inherit it). ONNX Runtime's CUDA execution
-# provider is not required there (only reported): the image's onnxruntime is CPU-only,
-# and onnxruntime-gpu is too large to carry and built for CUDA 12; the tests that need it
-# skip themselves.
+# provider is not required there (only reported): the image's onnxruntime is CPU-only, and
+# the whole onnxruntime-gpu wheel is too large to carry; scripts/gpu-ort.sh makes one for a
+# single GPU architecture, in parts (.ort/), unpacked here when all of them came along.
+# Without it the tests that need the provider skip themselves.
 #
 # Before the tests: prints the versions in use, checks that shoal sees the GPU, that ONNX
 # Runtime creates its CUDA execution provider (networked mode), that torch sees CUDA, and
@@ -46,6 +47,23 @@ if [ "$offline" = 1 ]; then
   else
     echo "gpu-tests: no wheels in .whl/ (run scripts/gpu-wheels.sh where there is network);" \
          "using what $PY has"
+  fi
+  # onnxruntime-gpu in parts (scripts/gpu-ort.sh), each brought by a call of its own: all
+  # of them or none; else the image's CPU-only onnxruntime stays and those tests skip.
+  parts=(.ort/onnxruntime-gpu.tar.xz.*)
+  if [ -e "${parts[0]}" ]; then
+    if [ -f .ort/onnxruntime-gpu.sha256 ] &&
+       [ "$(cat "${parts[@]}" | sha256sum | cut -d ' ' -f 1)" = "$(cat .ort/onnxruntime-gpu.sha256)" ]; then
+      rm -rf "$site/onnxruntime" "$site"/onnxruntime_gpu-*.dist-info
+      mkdir -p "$site"
+      cat "${parts[@]}" | "$PY" -c 'import sys, tarfile
+tarfile.open(fileobj=sys.stdin.buffer, mode="r|xz").extractall(sys.argv[1], filter="tar")' "$site"
+      echo "gpu-tests: onnxruntime-gpu unpacked into $site from ${#parts[@]} parts in .ort/"
+    else
+      echo "gpu-tests: warning: the parts in .ort/ (${parts[*]}) do not make the whole that" \
+           ".ort/onnxruntime-gpu.sha256 names: a part is missing (the machine went back" \
+           "between calls?); keeping the image's onnxruntime" >&2
+    fi
   fi
   export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
@@ -138,6 +156,8 @@ if "CUDAExecutionProvider" not in available:
     print(f"preflight: onnxruntime {ort.__version__} has no CUDA execution provider "
           f"({available}): the ONNX Runtime GPU tests will skip")
 else:
+    if hasattr(ort, "preload_dlls"):  # as shoal's GPU workers do: CUDA, cuDNN from nvidia-*
+        ort.preload_dlls()
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "identity.onnx"
         model.write_bytes(modelgen.identity_model("FP32", [-1], batch=True))
