@@ -126,6 +126,12 @@ class ModelVersion:
         if inst.index not in self.passive:
             self.placed_on.add(inst.gpu)
 
+    def only_gpu(self) -> int:
+        """The GPU every instance of this version runs on; -1 for the CPU or several."""
+        devices = {i.gpu for i in self.instances.values() if i.state != "DEAD"}
+        only = devices.pop() if len(devices) == 1 else None
+        return -1 if only is None else only
+
     def reachable_gpus(self) -> set[int | None]:
         """Where the instances that may be sent requests run or load (None: the CPU)."""
         return {
@@ -353,6 +359,7 @@ class ModelTable:
                 v.stats.summaries(quantiles, now),
                 dict(v.exits),
                 response_cache=v.response_cache,
+                gpu=v.only_gpu(),
             )
             for v in self._shown()
         ]

@@ -29,7 +29,7 @@ def _present() -> int:
         return 0
 
 
-def _visible_ids(visible: str) -> list[str]:
+def visible_ids(visible: str) -> list[str]:
     """CUDA_VISIBLE_DEVICES's entries as CUDA reads them: indices and GPU-/MIG- UUIDs, up
     to the first entry it cannot read, which hides the rest ("0,-1,1" shows device 0)."""
     out: list[str] = []
@@ -47,7 +47,7 @@ def gpu_count() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None or present == 0:
         return present
-    return min(len(_visible_ids(visible)), present)
+    return min(len(visible_ids(visible)), present)
 
 
 def visible_device(gpu: int) -> str:
@@ -56,7 +56,7 @@ def visible_device(gpu: int) -> str:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return str(gpu)
-    ids = _visible_ids(visible)
+    ids = visible_ids(visible)
     if not 0 <= gpu < len(ids):
         raise ValueError(f"GPU {gpu} is not one of CUDA_VISIBLE_DEVICES={visible!r}")
     return ids[gpu]

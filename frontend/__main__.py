@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             reuse_port=args.reuse_metrics_port,
             interval_ms=args.metrics_interval_ms,
             cpu=args.allow_cpu_metrics,
+            gpu=args.allow_gpu_metrics,
             config=flags.metrics,
         ),
         http_restricted=flags.http_restricted,

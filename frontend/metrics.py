@@ -4,7 +4,8 @@ Names, HELP texts, labels and units are Triton 2.51's, so that its dashboards an
 work unchanged. The per-model figures come from the broker at each scrape (the same
 statistics ``/v2/models/stats`` shows), so every frontend answers alike and several
 frontends share the port (SO_REUSEPORT) as they share the HTTP port. The host's CPU
-figures are sampled every ``--metrics-interval-ms``, as Triton does.
+figures, and its GPUs' (frontend.gpu_metrics), are sampled every ``--metrics-interval-ms``,
+as Triton does.
 
 prometheus_client's exposition is not used to render: it names every counter with a
 ``_total`` suffix (the OpenMetrics rule), and Triton's counters have none.
@@ -22,6 +23,8 @@ from typing import Final
 
 from aiohttp import web
 
+from frontend.gpu_metrics import FAMILIES as GPU_FAMILIES
+from frontend.gpu_metrics import GpuSampler
 from frontend.response_cache import ResponseCache
 from ipc import messages as m
 from ipc.errors import ServingError
@@ -157,6 +160,7 @@ class MetricsSettings:
     reuse_port: bool = False
     interval_ms: int = 2000
     cpu: bool = True
+    gpu: bool = True
     config: MetricsConfig = field(default_factory=MetricsConfig)
 
 
@@ -235,10 +239,13 @@ class _Text:
         return "\n".join(self.lines) + "\n"
 
 
-def _labels(v: m.VersionMetrics) -> list[tuple[str, str]]:
-    """model and version, and ``_<key>`` for each of the config's metric_tags."""
+def _labels(v: m.VersionMetrics, gpus: GpuSampler | None) -> list[tuple[str, str]]:
+    """model and version, ``_<key>`` for each of the config's metric_tags, and the
+    ``gpu_uuid`` of the GPU its instances run on, where the GPU metrics know it."""
     out = [("model", v.stats.name), ("version", v.stats.version)]
     out += [("_" + key, val) for key, val in sorted(v.tags.items())]  # keys checked at load
+    if gpus is not None and 0 <= v.gpu < len(gpus.gpus):
+        out.append(("gpu_uuid", gpus.gpus[v.gpu].uuid))
     return out
 
 
@@ -247,11 +254,12 @@ def render(
     cfg: MetricsConfig,
     host: HostSampler | None,
     cache: ResponseCache | None = None,
+    gpus: GpuSampler | None = None,
 ) -> str:
     """The metrics page, families in Triton's order; ``cache``: this frontend's response
-    cache, if the server has one."""
+    cache, if the server has one; ``gpus``: the GPUs' last sample, if there are any."""
     t = _Text()
-    rows = [(v, _labels(v)) for v in versions]
+    rows = [(v, _labels(v, gpus)) for v in versions]
 
     def counter(name: str, help_: str, value: _Value, per: int = 1, of: _Rows = rows) -> None:
         t.family(name, help_, "counter")
@@ -298,6 +306,12 @@ def render(
     for v, labels in rows:
         t.sample(pending, labels, v.pending)
     _instance_families(t, rows)
+    if gpus is not None:
+        for name, help_, kind, attr in GPU_FAMILIES:
+            t.family(name, help_, kind)
+            for gpu in gpus.gpus:
+                if (value := getattr(gpu, attr)) is not None:
+                    t.sample(name, [("gpu_uuid", gpu.uuid)], value)
     if host is not None:
         for name, help_, value in (
             ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", host.utilization),
@@ -377,6 +391,7 @@ class MetricsServer:
         self._fetch = fetch  # the broker's figures, with these quantiles of each latency
         self.cache = cache  # this frontend's response cache
         self.host = HostSampler() if s.cpu else None
+        self.gpus: GpuSampler | None = None
         self._runner: web.AppRunner | None = None
         self._sampler: asyncio.Task[None] | None = None
 
@@ -392,8 +407,11 @@ class MetricsServer:
             await self._runner.cleanup()
             self._runner = None
             raise
+        if self.s.gpu:
+            self.gpus = await asyncio.to_thread(GpuSampler.open)
         if self.host is not None:
             self.host.sample()
+        if self.host is not None or self.gpus is not None:
             self._sampler = asyncio.get_running_loop().create_task(self._sample())
         log.info("metrics on %s:%d", self.s.address, self.s.port)
 
@@ -402,12 +420,17 @@ class MetricsServer:
             self._sampler.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.gpus is not None:
+            self.gpus.close()
+            self.gpus = None
 
     async def _sample(self) -> None:
-        assert self.host is not None
         while True:
             await asyncio.sleep(max(self.s.interval_ms, 1) / 1000)
-            self.host.sample()
+            if self.host is not None:
+                self.host.sample()
+            if self.gpus is not None:
+                await asyncio.to_thread(self.gpus.sample)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         quantiles = [q for q, _ in self.s.config.summary_quantiles]
@@ -415,5 +438,5 @@ class MetricsServer:
             versions = await self._fetch(quantiles if self.s.config.summary_latencies else [])
         except ServingError as err:
             return web.Response(status=503, text=f"metrics unavailable: {err.message}\n")
-        body = render(versions, self.s.config, self.host, self.cache)
+        body = render(versions, self.s.config, self.host, self.cache, self.gpus)
         return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})

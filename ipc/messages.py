@@ -444,6 +444,9 @@ class VersionMetrics(msgspec.Struct, array_like=True):
     memory: dict[int, int] = {}  # instance index -> the bytes of its own memory (broker.memory)
     memory_limit: int = 0  # bytes; 0: none
     response_cache: bool = False  # its config enables the response cache
+    # the server's id of the GPU all its instances run on (its series then carry that
+    # GPU's gpu_uuid, as Triton's do); -1: they run on the CPU, or on several devices
+    gpu: int = -1
 
 
 class MetricsReply(msgspec.Struct, array_like=True):

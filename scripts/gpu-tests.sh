@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run the GPU-marked tests (KIND_GPU instances, CUDA shared memory) on a host with an
-# NVIDIA GPU and its driver. Two modes:
+# Run the GPU-marked tests (KIND_GPU instances, CUDA shared memory, GPU metrics) on a host
+# with an NVIDIA GPU and its driver. Two modes:
 #
 # Networked (the default): set-up as scripts/setup.sh with the GPU extras it installs on
 # a GPU host (scripts/gpu-extras.sh: onnxruntime-gpu, cupy, cuda-python; no CUDA toolkit

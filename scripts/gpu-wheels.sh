@@ -33,9 +33,9 @@ WHEELS=(
   brotli==1.2.1
 )
 # What the device image holds that these wheels or shoal need (see the device's KINDS.md).
-DEVICE_HAS="aiohttp certifi cuda-bindings cupy-cuda13x ml-dtypes numpy onnx onnxruntime
-packaging prometheus-client pytest pytest-timeout setuptools torch typing-extensions urllib3
-uvloop"
+DEVICE_HAS="aiohttp certifi cuda-bindings cupy-cuda13x ml-dtypes numpy nvidia-ml-py onnx
+onnxruntime packaging prometheus-client pytest pytest-timeout setuptools torch
+typing-extensions urllib3 uvloop"
 LIMIT_MIB=56
 
 PY=python3

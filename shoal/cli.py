@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         metrics_interval_ms=args.metrics_interval_ms,
         allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
         metrics_config=args.metrics_config,
         http_restricted_api=args.http_restricted_api,
         grpc_restricted_protocol=args.grpc_restricted_protocol,

@@ -284,7 +284,7 @@ def add_metrics_flags(p: argparse.ArgumentParser) -> None:
         "--allow-gpu-metrics",
         type=bool_flag,
         default=True,
-        help="accepted; shoal has no GPU metrics yet",
+        help="nv_gpu_* and nv_energy_consumption, through NVML, where there are GPUs",
     )
     p.add_argument(
         "--metrics-config",

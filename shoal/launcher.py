@@ -58,6 +58,7 @@ class ServeSettings:
     metrics_port: int = 8002
     metrics_interval_ms: int = 2000
     allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
     metrics_config: list[str] = field(default_factory=list)  # --metrics-config values
     http_restricted_api: list[str] = field(default_factory=list)
     grpc_restricted_protocol: list[str] = field(default_factory=list)
@@ -186,6 +187,7 @@ class Launcher:
             "--metrics-interval-ms",
             str(s.metrics_interval_ms),
             f"--allow-cpu-metrics={str(s.allow_cpu_metrics).lower()}",
+            f"--allow-gpu-metrics={str(s.allow_gpu_metrics).lower()}",
             *(f"--metrics-config={v}" for v in s.metrics_config),
             *(f"--http-restricted-api={v}" for v in s.http_restricted_api),
             *(f"--grpc-restricted-protocol={v}" for v in s.grpc_restricted_protocol),

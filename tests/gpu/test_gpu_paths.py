@@ -1,4 +1,5 @@
-"""KIND_GPU instances and CUDA shared memory, through the real server and tritonclient.
+"""KIND_GPU instances, CUDA shared memory and GPU metrics, through the real server and
+tritonclient.
 
 They need an NVIDIA GPU, cupy, torch with CUDA and cuda-python (tritonclient's CUDA
 shared-memory utilities); scripts/gpu-tests.sh checks for them and runs this folder.
@@ -529,3 +530,92 @@ def test_a_kind_gpu_worker_started_alone_runs_on_its_gpu(tmp_path: Path) -> None
     finally:
         roles.stop()
         shutil.rmtree(roles.runtime, ignore_errors=True)
+
+
+def _gpu_families(port: int) -> dict[str, dict[str, float]]:
+    """The page's GPU families: name -> {gpu_uuid: value}."""
+    from tests.integration.test_metrics import _scrape
+
+    return {
+        name: {labels["gpu_uuid"]: value for labels, value in samples}
+        for name, samples in _scrape(port).items()
+        if name.startswith(("nv_gpu", "nv_energy"))
+    }
+
+
+def test_gpu_metrics_are_the_visible_gpus_own_figures(tmp_path: Path) -> None:
+    """nv_gpu_* as Triton shows them, labelled with the UUID of the one GPU the server
+    sees, each figure checked against NVML read here or against what this test does."""
+    import time
+
+    import cupy
+    import pynvml
+
+    from tests.integration.test_metrics import _page, _scrape, _until
+
+    _identity(tmp_path, "identity_cpu", "{ count: 1 kind: KIND_CPU }")
+    _addsub_gpu(tmp_path)
+    srv = ShoalServer(tmp_path, "--metrics-interval-ms=100", env=_ONE_GPU)
+    pynvml.nvmlInit()
+    try:
+        visible = _ONE_GPU["CUDA_VISIBLE_DEVICES"]
+        handle = (
+            pynvml.nvmlDeviceGetHandleByIndex(int(visible))
+            if visible.isdigit()
+            else pynvml.nvmlDeviceGetHandleByUUID(visible)
+        )
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        page = _gpu_families(srv.metrics_port)
+        assert sorted(page) == sorted(
+            [
+                "nv_gpu_utilization",
+                "nv_gpu_memory_total_bytes",
+                "nv_gpu_memory_used_bytes",
+                "nv_gpu_power_usage",
+                "nv_gpu_power_limit",
+                "nv_energy_consumption",
+            ]
+        )
+        assert all(list(series) == [uuid] for series in page.values()), page
+        # The per-model series of a model on the GPU carry its UUID; a CPU model's none.
+        counts = {
+            labels["model"]: labels for labels, _ in _scrape(srv.metrics_port)["nv_inference_count"]
+        }
+        assert counts["addsub_gpu"].get("gpu_uuid") == uuid
+        assert "gpu_uuid" not in counts["identity_cpu"]
+        assert (
+            page["nv_gpu_memory_total_bytes"][uuid] == pynvml.nvmlDeviceGetMemoryInfo(handle).total
+        )
+        assert (
+            page["nv_gpu_power_limit"][uuid]
+            == pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000
+        )
+        assert 0.0 <= page["nv_gpu_utilization"][uuid] <= 1.0
+        assert page["nv_gpu_power_usage"][uuid] > 0.0
+        # Energy since the server started grows while the GPU draws power.
+        energy = page["nv_energy_consumption"][uuid]
+        time.sleep(0.5)
+        _until(lambda: _gpu_families(srv.metrics_port)["nv_energy_consumption"][uuid] > energy)
+        # Memory used follows an allocation of 4 GiB made here.
+        used = _gpu_families(srv.metrics_port)["nv_gpu_memory_used_bytes"][uuid]
+        block = cupy.empty(4 << 30, dtype=cupy.uint8)
+        try:
+            _until(
+                lambda: (
+                    _gpu_families(srv.metrics_port)["nv_gpu_memory_used_bytes"][uuid]
+                    >= used + (3.5 * (1 << 30))
+                )
+            )
+        finally:
+            del block
+            cupy.get_default_memory_pool().free_all_blocks()
+    finally:
+        pynvml.nvmlShutdown()
+        assert srv.stop() == 0
+    off = ShoalServer(tmp_path, "--allow-gpu-metrics=false", env=_ONE_GPU)
+    try:
+        assert _gpu_families(off.metrics_port) == {}
+        assert "nv_cpu_utilization" in _page(off.metrics_port)[1]
+    finally:
+        assert off.stop() == 0

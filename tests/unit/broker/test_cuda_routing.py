@@ -267,3 +267,25 @@ def test_the_instances_gpu_is_in_the_models_state() -> None:
     router, _, _ = _version([None, 3], batching=False)
     ((state),) = router.table.states()
     assert [i.gpu for i in state.instances] == [None, 3]
+
+
+# -- the metrics' gpu_uuid -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gpus", "only"),
+    [([0, 0], 0), ([1], 1), ([None], -1), ([0, None], -1), ([0, 1], -1)],
+)
+def test_a_version_is_on_one_gpu_only_when_all_its_instances_are(
+    gpus: list[int | None], only: int
+) -> None:
+    router, mv, _ = _version(gpus, batching=False)
+    assert mv.only_gpu() == only
+    (vm,) = router.table.metrics([], 0.0)
+    assert vm.gpu == only
+
+
+def test_a_dead_instance_does_not_count_where_the_version_runs() -> None:
+    _, mv, insts = _version([0, None], batching=False)
+    insts[1].state = "DEAD"
+    assert mv.only_gpu() == 0
