@@ -354,7 +354,12 @@ def test_an_unload_lets_the_requests_in_flight_finish(
     threads = [threading.Thread(target=call) for _ in range(2)]
     for t in threads:
         t.start()
-    _until(lambda: server.model_version("slow")["instances"][0]["busy"])
+
+    def both_held() -> bool:  # one running, the other queued behind it
+        state = server.model_version("slow")
+        return bool(state["instances"][0]["busy"]) and state["queued"] == 1
+
+    _until(both_held)  # (a request that reaches the broker after the unload finds no model)
     baseline.unload_model("slow")
     for t in threads:
         t.join()
