@@ -239,8 +239,9 @@ class BrokerProc:
             self._send(self.wsock, [inst.ident, *m.encode(shutdown)])
             self.endings.expect_exit(inst, now)  # killed if it has not exited in time
         if effects.changed:
-            self._ensembles_changed(effects.changed)
-            frames = m.encode(m.ModelsChanged(sorted(effects.changed)))
+            # (the ensembles that use them too: one may now be decoupled, or no longer)
+            changed = effects.changed | self._ensembles_changed(effects.changed)
+            frames = m.encode(m.ModelsChanged(sorted(changed)))
             frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]
             for ident in [*self.frontend_fds, *frontends]:
                 self._send(self.fsock, [ident, *frames])
@@ -251,12 +252,12 @@ class BrokerProc:
         if self._unsettled:  # at once: an ensemble judged again is LOADING until then
             self._settle_ensembles()
 
-    def _ensembles_changed(self, changed: set[str]) -> None:
+    def _ensembles_changed(self, changed: set[str]) -> set[str]:
         """The ensembles that use a model loaded or unloaded, directly or through other
         ensembles: one that lacks a model now goes with it, as Triton's do (UNAVAILABLE,
         "unloaded": not counted against readiness), and comes back with it; the others
         are judged again (LOADING until then, so that an ensemble of ensembles waits for
-        those it uses)."""
+        those it uses). Returns the ensembles affected."""
         ensembles = {
             mv.name: mv for mv in self.table.all_versions() if mv.ensemble is not None
         }  # (one version each: an ensemble's versions share its steps)
@@ -289,6 +290,7 @@ class BrokerProc:
                 mv.state, mv.reason = "LOADING", ""
                 if mv not in self._unsettled:
                     self._unsettled.append(mv)
+        return affected
 
     def _settle_ensembles(self) -> None:
         """Ensembles whose composing models have settled become READY (their steps fit
@@ -359,10 +361,16 @@ class BrokerProc:
                     )
                 v = max(ready, key=lambda v: v.version)
             composing[(dep.model, dep.version)] = mc.ModelConfig.FromString(v.config)
+        config = mc.ModelConfig.FromString(mv.config)
         try:
-            ensemble.check_composition(mc.ModelConfig.FromString(mv.config), composing)
+            ensemble.check_composition(config, composing)
+            decoupled = ensemble.decoupled(config, composing)
         except ConfigError as err:
             return err.message
+        if config.model_transaction_policy.decoupled != decoupled:
+            # as Triton reports it (and as the frontends run it): decoupled iff a step is
+            config.model_transaction_policy.decoupled = decoupled
+            mv.config = config.SerializeToString()
         return "READY"
 
     def _reap_peers(self) -> None:

@@ -12,7 +12,10 @@ Two stages, as in Triton 2.51:
   outputs, every required input of a step is fed, data types and shapes agree where one
   tensor meets several models, and the ensemble batches no more than its steps do.
 
-``dependencies`` and ``cycle`` give the broker what an ensemble waits for.
+``decoupled`` (with the configs ``check_composition`` reads) says whether the ensemble
+answers as a decoupled model, and refuses steps that would mix the responses of
+different decoupled models. ``dependencies`` and ``cycle`` give the broker what an
+ensemble waits for.
 """
 
 from __future__ import annotations
@@ -208,3 +211,52 @@ def check_composition(
         for key, tensor in out_map:
             t = outputs[key]
             meet(tensor, t.data_type, list(t.dims), cfg)
+
+
+#: Where an ensemble tensor comes from: the request (-1), or the responses of the
+#: decoupled step of that index (a tensor computed from those is theirs too).
+_REQUEST = -1
+
+
+def decoupled(config: pb.ModelConfig, composing: Mapping[tuple[str, int], pb.ModelConfig]) -> bool:
+    """Whether the ensemble is decoupled: some step runs a decoupled model (an ensemble
+    of one is such a model), whatever its own ``model_transaction_policy`` says, as in
+    Triton 2.51. Each response of a decoupled step runs the steps after it once more, so
+    a step must read tensors of one origin only: the request's, or one decoupled step's
+    (raises ConfigError, in Triton's words, naming the ensemble twice as it does). The
+    ensemble's outputs must be of one origin too, or no response could carry them all
+    (shoal's check: Triton's ensemble would never answer)."""
+    name = config.name
+    origin = {t.name: _REQUEST for t in config.input}
+    steps = list(enumerate(config.ensemble_scheduling.step))
+    found = False
+    while runnable := [(i, s) for i, s in steps if all(t in origin for t in s.input_map.values())]:
+        for i, step in runnable:
+            steps.remove((i, step))
+            sources = {origin[t] for t in step.input_map.values()}
+            if len(sources) > 1:
+                raise ConfigError(
+                    name,
+                    f"in ensemble {name}, step of model '{name}' receives inputs originated "
+                    "from different decoupled models",
+                )
+            source = sources.pop() if sources else _REQUEST
+            if composing[
+                (step.model_name, int(step.model_version))
+            ].model_transaction_policy.decoupled:
+                found, source = True, i
+            origin.update(dict.fromkeys(step.output_map.values(), source))
+    outputs = sorted({origin[t.name] for t in config.output if t.name in origin})
+    if len(outputs) > 1:
+        whose = " and ".join(
+            "the request"
+            if o == _REQUEST
+            else f"decoupled model '{config.ensemble_scheduling.step[o].model_name}' (step {o})"
+            for o in outputs
+        )
+        raise ConfigError(
+            name,
+            f"in ensemble {name}, the outputs originate from different sources ({whose}): "
+            "no response could carry them all",
+        )
+    return found

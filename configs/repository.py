@@ -172,7 +172,8 @@ def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
     being served as something else."""
     if config.platform == ENSEMBLE_PLATFORM:
         validate_io(config)  # no worker completes an ensemble's config: it must be whole
-    if config.model_transaction_policy.decoupled:
+    # (an ensemble's flag is its steps': the broker sets it once they have loaded)
+    if config.model_transaction_policy.decoupled and config.platform != ENSEMBLE_PLATFORM:
         # A decoupled model answers a request with any number of responses, through the
         # response senders of Python models (workers/python_backend.py).
         what = ""

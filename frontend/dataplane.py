@@ -10,6 +10,7 @@ written the response.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -22,7 +23,14 @@ from frontend import client_shm, ensemble
 from frontend.broker_client import BrokerClient
 from frontend.model_handle import ModelHandle, check_byte_size
 from frontend.response_cache import ResponseCache
-from frontend.types import InferenceRequest, InferenceResult, OutputTensor, ResponseError
+from frontend.types import (
+    EMPTY_FINAL,
+    FINAL_FLAG,
+    InferenceRequest,
+    InferenceResult,
+    OutputTensor,
+    ResponseError,
+)
 from ipc import messages as m
 from ipc.errors import (
     MODEL_CONTROL_DISABLED,
@@ -180,13 +188,14 @@ class DataPlane:
     def frontend_status(self) -> dict[str, int]:
         """Which frontend process this is, how many inferences it has served (shoal's
         extension: with several frontends, shows how the kernel spreads load), how many
-        wait for an answer and the shared memory its pool holds."""
+        wait for an answer, the shared memory its pool holds and how much of it is taken."""
         status = {
             "index": self.broker.index,
             "pid": os.getpid(),
             "inference_requests": self.requests_handled,
             "requests_waiting": self.broker.waiting,
             "shm_pool_bytes": self.pool.total_bytes,
+            "shm_pool_used_bytes": self.pool.used_bytes,
         }
         if self.cache is not None:
             c = self.cache
@@ -354,7 +363,7 @@ class DataPlane:
             raise ServingError(
                 Code.UNSUPPORTED,
                 f"model '{model.name}' is decoupled: it answers through ModelStreamInfer and "
-                "the generate extension only (an ensemble cannot run it here)",
+                "the generate extension only",
             )
         if model.is_ensemble:
             return await self._infer_ensemble(model, req)
@@ -430,8 +439,13 @@ class DataPlane:
             except AnswerError as err:  # the model's (or its instance's) answer
                 yield ResponseError(err.message, True, err.code)
                 return
-            result.parameters["triton_final_response"] = True
+            result.parameters[FINAL_FLAG] = True
             yield result
+            return
+        if model.is_ensemble:  # one with decoupled steps
+            async with contextlib.aclosing(self._stream_ensemble(model, req)) as responses:
+                async for r in responses:
+                    yield r
             return
         slots: list[Slot] = []  # its inputs' (its outputs travel in its answers)
         try:
@@ -447,7 +461,7 @@ class DataPlane:
         except BaseException:
             self._free(slots, pool)
             raise
-        empty_final = req.parameters.get("triton_enable_empty_final_response") is True
+        empty_final = req.parameters.get(EMPTY_FINAL) is True
         try:
             while True:
                 resp = await stream.queue.get()
@@ -468,7 +482,7 @@ class DataPlane:
                         else str(resp.model_version or model.version),
                         id=req.id,
                         outputs=self._outputs(resp, []),
-                        parameters={"triton_final_response": resp.final},
+                        parameters={FINAL_FLAG: resp.final},
                     )
                 if resp.final:
                     self.requests_handled += 1
@@ -496,16 +510,43 @@ class DataPlane:
         return err
 
     async def _infer_ensemble(self, model: ModelHandle, req: InferenceRequest) -> InferenceResult:
-        """Run an ensemble's steps (frontend/ensemble.py), once the request passed the
-        checks any request to the ensemble's own config passes."""
+        """Run an ensemble's steps (frontend/ensemble.py)."""
         started = time.perf_counter_ns()
+        run, todo, batch = self._ensemble_run(model, req)
+        try:
+            result = await run.run(todo)
+        except ServingError:
+            self.broker.notify(ensemble.done_note(model, started, False, batch))
+            raise
+        self.broker.notify(ensemble.done_note(model, started, True, batch))
+        self.requests_handled += 1
+        return result
+
+    async def _stream_ensemble(
+        self, model: ModelHandle, req: InferenceRequest
+    ) -> AsyncGenerator[InferenceResult | ResponseError, None]:
+        """Run the steps of an ensemble with decoupled ones: its responses as they come.
+        A request its client leaves before the end is not counted."""
+        started = time.perf_counter_ns()
+        run, todo, batch = self._ensemble_run(model, req)
+        async with contextlib.aclosing(run.stream(todo)) as responses:
+            async for r in responses:
+                yield r
+        self.broker.notify(ensemble.done_note(model, started, not run.failed, batch))
+        self.requests_handled += 1
+
+    def _ensemble_run(
+        self, model: ModelHandle, req: InferenceRequest
+    ) -> tuple[ensemble.EnsembleRun, list[ensemble.Step], int]:
+        """A request to an ensemble, once it passed the checks any request to the
+        ensemble's own config passes: the run, the steps it needs, its batch size."""
         key = (model.name, model.version)
         plan = self._plans.get(key)
         if plan is None:
             config = model.config
             plan = self._plans[key] = (ensemble.plan(config), ensemble.inflight_limits(config))
         steps, inflight = plan
-        run = ensemble.EnsembleRun(model, req, self.infer, self.model, inflight)
+        run = ensemble.EnsembleRun(model, req, self.infer, self.model, inflight, self.infer_stream)
         try:
             batch = model.batch_size(req)
             in_region = any(t.data is None for t in req.inputs) or any(
@@ -519,14 +560,7 @@ class DataPlane:
             todo = run.check(steps)
         except RequestError as err:
             raise ServingError(err.code, named(err.message, req.id)) from None
-        try:
-            result = await run.run(todo)
-        except ServingError:
-            self.broker.notify(ensemble.done_note(model, started, False, batch))
-            raise
-        self.broker.notify(ensemble.done_note(model, started, True, batch))
-        self.requests_handled += 1
-        return result
+        return run, todo, batch
 
     def _cached(
         self, req: InferenceRequest, model: ModelHandle, key: bytes, started: int, lookup: int

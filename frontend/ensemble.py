@@ -33,9 +33,11 @@ the frontend cannot read a client's region).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -43,12 +45,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 from configs.ensemble import in_order
 from frontend.model_handle import ModelHandle, TensorSpec
 from frontend.types import (
+    EMPTY_FINAL,
+    FINAL_FLAG,
     InferenceRequest,
     InferenceResult,
     InputTensor,
     OutputTensor,
     ParamValue,
     RequestedOutput,
+    ResponseError,
 )
 from ipc import messages as m
 from ipc.errors import Code, ServingError
@@ -56,6 +61,7 @@ from ipc.errors import Code, ServingError
 log = logging.getLogger("shoal.frontend")
 
 Infer = Callable[[InferenceRequest], Awaitable[InferenceResult]]
+InferStream = Callable[[InferenceRequest], AsyncGenerator[InferenceResult | ResponseError, None]]
 ModelOf = Callable[[str, str], Awaitable[ModelHandle]]
 #: Output parameters that make a step's answer unreadable by the frontend.
 _WRITTEN_ELSEWHERE = ("shared_memory_region", "classification")
@@ -77,6 +83,35 @@ class _Tensor:
     value: InputTensor  # as a later step's input reads it
     batched: bool  # its first dimension is a batch dimension
     output: OutputTensor | None = None  # as a step produced it (None: a request input)
+
+
+@dataclass(eq=False)
+class _Iteration:
+    """One pass through the steps of a decoupled ensemble's request: the request's own
+    tensors (the first), or one response of a decoupled step, and what the steps run on
+    those give. Its answers are released once no step reads them and no response to the
+    client shows them."""
+
+    tensors: dict[str, _Tensor] = field(default_factory=dict)
+    results: list[InferenceResult] = field(default_factory=list)
+    started: set[int] = field(default_factory=set)  # steps run on it
+    running: int = 0  # of those, the ones not yet done
+    held: int = 0  # responses to the client showing its tensors, not yet released
+    answered: bool = False  # its response to the client has gone
+
+    def release_if_done(self) -> bool:
+        """Release its answers if nothing needs them any more; whether it did."""
+        if self.running or self.held:
+            return False
+        for r in self.results:
+            r.release()
+        self.results.clear()
+        return True
+
+
+#: What a decoupled ensemble's step tells its request: one of its answers (``last``: the
+#: step is done with this one), or (no answer) that it is done; or why it failed.
+_StepEvent = tuple[Step, _Iteration, ModelHandle, InferenceResult | None, bool] | ServingError
 
 
 def plan(config: mc.ModelConfig) -> list[Step]:
@@ -131,8 +166,10 @@ class EnsembleRun:
     model_of: ModelOf
     # max_inflight_requests: a semaphore per step, shared by the ensemble's requests
     inflight: dict[int, asyncio.Semaphore] | None = None
+    infer_stream: InferStream | None = None  # for decoupled steps (``stream``)
     tensors: dict[str, _Tensor] = field(default_factory=dict)
     results: list[InferenceResult] = field(default_factory=list)
+    failed: bool = False  # (``stream``) it ended with an error response
 
     def _release(self) -> None:
         for r in self.results:
@@ -165,7 +202,7 @@ class EnsembleRun:
         read_later = {t for s in todo for t in s.inputs.values()}
         try:
             await self._steps(todo, asked, read_later)
-            outputs = [self._output(name) for name in wanted if name in self.tensors]
+            outputs = [self._output(name, self.tensors) for name in wanted if name in self.tensors]
         except BaseException:
             self._release()
             raise
@@ -173,17 +210,148 @@ class EnsembleRun:
             handle.name, str(handle.version), req.id, outputs, release=self._release
         )
 
-    def _output(self, name: str) -> OutputTensor:
-        tensor = self.tensors[name]
+    async def stream(
+        self, todo: list[Step]
+    ) -> AsyncGenerator[InferenceResult | ResponseError, None]:
+        """Run ``todo`` (from ``check``) for an ensemble with decoupled steps: its
+        responses, as Triton 2.51 sends them. Each response of a decoupled step runs the
+        steps after it again, on that response's tensors (an ``_Iteration``); each pass
+        that gives every wanted output answers the client once. The response sent when
+        no step is left running carries the final flag; when the last step ends with no
+        response (a decoupled model's final flag alone), the final flag goes alone, as an
+        empty response, if the request asked for that. The first error (a step's error
+        response or failure) is the last response: "in ensemble '<name>', <message>";
+        the steps still running are cancelled. ``self.failed`` tells how it ended."""
+        handle, req = self.handle, self.req
+        asked = {o.name: o for o in req.outputs}
+        wanted = list(asked) or list(handle.outputs)
+        read_later = {t for s in todo for t in s.inputs.values()}
+        batched = handle.max_batch_size > 0
+        root = _Iteration({t.name: _Tensor(t, batched) for t in req.inputs})
+        passes = {root}  # the iterations not yet released
+        events: asyncio.Queue[_StepEvent] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+        running = 0  # steps not yet done, over every iteration
+        answered_last = False
+
+        def settle(it: _Iteration) -> None:
+            if it.release_if_done():
+                passes.discard(it)
+
+        def unhold(it: _Iteration) -> None:  # (a response's release)
+            it.held -= 1
+            settle(it)
+
+        def launch(it: _Iteration) -> None:
+            nonlocal running
+            for step in todo:
+                if step.index in it.started or not self._ready(step, it.tensors):
+                    continue
+                if it is not root and not it.tensors.keys() & step.inputs.values():
+                    continue  # (reads only optional inputs the request left out: once)
+                it.started.add(step.index)
+                it.running += 1
+                running += 1
+                task = asyncio.ensure_future(self._run_step(step, it, asked, read_later, events))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+        try:
+            launch(root)
+            while running:
+                event = await events.get()
+                if isinstance(event, ServingError):
+                    self.failed = True
+                    message = f"in ensemble '{handle.name}', {event.message}"
+                    yield ResponseError(message, True, event.code)
+                    return
+                step, it, model, result, last = event
+                if last:
+                    it.running -= 1
+                    running -= 1
+                target = it
+                if result is not None:
+                    if model.decoupled:  # a response: the steps after it run on it again
+                        target = _Iteration()
+                        passes.add(target)
+                    target.results.append(result)
+                    _record(target.tensors, step, result, model)
+                    launch(target)
+                    if not target.answered and all(n in target.tensors for n in wanted):
+                        target.answered = True
+                        target.held += 1
+                        answered_last = running == 0
+                        yield InferenceResult(
+                            handle.name,
+                            str(handle.version),
+                            req.id,
+                            [self._output(n, target.tensors) for n in wanted],
+                            {FINAL_FLAG: answered_last},
+                            release=functools.partial(unhold, target),
+                        )
+                settle(it)
+                settle(target)
+            if not answered_last and req.parameters.get(EMPTY_FINAL) is True:
+                yield InferenceResult(handle.name, "", req.id, [], {FINAL_FLAG: True})
+        finally:
+            # Ended (the error, or the client left): the steps still running are
+            # cancelled; every answer goes, those still queued included.
+            for task in tasks:
+                task.cancel()
+            while not events.empty():
+                event = events.get_nowait()
+                if not isinstance(event, ServingError) and event[3] is not None:
+                    event[3].release()
+            for it in passes:
+                it.running = it.held = 0
+                it.release_if_done()
+            passes.clear()
+
+    async def _run_step(
+        self,
+        step: Step,
+        it: _Iteration,
+        asked: dict[str, RequestedOutput],
+        read_later: set[str],
+        events: asyncio.Queue[_StepEvent],
+    ) -> None:
+        """Run ``step`` on the tensors of ``it``, its answers to ``events``."""
+        try:
+            model = await self.model_of(step.model, step.version)
+            request = self._request(step, model, it.tensors, asked, read_later)
+            limit = self.inflight[step.index] if self.inflight is not None else None
+            async with limit or contextlib.nullcontext():
+                if not model.decoupled:
+                    events.put_nowait((step, it, model, await self.infer(request), True))
+                    return
+                assert self.infer_stream is not None
+                ended = False
+                async with contextlib.aclosing(self.infer_stream(request)) as responses:
+                    async for r in responses:
+                        if isinstance(r, ResponseError):
+                            events.put_nowait(ServingError(r.code, r.message))
+                            return
+                        ended = r.parameters.get(FINAL_FLAG) is True
+                        events.put_nowait((step, it, model, r, ended))
+                if not ended:  # the final flag alone
+                    events.put_nowait((step, it, model, None, True))
+        except ServingError as err:
+            events.put_nowait(err)
+        except Exception as exc:
+            log.error("ensemble '%s': a step failed", self.handle.name, exc_info=exc)
+            events.put_nowait(ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+    def _output(self, name: str, tensors: dict[str, _Tensor]) -> OutputTensor:
+        tensor = tensors[name]
         out = tensor.output
         assert out is not None  # an ensemble output is written by a step (check_graph)
         spec = self.handle.outputs[name]
         shape = _reshaped(out.shape, tensor.batched, self.handle.max_batch_size, spec.dims)
         return OutputTensor(name, out.datatype, shape, out.data, dict(out.parameters))
 
-    def _ready(self, step: Step) -> bool:
+    def _ready(self, step: Step, tensors: dict[str, _Tensor]) -> bool:
         optional = {n for n, s in self.handle.inputs.items() if s.optional}
-        return all(t in self.tensors or t in optional for t in step.inputs.values())
+        return all(t in tensors or t in optional for t in step.inputs.values())
 
     async def _steps(
         self, todo: list[Step], asked: dict[str, RequestedOutput], read_later: set[str]
@@ -194,7 +362,7 @@ class EnsembleRun:
         try:
             while pending or running:
                 if failure is None:
-                    for step in [s for s in pending if self._ready(s)]:
+                    for step in [s for s in pending if self._ready(s, self.tensors)]:
                         pending.remove(step)
                         task = asyncio.ensure_future(self._step(step, asked, read_later))
                         running[task] = step
@@ -248,21 +416,31 @@ class EnsembleRun:
 
     def _keep(self, step: Step, result: InferenceResult, model: ModelHandle) -> None:
         self.results.append(result)
-        for out in result.outputs:
-            name = step.outputs.get(out.name)
-            if name is None:
-                continue
-            value = InputTensor(name, out.datatype, list(out.shape), out.data, {}, out.location)
-            self.tensors[name] = _Tensor(value, model.max_batch_size > 0, out)
+        _record(self.tensors, step, result, model)
 
     async def _step(
         self, step: Step, asked: dict[str, RequestedOutput], read_later: set[str]
     ) -> tuple[Step, InferenceResult, ModelHandle]:
         model = await self.model_of(step.model, step.version)
+        request = self._request(step, model, self.tensors, asked, read_later)
+        if self.inflight is None:
+            return step, await self.infer(request), model
+        async with self.inflight[step.index]:  # waits while the step has its limit running
+            return step, await self.infer(request), model
+
+    def _request(
+        self,
+        step: Step,
+        model: ModelHandle,
+        tensors: dict[str, _Tensor],
+        asked: dict[str, RequestedOutput],
+        read_later: set[str],
+    ) -> InferenceRequest:
+        """The request ``step`` sends ``model``, reading ``tensors``."""
         inputs = []
         mapped = in_order(step.inputs, list(model.inputs))  # the model's config order
         for model_input, name in mapped:
-            tensor = self.tensors.get(name)
+            tensor = tensors.get(name)
             if tensor is None:  # an optional ensemble input the request left out
                 continue
             spec: TensorSpec | None = model.inputs.get(model_input)
@@ -279,13 +457,21 @@ class EnsembleRun:
             if name in asked and name not in read_later:  # where the client wants it
                 params = dict(asked[name].parameters)
             outputs.append(RequestedOutput(model_output, params))
-        request = InferenceRequest(
-            step.model, step.version, self.req.id, dict(self.req.parameters), inputs, outputs
-        )
-        if self.inflight is None:
-            return step, await self.infer(request), model
-        async with self.inflight[step.index]:  # waits while the step has its limit running
-            return step, await self.infer(request), model
+        # (a decoupled step's final flag is the ensemble's to send, or not)
+        params = {k: v for k, v in self.req.parameters.items() if k != EMPTY_FINAL}
+        return InferenceRequest(step.model, step.version, self.req.id, params, inputs, outputs)
+
+
+def _record(
+    tensors: dict[str, _Tensor], step: Step, result: InferenceResult, model: ModelHandle
+) -> None:
+    """The ensemble tensors ``result`` (``step``'s answer) gives, in ``tensors``."""
+    for out in result.outputs:
+        name = step.outputs.get(out.name)
+        if name is None:
+            continue
+        value = InputTensor(name, out.datatype, list(out.shape), out.data, {}, out.location)
+        tensors[name] = _Tensor(value, model.max_batch_size > 0, out)
 
 
 def inflight_limits(config: mc.ModelConfig) -> dict[int, asyncio.Semaphore] | None:

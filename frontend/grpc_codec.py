@@ -16,6 +16,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from frontend.types import (
+    EMPTY_FINAL,
     InferenceRequest,
     InferenceResult,
     InputTensor,
@@ -76,7 +77,7 @@ _RESERVED_PARAMS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
 }
 #: What any other request parameter may be, and the one "triton_" key a client may set.
 _PLAIN_KINDS: Final = ("int64_param", "bool_param", "string_param", "double_param")
-_ALLOWED_TRITON_KEY: Final = "triton_enable_empty_final_response"
+_ALLOWED_TRITON_KEY: Final = EMPTY_FINAL
 
 
 def _request_params(src: Any) -> dict[str, ParamValue]:

@@ -30,7 +30,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from frontend import grpc_codec, log_settings, restricted
 from frontend.dataplane import DataPlane
-from frontend.types import InferenceResult, ResponseError
+from frontend.types import FINAL_FLAG, InferenceResult, ResponseError
 from ipc import logs
 from ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
 from shoal.flags import GrpcTls
@@ -205,7 +205,7 @@ def _stream_answer(
     the model and says whether it is the last, as Triton 2.51's does."""
     if isinstance(r, ResponseError):
         failed = pb.ModelInferResponse(id=request.id, model_name=request.model_name)
-        grpc_codec.set_param(failed.parameters["triton_final_response"], r.final)
+        grpc_codec.set_param(failed.parameters[FINAL_FLAG], r.final)
         return pb.ModelStreamInferResponse(error_message=r.message, infer_response=failed)
     try:
         return pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(r))
@@ -401,7 +401,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             answer = await self._infer(request)
         except Exception as exc:
             return _stream_error(request, exc)
-        grpc_codec.set_param(answer.parameters["triton_final_response"], True)  # as Triton 2.51's
+        grpc_codec.set_param(answer.parameters[FINAL_FLAG], True)  # as Triton 2.51's
         return pb.ModelStreamInferResponse(infer_response=answer)
 
     async def _stream_decoupled(

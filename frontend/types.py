@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from ipc.errors import Code
 
 ParamValue = bool | int | float | str
+#: The request parameter that asks for the final flag alone as an empty response (the one
+#: "triton_" key a client may set); every response carries ``FINAL_FLAG``.
+EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL_FLAG = "triton_final_response"
 
 
 @dataclass(slots=True)

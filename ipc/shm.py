@@ -176,6 +176,11 @@ class SlabPool:
     def total_bytes(self) -> int:
         return sum(seg.size for seg, _ in self._segments.values())
 
+    @property
+    def used_bytes(self) -> int:
+        """The bytes of the slots taken and not yet freed (each rounded up as kept)."""
+        return sum(free.used for _, free in self._segments.values())
+
     def fresh(self) -> SlabPool:
         """A new pool with the same settings (the old one is closed by the caller)."""
         return SlabPool(self._role, self._slab_bytes, self._keep_arg)

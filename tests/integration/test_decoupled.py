@@ -69,6 +69,8 @@ class TritonPythonModel:
             sender.send(response, FINAL if last and MODE == "last_final" else 0)
         if MODE == "dropped" or (MODE in ("raises", "returns_list") and len(values) == 0):
             return  # the final flag never sent (by the model)
+        if MODE == "slow_final":
+            time.sleep(0.3)  # the final flag comes well after the last response
         if MODE != "last_final" or len(values) == 0:
             sender.send(flags=FINAL)
 

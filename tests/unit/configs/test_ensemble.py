@@ -7,7 +7,14 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from configs.ensemble import Dependency, check_composition, check_graph, cycle, dependencies
+from configs.ensemble import (
+    Dependency,
+    check_composition,
+    check_graph,
+    cycle,
+    decoupled,
+    dependencies,
+)
 from configs.schema import ConfigError
 
 
@@ -134,3 +141,71 @@ def test_each_pinned_version_is_checked_against_its_own_config() -> None:
     check_composition(pinned, {("a", 1): _model("a"), ("a", 2): _model("a")})
     with pytest.raises(ConfigError, match="inconsistent shape"):
         check_composition(pinned, {("a", 1): _model("a"), ("a", 2): _model("a", dims="5")})
+
+
+def _models(decoupled_ones: str) -> dict[tuple[str, int], pb.ModelConfig]:
+    """Models a to f, by (name, -1); those named in ``decoupled_ones`` decoupled."""
+    out = {}
+    for name in "abcdef":
+        config = _model(name)
+        config.model_transaction_policy.decoupled = name in decoupled_ones
+        out[(name, -1)] = config
+    return out
+
+
+# IN -> a -> MID -> b -> OUT
+_MIXED = (
+    "in ensemble e, step of model 'e' receives inputs originated from different decoupled models"
+)
+
+
+def test_an_ensemble_is_decoupled_when_a_step_is_whatever_its_config_says() -> None:
+    chain = _ensemble(CHAIN)
+    assert decoupled(chain, _models("a")) and decoupled(chain, _models("b"))
+    chain.model_transaction_policy.decoupled = True
+    assert not decoupled(chain, _models(""))
+    # a chain of decoupled steps: each response of a runs b, whose responses run c
+    three = _ensemble([*CHAIN[:1], _step("b", {"X": "MID"}, {"Y": "M2"}),
+                       _step("c", {"X": "M2"}, {"Y": "OUT"})])  # fmt: skip
+    assert decoupled(three, _models("ab"))
+
+
+def test_a_step_reads_tensors_of_one_origin() -> None:
+    # a's responses fan out to b and c, d joins them: one origin, a's
+    diamond = _ensemble([
+        _step("a", {"X": "IN"}, {"Y": "MID"}),
+        _step("b", {"X": "MID"}, {"Y": "L"}),
+        _step("c", {"X": "MID"}, {"Y": "R"}),
+        _step("d", {"X": "L", "OPT": "R"}, {"Y": "OUT"}),
+    ])  # fmt: skip
+    assert decoupled(diamond, _models("a"))
+    for which in ("b", "c", "bc"):  # two decoupled origins, or one and a's
+        with pytest.raises(ConfigError) as err:
+            decoupled(diamond, _models(which))
+        assert err.value.message == _MIXED
+    # a response of a beside the request's own tensor
+    beside = _ensemble([
+        _step("a", {"X": "IN"}, {"Y": "MID"}),
+        _step("b", {"X": "MID", "OPT": "IN2"}, {"Y": "OUT"}),
+    ], ins="IN IN2")  # fmt: skip
+    assert not decoupled(beside, _models(""))
+    with pytest.raises(ConfigError) as err:
+        decoupled(beside, _models("a"))
+    assert err.value.message == _MIXED
+    assert decoupled(beside, _models("b"))  # b reads the request's tensors only
+
+
+def test_the_outputs_must_come_from_one_origin() -> None:
+    split = _ensemble([
+        _step("a", {"X": "IN"}, {"Y": "OUT"}),
+        _step("b", {"X": "IN"}, {"Y": "OUT2"}),
+    ], outs="OUT OUT2")  # fmt: skip
+    assert not decoupled(split, _models(""))
+    with pytest.raises(ConfigError) as err:
+        decoupled(split, _models("ab"))
+    assert err.value.message == (
+        "in ensemble e, the outputs originate from different sources (decoupled model 'a' "
+        "(step 0) and decoupled model 'b' (step 1)): no response could carry them all"
+    )
+    with pytest.raises(ConfigError, match=r"\(the request and decoupled model 'b' \(step 1\)\)"):
+        decoupled(split, _models("b"))

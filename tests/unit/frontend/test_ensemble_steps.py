@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from frontend.ensemble import EnsembleRun, Step, _reshaped, needed
 from frontend.model_handle import ModelHandle
-from frontend.types import InferenceRequest, InferenceResult, InputTensor, OutputTensor
+from frontend.types import (
+    EMPTY_FINAL,
+    FINAL_FLAG,
+    InferenceRequest,
+    InferenceResult,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+    ResponseError,
+)
 
 STEPS = [
     Step(0, "pre", "", {"X": "IN"}, {"Y": "A", "Z": "SIDE"}),
@@ -120,6 +131,153 @@ def test_a_request_abandoned_mid_way_releases_what_its_steps_answered() -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        assert steps.held == 0
+
+    asyncio.run(go())
+
+
+# -- ensembles with decoupled steps (EnsembleRun.stream) ------------------------------
+
+# IN -> gen (decoupled) -> A -> post -> OUT
+STREAMED = [
+    Step(0, "gen", "", {"X": "IN"}, {"Y": "A"}),
+    Step(1, "post", "", {"X": "A"}, {"Y": "OUT"}),
+]
+
+
+class _Decoupled(_Steps):
+    """``gen`` is decoupled: its responses are what the test puts in ``sent`` (True: a
+    response, with the final flag if ``final``; "final": the final flag alone; an error
+    message); ``post`` answers at once. Counts what is held and whether gen's stream was
+    closed before its end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name in ("gen", "post"):
+            self.gates[name] = asyncio.Event()
+            self.gates[name].set()
+        self.sent: asyncio.Queue[tuple[object, bool]] = asyncio.Queue()
+        self.closed_early = False
+
+    async def infer_stream(
+        self, req: InferenceRequest
+    ) -> AsyncGenerator[InferenceResult | ResponseError, None]:
+        assert req.model == "gen" and EMPTY_FINAL not in req.parameters
+        ended = False
+        try:
+            while True:
+                what, final = await self.sent.get()
+                if what == "final":
+                    ended = True
+                    return
+                if isinstance(what, str):
+                    yield ResponseError(what, final)
+                else:
+                    result = await self.infer(req)
+                    result.parameters[FINAL_FLAG] = final
+                    yield result
+                if final:
+                    ended = True
+                    return
+        finally:
+            self.closed_early = not ended
+
+    async def model_of(self, name: str, version: str) -> ModelHandle:
+        handle = _model_handle(name)
+        handle.decoupled = name == "gen"
+        return handle
+
+
+async def _settle() -> None:
+    """Let every task run until none has anything left to do (no I/O here)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+def _stream_run(steps: _Decoupled, **params: bool) -> EnsembleRun:
+    req = _request()
+    req.outputs = [RequestedOutput("OUT")]
+    req.parameters.update(params)
+    return EnsembleRun(_handle(), req, steps.infer, steps.model_of, infer_stream=steps.infer_stream)
+
+
+def _collect(run: EnsembleRun, steps: _Decoupled, sends: list[tuple[object, bool]]) -> list[Any]:
+    """The responses of ``run`` to gen's ``sends``, each released once taken."""
+
+    async def go() -> list[Any]:
+        out: list[Any] = []
+
+        async def take() -> None:
+            async for r in run.stream(run.check(STREAMED)):
+                if isinstance(r, InferenceResult):
+                    r.release()
+                    out.append(([o.name for o in r.outputs], r.model_version, r.parameters))
+                else:
+                    out.append(r)
+
+        taking = asyncio.ensure_future(take())
+        for s in sends:  # one at a time, each through every step before the next
+            steps.sent.put_nowait(s)
+            await _settle()
+        await taking
+        return out
+
+    return asyncio.run(go())
+
+
+def test_each_response_of_a_decoupled_step_answers_once_through_the_steps_after_it() -> None:
+    steps = _Decoupled()
+    answers = _collect(_stream_run(steps), steps, [(True, False), (True, False), (True, True)])
+    data = (["OUT"], "1")
+    assert answers == [
+        (*data, {FINAL_FLAG: False}), (*data, {FINAL_FLAG: False}), (*data, {FINAL_FLAG: True})
+    ]  # fmt: skip
+    assert steps.held == 0  # gen's three answers, post's three
+
+
+def test_a_final_flag_alone_is_an_empty_response_only_when_asked_for() -> None:
+    sends: list[tuple[object, bool]] = [(True, False), ("final", True)]
+    steps = _Decoupled()
+    assert _collect(_stream_run(steps), steps, sends) == [(["OUT"], "1", {FINAL_FLAG: False})]
+    steps = _Decoupled()
+    answers = _collect(_stream_run(steps, **{EMPTY_FINAL: True}), steps, sends)
+    assert answers[1:] == [([], "", {FINAL_FLAG: True})]
+    steps = _Decoupled()
+    assert _collect(_stream_run(steps), steps, [("final", True)]) == []  # no response at all
+    assert steps.held == 0
+
+
+def test_the_first_error_ends_the_request_and_cancels_what_runs() -> None:
+    steps = _Decoupled()
+    run = _stream_run(steps)
+    answers = _collect(run, steps, [(True, False), ("boom", False), (True, False)])
+    assert answers[0][2] == {FINAL_FLAG: False}
+    (error,) = answers[1:]
+    assert error == ResponseError("in ensemble 'e', boom", True)
+    assert run.failed and steps.closed_early and steps.held == 0
+
+
+def test_a_response_holds_its_pass_until_released() -> None:
+    """A response shows its pass's tensors (post's answer, gen's response) until the
+    transport releases it; then they go. The client leaving mid-way releases the rest."""
+
+    async def go() -> None:
+        steps = _Decoupled()
+        run = _stream_run(steps)
+        responses = run.stream(run.check(STREAMED))
+        steps.sent.put_nowait((True, False))
+        first = await anext(responses)
+        assert isinstance(first, InferenceResult) and steps.held == 2
+        first.release()
+        assert steps.held == 0
+        steps.sent.put_nowait((True, False))
+        second = await anext(responses)
+        assert steps.held == 2
+        await responses.aclose()  # the client left, holding the second
+        await _settle()  # (gen's stream ends as its cancelled step does)
+        assert steps.held == 0 and steps.closed_early
+        assert isinstance(second, InferenceResult)
+        second.release()  # a late release changes nothing
         assert steps.held == 0
 
     asyncio.run(go())

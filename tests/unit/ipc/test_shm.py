@@ -40,8 +40,10 @@ def test_pool_grows_for_large_requests_and_shrinks_back(pool: shm.SlabPool) -> N
     base = pool.total_bytes
     slots = [pool.alloc(3 << 20) for _ in range(3)]
     assert pool.total_bytes > base
+    assert pool.used_bytes == 3 * (3 << 20)
     for s in slots:
         pool.free(s)
+    assert pool.used_bytes == 0
     pool.free(pool.alloc(1))
     assert len(pool.names()) <= 1 + 4  # growth slabs beyond the keep limit are unlinked
 
