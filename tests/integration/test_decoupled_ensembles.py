@@ -59,6 +59,34 @@ input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ {WIDE} ] }} ]
 """
 MODES = ("slow_final", "last_final", "errors", "cancellable")
+# A Python model iterating the ensemble's responses (business logic scripting): OUT[i]
+# = the first element of the i-th response's OUT.
+BLS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="ens_last_final", requested_output_names=["OUT"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "IN"),
+                        pb_utils.Tensor("DELAY_MS", np.zeros(1, np.uint32))],
+            )
+            got = [r.output_tensors()[0].as_numpy()[0] for r in call.exec(decoupled=True)]
+            out = np.array(got, dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
+        return responses
+"""
+BLS_CONFIG = """
+name: "bls"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
 
 
 _INPUTS = {
@@ -116,6 +144,9 @@ def write_repository(repo: Path) -> None:
     (repo / "big" / "1").mkdir(parents=True)
     (repo / "big" / "1" / "model.py").write_text(BIG)
     (repo / "big" / "config.pbtxt").write_text(BIG_CONFIG)
+    (repo / "bls" / "1").mkdir(parents=True)
+    (repo / "bls" / "1" / "model.py").write_text(BLS)
+    (repo / "bls" / "config.pbtxt").write_text(BLS_CONFIG)
     # an ensemble of the decoupled ensemble: decoupled too, through it
     _ensemble(
         repo,
@@ -155,7 +186,7 @@ def write_repository(repo: Path) -> None:
     )
 
 
-_LOADS = ("ens_slow_final", "ens_last_final", "ens_errors", "ens_cancellable", "ens_outer")
+_LOADS = ("ens_slow_final", "ens_last_final", "ens_errors", "ens_cancellable", "ens_outer", "bls")
 _REFUSED = ("ens_mixed", "ens_split")
 
 
@@ -210,6 +241,15 @@ def test_each_response_of_the_decoupled_step_runs_the_steps_after_it(
     # the final flag rides on the last response when the model sent it with its last
     assert [_final(a) for a in answers] == [False] * 3 + [model != "ens_slow_final"]
     assert stream.quiet()
+
+
+def test_a_python_model_iterates_the_ensembles_responses(server: ShoalServer) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    x = grpcclient.InferInput("IN", [3], "INT32")
+    x.set_data_from_numpy(np.array([4, 5, 6], np.int32))
+    out = client.infer("bls", [x]).as_numpy("OUT")
+    client.close()
+    np.testing.assert_array_equal(out, [8, 10, 12])
 
 
 def test_a_final_flag_that_comes_alone_is_sent_only_when_asked_for(stream: Stream) -> None:
