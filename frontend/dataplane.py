@@ -431,7 +431,8 @@ class DataPlane:
         final flag, and the final flag alone yields nothing unless the request asked for
         it (``triton_enable_empty_final_response``), as an empty response. Each response
         says whether it is the final one (``triton_final_response``), as Triton's do.
-        Another model's one answer (``infer``'s) is the final one."""
+        Another model's one answer (``infer``'s) is the final one. An ensemble with
+        decoupled steps answers once per pass through its steps (``EnsembleRun.stream``)."""
         model = await self.model(req.model, req.version)
         if not model.decoupled:
             try:
