@@ -16,6 +16,8 @@ in the frontend's shared memory and each response must show its own."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import textwrap
 import time
 from collections.abc import Iterator
@@ -467,3 +469,31 @@ def test_a_step_reloaded_as_not_decoupled_makes_its_ensemble_answer_once(
         finally:
             s.close()
             client.close()
+
+
+def test_a_step_killed_mid_stream_ends_its_requests_alone(server: ShoalServer) -> None:
+    """SIGKILL of the decoupled step's instance mid-stream: the ensemble's request ends
+    with the step's error after "in ensemble", another ensemble's stream is untouched,
+    nothing stays held, and once the instance is back the ensemble streams again."""
+    doomed, other = Stream(server), Stream(server)
+    try:
+        doomed.send("ens_cancellable", list(range(200)), delay_ms=20)
+        other.send("ens_last_final", list(range(30, 40)), delay_ms=20)
+        assert len(doomed.take(2)) == 2
+        os.kill(server.worker_pid("repeat_cancellable"), signal.SIGKILL)
+        while not isinstance(last := doomed.take(1)[0], InferenceServerException):
+            pass
+        assert last.message().startswith("in ensemble 'ens_cancellable', ")
+        assert "instance 'repeat_cancellable_0_0'" in last.message()
+        assert doomed.quiet()
+        assert _streamed(other.take(10)) == [(v, v - 30) for v in range(30, 40)]
+        assert _pool_used(server) == 0
+        deadline = time.monotonic() + 30
+        while server.model_version("repeat_cancellable")["state"] != "READY":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        doomed.send("ens_cancellable", [3])
+        assert _streamed(doomed.take(1)) == [(3, 0)]
+    finally:
+        doomed.close()
+        other.close()
