@@ -127,13 +127,14 @@ _STREAMED = {"OUT": ("TYPE_INT32", str(WIDE)), "IDX": ("TYPE_UINT32", "1")}
 _REPEAT_IN = {"IN": "IN", "DELAY_MS": "DELAY_MS"}
 
 
-def write_repository(repo: Path) -> None:
-    for mode in MODES:
+def write_streaming(repo: Path, modes: tuple[str, ...] = ("last_final",)) -> None:
+    """``repeat_<mode>`` for each of ``modes``, ``big``, and ``ens_<mode>``: repeat, then
+    big on each response (OUT = 2 x the element, WIDE times; IDX its position)."""
+    for mode in modes:
         name = f"repeat_{mode}"
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(REPEAT.format(mode=mode)))
         (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
-        # repeat, then big on each response: OUT = 2 x the element (WIDE times), IDX
         _ensemble(
             repo,
             f"ens_{mode}",
@@ -146,6 +147,10 @@ def write_repository(repo: Path) -> None:
     (repo / "big" / "1").mkdir(parents=True)
     (repo / "big" / "1" / "model.py").write_text(BIG)
     (repo / "big" / "config.pbtxt").write_text(BIG_CONFIG)
+
+
+def write_repository(repo: Path) -> None:
+    write_streaming(repo, MODES)
     (repo / "bls" / "1").mkdir(parents=True)
     (repo / "bls" / "1" / "model.py").write_text(BLS)
     (repo / "bls" / "config.pbtxt").write_text(BLS_CONFIG)

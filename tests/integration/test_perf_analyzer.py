@@ -22,6 +22,7 @@ import pytest
 
 from shoal import modelgen
 from tests.conftest import identity_config
+from tests.integration import test_decoupled_ensembles as decoupled_ensembles
 from tests.serverctl import ShoalServer
 
 
@@ -80,6 +81,7 @@ def pa_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]
     modelgen.write_model(repo, "acc", modelgen.accumulate_model(), config)
     (repo / "ens" / "1").mkdir(parents=True)  # simple, twice: OUT = 2 x INPUT0
     (repo / "ens" / "config.pbtxt").write_text(_ENSEMBLE)
+    decoupled_ensembles.write_streaming(repo)  # ens_last_final: a response per element
     srv = ShoalServer(repo, "--allow-client-shm=true")
     yield srv
     assert srv.stop() == 0
@@ -217,3 +219,23 @@ def test_an_ensemble_is_driven_and_its_outputs_checked(
     assert run.returncode == 0, run.stdout + run.stderr
     assert "error" not in (run.stdout + run.stderr).lower()
     assert inference_count(pa_server, "ens") - before >= requests_counted(run) > 0
+
+
+def test_a_decoupled_ensemble_is_streamed(pa_server: ShoalServer) -> None:
+    """perf_analyzer reads the ensemble's config (decoupled, from its step), streams to
+    it and counts each request's four responses; the ensemble counts the requests."""
+    before = inference_count(pa_server, "ens_last_final")
+    run = perf_analyzer(
+        pa_server, "grpc-stream", "ens_last_final", "--shape", "IN:4", "--input-data", "zero"
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "error" not in (run.stdout + run.stderr).lower()
+    assert "Detected decoupled model" in run.stdout
+
+    def rate(label: str) -> float:  # the figure of the last window perf_analyzer reports
+        found = [ln.split(":")[1] for ln in run.stdout.splitlines() if ln.strip().startswith(label)]
+        assert found, run.stdout
+        return float(found[-1].split()[0])
+
+    assert rate("Response Throughput:") == pytest.approx(4 * rate("Throughput:"), rel=0.05)
+    assert inference_count(pa_server, "ens_last_final") - before >= requests_counted(run) > 0
