@@ -33,6 +33,7 @@ the frontend cannot read a client's region).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -96,8 +97,13 @@ class _Iteration:
     results: list[InferenceResult] = field(default_factory=list)
     started: set[int] = field(default_factory=set)  # steps run on it
     running: int = 0  # of those, the ones not yet done
-    held: int = 0  # responses to the client showing its tensors, not yet released
-    answered: bool = False  # its response to the client has gone
+    held: int = 0  # its response to the client, until the transport released it
+    answer: list[OutputTensor] | None = None  # its response, once every output is there
+    sent: bool = False  # (the request's own pass: its response has gone)
+    # its place among the passes of the responses of one decoupled step run (None: the
+    # request's own); and, by step, the lines of the passes its decoupled steps start
+    line: collections.deque[_Iteration] | None = None
+    lines: dict[int, collections.deque[_Iteration]] = field(default_factory=dict)
 
     def release_if_done(self) -> bool:
         """Release its answers if nothing needs them any more; whether it did."""
@@ -107,6 +113,24 @@ class _Iteration:
             r.release()
         self.results.clear()
         return True
+
+
+def _in_order(it: _Iteration) -> list[_Iteration]:
+    """The passes whose response may go now, in order: ``it`` if it is the request's own
+    pass and has its outputs (once); else, from the front of its line, those with their
+    outputs, skipping those that ended without, up to one still running."""
+    if it.line is None:
+        if it.answer is None or it.sent:
+            return []
+        it.sent = True
+        return [it]
+    going = []
+    line = it.line
+    while line and (line[0].answer is not None or line[0].running == 0):
+        p = line.popleft()
+        if p.answer is not None:
+            going.append(p)
+    return going
 
 
 #: What a decoupled ensemble's step tells its request: one of its answers (``last``: the
@@ -221,7 +245,12 @@ class EnsembleRun:
         response (a decoupled model's final flag alone), the final flag goes alone, as an
         empty response, if the request asked for that. The first error (a step's error
         response or failure) is the last response: "in ensemble '<name>', <message>";
-        the steps still running are cancelled. ``self.failed`` tells how it ended."""
+        the steps still running are cancelled. ``self.failed`` tells how it ended.
+
+        Responses keep the order of the decoupled responses they come from (shoal's
+        promise; Triton sends each pass's as it ends, so a post-processing model with
+        several instances can reorder a stream): a pass that has its outputs waits for
+        the passes of the same step's earlier responses to answer or to end without."""
         handle, req = self.handle, self.req
         asked = {o.name: o for o in req.outputs}
         wanted = list(asked) or list(handle.outputs)
@@ -272,23 +301,28 @@ class EnsembleRun:
                 target = it
                 if result is not None:
                     if model.decoupled:  # a response: the steps after it run on it again
-                        target = _Iteration()
+                        line = it.lines.setdefault(step.index, collections.deque())
+                        target = _Iteration(line=line)
+                        line.append(target)
                         passes.add(target)
                     target.results.append(result)
                     _record(target.tensors, step, result, model)
                     launch(target)
-                    if not target.answered and all(n in target.tensors for n in wanted):
-                        target.answered = True
-                        target.held += 1
-                        answered_last = running == 0
-                        yield InferenceResult(
-                            handle.name,
-                            str(handle.version),
-                            req.id,
-                            [self._output(n, target.tensors) for n in wanted],
-                            {FINAL_FLAG: answered_last},
-                            release=functools.partial(unhold, target),
-                        )
+                    if target.answer is None and all(n in target.tensors for n in wanted):
+                        target.answer = [self._output(n, target.tensors) for n in wanted]
+                        target.held += 1  # (until its response is sent and released)
+                going = _in_order(it) + _in_order(target)
+                for i, p in enumerate(going):
+                    assert p.answer is not None
+                    answered_last = running == 0 and i == len(going) - 1
+                    yield InferenceResult(
+                        handle.name,
+                        str(handle.version),
+                        req.id,
+                        p.answer,
+                        {FINAL_FLAG: answered_last},
+                        release=functools.partial(unhold, p),
+                    )
                 settle(it)
                 settle(target)
             if not answered_last and req.parameters.get(EMPTY_FINAL) is True:

@@ -60,6 +60,27 @@ max_batch_size: 0
 input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ {WIDE} ] }} ]
 """
+# big, slow for 1 (0.3 s), with two instances: a later response's pass can end first
+LATE = f"""
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            if x[0] == 1:
+                time.sleep(0.3)
+            y = np.full([{WIDE}], 2 * x[0], np.int32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
+"""
+LATE_CONFIG = (
+    BIG_CONFIG.replace('"big"', '"late"') + "instance_group [{ count: 2 kind: KIND_CPU }]\n"
+)
 MODES = ("slow_final", "last_final", "errors", "cancellable")
 # A Python model iterating the ensemble's responses (business logic scripting): OUT[i]
 # = the first element of the i-th response's OUT.
@@ -151,6 +172,18 @@ def write_streaming(repo: Path, modes: tuple[str, ...] = ("last_final",)) -> Non
 
 def write_repository(repo: Path) -> None:
     write_streaming(repo, MODES)
+    (repo / "late" / "1").mkdir(parents=True)
+    (repo / "late" / "1" / "model.py").write_text(LATE)
+    (repo / "late" / "config.pbtxt").write_text(LATE_CONFIG)
+    _ensemble(
+        repo,
+        "ens_order",
+        [
+            ("repeat_last_final", _REPEAT_IN, {"OUT": "V", "IDX": "IDX"}),
+            ("late", {"X": "V"}, {"Y": "OUT"}),
+        ],
+        _STREAMED,
+    )
     (repo / "bls" / "1").mkdir(parents=True)
     (repo / "bls" / "1" / "model.py").write_text(BLS)
     (repo / "bls" / "config.pbtxt").write_text(BLS_CONFIG)
@@ -193,7 +226,15 @@ def write_repository(repo: Path) -> None:
     )
 
 
-_LOADS = ("ens_slow_final", "ens_last_final", "ens_errors", "ens_cancellable", "ens_outer", "bls")
+_LOADS = (
+    "ens_slow_final",
+    "ens_last_final",
+    "ens_errors",
+    "ens_cancellable",
+    "ens_outer",
+    "bls",
+    "ens_order",
+)
 _REFUSED = ("ens_mixed", "ens_split")
 
 
@@ -257,6 +298,15 @@ def test_a_python_model_iterates_the_ensembles_responses(server: ShoalServer) ->
     out = client.infer("bls", [x]).as_numpy("OUT")
     client.close()
     np.testing.assert_array_equal(out, [8, 10, 12])
+
+
+def test_responses_keep_the_order_of_the_decoupled_responses(stream: Stream) -> None:
+    """The pass of the first response takes 0.3 s on one instance of late, the others
+    end sooner on the other: their responses wait for it (Triton would send them first)."""
+    stream.send("ens_order", [1, 2, 3])
+    answers = stream.take(3)
+    assert _streamed(answers) == [(1, 0), (2, 1), (3, 2)]
+    assert [_final(a) for a in answers] == [False, False, True]
 
 
 def test_a_final_flag_that_comes_alone_is_sent_only_when_asked_for(stream: Stream) -> None:

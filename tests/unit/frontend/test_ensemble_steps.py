@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -278,6 +279,58 @@ def test_a_response_holds_its_pass_until_released() -> None:
         assert steps.held == 0 and steps.closed_early
         assert isinstance(second, InferenceResult)
         second.release()  # a late release changes nothing
+        assert steps.held == 0
+
+    asyncio.run(go())
+
+
+class _Reordering(_Decoupled):
+    """post's answers come when the test releases them, each by its call's number (its
+    OUT holds that number), in whatever order the test chooses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.post_gates: dict[int, asyncio.Event] = {}
+
+    async def infer(self, req: InferenceRequest) -> InferenceResult:
+        if req.model != "post":
+            return await super().infer(req)
+        self.calls += 1
+        number = self.calls
+        await self.post_gates.setdefault(number, asyncio.Event()).wait()
+        self.held += 1
+        out = OutputTensor("Y", "FP32", [1, 1], memoryview(struct.pack("<f", number)))
+        return InferenceResult(req.model, "1", "", [out], release=self._release)
+
+
+def test_responses_keep_the_order_of_the_decoupled_responses_they_come_from() -> None:
+    """post answers gen's second response first (another instance, say): its response
+    waits for the first one's, and the final flag rides on the last one sent."""
+
+    async def go() -> None:
+        steps = _Reordering()
+        run = _stream_run(steps)
+        got: list[tuple[float, object]] = []
+
+        async def take() -> None:
+            async for r in run.stream(run.check(STREAMED)):
+                assert isinstance(r, InferenceResult)
+                data = r.outputs[0].data
+                assert data is not None
+                got.append((struct.unpack("<f", data)[0], r.parameters[FINAL_FLAG]))
+                r.release()
+
+        taking = asyncio.ensure_future(take())
+        for s in [(True, False), (True, True)]:
+            steps.sent.put_nowait(s)
+            await _settle()
+        steps.post_gates[2].set()
+        await _settle()
+        assert got == []  # the second pass's response waits for the first's
+        steps.post_gates[1].set()
+        await taking
+        assert got == [(1.0, False), (2.0, True)]
         assert steps.held == 0
 
     asyncio.run(go())
