@@ -99,11 +99,14 @@ class _Iteration:
     running: int = 0  # of those, the ones not yet done
     held: int = 0  # its response to the client, until the transport released it
     answer: list[OutputTensor] | None = None  # its response, once every output is there
-    sent: bool = False  # (the request's own pass: its response has gone)
-    # its place among the passes of the responses of one decoupled step run (None: the
-    # request's own); and, by step, the lines of the passes its decoupled steps start
-    line: collections.deque[_Iteration] | None = None
+    # the passes in line with it (those of the responses of one decoupled step run, in
+    # order; the request's own pass is alone in its line), and by step, the lines of the
+    # passes its decoupled steps start
+    line: collections.deque[_Iteration] = field(default_factory=collections.deque)
     lines: dict[int, collections.deque[_Iteration]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.line.append(self)
 
     def release_if_done(self) -> bool:
         """Release its answers if nothing needs them any more; whether it did."""
@@ -116,14 +119,9 @@ class _Iteration:
 
 
 def _in_order(it: _Iteration) -> list[_Iteration]:
-    """The passes whose response may go now, in order: ``it`` if it is the request's own
-    pass and has its outputs (once); else, from the front of its line, those with their
-    outputs, skipping those that ended without, up to one still running."""
-    if it.line is None:
-        if it.answer is None or it.sent:
-            return []
-        it.sent = True
-        return [it]
+    """The passes whose response may go now, in order: from the front of the line of
+    ``it``, those with their outputs, skipping those that ended without, up to the first
+    still running. Each leaves its line: it goes once."""
     going = []
     line = it.line
     while line and (line[0].answer is not None or line[0].running == 0):
@@ -302,8 +300,7 @@ class EnsembleRun:
                 if result is not None:
                     if model.decoupled:  # a response: the steps after it run on it again
                         line = it.lines.setdefault(step.index, collections.deque())
-                        target = _Iteration(line=line)
-                        line.append(target)
+                        target = _Iteration(line=line)  # (at the end of its line)
                         passes.add(target)
                     target.results.append(result)
                     _record(target.tensors, step, result, model)
