@@ -36,9 +36,13 @@ from tests.serverctl import ShoalServer, served, settled_server
 
 WIDE = 8192  # big's output: INT32 [WIDE], 32 KiB, past what travels inline
 
-BIG = f"""
+# Y = 2 x X, WIDE times; X = 13 is an error response; X = SLOW takes 0.3 s
+WIDEN = f"""
+import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+SLOW = {{slow}}
 
 
 class TritonPythonModel:
@@ -49,38 +53,25 @@ class TritonPythonModel:
             if x[0] == 13:
                 out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("unlucky")))
                 continue
-            y = np.full([{WIDE}], 2 * x[0], np.int32)
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
-        return out
-"""
-BIG_CONFIG = f"""
-name: "big"
-backend: "python"
-max_batch_size: 0
-input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ {WIDE} ] }} ]
-"""
-# big, slow for 1 (0.3 s), with two instances: a later response's pass can end first
-LATE = f"""
-import time
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
-            if x[0] == 1:
+            if x[0] == SLOW:
                 time.sleep(0.3)
             y = np.full([{WIDE}], 2 * x[0], np.int32)
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
         return out
 """
-LATE_CONFIG = (
-    BIG_CONFIG.replace('"big"', '"late"') + "instance_group [{ count: 2 kind: KIND_CPU }]\n"
-)
+WIDEN_CONFIG = f"""
+name: "{{name}}"
+backend: "python"
+max_batch_size: 0
+input [ {{{{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }}}} ]
+output [ {{{{ name: "Y" data_type: TYPE_INT32 dims: [ {WIDE} ] }}}} ]
+instance_group [ {{{{ count: {{count}} kind: KIND_CPU }}}} ]
+"""
+BIG = WIDEN.format(slow=None)
+BIG_CONFIG = WIDEN_CONFIG.format(name="big", count=1)
+# slow for 1, with two instances: a later response's pass can end first
+LATE = WIDEN.format(slow=1)
+LATE_CONFIG = WIDEN_CONFIG.format(name="late", count=2)
 MODES = ("slow_final", "last_final", "errors", "cancellable")
 # A Python model iterating the ensemble's responses (business logic scripting): OUT[i]
 # = the first element of the i-th response's OUT.
