@@ -225,7 +225,7 @@ def decoupled(config: pb.ModelConfig, composing: Mapping[tuple[str, int], pb.Mod
     a step must read tensors of one origin only: the request's, or one decoupled step's
     (raises ConfigError, in Triton's words, naming the ensemble twice as it does). The
     ensemble's outputs must be of one origin too, or no response could carry them all
-    (shoal's check: Triton's ensemble would never answer)."""
+    (shoal's check, in its own words)."""
     name = config.name
     origin = {t.name: _REQUEST for t in config.input}
     steps = list(enumerate(config.ensemble_scheduling.step))
