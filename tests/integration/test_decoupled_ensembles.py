@@ -139,14 +139,20 @@ _STREAMED = {"OUT": ("TYPE_INT32", str(WIDE)), "IDX": ("TYPE_UINT32", "1")}
 _REPEAT_IN = {"IN": "IN", "DELAY_MS": "DELAY_MS"}
 
 
+def _python_model(repo: Path, name: str, code: str, config: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(code)
+    (repo / name / "config.pbtxt").write_text(config)
+
+
 def write_streaming(repo: Path, modes: tuple[str, ...] = ("last_final",)) -> None:
     """``repeat_<mode>`` for each of ``modes``, ``big``, and ``ens_<mode>``: repeat, then
     big on each response (OUT = 2 x the element, WIDE times; IDX its position)."""
     for mode in modes:
         name = f"repeat_{mode}"
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(textwrap.dedent(REPEAT.format(mode=mode)))
-        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+        _python_model(
+            repo, name, textwrap.dedent(REPEAT.format(mode=mode)), CONFIG.format(name=name)
+        )
         _ensemble(
             repo,
             f"ens_{mode}",
@@ -156,16 +162,12 @@ def write_streaming(repo: Path, modes: tuple[str, ...] = ("last_final",)) -> Non
             ],
             _STREAMED,
         )
-    (repo / "big" / "1").mkdir(parents=True)
-    (repo / "big" / "1" / "model.py").write_text(BIG)
-    (repo / "big" / "config.pbtxt").write_text(BIG_CONFIG)
+    _python_model(repo, "big", BIG, BIG_CONFIG)
 
 
 def write_repository(repo: Path) -> None:
     write_streaming(repo, MODES)
-    (repo / "late" / "1").mkdir(parents=True)
-    (repo / "late" / "1" / "model.py").write_text(LATE)
-    (repo / "late" / "config.pbtxt").write_text(LATE_CONFIG)
+    _python_model(repo, "late", LATE, LATE_CONFIG)
     _ensemble(
         repo,
         "ens_order",
@@ -175,9 +177,7 @@ def write_repository(repo: Path) -> None:
         ],
         _STREAMED,
     )
-    (repo / "bls" / "1").mkdir(parents=True)
-    (repo / "bls" / "1" / "model.py").write_text(BLS)
-    (repo / "bls" / "config.pbtxt").write_text(BLS_CONFIG)
+    _python_model(repo, "bls", BLS, BLS_CONFIG)
     # an ensemble of the decoupled ensemble: decoupled too, through it
     _ensemble(
         repo,
