@@ -350,8 +350,7 @@ class EnsembleRun:
         try:
             model = await self.model_of(step.model, step.version)
             request = self._request(step, model, it.tensors, asked, read_later)
-            limit = self.inflight[step.index] if self.inflight is not None else None
-            async with limit or contextlib.nullcontext():
+            async with self._turn(step):
                 if not model.decoupled:
                     events.put_nowait((step, it, model, await self.infer(request), True))
                     return
@@ -454,10 +453,15 @@ class EnsembleRun:
     ) -> tuple[Step, InferenceResult, ModelHandle]:
         model = await self.model_of(step.model, step.version)
         request = self._request(step, model, self.tensors, asked, read_later)
+        async with self._turn(step):
+            return step, await self.infer(request), model
+
+    def _turn(self, step: Step) -> contextlib.AbstractAsyncContextManager[object]:
+        """``step``'s turn under max_inflight_requests: waits while the step has its limit
+        running (no wait without one)."""
         if self.inflight is None:
-            return step, await self.infer(request), model
-        async with self.inflight[step.index]:  # waits while the step has its limit running
-            return step, await self.infer(request), model
+            return contextlib.nullcontext()
+        return self.inflight[step.index]
 
     def _request(
         self,
