@@ -1,5 +1,11 @@
 """Where the CPUs go during a benchmark point, and a load that takes the same share.
 
+``PerRequest`` reads every process of a server from ``/proc/<pid>/stat`` around one load
+run and divides their CPU time (user + system) by the requests the server says it served
+(its ``/v2/models/<m>/stats``): µs of CPU per request, per shoal role (frontend, broker,
+worker, launcher) or for another server as a whole, and the client's (perf_analyzer's)
+beside it. It moves far less than throughput between runs: the figure to steer by.
+
 On a 2-core machine the client (perf_analyzer), shoal's frontend and its broker run on the
 same cores as the model. ``Snapshot`` reads the kernel's tick counters before and after a
 point: the machine's busy time, and the time of the server's model workers. What is not the
@@ -14,12 +20,20 @@ baseline, never instead of it.
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from perf_analyzer import Measurement
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -138,3 +152,124 @@ class CpuLoad:
         for p in self._procs:
             p.wait()
         self._procs.clear()
+
+
+#: shoal's processes by the module they run (``python -m <module>``), as roles.
+_ROLES = {"frontend": "frontend", "broker": "broker", "workers": "worker"}
+#: The order a report lists the roles in; "server" sums them (the client is not the server's).
+ROLE_ORDER = ("frontend", "broker", "worker", "launcher", "server", "client")
+
+
+def role_of(argv: list[str]) -> str:
+    """shoal's role for a process's command line: "frontend", "broker", "worker", or
+    "launcher" for anything else of the server's (``shoal serve`` itself)."""
+    if "-m" in argv:
+        module = argv[argv.index("-m") + 1 :][:1]
+        if module and module[0] in _ROLES:
+            return _ROLES[module[0]]
+    return "launcher"
+
+
+def _tree(root: int) -> list[int]:
+    from servers import descendants  # (servers imports nothing of this module)
+
+    return [root, *descendants(root)]
+
+
+def served(http: str, model: str) -> int:
+    """Requests the server at ``http`` says it answered with success, all versions of
+    ``model`` (Triton's statistics extension: shoal and Triton alike)."""
+    with urllib.request.urlopen(f"http://{http}/v2/models/{model}/stats", timeout=10) as r:
+        doc = json.loads(r.read())
+    return sum(
+        int(s.get("inference_stats", {}).get("success", {}).get("count", 0))
+        for s in doc.get("model_stats", [])
+    )
+
+
+def _client_ticks() -> float:
+    """CPU seconds of this process's waited-for children (perf_analyzer)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+class PerRequest:
+    """CPU µs per request of a server's processes over a ``with`` block, by role.
+
+    ``root``: the server's process (its children are found below it, and shoal's by
+    ``--parent-pid`` too); ``by_role``: shoal's roles apart (else the whole tree is
+    "server"). ``result`` maps each role to µs per request, with "server" their sum and
+    "client" the CPU of the children this process waited for meanwhile (perf_analyzer);
+    None when the server answered nothing in the block. Processes that start or end
+    during the block count for the part of it they were seen in at both ends."""
+
+    def __init__(self, root: int, http: str, model: str, by_role: bool) -> None:
+        self.root, self.http, self.model, self.by_role = root, http, model, by_role
+        self.result: dict[str, float] | None = None
+
+    def _ticks(self) -> dict[int, tuple[str, int]]:
+        out = {}
+        for pid in _tree(self.root):
+            t = _ticks(pid)
+            if t is not None:
+                out[pid] = (role_of(_cmdline(pid)) if self.by_role else "server", t)
+        return out
+
+    def __enter__(self) -> PerRequest:
+        self._before = self._ticks()
+        self._client = _client_ticks()
+        self._served = served(self.http, self.model)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            return
+        after = self._ticks()
+        n = served(self.http, self.model) - self._served
+        if n <= 0:
+            return
+        per: dict[str, float] = {}
+        for pid, (role, t) in after.items():
+            if pid in self._before:
+                per[role] = per.get(role, 0.0) + (t - self._before[pid][1]) / _TICK * 1e6 / n
+        per["server"] = sum(per.values())
+        per["client"] = (_client_ticks() - self._client) * 1e6 / n
+        self.result = per
+
+
+def measured(
+    root: int | None, http: str, model: str, by_role: bool, run: Callable[[], Measurement]
+) -> Measurement:
+    """``run()``'s measurement with the server's CPU per request (``cpu_us``) added, when
+    the server's process ``root`` is known (a server this run started)."""
+    if root is None:
+        return run()
+    with PerRequest(root, http, model, by_role) as cpu:
+        m = run()
+    return replace(m, cpu_us=cpu.result)
+
+
+def cpu_table(results: list[Measurement]) -> list[str]:
+    """A markdown table of the measurements that carry ``cpu_us`` (none: no lines)."""
+    rows = [m for m in results if m.cpu_us]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## CPU per request (µs of user + system time, /proc/<pid>/stat, over each run)",
+        "",
+        "`server` sums the server's processes (for Triton: tritonserver and its Python "
+        "stubs); `client` is perf_analyzer's own. Divided by the requests the server's "
+        "statistics counted as successes during the run.",
+        "",
+        "| model | c | server | protocol | frontends | " + " | ".join(ROLE_ORDER) + " |",
+        "|---|---:|---|---|---:|" + "---:|" * len(ROLE_ORDER),
+    ]
+    for m in rows:
+        assert m.cpu_us is not None
+        cells = " | ".join(f"{m.cpu_us[r]:,.0f}" if r in m.cpu_us else "—" for r in ROLE_ORDER)
+        fe = "—" if m.frontends is None else str(m.frontends)
+        lines.append(
+            f"| {m.model} | {m.concurrency} | {m.server} | {m.protocol} | {fe} | {cells} |"
+        )
+    return lines

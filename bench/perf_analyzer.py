@@ -43,6 +43,8 @@ class Measurement:
     protocol: str = ""
     frontends: int | None = None
     responses: float | None = None  # per second, a decoupled model's (any per request)
+    # CPU µs per request by role over the run (bench/cpu.py PerRequest); None: not read
+    cpu_us: dict[str, float] | None = None
 
 
 def perf_analyzer_path() -> str:

@@ -23,8 +23,10 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+import cpu
 import ort_baseline
 from perf_analyzer import (
     Measurement,
@@ -43,6 +45,7 @@ class Target:
     http: str
     grpc: str | None
     frontends: int | None = None
+    pid: int | None = None  # its process, when this run started it: CPU is read per request
 
     def url(self, protocol: str) -> str | None:
         return self.http if protocol == "http" else self.grpc
@@ -127,22 +130,30 @@ def _drive(
                     skipped.append(f"{what}: {e}")
                     continue
                 print(f"[bench] perf_analyzer {what}", flush=True)
+                csv_path = raw_dir / f"{target.server}{fe}-{protocol}-{model}-c{c}.csv"
                 try:
-                    m = run_perf_analyzer(
-                        pa,
-                        server=target.server,
-                        url=url,
-                        protocol=protocol,
-                        model=model,
-                        concurrency=c,
-                        csv_path=raw_dir / f"{target.server}{fe}-{protocol}-{model}-c{c}.csv",
-                        interval_ms=args.measurement_interval,
-                        max_trials=args.max_trials,
-                        stability_pct=args.stability_percentage,
-                        timeout_s=timeout_s,
-                        frontends=target.frontends,
+                    m = cpu.measured(
+                        target.pid,
+                        target.http,
+                        model,
+                        target.server == "shoal",
+                        partial(
+                            run_perf_analyzer,
+                            pa,
+                            server=target.server,
+                            url=url,
+                            protocol=protocol,
+                            model=model,
+                            concurrency=c,
+                            csv_path=csv_path,
+                            interval_ms=args.measurement_interval,
+                            max_trials=args.max_trials,
+                            stability_pct=args.stability_percentage,
+                            timeout_s=timeout_s,
+                            frontends=target.frontends,
+                        ),
                     )
-                except RuntimeError as e:
+                except (RuntimeError, OSError) as e:
                     print(f"[bench] {e}", file=sys.stderr)
                     skipped.append(f"{what}: {e}")
                     failures += 1
@@ -172,7 +183,8 @@ def _with_server(
         return []
     with srv:
         print(f"[bench] {srv.name} ready in {time.monotonic() - t0:.1f}s", flush=True)
-        target = Target(server, srv.http_url, srv.grpc_url, srv.frontends)
+        pid = srv.proc.pid if srv.proc is not None else None
+        target = Target(server, srv.http_url, srv.grpc_url, srv.frontends, pid)
         return _drive(pa, target, args, raw_dir, skipped)
 
 
@@ -338,6 +350,7 @@ def render(
                 f"| {_fmt(_ratio(m.p50_us, t.p50_us), '.2f')} "
                 f"| {_fmt(_ratio(m.p99_us, t.p99_us), '.2f')} |"
             )
+    lines += cpu.cpu_table(served)
     lines += [
         "",
         "Ratios of throughput: above 1 means the numerator is faster. Ratios of latency: "
@@ -416,10 +429,15 @@ def perf_point(
     concurrency: int,
     name: str,
     extra: tuple[str, ...] = (),
+    srv: ServerProcess | None = None,
 ) -> Measurement:
     """One perf_analyzer point of a side-by-side run (``side_by_side_parser``'s flags),
-    its CSV and log in the run's raw folder as ``<name>.csv``/``.log``."""
-    return run_perf_analyzer(
+    its CSV and log in the run's raw folder as ``<name>.csv``/``.log``; with the CPU per
+    request of ``srv``'s processes when given (a server this run started)."""
+    pid = srv.proc.pid if srv is not None and srv.proc is not None else None
+    http = srv.http_url if srv is not None else url
+    return cpu.measured(pid, http, model, server != "triton", partial(
+        run_perf_analyzer,
         run.pa,
         server=server,
         url=url,
@@ -432,7 +450,7 @@ def perf_point(
         stability_pct=a.stability_percentage,
         timeout_s=(a.max_trials + 2) * a.measurement_interval / 1e3 + 30,
         extra=extra,
-    )
+    ))  # fmt: skip
 
 
 def start_run(out_dir: Path, tag: str) -> RunStart:

@@ -39,6 +39,7 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import cpu
@@ -251,7 +252,9 @@ def _measure(
     before = _stats(srv.http_url, model)
     workers = cpu.worker_pids(srv.proc.pid) if server == "shoal" and srv.proc else []
     cpu_before = cpu.Snapshot.take(workers)
-    m = _run_pa(
+    root = srv.proc.pid if srv.proc is not None else None
+    m = cpu.measured(root, srv.http_url, model, server == "shoal", partial(
+        _run_pa,
         pa,
         server=server,
         url=srv.url(protocol),
@@ -263,7 +266,7 @@ def _measure(
         max_trials=args.max_trials,
         stability_pct=args.stability_percentage,
         timeout_s=(args.max_trials + 2) * args.measurement_interval / 1e3 + 30,
-    )
+    ))  # fmt: skip
     cores = cpu.usage(cpu_before, cpu.Snapshot.take(workers)) if workers else None
     formed = _formed(before, _stats(srv.http_url, model))
     return Point(m, config, cores=cores, **formed)  # type: ignore[arg-type]
@@ -681,6 +684,7 @@ def render(
                 f"{ceiling:,.0f}/s, {ceiling / ideal:.2f} of in-process, even if sharing the "
                 f"cores cost the model nothing"
             )
+    lines += cpu.cpu_table([p.m for p in points])
     lines += [
         "",
         "Throughput ratios above 1: the numerator is faster; latency ratios below 1: it answers "

@@ -27,6 +27,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import cpu
 import ort_baseline
 from perf_analyzer import Measurement
 from run import _fmt, _ratio, perf_point, report_head, side_by_side_parser, start_run, write_report
@@ -119,6 +120,7 @@ def _report(
                 )
     notes = [f"{m.server} {m.model} {m.protocol} c={m.concurrency}: {m.note}"
              for m in got.values() if m.note]  # fmt: skip
+    lines += cpu.cpu_table(list(got.values()))
     return "\n".join(lines + (["", *notes] if notes else [])) + "\n"
 
 
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                                     run, a, srv.url(protocol), server=name, model=model,
                                     protocol=protocol, concurrency=c,
                                     name=f"{name}-{model}-{protocol}-c{c}",
+                                    srv=srv,
                                 )  # fmt: skip
                             except (RuntimeError, OSError) as e:
                                 skipped.append(f"{name} {model} {protocol} c={c}: {e}")

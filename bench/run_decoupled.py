@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cpu
 import numpy as np
 from perf_analyzer import Measurement
 from run import (
@@ -233,6 +234,7 @@ def _report(
                 )
     if notes:
         lines += ["", "Not settled (responses/s = requests/s x N there):", *notes]
+    lines += cpu.cpu_table(list(got.values()))
     return "\n".join(lines) + "\n"
 
 
@@ -267,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                             run, a, srv.grpc_url or "", server=name, model=model,
                             protocol="grpc-stream", concurrency=c,
                             name=f"{name}-{model}-n{n}-c{c}", extra=extra,
+                            srv=srv,
                         )  # fmt: skip
                     except (RuntimeError, OSError) as e:
                         skipped.append(f"{name} {model} N={n} c={c}: {e}")

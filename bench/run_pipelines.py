@@ -29,6 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import cpu
 import ort_baseline
 from perf_analyzer import Measurement
 from run import (
@@ -136,6 +137,7 @@ def _report(
                 f"{_fmt(_ratio(2 * twice if twice else None, rate['mlp']), '.2f')} | "
                 f"{_fmt(_ratio(twice, mlp_ort / 2 if mlp_ort else None), '.2f')} |"
             )
+    lines += cpu.cpu_table(list(got.values()))
     return "\n".join(lines) + "\n"
 
 
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                                     run, a, srv.url(protocol), server="shoal", model=model,
                                     protocol=protocol, concurrency=c,
                                     name=f"{model}-{protocol}-c{c}", extra=extra,
+                                    srv=srv,
                                 )  # fmt: skip
                             except (RuntimeError, OSError) as e:
                                 skipped.append(f"{what}: {e}")

@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import cpu
 import ort_baseline
 from perf_analyzer import Measurement
 from run import _fmt, _ratio, report_head, side_by_side_parser, start_run, write_report
@@ -88,6 +89,7 @@ def _report(
                 + f" | {_fmt(p50[0], ',.0f')} | {_fmt(p50[1], ',.0f')}"
                 + f" | {_fmt(_ratio(rate[0], best), '.2f')} |"
             )
+    lines += cpu.cpu_table(list(got.values()))
     return "\n".join(lines) + "\n"
 
 

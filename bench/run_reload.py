@@ -29,6 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import cpu
 import ort_baseline
 from perf_analyzer import Measurement
 from run import (
@@ -109,6 +110,7 @@ def _report(
                 f"{_fmt(p99[1], ',.0f')} | {len(r.seconds) if r else '—'} | "
                 f"{_fmt(median, '.2f')} | {len(r.errors) if r else '—'} |"
             )
+    lines += cpu.cpu_table(list(got.values()))
     return "\n".join(lines) + "\n"
 
 
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                                     run, a, srv.url(protocol), server=f"shoal-{mode}",
                                     model=MODEL, protocol=protocol, concurrency=c,
                                     name=f"{mode}-{protocol}-c{c}",
+                                    srv=srv,
                                 )  # fmt: skip
                             except (RuntimeError, OSError) as e:
                                 skipped.append(f"{what}: {e}")
