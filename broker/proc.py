@@ -438,11 +438,8 @@ class BrokerProc:
 
     def _drain(self, sock: zmq.Socket, handle: object) -> None:
         budget = 512  # frames, so one busy side cannot starve the other
-        while budget > 0:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        while budget > 0 and sockets.readable(sock):
+            frames = sockets.recv_frames(sock, sockets.NOBLOCK)
             budget -= max(len(frames) - 2, 1)  # a frontend's message may hold many requests
             if len(frames) < 3:
                 log.warning("dropped a message of %d frame(s)", len(frames))
@@ -456,7 +453,7 @@ class BrokerProc:
 
     def _send(self, sock: zmq.Socket, frames: list[bytes]) -> None:
         try:
-            sock.send_multipart(frames)
+            sockets.send_frames(sock, frames)
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise

@@ -267,8 +267,8 @@ class BrokerClient:
 
     def _send_now(self, frames: list[bytes]) -> None:
         # The DEALER has no high-water mark, so a non-blocking send never fails with EAGAIN.
-        self.sock.send_multipart(frames, zmq.NOBLOCK)
-        if int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN and self._loop is not None:
+        sockets.send_frames(self.sock, frames, sockets.NOBLOCK)
+        if sockets.readable(self.sock) and self._loop is not None:
             self._loop.call_soon(self._drain_broker)
 
     async def _greet(self) -> None:
@@ -287,19 +287,13 @@ class BrokerClient:
             await asyncio.sleep(_HELLO_RETRY_S)
 
     def _drain_results(self) -> None:
-        while not self._closed:  # a drain scheduled with call_soon may run after close()
-            try:
-                payloads = self.results.recv_multipart(zmq.NOBLOCK)  # a batch's answers
-            except zmq.Again:
-                return
-            self._resolve_all(payloads)
+        # (a drain scheduled with call_soon may run after close())
+        while not self._closed and sockets.readable(self.results):
+            self._resolve_all(sockets.recv_frames(self.results, sockets.NOBLOCK))  # one batch
 
     def _drain_broker(self) -> None:
-        while not self._closed:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        while not self._closed and sockets.readable(self.sock):
+            frames = sockets.recv_frames(self.sock, sockets.NOBLOCK)
             self._last_heard = time.monotonic()
             try:
                 self._dispatch(frames)

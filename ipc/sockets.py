@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Final
 
 import zmq
+from zmq.backend import Socket as _CSocket
 
 from ipc.shm import owner_gone
 
@@ -149,3 +150,41 @@ def dealer(ctx: zmq.Context, addr: str, identity: bytes | None = None) -> zmq.So
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.connect(addr)
     return sock
+
+
+# The hot path's sends and receives, on the Cython socket itself. pyzmq's
+# send_multipart/recv_multipart type-check every frame and combine enum flags in Python
+# (about 1.5 µs a frame here), and a recv that finds nothing raises an exception (about
+# 4 µs); these cost a quarter of that. Same semantics: a ROUTER_MANDATORY send to a gone
+# peer still raises EHOSTUNREACH on its first frame, and NOBLOCK still raises zmq.Again.
+_send = _CSocket.send
+_recv = _CSocket.recv
+_get = _CSocket.get
+_SNDMORE: Final[int] = int(zmq.SNDMORE)
+_RCVMORE: Final[int] = int(zmq.RCVMORE)
+_EVENTS: Final[int] = int(zmq.EVENTS)
+_POLLIN: Final[int] = int(zmq.POLLIN)
+NOBLOCK: Final[int] = int(zmq.NOBLOCK)
+
+
+def send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
+    """``sock.send_multipart(frames, flags)``, for bytes-like frames (at least one)."""
+    last = len(frames) - 1
+    for i in range(last):
+        _send(sock, frames[i], _SNDMORE | flags)
+    _send(sock, frames[last], flags)
+
+
+def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
+    """``sock.recv_multipart(flags)``: every frame of the next message, as bytes."""
+    parts: list[bytes] = [_recv(sock, flags)]
+    while _get(sock, _RCVMORE):
+        parts.append(_recv(sock, flags))
+    return parts
+
+
+def readable(sock: zmq.Socket) -> bool:
+    """A whole message is waiting (ZMQ_EVENTS): a drain loop asks this before each
+    receive instead of ending on zmq.Again. It also lets the socket process its pending
+    commands, which an edge-triggered ZMQ_FD needs before the loop sleeps again."""
+    return bool(_get(sock, _EVENTS) & _POLLIN)  # type: ignore[operator]

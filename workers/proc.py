@@ -362,17 +362,16 @@ class WorkerProc:
         """Tell the broker which open streams got their final response."""
         if self._ended:
             keys, self._ended = self._ended, []
-            self.sock.send_multipart(m.encode(m.StreamsEnded(keys)))
+            sockets.send_frames(self.sock, m.encode(m.StreamsEnded(keys)))
 
     def _drain(self, poller: zmq.Poller) -> str:
         while True:
             if self._deferred:
                 frames = self._deferred.popleft()
+            elif sockets.readable(self.sock):
+                frames = sockets.recv_frames(self.sock, sockets.NOBLOCK)
             else:
-                try:
-                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
-                except zmq.Again:
-                    return ""
+                return ""
             try:
                 msg = m.decode(frames[0], frames[1])
             except (ValueError, IndexError) as exc:
@@ -556,7 +555,7 @@ class WorkerProc:
         for item, resp in answers:
             if item.seq:
                 self._answer_ordered(item, resp)
-        self.sock.send_multipart(m.encode(done))
+        sockets.send_frames(self.sock, m.encode(done))
         direct: dict[bytes, list[bytes]] = {}  # per frontend: one message for the batch
         for item, resp in answers:
             if not item.seq:
@@ -670,11 +669,8 @@ class WorkerProc:
     def _read_cancels(self) -> None:
         """While the model runs on the loop's thread: the cancels the broker sent; what
         else it sent waits, in order, for the loop (``_deferred``)."""
-        while True:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                return
+        while sockets.readable(self.sock):
+            frames = sockets.recv_frames(self.sock, sockets.NOBLOCK)
             try:
                 msg = m.decode(frames[0], frames[1])
             except (ValueError, IndexError):
@@ -790,7 +786,7 @@ class WorkerProc:
         """Fault injection for tests: the report reaches the broker, the answers never
         leave, then SIGKILL, as when a kill lands before the I/O thread wrote them."""
         log.warning("fault injection: reporting batch %d done, then dying", done.batch_id)
-        self.sock.send_multipart(m.encode(done))
+        sockets.send_frames(self.sock, m.encode(done))
         time.sleep(0.2)  # the report leaves
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -866,7 +862,7 @@ class WorkerProc:
         """Through the broker, for a model that preserves ordering (it releases answers
         in arrival order)."""
         frames = [m.RESULT, item.frontend, str(item.seq).encode(), m.encode_payload(resp)]
-        self.sock.send_multipart(frames)
+        sockets.send_frames(self.sock, frames)
 
     def _answer_frontend(self, frontend: bytes, payloads: list[bytes]) -> None:
         """Answers straight to the frontend that asked, in one message."""
@@ -879,7 +875,7 @@ class WorkerProc:
                 return
             sock = self.result_socks[frontend] = sockets.push(self.ctx, addr)
         try:
-            sock.send_multipart(payloads, zmq.NOBLOCK)
+            sockets.send_frames(sock, payloads, sockets.NOBLOCK)
         except zmq.Again:
             log.warning("frontend %r is not reading; %d result(s) dropped", frontend, len(payloads))
 
