@@ -16,6 +16,7 @@ from ipc.lifecycle import (
 )
 from ipc.logs import setup_logging
 from shoal.flags import (
+    add_cpu_lending_flag,
     add_instance_memory_flag,
     add_log_flags,
     add_rate_limit_flags,
@@ -41,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-model", action="append", default=[])
     p.add_argument("--repository-poll-secs", default=15.0, type=float)
     add_instance_memory_flag(p)
+    add_cpu_lending_flag(p)
     add_rate_limit_flags(p)
     add_process_flags(p)
     add_log_flags(p)
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             load_models=args.load_model,
             repository_poll_secs=args.repository_poll_secs,
             expect_launcher=args.parent_pid is not None,
+            cpu_lending=args.cpu_lending,
         )
     )
     return run_until_stopped(proc)

@@ -32,6 +32,7 @@ from broker import memory
 from broker.batcher import Rejected, cuda_devices
 from broker.client_regions import ClientRegions
 from broker.control import Effects, ModelControl
+from broker.cores import CoreLender
 from broker.endings import Endings
 from broker.models import Instance, ModelTable, ModelVersion
 from broker.ordering import OrderedRelease
@@ -74,6 +75,7 @@ class BrokerSettings:
     load_models: list[str] = field(default_factory=list)  # --load-model (explicit mode)
     repository_poll_secs: float = 15.0  # poll mode: how often the repository is rescanned
     expect_launcher: bool = False  # started by shoal serve (explicit/poll: it starts workers)
+    cpu_lending: bool = True  # idle CPU instances lend their cores to busy ones
 
 
 class BrokerProc:
@@ -108,6 +110,7 @@ class BrokerProc:
         self.peer_fds = select.epoll()  # the peers' pidfds: readable once a peer exits
         self.poller.register(self.peer_fds.fileno(), zmq.POLLIN)
         self.timer = WakeTimer()  # the router's next deadline, to the microsecond
+        self.lender = CoreLender() if settings.cpu_lending else None
         self.poller.register(self.timer.fileno(), zmq.POLLIN)
         self.pidfds: dict[int, tuple[str, bytes]] = {}  # fd -> (role, ident)
         self._unwatched: dict[bytes, tuple[int, str]] = {}  # pidfd_open failed: retry
@@ -208,7 +211,7 @@ class BrokerProc:
                     ", ".join(f"{s.name}/{s.version}={s.state}" for s in self.table.states())
                     or "no models",
                 )
-            self.timer.arm(self.router.next_wakeup())
+            self.timer.arm(self._next_wakeup())
             events = dict(self.poller.poll(_HOUSEKEEPING_MS))
             if self.timer.fileno() in events:
                 self.timer.clear()
@@ -226,6 +229,26 @@ class BrokerProc:
         self._reap_peers()
         self._shutdown_workers()
         return 0
+
+    def _next_wakeup(self) -> float | None:
+        due = self.router.next_wakeup()
+        if self.lender is not None and (lend := self.lender.next_wakeup()) is not None:
+            due = lend if due is None else min(due, lend)
+        return due
+
+    def _repin(self, pins: dict[bytes, tuple[int, ...]]) -> None:
+        """Confine every thread of each instance's worker to its cores now (a thread it
+        starts later inherits its creator's). A worker that exits meanwhile is skipped."""
+        for ident, cores in pins.items():
+            inst = self.table.by_ident.get(ident)
+            if inst is None:
+                continue
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{inst.pid}/task"):
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(int(tid), cores)
+            log.debug("instance %s/%d#%d runs on cores %s", inst.model, inst.version,
+                      inst.index, ",".join(map(str, cores)))  # fmt: skip
 
     def _apply(self, effects: Effects) -> None:
         """Carry out a turn of model control (broker/control.py)."""
@@ -390,6 +413,8 @@ class BrokerProc:
         for item, message in failures:
             self._fail_item(item, ServingError(Code.UNAVAILABLE, message))
         self._dispatch(dispatches)
+        if self.lender is not None:
+            self._repin(self.lender.tick(now))
 
     def _add_details(self, states: list[m.ModelState], model: str) -> None:
         """Each instance's memory (/proc reads), the memory limit, and each instance's
@@ -745,6 +770,8 @@ class BrokerProc:
         if isinstance(msg, m.BatchDone):
             current = inst.in_flight if inst is not None else None
             if inst is not None and current is not None and current.batch_id == msg.batch_id:
+                if self.lender is not None:
+                    self.lender.done(ident, time.monotonic())
                 for pos, item in enumerate(current.items):
                     if pos not in msg.open:  # an open stream still writes its outputs
                         self._finished(item)
@@ -759,6 +786,10 @@ class BrokerProc:
                 inst.state = "READY"
                 inst.cores = list(msg.cores)
                 mv = self.table.owner(inst)
+                if self.lender is not None and inst.gpu is None:
+                    passive = mv is not None and inst.index in mv.passive
+                    if not passive:  # (never sent work: runs on every core anyway)
+                        self.lender.add(ident, inst.cores, msg.threads)
                 if mv is not None:
                     mv.set_config(msg.config)
                     mv.refresh_state()
@@ -824,6 +855,8 @@ class BrokerProc:
 
     def _dispatch(self, dispatches: list[Dispatch]) -> None:
         for inst, batch in dispatches:
+            if self.lender is not None:  # an idle instance's lent cores come back first
+                self._repin(self.lender.active(inst.ident, time.monotonic()))
             self._send(self.wsock, [inst.ident, *m.encode(batch)])
 
     # -- liveness --------------------------------------------------------------------
@@ -884,6 +917,8 @@ class BrokerProc:
         inst = self.table.by_ident.pop(ident, None)
         if inst is None:
             return
+        if self.lender is not None:
+            self._repin(self.lender.remove(ident, time.monotonic()))
         why, ended = self.endings.pop(ident)
         if inst.retiring:  # told to stop for good (unloaded, or replaced by a reload)
             ended = "stopped: its model was unloaded or reloaded"

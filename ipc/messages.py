@@ -176,6 +176,9 @@ class WorkerHello(msgspec.Struct, array_like=True):
 class WorkerReady(msgspec.Struct, array_like=True):
     config: bytes  # serialized ModelConfig (protobuf), completed by the worker
     cores: list[int] = []
+    # intra-op threads its backend was given; more than len(cores): it may borrow the
+    # cores of idle instances (broker/cores.py)
+    threads: int = 0
 
 
 class WorkerFailed(msgspec.Struct, array_like=True):

@@ -13,6 +13,7 @@ from ipc.lifecycle import run_until_stopped
 from ipc.logs import setup_logging
 from shoal.flags import (
     add_cache_flags,
+    add_cpu_lending_flag,
     add_grpc_flags,
     add_instance_memory_flag,
     add_log_flags,
@@ -106,6 +107,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
         help="kill and restart an instance whose batch runs longer (0: never)",
     )
     add_instance_memory_flag(p)
+    add_cpu_lending_flag(p)
     add_rate_limit_flags(p)
     add_cache_flags(p)
     p.add_argument(
@@ -205,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         frontend_processes=max(args.frontend_processes, 1),
         execution_timeout_secs=args.model_execution_timeout_secs,
         instance_memory_limit_mb=args.instance_memory_limit_mb,
+        cpu_lending=args.cpu_lending,
         rate_limit=args.rate_limit,
         rate_limit_resources=args.rate_limit_resource,
         reuse_http_port=args.reuse_http_port,

@@ -47,6 +47,16 @@ def add_instance_memory_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cpu_lending_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cpu-lending",
+        default=True,
+        type=bool_flag,
+        help="let busy CPU instances of large models run on the cores of idle instances "
+        "(re-pinned as load shifts; each instance keeps its own cores)",
+    )
+
+
 #: --rate-limit's values (configs/rate_limits.py acts on them)
 RATE_LIMIT_MODES: Final = ("off", "execution_count")
 #: The device of --rate-limit-resource without one: every device.

@@ -78,6 +78,7 @@ class ServeSettings:
     frontend_processes: int = 1
     execution_timeout_secs: float = 300.0
     instance_memory_limit_mb: int = 0
+    cpu_lending: bool = True  # --cpu-lending
     rate_limit: str = "off"  # --rate-limit
     rate_limit_resources: list[str] = field(default_factory=list)  # --rate-limit-resource
     reuse_http_port: bool = False
@@ -143,6 +144,7 @@ class Launcher:
             "--model-execution-timeout-secs",
             str(self.s.execution_timeout_secs),
             f"--instance-memory-limit-mb={self.s.instance_memory_limit_mb}",
+            f"--cpu-lending={str(self.s.cpu_lending).lower()}",
             *rate_limit_flags(self.s.rate_limit, self.s.rate_limit_resources),
             f"--model-control-mode={self.s.model_control_mode}",
             f"--repository-poll-secs={self.s.repository_poll_secs}",
@@ -237,6 +239,8 @@ class Launcher:
             argv += ["--gpu", str(w.gpu)]
         else:
             argv += ["--cores", ",".join(map(str, w.cores))]
+            if self.s.cpu_lending:
+                argv.append("--borrow-cores=true")
         return (f"{w.model}/{w.version} {w.name}", argv)
 
     # -- process management ----------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,7 +115,10 @@ def nothing_left_behind() -> Iterator[None]:
     """After the whole suite: no shoal process and no shoal /dev/shm segment remain."""
     before = {p.name for p in SHM_DIR.iterdir() if p.name.startswith("shoal-")}
     yield
-    procs = processes_with("shoal-test-run-")
+    # This checkout's (its interpreter's): a suite run from another checkout at the same
+    # time has its own servers.
+    venv = str(Path(sys.executable).parent.parent)
+    procs = {pid: cmd for pid, cmd in processes_with("shoal-test-run-").items() if venv in cmd}
     # Leaked: a new segment whose owner is dead (servers outside the suite may be running).
     segments = {
         p.name

@@ -30,7 +30,7 @@ from ipc.lifecycle import (
     set_cpu_scheduling,
 )
 from ipc.logs import setup_logging
-from shoal.flags import add_log_flags, log_settings
+from shoal.flags import add_log_flags, bool_flag, log_settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--default-max-batch-size", default=4, type=int)
     p.add_argument("--cores", default=None, help="comma-separated CPU cores to pin to")
     p.add_argument("--gpu", default=None, type=int, help="the one GPU this instance sees")
+    p.add_argument(
+        "--borrow-cores",
+        default=False,
+        type=bool_flag,
+        help="size the intra-op pool for the cores idle instances may lend (the broker's "
+        "--cpu-lending) as well as its own",
+    )
     p.add_argument("--instance-name", default="")
     p.add_argument("--generation", default=0, type=int, help="the load it belongs to")
     p.add_argument(
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_file_limit()  # one descriptor per client region it maps
     if args.cores is None and args.gpu is None:
         _place(args)
+    may_use = len(os.sched_getaffinity(0)) if args.borrow_cores else 0  # (before pinning)
     cores = [int(c) for c in (args.cores or "").split(",") if c.strip()]
     if cores:
         os.sched_setaffinity(0, cores)
@@ -134,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             generation=args.generation,
             config_override=Path(args.config_override) if args.config_override else None,
             fault=_fault(args.model, args.instance),
+            may_use=may_use,
         )
     )
     return run_until_stopped(proc)

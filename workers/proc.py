@@ -28,7 +28,12 @@ import zmq
 
 from configs import autocomplete as ac
 from configs import repository
-from configs.backend_params import instance_threads, ort_session_params, torch_thread_params
+from configs.backend_params import (
+    borrowing_threads,
+    instance_threads,
+    ort_session_params,
+    torch_thread_params,
+)
 from configs.devices import gpu_count
 from configs.model_config import (
     ConfigError,
@@ -91,6 +96,7 @@ class WorkerSettings:
     generation: int = 0  # the load it belongs to (model control)
     config_override: Path | None = None  # a load's JSON config, replacing config.pbtxt
     fault: str = ""  # SHOAL_TEST_FAULT's action, for tests only (see workers/__main__.py)
+    may_use: int = 0  # cores it may run on while idle instances lend theirs (0: its own)
 
 
 @dataclass
@@ -183,8 +189,10 @@ class WorkerProc:
 
                 self.scripting = pb_utils.scripting = BlsClient(s.runtime_dir)
             backend.instance_name = s.instance_name  # type: ignore[attr-defined]  # (Python's)
-            threads = _thread_count(config, backend_name, s.cores)
-            backend.load(entry.model_file(s.version), config, threads, s.gpu is not None)
+            model_file = entry.model_file(s.version)
+            weight = _files_bytes(model_file) if s.may_use > len(s.cores) else 0
+            threads = _thread_count(config, backend_name, s.cores, s.may_use, weight)
+            backend.load(model_file, config, threads, s.gpu is not None)
             specs = backend.io_spec()
             model_ins: set[str] | None = None
             model_outs: set[str] | None = None
@@ -230,7 +238,7 @@ class WorkerProc:
             f"{threads} threads" if threads else "the backend's default threads",
             f"GPU {s.gpu}" if s.gpu is not None else f"cores {s.cores or 'any'}",
         )
-        return m.WorkerReady(self.config_bytes, list(s.cores))
+        return m.WorkerReady(self.config_bytes, list(s.cores), threads)
 
     def _warm_up(
         self,
@@ -922,16 +930,22 @@ def _inline(spec: m.OutputSpec) -> m.OutputSpec:
     return m.OutputSpec(spec.name, classification=spec.classification)
 
 
-def _thread_count(config: ModelConfig, backend: str, cores: list[int]) -> int:
+def _thread_count(
+    config: ModelConfig, backend: str, cores: list[int], may_use: int = 0, model_bytes: int = 0
+) -> int:
     """Intra-op threads for the backend: what the config's parameters ask for, as that
     backend reads them (configs.backend_params), sized by `instance_threads`: one per core
     this instance owns when they ask nothing, and its core count for "the backend's
-    default" (<= 0), so that the pool stays on its cores. Raises ConfigError, which
-    fails the load, for a value Triton rejects, the first in Triton's order."""
+    default" (<= 0), so that the pool stays on its cores. An ONNX Runtime instance that
+    may borrow idle instances' cores (``may_use``) and whose model is large enough (its
+    files' ``model_bytes``) gets
+    threads for them (`borrowing_threads`). Raises ConfigError, which fails the load, for
+    a value Triton rejects, the first in Triton's order."""
     requested = None
     if backend == "onnxruntime":
         requested = ort_session_params(config).intra_op_threads
-    elif backend == "pytorch":
+        return borrowing_threads(requested, cores, may_use, model_bytes)
+    if backend == "pytorch":
         params = torch_thread_params(config)
         for key, value in params.ignored:
             log.warning(
@@ -939,6 +953,14 @@ def _thread_count(config: ModelConfig, backend: str, cores: list[int]) -> int:
             )
         requested = params.intra_op_threads
     return instance_threads(requested, cores)
+
+
+def _files_bytes(model_file: Path) -> int:
+    """The size of the files beside ``model_file`` (external weights included)."""
+    folder = model_file if model_file.is_dir() else model_file.parent
+    with contextlib.suppress(OSError):
+        return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    return 0
 
 
 _LEAKED: list[np.ndarray] = []

@@ -41,6 +41,27 @@ def test_each_backend_reads_its_own_keys(
     assert _thread_count(config(platform, **params), backend, cores) == expected
 
 
+BIG = 64 << 20  # a model's files, bytes: past configs.backend_params.BORROW_MIN_MODEL_BYTES
+
+
+@pytest.mark.parametrize(
+    ("params", "cores", "may_use", "model_bytes", "expected"),
+    [
+        ({}, [0], 2, BIG, 2),  # a large model beside idle cores: a thread for each
+        ({}, [0], 16, BIG, 4),  # at most 4 threads a core of its own
+        ({}, [0], 2, 1 << 20, 1),  # a small one: a second thread costs more than it brings
+        ({}, [0], 0, BIG, 1),  # lending off
+        ({"intra_op_thread_count": "1"}, [0], 2, BIG, 1),  # what the config asks for
+        ({}, [], 8, BIG, 0),  # not pinned (KIND_GPU): the backend's default
+    ],
+)
+def test_a_large_model_gets_threads_for_the_cores_it_may_borrow(
+    params: dict[str, str], cores: list[int], may_use: int, model_bytes: int, expected: int
+) -> None:
+    cfg = config("onnxruntime_onnx", **params)
+    assert _thread_count(cfg, "onnxruntime", cores, may_use, model_bytes) == expected
+
+
 def test_torch_warns_about_a_lower_case_value_it_ignores(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="shoal.worker"):
         threads = _thread_count(
