@@ -52,7 +52,17 @@ from servers import REPO_ROOT, ServerProcess, shoal_server, triton_peer_server, 
 LARGE, SMALL = "mlp_large", "mlp"
 #: The 70% target: shoal on mlp_large with batching at c=32 over in-process ORT at that batch.
 TARGET = (LARGE, "batching", 32, 0.70)
-CONFIGS = ("batching", "no-batching", "2-instances", "2-instances-no-batching")
+CONFIGS = (
+    "batching",
+    "no-batching",
+    "2-instances",
+    "2-instances-no-batching",
+    "beside-idle",
+    "beside-idle-no-lending",
+)
+#: mlp_large beside an idle mlp (one instance each): the share of in-process ORT's best
+#: (any batch, 1 or 2 threads) it should reach when it may borrow the idle one's core.
+BESIDE_IDLE_TARGET = 0.6
 
 
 @dataclass
@@ -126,6 +136,13 @@ def build_repos(src: Path, tmp: Path, model: str) -> dict[str, Path]:
         repo = tmp / model / config
         _link_model(src, repo, model, edit(shipped))
         repos[config] = repo
+    if model == LARGE:
+        # The one exception to one model a server: the idle neighbour is the point.
+        for config in ("beside-idle", "beside-idle-no-lending"):
+            repo = tmp / model / config
+            _link_model(src, repo, LARGE, shipped)
+            _link_model(src, repo, SMALL, (src / SMALL / "config.pbtxt").read_text())
+            repos[config] = repo
     return repos
 
 
@@ -194,6 +211,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ort-seconds", type=float, default=1.5, help="per ORT pass")
     ap.add_argument("--ort-repeats", type=int, default=2, help="ORT passes; the best is kept")
     ap.add_argument("--with-triton-peer", action="store_true", help="+ Triton on mlp_large")
+    ap.add_argument("--configs", type=_csv, default=",".join(CONFIGS), help="which of them to run")
     ap.add_argument("--ready-timeout", type=float, default=180.0)
     ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     args = ap.parse_args(argv)
@@ -387,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     pa = perf_analyzer_path()
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     started = time.monotonic()
-    n_large = 3 if LARGE in args.models else 0
+    n_large = 5 if LARGE in args.models else 0
     n_small = 2 if SMALL in args.models else 0
     runs = (
         (n_large + n_small + (1 if args.with_triton_peer and n_large else 0))
@@ -410,9 +428,12 @@ def main(argv: list[str] | None = None) -> int:
             servers: dict[str, tuple[ServerProcess, str]] = {}  # config -> (server, label)
             try:
                 for config in CONFIGS:
-                    if config not in repos:
+                    if config not in repos or config not in args.configs:
                         continue
-                    srv = shoal_server(repos[config], raw / f"shoal-{model}-{config}.log")
+                    no_lending = ("--cpu-lending=false",) if config.endswith("no-lending") else ()
+                    srv = shoal_server(
+                        repos[config], raw / f"shoal-{model}-{config}.log", extra=no_lending
+                    )
                     srv.name = f"shoal-{model}-{config}"
                     started_servers.append(srv)
                     if _start(srv, args.ready_timeout, skipped):
@@ -629,6 +650,27 @@ def render(
         "no-batching",
         (LARGE, SMALL),
     )
+
+    ort_best = max((o.throughput for (mod, _, _), o in ort.items() if mod == LARGE), default=None)
+    beside = [p for p in points if p.config.startswith("beside-idle")]
+    if beside and ort_best:
+        lines += ["", f"## {LARGE} beside an idle {SMALL} / in-process ORT's best", ""]
+        lines += [
+            f"One instance of each in one server; `{LARGE}` under load, `{SMALL}` idle. "
+            f"`/best` divides by the fastest in-process loop of any batch and thread count "
+            f"above ({ort_best:,.0f} samples/s); target {BESIDE_IDLE_TARGET} with lending.",
+            "",
+            "| c | protocol | config | infer/s | avg batch | /best | target |",
+            "|---:|---|---|---:|---:|---:|---|",
+        ]
+        for p in beside:
+            r = p.m.throughput / ort_best
+            verdict = "—" if "no-lending" in p.config else (
+                "met" if r >= BESIDE_IDLE_TARGET else "NOT met")  # fmt: skip
+            lines.append(
+                f"| {p.m.concurrency} | {p.m.protocol} | {p.config} | {p.m.throughput:,.0f} "
+                f"| {_fmt(p.avg_batch, '.1f')} | {r:.2f} | {verdict} |"
+            )
 
     tri = [p for p in points if p.m.server == "triton"]
     if tri:
