@@ -188,9 +188,9 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
                 raise invalid_arg(
                     "Output can't set both 'shared_memory_region' and 'classification'"
                 )
-        # Named twice: Triton 2.51's gRPC side serves it once, as first asked for (its
-        # HTTP side refuses it).
-        outputs.setdefault(o.name, RequestedOutput(o.name, params))
+        if o.name in outputs:  # as the current Triton (2.51's gRPC served it once)
+            raise invalid_arg(f"output '{o.name}' already exists in request")
+        outputs[o.name] = RequestedOutput(o.name, params)
     return InferenceRequest(
         model=req.model_name,
         version=req.model_version,
