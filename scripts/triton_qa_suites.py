@@ -95,14 +95,21 @@ _SHM_DURING = [
 ]
 
 
-def _shm_case(qa: QA, here: Path, models: Path, case: str, *extra: str) -> None:
+def _shm_case(qa: QA, here: Path, models: Path, case: str, *extra: str, **env: str) -> None:
+    """One shared_memory_test.py case as test.sh runs it: a fresh server per client type;
+    TestSharedMemoryUnregister's cases are named per client type (``<case>_<client>``)."""
     for client in ("http", "grpc"):
         args = (f"--model-repository={models}", "--log-verbose=1", *extra)
+        name = (
+            f"TestSharedMemoryUnregister.{case}_{client}"
+            if case in _SHM_DURING
+            else f"SharedMemoryTest.{case}"
+        )
         with qa.serve(here, *args, log=f"{case}.{client}") as ready:
             if ready:
                 qa.test(
-                    "L0_shared_memory", here, "shared_memory_test.py",
-                    f"SharedMemoryTest.{case}", CLIENT_TYPE=client,
+                    "L0_shared_memory", here, "shared_memory_test.py", name,
+                    CLIENT_TYPE=client, **env,
                 )  # fmt: skip
             else:
                 qa.not_ready("L0_shared_memory", 1, f"{case} {client}")
@@ -130,7 +137,9 @@ def l0_shared_memory(qa: QA) -> None:
         qa.generated("qa_model_repository") / "onnx_int32_int32_int32",
         models / "onnx_int32_int32_int32",
     )
-    _shm_case(qa, here, models, "test_large_shm_register_offset", "--allow-client-shm=true")
+    # (the backends whose models are there: test.sh's BACKENDS, which the test reads)
+    case = "test_large_shm_register_offset"
+    _shm_case(qa, here, models, case, "--allow-client-shm=true", BACKENDS="python onnx")
 
 
 def _infer_models(qa: QA, here: Path) -> Path:
