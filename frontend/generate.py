@@ -5,7 +5,8 @@ generation, shaped after Triton 2.51 (checked side by side with the real server)
 Request: one JSON object. A key that names an input of the model is that input (a scalar
 or a flat list, shaped by the config's dims); any other key is a request parameter (an
 int, float, bool or string), and so is each entry of ``"parameters"``, which may name
-inputs too. ``"id"`` is the request's id (and a parameter).
+inputs too. ``"id"`` is the request's id (and a parameter). A key written twice is read
+twice, as Triton reads the members one by one: an input named twice is refused.
 
 Response: one JSON object per response of the model, its keys sorted: each output (a
 tensor of one element as that element, else a flat list; BYTES as strings), and
@@ -19,6 +20,7 @@ from typing import Any, Final
 
 import msgspec
 
+from frontend.json_members import items
 from frontend.json_tensors import tensor_from_json, tensor_to_json
 from frontend.model_handle import ModelHandle
 from frontend.types import InferenceRequest, InferenceResult, InputTensor, ParamValue
@@ -56,7 +58,7 @@ def decode_request(doc: dict[str, Any], model: ModelHandle, version: str) -> Inf
                 "'bool', or 'string'."
             )
 
-    for key, value in doc.items():
+    for key, value in items(doc):
         if key == _PARAMETERS:
             if not isinstance(value, dict):
                 raise ServingError(
@@ -64,7 +66,7 @@ def decode_request(doc: dict[str, Any], model: ModelHandle, version: str) -> Inf
                     f"Expected JSON object for keyword: '{_PARAMETERS}': attempt to access "
                     "JSON non-object as object",
                 )
-            for k, v in value.items():
+            for k, v in items(value):
                 take(k, v, _IN_PARAMETERS)
             continue
         if key == "id" and isinstance(value, str):

@@ -23,7 +23,7 @@ from frontend.types import (
     ParamValue,
     RequestedOutput,
 )
-from ipc import datatypes
+from ipc import bytes_tensors, datatypes
 from ipc.errors import invalid_arg, named
 
 _SHM_REGION: Final = "shared_memory_region"
@@ -188,9 +188,9 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
                 raise invalid_arg(
                     "Output can't set both 'shared_memory_region' and 'classification'"
                 )
-        # Named twice: Triton 2.51's gRPC side serves it once, as first asked for (its
-        # HTTP side refuses it).
-        outputs.setdefault(o.name, RequestedOutput(o.name, params))
+        if o.name in outputs:  # as the current Triton (2.51's gRPC served it once)
+            raise invalid_arg(f"output '{o.name}' already exists in request")
+        outputs[o.name] = RequestedOutput(o.name, params)
     return InferenceRequest(
         model=req.model_name,
         version=req.model_version,
@@ -223,7 +223,7 @@ def _typed_contents(contents: Any, name: str, datatype: str, model: str) -> memo
     """The tensor's bytes from its typed contents, as Triton reads them: each field that
     holds values must be of the input's datatype, and only one may hold any. 8- and
     16-bit integers keep the low bytes of each 32-bit value, as Triton's do."""
-    data = b""
+    data: bytes | memoryview = b""
     for field, field_type in _FIELDS:
         values = getattr(contents, field)
         if not values:
@@ -240,7 +240,7 @@ def _typed_contents(contents: Any, name: str, datatype: str, model: str) -> memo
                 f"'{model}' of type '{field_type}', expected datatype '{datatype}'"
             )
         if field_type == "BYTES":
-            data = datatypes.serialize_bytes(np.array(list(values), dtype=object))
+            data = bytes_tensors.pack(list(values)).data
         else:
             wide = np.array(values, dtype=_NUMPY[field_type])
             data = wide.astype(_NUMPY[datatype], copy=False).tobytes()

@@ -25,7 +25,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
-from frontend import generate, http_codec, http_shm, log_settings, restricted
+from frontend import generate, http_codec, http_shm, json_members, log_settings, restricted
 from frontend.dataplane import DataPlane
 from frontend.http_raw_input import RawInputMeta
 from frontend.types import InferenceRequest, InferenceResult, ResponseError
@@ -84,10 +84,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return resp
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[MAX_INPUT]
-        return _error(
-            f"Request JSON size of {request.content_length or 'more than ' + str(limit)} bytes "
-            f"exceeds the maximum allowed value of {limit} bytes. Use --http-max-input-size to "
-            "increase the limit.",
+        return _error(  # the current Triton's words (2.51: "Request JSON size ... value of")
+            f"request JSON size of {request.content_length or 'more than ' + str(limit)} bytes "
+            f"exceeds the maximum allowed input size of {limit} bytes. Use "
+            "--http-max-input-size to increase the limit.",
             400,
         )
     except web.RequestPayloadError as exc:
@@ -182,7 +182,7 @@ def inflate(body: bytes, encoding: str, limit: int) -> bytes:
         raise invalid_arg(f"failed to decompress the {encoding} request body: {reason}") from None
     if len(out) > limit:
         raise invalid_arg(
-            f"Request body decompresses to more than the maximum allowed value of {limit} "
+            f"request body decompresses to more than the maximum allowed input size of {limit} "
             "bytes. Use --http-max-input-size to increase the limit."
         )
     if not inflater.eof:
@@ -294,7 +294,7 @@ async def _generate_request(request: web.Request) -> InferenceRequest:
     body = await _read_body(request)
     model = await dp.model(name, version)
     doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
-    return generate.decode_request(doc, model, version)
+    return generate.decode_request(json_members.read_members(body, doc), model, version)
 
 
 async def generate_one(request: web.Request) -> web.Response:
@@ -354,14 +354,22 @@ async def model_stats(request: web.Request) -> web.Response:
 
 async def repository_index(request: web.Request) -> web.Response:
     """The body is optional; its ``ready`` (a boolean) keeps READY versions only. A
-    repository name in the path is ignored here, as Triton 2.51 does."""
+    repository name in the path is ignored here, as Triton 2.51 does. A body of any depth
+    is read (as the current Triton's does): a ``ready`` nested too deep for the decoder
+    is an array, so no boolean."""
     body = await request.read()
     ready = False
     if body:
-        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+        try:
+            doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+        except ServingError as exc:
+            deep = json_members.shallow_members(body) if "nesting depth" in exc.message else None
+            if deep is None:
+                raise
+            doc = deep
         if "ready" in doc:
-            if not isinstance(doc["ready"], bool):
-                raise ServingError(Code.INTERNAL, "attempt to access JSON non-boolean as boolean")
+            if not isinstance(doc["ready"], bool):  # the current Triton's (2.51: INTERNAL)
+                raise invalid_arg("Invalid value for 'ready': expected a boolean")
             ready = doc["ready"]
     return _json(await _dp(request).repository_index(ready))
 

@@ -180,11 +180,10 @@ def tensor_to_json(
         try:
             items = datatypes.split_bytes(data)
         except ValueError:
-            items = []
-            count = -1
+            raise _shape_mismatch(name) from None
         if len(items) != count:
             raise _shape_mismatch(name)
-        return [_utf8(bytes(b)) for b in items]
+        return [_utf8(b) for b in items]
     if len(data) != count * dt.itemsize:
         raise _shape_mismatch(name)
     if dt.name == "BF16":

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 
-from frontend import restricted
+from frontend import http_framing, restricted
 from frontend.broker_client import BrokerClient
 from frontend.dataplane import DataPlane
 from frontend.grpc_server import build_server as build_grpc_server
@@ -70,6 +70,7 @@ async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunne
         shutdown_timeout=s.exit_timeout_secs / 2,
     )
     await runner.setup()
+    http_framing.accept_chunked_with_length(runner)
     site = web.TCPSite(
         runner, s.http_address, s.http_port, reuse_port=s.reuse_http_port, backlog=1024
     )

@@ -8,13 +8,14 @@ by that many bytes. BF16 has no numpy dtype; it travels as raw uint16 bits.
 
 from __future__ import annotations
 
-import struct
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import chain
 from typing import Final
 
 import numpy as np
+
+from ipc import bytes_tensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,36 +70,21 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
     return n
 
 
-_U32: Final = struct.Struct("<I")
-
-
 def serialize_bytes(values: Iterable[bytes | str | object]) -> bytes:
     """Length-prefixed serialization of BYTES elements (uint32 LE lengths, row-major);
     ``str`` (and anything else) is encoded as UTF-8 text."""
-    items = [v if isinstance(v, bytes) else str(v).encode() for v in values]
-    if not items:
-        return b""
-    return b"".join(chain.from_iterable(zip(map(_U32.pack, map(len, items)), items, strict=True)))
+    return bytes_tensors.pack_values(values).tobytes()
 
 
-def split_bytes(buf: memoryview | bytes) -> list[memoryview]:
-    """The elements of a length-prefixed BYTES buffer, as views into it (no copy).
+def split_bytes(buf: memoryview | bytes) -> np.ndarray:
+    """The elements of a length-prefixed BYTES buffer, as a flat object array of bytes.
 
     Raises ValueError when a length prefix or an element runs past the end.
     """
-    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
-    out: list[memoryview] = []
-    pos, end = 0, len(mv)
-    while pos < end:
-        if end - pos < 4:
-            raise ValueError("element byte size indicator exceeds the end of the buffer")
-        (n,) = _U32.unpack_from(mv, pos)
-        pos += 4
-        if n > end - pos:
-            raise ValueError("element byte size indicator exceeds the end of the buffer")
-        out.append(mv[pos : pos + n])
-        pos += n
-    return out
+    found = bytes_tensors.scan(buf, sys.maxsize)
+    if found.end != len(memoryview(buf).cast("B")):
+        raise ValueError("element byte size indicator exceeds the end of the buffer")
+    return bytes_tensors.unpack(buf, found.lengths)
 
 
 class BytesLayoutError(ValueError):
@@ -112,10 +98,9 @@ class BytesLayoutError(ValueError):
         self.names_request = names_request
 
 
-def check_bytes_layout(
-    buf: memoryview | bytes, count: int, name: str, model: str
-) -> list[memoryview]:
-    """The ``count`` elements of a BYTES buffer (views into it), or BytesLayoutError.
+def check_bytes_layout(buf: memoryview | bytes, count: int, name: str, model: str) -> np.ndarray:
+    """The lengths of the ``count`` elements of a BYTES buffer (for
+    bytes_tensors.unpack), or BytesLayoutError.
 
     In Triton's order and words (checked against Triton 2.51): its core
     (InferenceRequest::ValidateBytesInputs) refuses a length prefix cut short, then a
@@ -123,38 +108,27 @@ def check_bytes_layout(
     end as one (it leaves that to the backend), so a short count is "expected N string
     elements ..., got K"; only then does the backend refuse the element past the end."""
     what = f"for inference input '{name}' for model '{model}'"
-    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
-    out: list[memoryview] = []
-    pos, end = 0, len(mv)
-    short: tuple[int, int] | None = None  # (declared length, bytes left) of a cut element
-    while pos < end:
-        if end - pos < 4:
-            raise BytesLayoutError(
-                f"incomplete string length indicator {what}, expecting 4 bytes but only "
-                f"{end - pos} bytes available. Please make sure the string length indicator "
-                "is in one buffer.",
-                names_request=True,
-            )
-        if len(out) >= count:
-            raise BytesLayoutError(
-                f"unexpected number of string elements {len(out) + 1} {what}, expecting {count}",
-                names_request=True,
-            )
-        (n,) = _U32.unpack_from(mv, pos)
-        pos += 4
-        out.append(mv[pos : pos + n])
-        if n > end - pos:
-            short = (n, end - pos)
-            break
-        pos += n
-    if len(out) != count:
+    found = bytes_tensors.scan(buf, count + 1)
+    complete = found.lengths.size
+    if complete > count or (complete == count and found.cut is not None):
         raise BytesLayoutError(
-            f"expected {count} string elements {what}, got {len(out)}", names_request=True
+            f"unexpected number of string elements {count + 1} {what}, expecting {count}",
+            names_request=True,
         )
-    if short is not None:
+    if found.left and found.cut is None:
+        raise BytesLayoutError(
+            f"incomplete string length indicator {what}, expecting 4 bytes but only "
+            f"{found.left} bytes available. Please make sure the string length indicator "
+            "is in one buffer.",
+            names_request=True,
+        )
+    seen = complete + (found.cut is not None)
+    if seen != count:
+        raise BytesLayoutError(f"expected {count} string elements {what}, got {seen}", True)
+    if found.cut is not None:
         raise BytesLayoutError(
             f"incomplete string data for inference input '{name}', expecting string of "
-            f"length {short[0]} but only {short[1]} bytes available",
+            f"length {found.cut} but only {found.left} bytes available",
             names_request=False,
         )
-    return out
+    return found.lengths

@@ -305,7 +305,7 @@ def _response(result: InferenceResult) -> pb_utils.InferenceResponse:
         assert dt is not None and o.data is not None  # (no client shared memory here)
         if dt.numpy is None:
             values = np.empty(datatypes.element_count(o.shape), dtype=object)
-            values[:] = [bytes(b) for b in datatypes.split_bytes(o.data)]
+            values[:] = datatypes.split_bytes(o.data)
             arr = values.reshape(o.shape)
         else:
             arr = np.frombuffer(o.data, dtype=dt.numpy).reshape(o.shape).copy()

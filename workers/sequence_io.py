@@ -114,9 +114,9 @@ def _initial(config: pb.ModelConfig, st: Any, model_dir: Path) -> np.ndarray:
             config.name, f"failed to read initial_state data_file for '{st.input_name}': {exc}"
         ) from None
     if strings:
-        items = [bytes(v) for v in datatypes.split_bytes(memoryview(raw))][:count]
-        arr = np.empty(count, dtype=object)
-        arr[:] = items + [b""] * (count - len(items))
+        items = datatypes.split_bytes(memoryview(raw))[:count]
+        arr = np.full(count, b"", dtype=object)
+        arr[: items.size] = items
         return arr.reshape(shape)
     need = count * dtype.itemsize
     if len(raw) < need:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ipc import datatypes
+from ipc import bytes_tensors, datatypes
 from ipc.messages import CLIENT_REGION, INLINE_MAX_BYTES, ClientRegion, OutputSpec, TensorRef
 from ipc.shm import RegionMap
 from workers.cuda_regions import CudaRegions
@@ -75,13 +75,10 @@ def input_array(
     count = datatypes.element_count(ref.shape)
     if dt.numpy is None:
         if c is not None:  # a client's bytes: nothing has looked at them yet
-            views = datatypes.check_bytes_layout(buf, count, ref.name, model)
+            lengths = datatypes.check_bytes_layout(buf, count, ref.name, model)
         else:  # the frontend checked them
-            views = datatypes.split_bytes(buf)
-        items = [bytes(v) for v in views]
-        arr = np.empty(count, dtype=object)
-        arr[:] = items
-        return arr.reshape(ref.shape)
+            lengths = bytes_tensors.scan(buf, count).lengths
+        return bytes_tensors.unpack(buf, lengths).reshape(ref.shape)
     if len(buf) != count * dt.itemsize:
         raise ValueError(
             f"input '{ref.name}' holds {len(buf)} bytes, expected {count * dt.itemsize}"
@@ -100,10 +97,7 @@ def _wire_bytes(arr: np.ndarray, datatype: str) -> memoryview:
     arr = on_host(arr)
     dt = datatypes.datatype(datatype)
     if dt is None or dt.numpy is None:
-        flat = arr.reshape(-1)
-        encoded = np.empty(flat.shape, dtype=object)
-        encoded[:] = [v if isinstance(v, bytes) else str(v).encode() for v in flat]
-        return memoryview(datatypes.serialize_bytes(encoded))
+        return bytes_tensors.pack_values(arr.reshape(-1)).data
     if arr.dtype != dt.numpy:
         arr = arr.astype(dt.numpy)
     # Flat first: memoryview.cast refuses a view of several dimensions with a 0 in them.

@@ -41,7 +41,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.model_config import v2_datatype
 from configs.schema import ConfigError
-from ipc import datatypes
+from ipc import bytes_tensors, datatypes
 
 log = logging.getLogger("shoal.worker")
 
@@ -79,16 +79,11 @@ def _data(
         if which == "input_data_file":
             raw = _read(config, model_dir, name, spec.input_data_file)
             try:
-                items = [
-                    bytes(v) for v in datatypes.check_bytes_layout(raw, count, name, config.name)
-                ]
+                lengths = datatypes.check_bytes_layout(raw, count, name, config.name)
             except datatypes.BytesLayoutError as exc:
                 raise ConfigError(config.name, exc.message) from None
-        else:
-            items = [b""] * count
-        arr = np.empty(count, dtype=object)
-        arr[:] = items
-        return arr.reshape(dims)
+            return bytes_tensors.unpack(raw, lengths).reshape(dims)
+        return np.full(count, b"", dtype=object).reshape(dims)
     nbytes = count * dt.itemsize
     if which == "zero_data":
         return np.zeros(dims, dtype=dt.numpy)

@@ -357,10 +357,9 @@ def test_narrow_integers_keep_the_low_bytes_and_extra_raw_contents_are_ignored(
     url: str,
 ) -> None:
     """As Triton 2.51: an INT8 taken from int_contents keeps each value's low byte; raw
-    contents beyond the inputs are not read; an output named twice is served once."""
+    contents beyond the inputs are not read."""
     req = service_pb2.ModelInferRequest(model_name="identity_int8")
     _typed(req, "INPUT0", "INT8", int_contents=[1, 255, 256, -129] * 4)
-    req.outputs.add(name="OUTPUT0")
     req.outputs.add(name="OUTPUT0")
     resp = _raw_stub(url).ModelInfer(req)
     assert [o.name for o in resp.outputs] == ["OUTPUT0"]
@@ -610,6 +609,21 @@ def test_a_duplicate_input_is_refused_as_triton_does(url: str) -> None:
         grpc.StatusCode.INVALID_ARGUMENT,
         "[request id: <id_unknown>] input 'INPUT0' already exists in request",
     )
+
+
+def test_an_output_named_twice_is_refused_as_the_current_triton_does(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """Triton's L0_grpc GrpcTest: refused (2.51 served it once), and the server lives."""
+    ins, _, _ = simple_inputs()
+    outs = [grpcclient.InferRequestedOutput("OUTPUT0") for _ in range(2)]
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple", ins, outputs=outs)
+    assert (e.value.status(), e.value.message()) == (
+        "StatusCode.INVALID_ARGUMENT",
+        "output 'OUTPUT0' already exists in request",
+    )
+    assert client.is_server_live()
 
 
 @pytest.mark.parametrize("version", ["²", "\u0661", "9" * 5000])  # \u0661: Arabic-Indic 1

@@ -1,0 +1,243 @@
+"""Triton's own QA suites (``qa/L0_*`` of a Triton server source tree) against shoal.
+
+Each suite's ``test.sh`` generates models with ``qa/common/gen_qa_*.py``, starts
+``tritonserver`` with given flags and runs Python tests (tritonclient against
+localhost:8000/8001). This runner does the same with shoal in tritonserver's place, for
+the parts of each suite whose models shoal serves (ONNX, TorchScript, Python; CPU):
+
+- the qa tree is copied into a temporary folder (nothing is written to the source tree,
+  and no Triton file enters this project);
+- model repositories are built there at run time with Triton's own generators (ONNX
+  only) and the same copies and edits each test.sh makes;
+- a fresh ``shoal serve`` is started wherever test.sh starts a fresh tritonserver, with
+  the same flags (less the ones about Triton's own install: backend directory, ...);
+- each test file runs as test.sh runs it (``python <file> [Class[.test]]``, in the
+  suite's folder, with its environment), and unittest's summary gives passed/total.
+
+Run it through ``scripts/triton-qa.sh``, which gives it a network namespace of its own:
+the tests dial localhost:8000, 8001 and 8002, whatever else runs on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = ROOT / ".venv" / "bin" / "python"
+#: What the QA tests import beyond tritonclient (requests, sseclient-py, psutil):
+#: triton-qa.sh installs them there, outside the venv, before the network goes away.
+DEPS_DIR = Path(os.environ.get("SHOAL_QA_DEPS", "deps"))
+
+#: Generated repositories: the folder test.sh finds under $DATADIR, and the generator
+#: call (``qa/common`` script, flags) that makes it.
+GENERATED: dict[str, tuple[str, ...]] = {
+    "qa_model_repository": ("gen_qa_models.py", "--onnx"),
+    "qa_variable_model_repository": ("gen_qa_models.py", "--onnx", "--variable"),
+    "qa_identity_model_repository": ("gen_qa_identity_models.py", "--onnx"),
+    "qa_sequence_model_repository": ("gen_qa_sequence_models.py", "--onnx"),
+    "qa_variable_sequence_model_repository": ("gen_qa_sequence_models.py", "--onnx", "--variable"),
+    "qa_dyna_sequence_model_repository": ("gen_qa_dyna_sequence_models.py", "--onnx"),
+    "qa_sequence_implicit_model_repository": ("gen_qa_implicit_models.py", "--onnx"),
+    "qa_reshape_model_repository": ("gen_qa_reshape_models.py", "--onnx", "--variable"),
+}
+
+
+@dataclass
+class Tally:
+    """passed/total of one suite, and what its lines were."""
+
+    passed: int = 0
+    total: int = 0
+    lines: list[str] = field(default_factory=list)
+
+
+class QA:
+    """One run: the copied qa tree, its generated data, and shoal servers started in it."""
+
+    def __init__(self, triton: Path, work: Path, verbose: bool) -> None:
+        self.work = work
+        self.qa = work / "qa"
+        self.data = work / "data"
+        self.verbose = verbose
+        shutil.copytree(triton / "qa", self.qa, symlinks=True)
+        # docs/examples' models less the two that docs/examples/fetch_models.sh downloads
+        # (densenet_onnx, inception_onnx: no version folder here, offline)
+        self.examples = work / "examples"
+        for model in (triton / "docs" / "examples" / "model_repository").iterdir():
+            if any(v.name.isdigit() for v in model.iterdir()):
+                shutil.copytree(model, self.examples / model.name, symlinks=True)
+        self.tally: dict[str, Tally] = {}
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = os.pathsep.join([str(DEPS_DIR), str(self.qa / "common")])
+
+    # -- models -------------------------------------------------------------------------
+
+    def generated(self, name: str) -> Path:
+        """``$DATADIR/<name>``, generated on first use."""
+        out = self.data / name
+        if not out.exists():
+            script, *flags = GENERATED[name]
+            subprocess.run(
+                [str(PYTHON), script, *flags, f"--models_dir={out}"],
+                cwd=self.qa / "common",
+                env=self.env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+        return out
+
+    def suite(self, name: str) -> Path:
+        """The suite's folder, with ``models/`` holding docs/examples' model repository
+        (Triton's CI puts it there before it runs a test.sh)."""
+        here = self.qa / name
+        self.copy(self.examples, here / "models")
+        return here
+
+    @staticmethod
+    def fresh(path: Path) -> Path:
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
+
+    @staticmethod
+    def copy(src: Path, dst: Path) -> Path:
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+        return dst
+
+    @staticmethod
+    def sed(path: Path, pattern: str, repl: str, count: int = 0) -> None:
+        """``sed -i s/pattern/repl/[g]`` (``count`` 1: the first match in the file)."""
+        path.write_text(re.sub(pattern, repl, path.read_text(), count=count, flags=re.M))
+
+    # -- servers and tests --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def serve(self, cwd: Path, *args: str, log: str = "server") -> Iterator[bool]:
+        """A fresh ``shoal serve`` with tritonserver's flags, as util.sh's run_server:
+        yields whether it became ready (GET /v2/health/ready) within two minutes."""
+        logfile = (cwd / f"{log}.shoal.log").open("w")
+        cmd = [str(PYTHON), "-m", "shoal", "serve", *args]
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=logfile, stderr=subprocess.STDOUT)
+        try:
+            yield self._ready(proc)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            logfile.close()
+
+    @staticmethod
+    def _ready(proc: subprocess.Popen[bytes]) -> bool:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen("http://localhost:8000/v2/health/ready", timeout=2),
+            ):
+                return True
+            time.sleep(0.25)
+        return False
+
+    def test(self, suite: str, cwd: Path, file: str, *names: str, **env: str) -> None:
+        """``python <file> <names>`` in ``cwd``; its unittest summary counts to ``suite``."""
+        run = subprocess.run(
+            [str(PYTHON), file, *names],
+            cwd=cwd,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        passed, total = _summary(run.stdout + run.stderr)
+        what = " ".join([file, *names, *(f"{k}={v}" for k, v in env.items())])
+        self.count(suite, passed, total, what)
+        log = cwd / "client.log"
+        with log.open("a") as f:
+            f.write(f"=== {what}\n{run.stdout}{run.stderr}")
+        if self.verbose and passed < total:
+            print(run.stdout + run.stderr, file=sys.stderr)
+
+    def count(self, suite: str, passed: int, total: int, what: str) -> None:
+        t = self.tally.setdefault(suite, Tally())
+        t.passed += passed
+        t.total += total
+        t.lines.append(f"{passed}/{total} {what}")
+        print(f"  {suite}: {passed}/{total} {what}", flush=True)
+
+    def not_ready(self, suite: str, total: int, what: str) -> None:
+        self.count(suite, 0, total, f"{what} (server not ready)")
+
+
+def _summary(output: str) -> tuple[int, int]:
+    """(passed, total) from unittest's last lines: "Ran N tests" then "OK" or "FAILED
+    (failures=.., errors=..)"; skipped tests count as neither."""
+    ran = re.findall(r"^Ran (\d+) tests? in", output, re.M)
+    if not ran:
+        return 0, 1
+    total = int(ran[-1])
+    tail = output[output.rfind("Ran ") :]
+    bad = sum(int(n) for n in re.findall(r"(?:failures|errors|unexpected successes)=(\d+)", tail))
+    skipped = sum(int(n) for n in re.findall(r"skipped=(\d+)", tail))
+    return total - bad - skipped, total - skipped
+
+
+SUITES: dict[str, Callable[[QA], None]] = {}
+
+
+def suite(fn: Callable[[QA], None]) -> Callable[[QA], None]:
+    SUITES[fn.__name__.replace("l0_", "L0_", 1)] = fn
+    return fn
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("triton", type=Path, help="a Triton server source tree (with qa/)")
+    parser.add_argument("suites", nargs="*", help="suites to run (default: all)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--verbose", action="store_true", help="print failing tests' output")
+    args = parser.parse_args()
+    import triton_qa_suites  # noqa: F401  (registers the suites)
+
+    chosen = args.suites or list(SUITES)
+    unknown = [s for s in chosen if s not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite(s) {unknown}; known: {list(SUITES)}")
+    if not (args.triton / "qa" / "common" / "test_util.py").exists():
+        parser.error(f"{args.triton} has no qa/common/test_util.py")
+    work = Path(tempfile.mkdtemp(prefix="shoal-triton-qa-"))
+    print(f"work folder: {work}", flush=True)
+    qa = QA(args.triton.resolve(), work, args.verbose)
+    try:
+        for name in chosen:
+            print(f"{name}:", flush=True)
+            SUITES[name](qa)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print("\n| suite | passed/total |\n|---|---|")
+    for name in chosen:
+        t = qa.tally.get(name, Tally())
+        print(f"| {name} | {t.passed}/{t.total} |")
+    return 0 if all(t.passed == t.total for t in qa.tally.values()) else 1
+
+
+if __name__ == "__main__":
+    import triton_qa  # the suites register with this module, not with __main__
+
+    sys.exit(triton_qa.main())
