@@ -74,9 +74,8 @@ class Peers:
         self.fe = sockets.dealer(
             self.ctx, sockets.endpoint(run, sockets.FRONTEND_SOCKET), self.fe_ident
         )
-        self.wk = sockets.dealer(
-            self.ctx, sockets.endpoint(run, sockets.WORKER_SOCKET), f"w-m-1-0-{os.getpid()}".encode()
-        )
+        worker = f"w-m-1-0-{os.getpid()}".encode()
+        self.wk = sockets.dealer(self.ctx, sockets.endpoint(run, sockets.WORKER_SOCKET), worker)
         self.to_fe = sockets.push(self.ctx, sockets.result_endpoint(run, self.fe_ident))
 
     def join(self) -> None:

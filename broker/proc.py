@@ -790,6 +790,10 @@ class BrokerProc:
                     passive = mv is not None and inst.index in mv.passive
                     if not passive:  # (never sent work: runs on every core anyway)
                         self.lender.add(ident, inst.cores, msg.threads)
+                        # home first: a worker rejoining after a broker restart may
+                        # still hold what the last broker lent it
+                        if inst.cores:
+                            self._repin({ident: tuple(sorted(inst.cores))})
                 if mv is not None:
                     mv.set_config(msg.config)
                     mv.refresh_state()

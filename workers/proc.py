@@ -120,6 +120,7 @@ class WorkerProc:
         self.regions = RegionMap()
         self.backend: backends.Backend | None = None
         self.config_bytes = b""
+        self.threads = 0  # intra-op threads its backend was given (WorkerReady.threads)
         self.max_batch_size = 0
         self.assembler = BatchAssembler()
         self.sequence: SequenceIO | None = None  # a stateful model's controls and state
@@ -238,6 +239,7 @@ class WorkerProc:
             f"{threads} threads" if threads else "the backend's default threads",
             f"GPU {s.gpu}" if s.gpu is not None else f"cores {s.cores or 'any'}",
         )
+        self.threads = threads
         return m.WorkerReady(self.config_bytes, list(s.cores), threads)
 
     def _warm_up(
@@ -362,7 +364,8 @@ class WorkerProc:
             self._welcomed = self._welcomed or self.broker_pidfd is not None
         if not self._welcomed and time.monotonic() - self._last_hello > _HELLO_RETRY_S:
             self._hello()
-            self.sock.send_multipart(m.encode(m.WorkerReady(self.config_bytes, self.s.cores)))
+            ready = m.WorkerReady(self.config_bytes, self.s.cores, self.threads)
+            self.sock.send_multipart(m.encode(ready))
             self._last_hello = time.monotonic()
         return ""
 
