@@ -18,7 +18,6 @@ import argparse
 import os
 import platform
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import cpu
 import ort_baseline
+from common import csv_ints, csv_list, fmt, git_commit, raise_interrupt, ratio
 from perf_analyzer import (
     Measurement,
     perf_analyzer_path,
@@ -51,14 +51,6 @@ class Target:
         return self.http if protocol == "http" else self.grpc
 
 
-def _csv_ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x]
-
-
-def _csv(s: str) -> list[str]:
-    return [x for x in s.split(",") if x]
-
-
 def _plus_one(url: str) -> str:
     host, port = url.rsplit(":", 1)
     return f"{host}:{int(port) + 1}"
@@ -67,18 +59,18 @@ def _plus_one(url: str) -> str:
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", type=Path, default=REPO_ROOT / "model_repository")
-    ap.add_argument("--models", type=_csv, default="simple,mlp")
-    ap.add_argument("--protocols", type=_csv, default="http,grpc", help="http, grpc")
+    ap.add_argument("--models", type=csv_list, default="simple,mlp")
+    ap.add_argument("--protocols", type=csv_list, default="http,grpc", help="http, grpc")
     ap.add_argument(
         "--streaming", action="store_true", help="also perf_analyzer -i grpc --streaming"
     )
     ap.add_argument(
         "--frontends",
-        type=_csv_ints,
+        type=csv_ints,
         default="1,2",
         help="shoal --frontend-processes values; one server each",
     )
-    ap.add_argument("--concurrency", type=_csv_ints, default="1,8,32")
+    ap.add_argument("--concurrency", type=csv_ints, default="1,8,32")
     ap.add_argument("--measurement-interval", type=int, default=3000, help="ms per window")
     ap.add_argument("--max-trials", type=int, default=5, help="windows before giving up")
     ap.add_argument(
@@ -188,25 +180,8 @@ def _with_server(
         return _drive(pa, target, args, raw_dir, skipped)
 
 
-def _git_commit() -> str:
-    def git(*a: str) -> str:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), *a], capture_output=True, text=True)
-        return out.stdout.strip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "?"
-    return commit + (" + uncommitted changes" if git("status", "--porcelain") else "")
-
-
 # ---------------------------------------------------------------------------------------------
 # The report
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "—" if x is None else format(x, spec)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
 
 
 def _fe(m: Measurement) -> str:
@@ -254,8 +229,8 @@ def render(
     for m in sorted(results, key=_sort_key):
         lines.append(
             f"| {m.model} | {m.concurrency} | {m.server} | {m.protocol or 'in-process'} "
-            f"| {_fe(m)} | {m.throughput:,.0f} | {_fmt(m.p50_us, ',.0f')} "
-            f"| {_fmt(m.p99_us, ',.0f')} | {m.note} |"
+            f"| {_fe(m)} | {m.throughput:,.0f} | {fmt(m.p50_us, ',.0f')} "
+            f"| {fmt(m.p99_us, ',.0f')} | {m.note} |"
         )
 
     # At a glance: one row per shoal point, every throughput ratio side by side.
@@ -279,11 +254,11 @@ def render(
         tri = ix.get("triton", m.protocol, None, *k)
         lines.append(
             f"| {m.model} | {m.concurrency} | {m.protocol} | {_fe(m)} | {m.throughput:,.0f} "
-            f"| {_fmt(_ratio(m.throughput, http and http.throughput), '.2f')} "
-            f"| {_fmt(_ratio(m.throughput, one and one.throughput), '.2f')} "
-            f"| {_fmt(_ratio(m.throughput, ort1 and ort1.throughput), '.3f')} "
-            f"| {_fmt(_ratio(m.throughput, tri and tri.throughput), '.2f')} "
-            f"| {_fmt(_ratio(m.p50_us, tri and tri.p50_us), '.2f')} |"
+            f"| {fmt(ratio(m.throughput, http and http.throughput), '.2f')} "
+            f"| {fmt(ratio(m.throughput, one and one.throughput), '.2f')} "
+            f"| {fmt(ratio(m.throughput, ort1 and ort1.throughput), '.3f')} "
+            f"| {fmt(ratio(m.throughput, tri and tri.throughput), '.2f')} "
+            f"| {fmt(ratio(m.p50_us, tri and tri.p50_us), '.2f')} |"
         )
 
     # gRPC (and streaming) over HTTP, same server, model, c, frontends.
@@ -299,8 +274,8 @@ def render(
             cells = ""
             for p in others:
                 o = ix.get(h.server, p, h.frontends, h.model, h.concurrency)
-                cells += f" {_fmt(_ratio(o and o.throughput, h.throughput), '.2f')} |"
-                cells += f" {_fmt(_ratio(o and o.p50_us, h.p50_us), '.2f')} |"
+                cells += f" {fmt(ratio(o and o.throughput, h.throughput), '.2f')} |"
+                cells += f" {fmt(ratio(o and o.p50_us, h.p50_us), '.2f')} |"
             lines.append(f"| {h.model} | {h.concurrency} | {h.server} | {_fe(h)} |{cells}")
 
     # More frontends over fewer.
@@ -315,8 +290,8 @@ def render(
             cells = ""
             for f in fes[1:]:
                 o = ix.get("shoal", b.protocol, f, b.model, b.concurrency)
-                cells += f" {_fmt(_ratio(o and o.throughput, b.throughput), '.2f')} |"
-                cells += f" {_fmt(_ratio(o and o.p50_us, b.p50_us), '.2f')} |"
+                cells += f" {fmt(ratio(o and o.throughput, b.throughput), '.2f')} |"
+                cells += f" {fmt(ratio(o and o.p50_us, b.p50_us), '.2f')} |"
             lines.append(f"| {b.model} | {b.concurrency} | {b.protocol} |{cells}")
 
     # Servers over the in-process ceiling.
@@ -329,8 +304,8 @@ def render(
         o1, o2 = ix.ort(1, m.model), ix.ort(2, m.model)
         lines.append(
             f"| {m.model} | {m.concurrency} | {m.server} | {m.protocol} | {_fe(m)} "
-            f"| {_fmt(_ratio(m.throughput, o1 and o1.throughput), '.3f')} "
-            f"| {_fmt(_ratio(m.throughput, o2 and o2.throughput), '.3f')} |"
+            f"| {fmt(ratio(m.throughput, o1 and o1.throughput), '.3f')} "
+            f"| {fmt(ratio(m.throughput, o2 and o2.throughput), '.3f')} |"
         )
 
     # shoal over Triton, same protocol.
@@ -346,9 +321,9 @@ def render(
                 continue
             lines.append(
                 f"| {m.model} | {m.concurrency} | {m.protocol} | {_fe(m)} "
-                f"| {_fmt(_ratio(m.throughput, t.throughput), '.2f')} "
-                f"| {_fmt(_ratio(m.p50_us, t.p50_us), '.2f')} "
-                f"| {_fmt(_ratio(m.p99_us, t.p99_us), '.2f')} |"
+                f"| {fmt(ratio(m.throughput, t.throughput), '.2f')} "
+                f"| {fmt(ratio(m.p50_us, t.p50_us), '.2f')} "
+                f"| {fmt(ratio(m.p99_us, t.p99_us), '.2f')} |"
             )
     lines += cpu.cpu_table(served)
     lines += [
@@ -363,109 +338,9 @@ def render(
 # ---------------------------------------------------------------------------------------------
 
 
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def side_by_side_parser(description: str) -> argparse.ArgumentParser:
-    """The flags of a run that drives shoal servers one after the other with
-    perf_analyzer (run_cache.py, run_many_models.py); the caller adds its own."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--repo", type=Path, default=REPO_ROOT / "model_repository")
-    p.add_argument("--concurrency", type=_csv_ints, default=[1, 8])
-    p.add_argument("--protocols", type=_csv, default=["http", "grpc"])
-    p.add_argument("--measurement-interval", type=int, default=3000)
-    p.add_argument("--max-trials", type=int, default=5)
-    p.add_argument("--stability-percentage", type=int, default=20)
-    p.add_argument("--ready-timeout", type=float, default=300.0)
-    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
-    return p
-
-
-def report_head(
-    title: str, pa: str, load: float, ort: list[Measurement] | None = None
-) -> list[str]:
-    """The first lines of a side-by-side run's report: its title and time, the commit,
-    perf_analyzer's version, the load at start and the cores; then the in-process ONNX
-    Runtime baselines, if given."""
-    lines = [
-        f"# {title} ({time.strftime('%Y-%m-%d %H:%M')})",
-        "",
-        f"commit {_git_commit()}; perf_analyzer {perf_analyzer_version(pa)}; "
-        f"load average at start {load:.2f}; {len(os.sched_getaffinity(0))} cores",
-        "",
-    ]
-    if ort is not None:
-        baselines = (f"{m.server} {m.throughput:,.0f}/s (p50 {m.p50_us:,.0f} µs)" for m in ort)
-        lines += ["In-process ONNX Runtime, batch 1: " + ", ".join(baselines), ""]
-    return lines
-
-
-def write_report(out_dir: Path, stamp: str, tag: str, report: str, skipped: list[str]) -> int:
-    """Write ``<stamp>-<tag>.md`` (the points skipped after it), print it; exit status 0."""
-    out = out_dir / f"{stamp}-{tag}.md"
-    out.write_text(report + "".join(f"\n{s}" for s in skipped))
-    print(out.read_text())
-    print(f"[bench] wrote {out}")
-    return 0
-
-
-@dataclass(frozen=True)
-class RunStart:
-    stamp: str  # names the run's files
-    load: float  # the load average when it began
-    raw: Path  # its folder for perf_analyzer's CSVs and the servers' logs
-    pa: str  # the perf_analyzer binary
-
-
-def perf_point(
-    run: RunStart,
-    a: argparse.Namespace,
-    url: str,
-    *,
-    server: str,
-    model: str,
-    protocol: str,
-    concurrency: int,
-    name: str,
-    extra: tuple[str, ...] = (),
-    srv: ServerProcess | None = None,
-) -> Measurement:
-    """One perf_analyzer point of a side-by-side run (``side_by_side_parser``'s flags),
-    its CSV and log in the run's raw folder as ``<name>.csv``/``.log``; with the CPU per
-    request of ``srv``'s processes when given (a server this run started)."""
-    pid = srv.proc.pid if srv is not None and srv.proc is not None else None
-    http = srv.http_url if srv is not None else url
-    return cpu.measured(pid, http, model, server != "triton", partial(
-        run_perf_analyzer,
-        run.pa,
-        server=server,
-        url=url,
-        protocol=protocol,
-        model=model,
-        concurrency=concurrency,
-        csv_path=run.raw / f"{name}.csv",
-        interval_ms=a.measurement_interval,
-        max_trials=a.max_trials,
-        stability_pct=a.stability_percentage,
-        timeout_s=(a.max_trials + 2) * a.measurement_interval / 1e3 + 30,
-        extra=extra,
-    ))  # fmt: skip
-
-
-def start_run(out_dir: Path, tag: str) -> RunStart:
-    """Begin a benchmark run: SIGTERM stops it as Ctrl-C does (the servers are stopped),
-    and its raw folder ``<stamp>-<tag>-raw`` is made."""
-    signal.signal(signal.SIGTERM, _sigterm)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    raw = out_dir / f"{stamp}-{tag}-raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    return RunStart(stamp, os.getloadavg()[0], raw, perf_analyzer_path())
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)  # so the servers' context managers stop them
+    signal.signal(signal.SIGTERM, raise_interrupt)  # so the servers' context managers stop them
     stamp = time.strftime("%Y%m%d-%H%M%S")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     raw_dir = args.out_dir / f"{stamp}-raw"
@@ -511,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         "timestamp": stamp,
         "host": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "load average at start": load_at_start,
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "perf_analyzer": f"{perf_analyzer_version(pa)} ({', '.join(args.protocols)}; batch 1; "
         f"{args.measurement_interval} ms windows, max {args.max_trials} trials, "
         f"stable within {args.stability_percentage}%)",

@@ -38,16 +38,24 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import cpu
 import ort_baseline
+from common import (
+    Point,
+    batching_point,
+    csv_ints,
+    csv_list,
+    fmt,
+    git_commit,
+    link_model,
+    raise_interrupt,
+    ratio,
+    start_server,
+)
 from perf_analyzer import Measurement, perf_analyzer_path, perf_analyzer_version
-from perf_analyzer import run_perf_analyzer as _run_pa
-from run import _csv, _csv_ints, _fmt, _git_commit, _ratio, _sigterm
-from servers import REPO_ROOT, ServerProcess, shoal_server, triton_peer_server, wait_ready
+from servers import REPO_ROOT, ServerProcess, shoal_server, triton_peer_server
 
 LARGE, SMALL = "mlp_large", "mlp"
 #: The 70% target: shoal on mlp_large with batching at c=32 over in-process ORT at that batch.
@@ -63,19 +71,6 @@ CONFIGS = (
 #: mlp_large beside an idle mlp (one instance each): the share of in-process ORT's best
 #: (any batch, 1 or 2 threads) it should reach when it may borrow the idle one's core.
 BESIDE_IDLE_TARGET = 0.6
-
-
-@dataclass
-class Point:
-    """One perf_analyzer run plus what the server's statistics say it formed."""
-
-    m: Measurement
-    config: str
-    avg_batch: float | None = None
-    sizes: list[tuple[int, int]] = field(default_factory=list)  # (batch size, executions)
-    queue_us: float | None = None
-    infer_us: float | None = None  # compute_infer per execution
-    cores: cpu.Usage | None = None  # shoal only: the model's workers vs everything else
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,15 +94,6 @@ def _instances(text: str, count: int) -> str:
 
 def _two_without_batching(text: str) -> str:
     return _instances(_no_batching(text), 2)
-
-
-def _link_model(src_repo: Path, dst_repo: Path, model: str, config_text: str) -> None:
-    """``dst_repo/model`` with ``config_text`` and a symlink to the shipped ``model.onnx``."""
-    (dst_repo / model / "1").mkdir(parents=True)
-    (dst_repo / model / "config.pbtxt").write_text(config_text)
-    (dst_repo / model / "1" / "model.onnx").symlink_to(
-        (src_repo / model / "1" / "model.onnx").resolve()
-    )
 
 
 def build_repos(src: Path, tmp: Path, model: str) -> dict[str, Path]:
@@ -134,65 +120,20 @@ def build_repos(src: Path, tmp: Path, model: str) -> dict[str, Path]:
     repos: dict[str, Path] = {}
     for config, edit in edits.items():
         repo = tmp / model / config
-        _link_model(src, repo, model, edit(shipped))
+        link_model(src, repo, model, edit(shipped))
         repos[config] = repo
     if model == LARGE:
         # The one exception to one model a server: the idle neighbour is the point.
         for config in ("beside-idle", "beside-idle-no-lending"):
             repo = tmp / model / config
-            _link_model(src, repo, LARGE, shipped)
-            _link_model(src, repo, SMALL, (src / SMALL / "config.pbtxt").read_text())
+            link_model(src, repo, LARGE, shipped)
+            link_model(src, repo, SMALL, (src / SMALL / "config.pbtxt").read_text())
             repos[config] = repo
     return repos
 
 
 # ---------------------------------------------------------------------------------------------
 # Statistics
-
-
-def _stats(http: str, model: str) -> dict[str, object]:
-    with urllib.request.urlopen(f"http://{http}/v2/models/{model}/stats", timeout=10) as r:
-        doc = json.loads(r.read())
-    inf = exe = q_n = q_ns = 0
-    batches: dict[int, tuple[int, int]] = {}  # size -> (executions, compute_infer ns)
-    for s in doc.get("model_stats", []):
-        inf += int(s.get("inference_count", 0))
-        exe += int(s.get("execution_count", 0))
-        q = s.get("inference_stats", {}).get("queue", {})
-        q_n += int(q.get("count", 0))
-        q_ns += int(q.get("ns", 0))
-        for b in s.get("batch_stats", []):
-            ci = b.get("compute_infer", {})
-            n0, ns0 = batches.get(int(b["batch_size"]), (0, 0))
-            batches[int(b["batch_size"])] = (
-                n0 + int(ci.get("count", 0)),
-                ns0 + int(ci.get("ns", 0)),
-            )
-    return {"inf": inf, "exe": exe, "q_n": q_n, "q_ns": q_ns, "batches": batches}
-
-
-def _formed(before: dict[str, object], after: dict[str, object]) -> dict[str, object]:
-    d_inf = int(after["inf"]) - int(before["inf"])  # type: ignore[call-overload]
-    d_exe = int(after["exe"]) - int(before["exe"])  # type: ignore[call-overload]
-    d_qn = int(after["q_n"]) - int(before["q_n"])  # type: ignore[call-overload]
-    d_qns = int(after["q_ns"]) - int(before["q_ns"])  # type: ignore[call-overload]
-    b0: dict[int, tuple[int, int]] = before["batches"]  # type: ignore[assignment]
-    b1: dict[int, tuple[int, int]] = after["batches"]  # type: ignore[assignment]
-    sizes = []
-    infer_n = infer_ns = 0
-    for size, (n, ns) in b1.items():
-        n0, ns0 = b0.get(size, (0, 0))
-        if n - n0 > 0:
-            sizes.append((size, n - n0))
-            infer_n += n - n0
-            infer_ns += ns - ns0
-    sizes.sort(key=lambda x: -x[1])
-    return {
-        "avg_batch": d_inf / d_exe if d_exe else None,
-        "sizes": sizes,
-        "queue_us": d_qns / d_qn / 1e3 if d_qn else None,
-        "infer_us": infer_ns / infer_n / 1e3 if infer_n else None,
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,16 +143,18 @@ def _formed(before: dict[str, object], after: dict[str, object]) -> dict[str, ob
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", type=Path, default=REPO_ROOT / "model_repository")
-    ap.add_argument("--models", type=_csv, default=f"{LARGE},{SMALL}")
-    ap.add_argument("--protocols", type=_csv, default="grpc", help="grpc, http")
-    ap.add_argument("--concurrency", type=_csv_ints, default="1,8,32,64")
+    ap.add_argument("--models", type=csv_list, default=f"{LARGE},{SMALL}")
+    ap.add_argument("--protocols", type=csv_list, default="grpc", help="grpc, http")
+    ap.add_argument("--concurrency", type=csv_ints, default="1,8,32,64")
     ap.add_argument("--measurement-interval", type=int, default=2000, help="ms per window")
     ap.add_argument("--max-trials", type=int, default=5, help="windows before giving up")
     ap.add_argument("--stability-percentage", type=int, default=20)
     ap.add_argument("--ort-seconds", type=float, default=1.5, help="per ORT pass")
     ap.add_argument("--ort-repeats", type=int, default=2, help="ORT passes; the best is kept")
     ap.add_argument("--with-triton-peer", action="store_true", help="+ Triton on mlp_large")
-    ap.add_argument("--configs", type=_csv, default=",".join(CONFIGS), help="which of them to run")
+    ap.add_argument(
+        "--configs", type=csv_list, default=",".join(CONFIGS), help="which of them to run"
+    )
     ap.add_argument("--ready-timeout", type=float, default=180.0)
     ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     args = ap.parse_args(argv)
@@ -232,19 +175,6 @@ def _ensure_large_model(repo: Path) -> None:
         modelgen.write_shipped_repository(repo, (LARGE,), missing_only=True)
 
 
-def _start(srv: ServerProcess, timeout: float, skipped: list[str]) -> ServerProcess | None:
-    print(f"[bench] starting {srv.name}: {' '.join(srv.argv)}", flush=True)
-    t0 = time.monotonic()
-    try:
-        srv.start(timeout)
-    except (RuntimeError, TimeoutError, OSError) as e:
-        print(f"[bench] {srv.name}: {e} (log: {srv.log_path})", file=sys.stderr)
-        skipped.append(f"{srv.name}: did not start ({e}); log {srv.log_path.name}")
-        return None
-    print(f"[bench] {srv.name} ready in {time.monotonic() - t0:.1f}s", flush=True)
-    return srv
-
-
 def _placement(srv: ServerProcess, model: str) -> str:
     try:
         with urllib.request.urlopen(f"http://{srv.http_url}/v2/shoal/models/{model}") as r:
@@ -253,67 +183,6 @@ def _placement(srv: ServerProcess, model: str) -> str:
         return "?"
     insts = [i for v in doc.get("versions", []) for i in v.get("instances", [])]
     return ", ".join(f"cores {i.get('cores') or 'any'}" for i in insts) or "?"
-
-
-def _measure(
-    pa: str,
-    srv: ServerProcess,
-    server: str,
-    config: str,
-    model: str,
-    c: int,
-    protocol: str,
-    args: argparse.Namespace,
-    raw: Path,
-) -> Point:
-    wait_ready(srv.http_url, 10)
-    before = _stats(srv.http_url, model)
-    workers = cpu.worker_pids(srv.proc.pid) if server == "shoal" and srv.proc else []
-    cpu_before = cpu.Snapshot.take(workers)
-    root = srv.proc.pid if srv.proc is not None else None
-    m = cpu.measured(root, srv.http_url, model, server == "shoal", partial(
-        _run_pa,
-        pa,
-        server=server,
-        url=srv.url(protocol),
-        protocol=protocol,
-        model=model,
-        concurrency=c,
-        csv_path=raw / f"{server}-{config}-{protocol}-{model}-c{c}.csv",
-        interval_ms=args.measurement_interval,
-        max_trials=args.max_trials,
-        stability_pct=args.stability_percentage,
-        timeout_s=(args.max_trials + 2) * args.measurement_interval / 1e3 + 30,
-    ))  # fmt: skip
-    cores = cpu.usage(cpu_before, cpu.Snapshot.take(workers)) if workers else None
-    formed = _formed(before, _stats(srv.http_url, model))
-    return Point(m, config, cores=cores, **formed)  # type: ignore[arg-type]
-
-
-def _point(
-    pa: str,
-    srv: ServerProcess,
-    label: str,
-    config: str,
-    model: str,
-    c: int,
-    protocol: str,
-    args: argparse.Namespace,
-    raw: Path,
-) -> Point | str:
-    """One measured point, or why it was skipped."""
-    what = f"{label}/{config} {protocol} {model} c={c}"
-    print(f"[bench] perf_analyzer {what}", flush=True)
-    try:
-        p = _measure(pa, srv, label, config, model, c, protocol, args, raw)
-    except (RuntimeError, OSError, ValueError) as e:
-        print(f"[bench] {what}: {e}", file=sys.stderr)
-        return f"{what}: {e}"
-    if label == "triton":
-        p.config = "batching"
-    avg = _fmt(p.avg_batch, ".1f")
-    print(f"[bench]   {p.m.throughput:,.0f}/s, avg batch {avg} {p.m.note}", flush=True)
-    return p
 
 
 _CORES = len(os.sched_getaffinity(0))
@@ -395,7 +264,7 @@ def _round_batch(avg: float | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, raise_interrupt)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     raw = args.out_dir / f"{stamp}-batching-raw"
@@ -436,18 +305,20 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     srv.name = f"shoal-{model}-{config}"
                     started_servers.append(srv)
-                    if _start(srv, args.ready_timeout, skipped):
+                    if start_server(srv, args.ready_timeout, skipped):
                         servers[config] = (srv, "shoal")
                         placement[f"{model} {config}"] = _placement(srv, model)
                 if args.with_triton_peer and "peer" in repos:
                     peer = triton_peer_server(repos["peer"], raw / "triton.log", tmpdir=tmp)
                     started_servers.append(peer)
-                    if _start(peer, args.ready_timeout, skipped):
+                    if start_server(peer, args.ready_timeout, skipped):
                         servers["peer"] = (peer, "triton")
                 for c in args.concurrency:
                     for config, (srv, label) in servers.items():
                         for protocol in args.protocols:
-                            p = _point(pa, srv, label, config, model, c, protocol, args, raw)
+                            p = batching_point(
+                                pa, srv, label, config, model, c, protocol, args, raw
+                            )
                             if isinstance(p, str):
                                 skipped.append(p)
                             else:
@@ -479,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "load average at start": load_start,
         "load average at end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "perf_analyzer": f"{perf_analyzer_version(pa)} ({', '.join(args.protocols)}; batch 1; "
         f"{args.measurement_interval} ms windows, max {args.max_trials} trials, "
         f"stable within {args.stability_percentage}%)",
@@ -551,9 +422,9 @@ def render(
         m = p.m
         lines.append(
             f"| {m.model} | {m.concurrency} | {m.server} | {p.config} | {m.protocol} "
-            f"| {m.throughput:,.0f} | {_fmt(m.p50_us, ',.0f')} | {_fmt(m.p99_us, ',.0f')} "
-            f"| {_fmt(p.avg_batch, '.1f')} | {_sizes(p)} | {_fmt(p.queue_us, ',.0f')} "
-            f"| {_fmt(p.infer_us, ',.0f')} | {m.note} |"
+            f"| {m.throughput:,.0f} | {fmt(m.p50_us, ',.0f')} | {fmt(m.p99_us, ',.0f')} "
+            f"| {fmt(p.avg_batch, '.1f')} | {_sizes(p)} | {fmt(p.queue_us, ',.0f')} "
+            f"| {fmt(p.infer_us, ',.0f')} | {m.note} |"
         )
 
     lines += ["", "## In-process ONNX Runtime (one caller, `sess.run` at a fixed batch)", ""]
@@ -561,8 +432,8 @@ def render(
     lines += ["|---|---:|---:|---:|---:|---:|"]
     for (model, b, t), o in sorted(ort.items(), key=lambda kv: (kv[0][0] != LARGE, kv[0][1:])):
         lines.append(
-            f"| {model} | {b} | {t} | {o.throughput:,.0f} | {_fmt(o.p50_us, ',.0f')} "
-            f"| {_fmt(o.p99_us, ',.0f')} |"
+            f"| {model} | {b} | {t} | {o.throughput:,.0f} | {fmt(o.p50_us, ',.0f')} "
+            f"| {fmt(o.p99_us, ',.0f')} |"
         )
 
     lines += ["", "## Server / in-process ORT at the same batch size (samples/s)", ""]
@@ -580,11 +451,11 @@ def render(
         best = max((o.throughput for o in (o1, o2) if o), default=None)
         lines.append(
             f"| {p.m.model} | {p.m.concurrency} | {p.m.server} | {p.config} | {p.m.protocol} "
-            f"| {b} | {p.m.throughput:,.0f} | {_fmt(o2 and o2.throughput, ',.0f')} "
-            f"| {_fmt(o1 and o1.throughput, ',.0f')} "
-            f"| {_fmt(_ratio(p.m.throughput, o2 and o2.throughput), '.2f')} "
-            f"| {_fmt(_ratio(p.m.throughput, o1 and o1.throughput), '.2f')} "
-            f"| {_fmt(_ratio(p.m.throughput, best), '.2f')} |"
+            f"| {b} | {p.m.throughput:,.0f} | {fmt(o2 and o2.throughput, ',.0f')} "
+            f"| {fmt(o1 and o1.throughput, ',.0f')} "
+            f"| {fmt(ratio(p.m.throughput, o2 and o2.throughput), '.2f')} "
+            f"| {fmt(ratio(p.m.throughput, o1 and o1.throughput), '.2f')} "
+            f"| {fmt(ratio(p.m.throughput, best), '.2f')} |"
         )
 
     rows = []
@@ -601,9 +472,9 @@ def render(
         rows.append(
             f"| {p.m.model} | {p.m.concurrency} | {p.m.protocol} | {b} "
             f"| {p.m.throughput:,.0f} | {p.cores.model_cores:.2f} | {p.cores.side_cores:.2f} "
-            f"| {_fmt(s2 and s2.throughput, ',.0f')} | {_fmt(s1 and s1.throughput, ',.0f')} "
-            f"| {_fmt(_ratio(p.m.throughput, best_shared), '.2f')} "
-            f"| {_fmt(_ratio(p.m.throughput, best_idle), '.2f')} |"
+            f"| {fmt(s2 and s2.throughput, ',.0f')} | {fmt(s1 and s1.throughput, ',.0f')} "
+            f"| {fmt(ratio(p.m.throughput, best_shared), '.2f')} "
+            f"| {fmt(ratio(p.m.throughput, best_idle), '.2f')} |"
         )
     if rows:
         lines += ["", "## Sharing the cores: shoal / in-process ORT beside the same load", ""]
@@ -631,10 +502,10 @@ def render(
                 continue
             rows.append(
                 f"| {p.m.model} | {p.m.concurrency} | {p.m.protocol} "
-                f"| {_fmt(_ratio(q.m.throughput, p.m.throughput), '.2f')} "
-                f"| {_fmt(_ratio(q.m.p50_us, p.m.p50_us), '.2f')} "
-                f"| {_fmt(_ratio(q.m.p99_us, p.m.p99_us), '.2f')} "
-                f"| {_fmt(q.avg_batch, '.1f')} / {_fmt(p.avg_batch, '.1f')} |"
+                f"| {fmt(ratio(q.m.throughput, p.m.throughput), '.2f')} "
+                f"| {fmt(ratio(q.m.p50_us, p.m.p50_us), '.2f')} "
+                f"| {fmt(ratio(q.m.p99_us, p.m.p99_us), '.2f')} "
+                f"| {fmt(q.avg_batch, '.1f')} / {fmt(p.avg_batch, '.1f')} |"
             )
         if rows:
             lines.extend(["", f"## {title}", ""])
@@ -669,7 +540,7 @@ def render(
                 "met" if r >= BESIDE_IDLE_TARGET else "NOT met")  # fmt: skip
             lines.append(
                 f"| {p.m.concurrency} | {p.m.protocol} | {p.config} | {p.m.throughput:,.0f} "
-                f"| {_fmt(p.avg_batch, '.1f')} | {r:.2f} | {verdict} |"
+                f"| {fmt(p.avg_batch, '.1f')} | {r:.2f} | {verdict} |"
             )
 
     tri = [p for p in points if p.m.server == "triton"]
@@ -683,10 +554,10 @@ def render(
                 continue
             lines.append(
                 f"| {t.m.concurrency} | {t.m.protocol} "
-                f"| {_fmt(_ratio(s.m.throughput, t.m.throughput), '.2f')} "
-                f"| {_fmt(_ratio(s.m.p50_us, t.m.p50_us), '.2f')} "
-                f"| {_fmt(_ratio(s.m.p99_us, t.m.p99_us), '.2f')} "
-                f"| {_fmt(s.avg_batch, '.1f')} / {_fmt(t.avg_batch, '.1f')} |"
+                f"| {fmt(ratio(s.m.throughput, t.m.throughput), '.2f')} "
+                f"| {fmt(ratio(s.m.p50_us, t.m.p50_us), '.2f')} "
+                f"| {fmt(ratio(s.m.p99_us, t.m.p99_us), '.2f')} "
+                f"| {fmt(s.avg_batch, '.1f')} / {fmt(t.avg_batch, '.1f')} |"
             )
 
     model, config, c, share = TARGET
@@ -702,7 +573,7 @@ def render(
         r = p.m.throughput / best.throughput
         lines.append(
             f"- {model}, batching, c={c}, {p.m.protocol}: {p.m.throughput:,.0f}/s at avg batch "
-            f"{_fmt(p.avg_batch, '.1f')} vs in-process {best.throughput:,.0f} samples/s "
+            f"{fmt(p.avg_batch, '.1f')} vs in-process {best.throughput:,.0f} samples/s "
             f"(batch {b}, {best.server}): {r:.2f} of it, target {share:.2f}: "
             f"{'met' if r >= share else 'NOT met'}"
         )

@@ -29,9 +29,18 @@ from pathlib import Path
 
 import cpu
 import ort_baseline
+from common import (
+    fmt,
+    link_model,
+    perf_point,
+    ratio,
+    report_head,
+    side_by_side_parser,
+    start_run,
+    start_server,
+    write_report,
+)
 from perf_analyzer import Measurement
-from run import _fmt, _ratio, perf_point, report_head, side_by_side_parser, start_run, write_report
-from run_batching import _link_model, _start
 from servers import TRITON_PEER, python_server
 
 SERVERS = ("shoal", "triton")
@@ -77,7 +86,7 @@ def _repos(src: Path, tmp: Path) -> dict[str, Path]:
     repos = {}
     for server in SERVERS:
         repo = repos[server] = tmp / server
-        _link_model(src, repo, "mlp", shipped if server == "shoal" else as_python)
+        link_model(src, repo, "mlp", shipped if server == "shoal" else as_python)
         if server == "triton":  # Triton's build here runs ONNX through a Python model
             shutil.copy(TRITON_PEER.parent / "model.py", repo / "mlp" / "1" / "model.py")
         (repo / "bls_mlp" / "1").mkdir(parents=True)
@@ -109,14 +118,14 @@ def _report(
                 vs = ""
                 if server == "shoal":
                     shoal, triton = bls["shoal"], bls["triton"]
-                    vs = _fmt(
-                        _ratio(shoal.throughput if shoal else None,
+                    vs = fmt(
+                        ratio(shoal.throughput if shoal else None,
                                triton.throughput if triton else None), ".2f"
                     )  # fmt: skip
                 lines.append(
-                    f"| {protocol} | {c} | {server} | {_fmt(rate[0], ',.0f')} | "
-                    f"{_fmt(rate[1], ',.0f')} | {_fmt(_ratio(rate[1], rate[0]), '.2f')} | "
-                    f"{_fmt(p50[0], ',.0f')} | {_fmt(p50[1], ',.0f')} | {vs} |"
+                    f"| {protocol} | {c} | {server} | {fmt(rate[0], ',.0f')} | "
+                    f"{fmt(rate[1], ',.0f')} | {fmt(ratio(rate[1], rate[0]), '.2f')} | "
+                    f"{fmt(p50[0], ',.0f')} | {fmt(p50[1], ',.0f')} | {vs} |"
                 )
     notes = [f"{m.server} {m.model} {m.protocol} c={m.concurrency}: {m.note}"
              for m in got.values() if m.note]  # fmt: skip
@@ -134,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in SERVERS:  # one server at a time: each has the cores
             srv = python_server(name, repos[name], run.raw)
             try:
-                if _start(srv, a.ready_timeout, skipped) is None:
+                if start_server(srv, a.ready_timeout, skipped) is None:
                     continue
                 for protocol in a.protocols:
                     for c in a.concurrency:

@@ -26,9 +26,18 @@ import tempfile
 from pathlib import Path
 
 import ort_baseline
+from common import (
+    batching_point,
+    fmt,
+    link_model,
+    ratio,
+    report_head,
+    side_by_side_parser,
+    start_run,
+    start_server,
+    write_report,
+)
 from perf_analyzer import Measurement
-from run import _fmt, _ratio, report_head, side_by_side_parser, start_run, write_report
-from run_batching import _link_model, _point, _start
 from servers import ServerProcess, shoal_server
 
 MODEL = "mlp_large"
@@ -69,11 +78,11 @@ def _report(
             p50 = [m.p50_us if m else None for m in got]
             lines.append(
                 f"| {protocol} | {c} | "
-                + " | ".join(_fmt(r, ",.0f") for r in rate)
-                + f" | {_fmt(_ratio(rate[1], rate[0]), '.2f')}"
-                + f" | {_fmt(_ratio(rate[2], rate[0]), '.2f')}"
-                + f" | {_fmt(_ratio(rate[1], best.throughput if best else None), '.2f')} | "
-                + " | ".join(_fmt(x, ",.0f") for x in p50)
+                + " | ".join(fmt(r, ",.0f") for r in rate)
+                + f" | {fmt(ratio(rate[1], rate[0]), '.2f')}"
+                + f" | {fmt(ratio(rate[2], rate[0]), '.2f')}"
+                + f" | {fmt(ratio(rate[1], best.throughput if best else None), '.2f')} | "
+                + " | ".join(fmt(x, ",.0f") for x in p50)
                 + " |"
             )
     return "\n".join(lines) + "\n"
@@ -90,14 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         for mode in MODES:  # one server at a time: the others would take its cores
             repo = Path(tmp) / mode
             extra = "" if mode == "off" else "response_cache { enable: true }\n"
-            _link_model(a.repo, repo, MODEL, shipped + extra)
+            link_model(a.repo, repo, MODEL, shipped + extra)
             srv = _server(repo, mode, raw)
             try:
-                if _start(srv, a.ready_timeout, skipped) is None:
+                if start_server(srv, a.ready_timeout, skipped) is None:
                     continue
                 for c in a.concurrency:
                     for protocol in a.protocols:
-                        got = _point(pa, srv, "shoal", mode, MODEL, c, protocol, a, raw)
+                        got = batching_point(pa, srv, "shoal", mode, MODEL, c, protocol, a, raw)
                         if isinstance(got, str):
                             skipped.append(got)
                         else:

@@ -34,17 +34,17 @@ from typing import Any
 
 import cpu
 import numpy as np
-from perf_analyzer import Measurement
-from run import (
-    _fmt,
-    _ratio,
+from common import (
+    fmt,
     perf_point,
+    ratio,
     report_head,
     side_by_side_parser,
     start_run,
+    start_server,
     write_report,
 )
-from run_batching import _start
+from perf_analyzer import Measurement
 from servers import REPO_ROOT, python_server
 
 sys.path.insert(0, str(REPO_ROOT))
@@ -226,11 +226,11 @@ def _report(
                 ]
                 base = baseline[(model, n)]
                 lines.append(
-                    f"| {model} | {n} | {c} | {_fmt(s.throughput if s else None, ',.0f')} | "
-                    f"{_fmt(sr, ',.0f')} | {_fmt(tr, ',.0f')} | {_fmt(_ratio(sr, tr), '.2f')} | "
-                    f"{_fmt(s.p50_us if s else None, ',.0f')} | "
-                    f"{_fmt(t.p50_us if t else None, ',.0f')} | "
-                    f"{base:,.0f} | {_fmt(_ratio(sr, base), '.2f')} |"
+                    f"| {model} | {n} | {c} | {fmt(s.throughput if s else None, ',.0f')} | "
+                    f"{fmt(sr, ',.0f')} | {fmt(tr, ',.0f')} | {fmt(ratio(sr, tr), '.2f')} | "
+                    f"{fmt(s.p50_us if s else None, ',.0f')} | "
+                    f"{fmt(t.p50_us if t else None, ',.0f')} | "
+                    f"{base:,.0f} | {fmt(ratio(sr, base), '.2f')} |"
                 )
     if notes:
         lines += ["", "Not settled (responses/s = requests/s x N there):", *notes]
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in SERVERS:  # one server at a time: each has the cores
             srv = python_server(name, repo, run.raw)
             try:
-                if _start(srv, a.ready_timeout, skipped) is None:
+                if start_server(srv, a.ready_timeout, skipped) is None:
                     continue
                 for model, n, c in itertools.product(a.models, a.responses, a.concurrency):
                     extra = ("--shape", f"IN:{n}", "--input-data", "zero")

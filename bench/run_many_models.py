@@ -26,9 +26,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import (
+    batching_point,
+    fmt,
+    link_model,
+    ratio,
+    report_head,
+    side_by_side_parser,
+    start_run,
+    start_server,
+    write_report,
+)
 from perf_analyzer import Measurement
-from run import _fmt, _ratio, report_head, side_by_side_parser, start_run, write_report
-from run_batching import _link_model, _point, _start
 from servers import ServerProcess, shoal_server
 
 MODEL, IDLE_SRC = "mlp", "simple"
@@ -38,7 +47,7 @@ _ONE_THREAD = 'parameters { key: "intra_op_thread_count" value: { string_value: 
 def build_repo(src: Path, dst: Path, idle: int) -> Path:
     """``mlp`` (one thread) plus ``idle`` batching copies of ``simple``, named after it."""
     mlp = (src / MODEL / "config.pbtxt").read_text().rstrip("\n") + "\n" + _ONE_THREAD
-    _link_model(src, dst, MODEL, mlp)
+    link_model(src, dst, MODEL, mlp)
     base = (src / IDLE_SRC / "config.pbtxt").read_text()
     for k in range(idle):
         name = f"{IDLE_SRC}_{k:03d}"  # after "mlp": mlp keeps the first core
@@ -76,9 +85,9 @@ def _report(a: argparse.Namespace, pa: str, results: dict[tuple, Measurement], l
             rate = [x.throughput if x else None for x in (b, k)]
             p50 = [x.p50_us if x else None for x in (b, k)]
             lines.append(
-                f"| {protocol} | {c} | {_fmt(rate[0], ',.0f')} | {_fmt(rate[1], ',.0f')} | "
-                f"{_fmt(_ratio(rate[1], rate[0]), '.2f')} | {_fmt(p50[0], ',.0f')} | "
-                f"{_fmt(p50[1], ',.0f')} |"
+                f"| {protocol} | {c} | {fmt(rate[0], ',.0f')} | {fmt(rate[1], ',.0f')} | "
+                f"{fmt(ratio(rate[1], rate[0]), '.2f')} | {fmt(p50[0], ',.0f')} | "
+                f"{fmt(p50[1], ',.0f')} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -98,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for label, repo in repos.items():  # one at a time: each takes its free ports
                 servers[label] = shoal_server(repo, raw / f"shoal-{label}.log")
-                _start(servers[label], a.ready_timeout, skipped)
+                start_server(servers[label], a.ready_timeout, skipped)
             live = {k: s for k, s in servers.items() if s.proc and s.proc.poll() is None}
             if len(live) < 2:
                 print(f"[bench] a server did not start: {skipped}", file=sys.stderr)
@@ -106,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             for c in a.concurrency:
                 for protocol in a.protocols:
                     for label, srv in live.items():
-                        got = _point(pa, srv, label, "many", MODEL, c, protocol, a, raw)
+                        got = batching_point(pa, srv, label, "many", MODEL, c, protocol, a, raw)
                         if not isinstance(got, str):
                             results[(label, protocol, c)] = got.m
         except KeyboardInterrupt:

@@ -31,17 +31,18 @@ from pathlib import Path
 
 import cpu
 import ort_baseline
-from perf_analyzer import Measurement
-from run import (
-    _fmt,
-    _ratio,
+from common import (
+    fmt,
+    link_model,
     perf_point,
+    ratio,
     report_head,
     side_by_side_parser,
     start_run,
+    start_server,
     write_report,
 )
-from run_batching import _link_model, _start
+from perf_analyzer import Measurement
 from servers import shoal_server
 
 from shoal import modelgen
@@ -85,7 +86,7 @@ def _repos(src: Path, tmp: Path) -> dict[str, Path]:
     )  # fmt: skip
     modelgen.write_model(seq, "acc", model, config)
     modelgen.write_model(seq, "acc_plain", model, PLAIN)
-    _link_model(src, ens, "mlp", (src / "mlp" / "config.pbtxt").read_text())
+    link_model(src, ens, "mlp", (src / "mlp" / "config.pbtxt").read_text())
     (ens / "mlp_twice" / "1").mkdir(parents=True)
     (ens / "mlp_twice" / "config.pbtxt").write_text(ENSEMBLE)
     return {"sequences": seq, "ensembles": ens}
@@ -129,13 +130,13 @@ def _report(
             twice = rate["mlp_twice"]
             mlp_ort = best("mlp")
             lines.append(
-                f"| {protocol} | {c} | {_fmt(rate['acc'], ',.0f')} | "
-                f"{_fmt(rate['acc_plain'], ',.0f')} | "
-                f"{_fmt(_ratio(rate['acc'], rate['acc_plain']), '.2f')} | "
-                f"{_fmt(_ratio(rate['acc'], best('acc')), '.2f')} | "
-                f"{_fmt(rate['mlp'], ',.0f')} | {_fmt(twice, ',.0f')} | "
-                f"{_fmt(_ratio(2 * twice if twice else None, rate['mlp']), '.2f')} | "
-                f"{_fmt(_ratio(twice, mlp_ort / 2 if mlp_ort else None), '.2f')} |"
+                f"| {protocol} | {c} | {fmt(rate['acc'], ',.0f')} | "
+                f"{fmt(rate['acc_plain'], ',.0f')} | "
+                f"{fmt(ratio(rate['acc'], rate['acc_plain']), '.2f')} | "
+                f"{fmt(ratio(rate['acc'], best('acc')), '.2f')} | "
+                f"{fmt(rate['mlp'], ',.0f')} | {fmt(twice, ',.0f')} | "
+                f"{fmt(ratio(2 * twice if twice else None, rate['mlp']), '.2f')} | "
+                f"{fmt(ratio(twice, mlp_ort / 2 if mlp_ort else None), '.2f')} |"
             )
     lines += cpu.cpu_table(list(got.values()))
     return "\n".join(lines) + "\n"
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             srv = shoal_server(repos[name], run.raw / f"shoal-{name}.log")
             srv.name = f"shoal-{name}"
             try:
-                if _start(srv, a.ready_timeout, skipped) is None:
+                if start_server(srv, a.ready_timeout, skipped) is None:
                     continue
                 for c in a.concurrency:
                     for protocol in a.protocols:

@@ -29,9 +29,18 @@ from pathlib import Path
 
 import cpu
 import ort_baseline
+from common import (
+    batching_point,
+    fmt,
+    link_model,
+    ratio,
+    report_head,
+    side_by_side_parser,
+    start_run,
+    start_server,
+    write_report,
+)
 from perf_analyzer import Measurement
-from run import _fmt, _ratio, report_head, side_by_side_parser, start_run, write_report
-from run_batching import _link_model, _point, _start
 from servers import TRITON_PEER, ServerProcess, shoal_server, triton_peer_server
 
 MODEL = "mlp"
@@ -46,9 +55,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _repos(src: Path, tmp: Path) -> dict[str, Path]:
     shipped = (src / MODEL / "config.pbtxt").read_text()
     onnx, python = tmp / "onnx", tmp / "python"
-    _link_model(src, onnx, MODEL, shipped)
+    link_model(src, onnx, MODEL, shipped)
     as_python = shipped.replace('platform: "onnxruntime_onnx"', 'backend: "python"')
-    _link_model(src, python, MODEL, as_python)
+    link_model(src, python, MODEL, as_python)
     shutil.copy(PEER_MODEL_PY, python / MODEL / "1" / "model.py")
     return {"shoal-python": python, "triton-python": onnx, "shoal-onnx": onnx}
 
@@ -83,11 +92,11 @@ def _report(
             p50 = [m.p50_us if m else None for m in ms]
             lines.append(
                 f"| {protocol} | {c} | "
-                + " | ".join(_fmt(r, ",.0f") for r in rate)
-                + f" | {_fmt(_ratio(rate[0], rate[1]), '.2f')}"
-                + f" | {_fmt(_ratio(rate[2], rate[0]), '.2f')}"
-                + f" | {_fmt(p50[0], ',.0f')} | {_fmt(p50[1], ',.0f')}"
-                + f" | {_fmt(_ratio(rate[0], best), '.2f')} |"
+                + " | ".join(fmt(r, ",.0f") for r in rate)
+                + f" | {fmt(ratio(rate[0], rate[1]), '.2f')}"
+                + f" | {fmt(ratio(rate[2], rate[0]), '.2f')}"
+                + f" | {fmt(p50[0], ',.0f')} | {fmt(p50[1], ',.0f')}"
+                + f" | {fmt(ratio(rate[0], best), '.2f')} |"
             )
     lines += cpu.cpu_table(list(got.values()))
     return "\n".join(lines) + "\n"
@@ -107,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
             srv = _server(name, repos[name], run.raw, Path(tmp))
             label = "triton" if name.startswith("triton") else "shoal"
             try:
-                if _start(srv, a.ready_timeout, skipped) is None:
+                if start_server(srv, a.ready_timeout, skipped) is None:
                     continue
                 for c in a.concurrency:
                     for protocol in a.protocols:
-                        p = _point(run.pa, srv, label, name, MODEL, c, protocol, a, run.raw)
+                        p = batching_point(run.pa, srv, label, name, MODEL, c, protocol, a, run.raw)
                         if isinstance(p, str):
                             skipped.append(p)
                         else:

@@ -31,17 +31,18 @@ from pathlib import Path
 
 import cpu
 import ort_baseline
-from perf_analyzer import Measurement
-from run import (
-    _fmt,
-    _ratio,
+from common import (
+    fmt,
+    link_model,
     perf_point,
+    ratio,
     report_head,
     side_by_side_parser,
     start_run,
+    start_server,
     write_report,
 )
-from run_batching import _link_model, _start
+from perf_analyzer import Measurement
 from servers import shoal_server
 
 MODEL = "mlp"
@@ -105,10 +106,10 @@ def _report(
             p99 = [m.p99_us if m else None for m in (steady, moving)]
             median = statistics.median(r.seconds) if r and r.seconds else None
             lines.append(
-                f"| {protocol} | {c} | {_fmt(rate[0], ',.0f')} | {_fmt(rate[1], ',.0f')} | "
-                f"{_fmt(_ratio(rate[1], rate[0]), '.2f')} | {_fmt(p99[0], ',.0f')} | "
-                f"{_fmt(p99[1], ',.0f')} | {len(r.seconds) if r else '—'} | "
-                f"{_fmt(median, '.2f')} | {len(r.errors) if r else '—'} |"
+                f"| {protocol} | {c} | {fmt(rate[0], ',.0f')} | {fmt(rate[1], ',.0f')} | "
+                f"{fmt(ratio(rate[1], rate[0]), '.2f')} | {fmt(p99[0], ',.0f')} | "
+                f"{fmt(p99[1], ',.0f')} | {len(r.seconds) if r else '—'} | "
+                f"{fmt(median, '.2f')} | {len(r.errors) if r else '—'} |"
             )
     lines += cpu.cpu_table(list(got.values()))
     return "\n".join(lines) + "\n"
@@ -122,14 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="shoal-reload-") as tmp:
         repo = Path(tmp) / "repo"
-        _link_model(a.repo, repo, MODEL, (a.repo / MODEL / "config.pbtxt").read_text())
+        link_model(a.repo, repo, MODEL, (a.repo / MODEL / "config.pbtxt").read_text())
         srv = shoal_server(
             repo,
             run.raw / "shoal.log",
             extra=("--model-control-mode=explicit", f"--load-model={MODEL}"),
         )
         try:
-            if _start(srv, a.ready_timeout, skipped) is not None:
+            if start_server(srv, a.ready_timeout, skipped) is not None:
                 for c in a.concurrency:
                     for protocol in a.protocols:
                         for mode in ("steady", "reloading"):

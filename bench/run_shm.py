@@ -425,7 +425,7 @@ def render(
 # --------------------------------------------------------------------------- main
 
 
-def _sigterm(signum: int, frame: object) -> None:
+def raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-timeout", type=float, default=120.0)
     ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, raise_interrupt)
 
     started = time.strftime("%Y%m%d-%H%M%S")
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
