@@ -643,6 +643,8 @@ class BrokerProc:
             log.warning("dropped a malformed request: %s", exc)
             return
         assert isinstance(req, m.InferRequest)
+        if req.hops:  # measured: its receipt here
+            req.hops.append(time.monotonic_ns())
         try:
             self._on_infer(ident, req, held)
         except Exception as exc:  # a bug must not leave the request waiting for ever
@@ -861,6 +863,11 @@ class BrokerProc:
         for inst, batch in dispatches:
             if self.lender is not None:  # an idle instance's lent cores come back first
                 self._repin(self.lender.active(inst.ident, time.monotonic()))
+            sent = 0
+            for item in batch.items:
+                if item.request.hops:  # measured: its dispatch
+                    sent = sent or time.monotonic_ns()
+                    item.request.hops.append(sent)
             self._send(self.wsock, [inst.ident, *m.encode(batch)])
 
     # -- liveness --------------------------------------------------------------------

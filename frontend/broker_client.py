@@ -37,7 +37,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 import zmq
@@ -61,6 +61,15 @@ _UNCONFIRMED_GRACE_S = 0.25
 #: How long closing waits for what was sent last to leave (a broker gone takes no more).
 _CLOSE_LINGER_MS = 200
 T = TypeVar("T", bound=msgspec.Struct)
+#: The legs of a request's way (InferRequest.hops, InferResponse.hops), in order: three
+#: hops between processes and the time inside the broker and inside the worker.
+HOPS: Final = (
+    "frontend_to_broker",
+    "in_broker",
+    "broker_to_worker",
+    "in_worker",
+    "worker_to_frontend",
+)
 
 
 class ResponseStream:
@@ -126,6 +135,10 @@ class BrokerClient:
         self._leaving = False  # stopping on request (leaving)
         self.silent_broker_s = _SILENT_BROKER_S
         self.model_control = False  # the broker's model control mode is explicit
+        # SHOAL_HOP_TIMING=1: every request's way is stamped by each process; per leg
+        # (HOPS), [requests, total ns] of the answers that came back stamped
+        self.hop_timing = os.environ.get("SHOAL_HOP_TIMING", "") == "1"
+        self.hops: dict[str, list[int]] = {leg: [0, 0] for leg in HOPS}
 
     @property
     def waiting(self) -> int:
@@ -167,6 +180,8 @@ class BrokerClient:
         if not self.connected:
             raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
         fut = self._expect(req.req_id)
+        if self.hop_timing:
+            req.hops = [time.monotonic_ns()]
         self._queue(m.encode_payload(req))
         try:
             resp = await asyncio.shield(fut)
@@ -310,6 +325,14 @@ class BrokerClient:
             fut = self._pending.get(resp.req_id)
             if fut is not None and not fut.done():
                 fut.set_result(resp)
+            if len(resp.hops) == len(HOPS):
+                self._count_hops([*resp.hops, time.monotonic_ns()])
+
+    def _count_hops(self, stamps: list[int]) -> None:
+        for leg, start, end in zip(HOPS, stamps, stamps[1:], strict=False):
+            totals = self.hops[leg]
+            totals[0] += 1
+            totals[1] += end - start
 
     def _dispatch(self, frames: list[bytes]) -> None:
         kind = frames[0]

@@ -185,11 +185,11 @@ class DataPlane:
 
     # -- control plane ---------------------------------------------------------------
 
-    def frontend_status(self) -> dict[str, int]:
+    def frontend_status(self) -> dict[str, object]:
         """Which frontend process this is, how many inferences it has served (shoal's
         extension: with several frontends, shows how the kernel spreads load), how many
         wait for an answer, the shared memory its pool holds and how much of it is taken."""
-        status = {
+        status: dict[str, object] = {
             "index": self.broker.index,
             "pid": os.getpid(),
             "inference_requests": self.requests_handled,
@@ -197,6 +197,8 @@ class DataPlane:
             "shm_pool_bytes": self.pool.total_bytes,
             "shm_pool_used_bytes": self.pool.used_bytes,
         }
+        if self.broker.hop_timing:  # (SHOAL_HOP_TIMING=1) per leg: [requests, total ns]
+            status["hops_ns"] = {leg: list(t) for leg, t in self.broker.hops.items()}
         if self.cache is not None:
             c = self.cache
             status |= {

@@ -80,6 +80,10 @@ class InferRequest(msgspec.Struct, array_like=True):
     # the parameters Triton does not read itself; others go without
     request_id: str = ""
     parameters: dict[str, bool | int | float | str] = {}
+    # Its way through the processes, when measured (a frontend under SHOAL_HOP_TIMING=1):
+    # time.monotonic_ns() at the frontend's send, the broker's receipt and its dispatch.
+    # Empty: not measured, and no process stamps it.
+    hops: list[int] = []
 
 
 class InferResponse(msgspec.Struct, array_like=True):
@@ -91,6 +95,8 @@ class InferResponse(msgspec.Struct, array_like=True):
     # says final=False; the last (final=True) may carry no outputs, only the end.
     final: bool = True
     empty: bool = False  # the final flag alone: no response of the model's
+    # the request's hops, then the worker's receipt of its batch and its send (measured)
+    hops: list[int] = []
 
 
 # A tensor in a client-registered region is referenced as "shm:<region name>" by the

@@ -471,6 +471,7 @@ class WorkerProc:
         a death in between rarely costs one; if it does, the broker, which stops
         answering a batch's requests itself once it has the report, names them to their
         frontends (``Unconfirmed``) and the ones still waiting fail there."""
+        received = time.monotonic_ns()  # (for requests whose hops are measured)
         t0 = time.perf_counter_ns()
         if self.s.fault.startswith("leak"):
             _leak(slow=self.s.fault == "leak-in-batch")
@@ -568,8 +569,12 @@ class WorkerProc:
                 self._answer_ordered(item, resp)
         sockets.send_frames(self.sock, m.encode(done))
         direct: dict[bytes, list[bytes]] = {}  # per frontend: one message for the batch
+        sent = 0
         for item, resp in answers:
             if not item.seq:
+                if item.request.hops:  # measured: the way so far, its receipt, its send
+                    sent = sent or time.monotonic_ns()
+                    resp.hops = [*item.request.hops, received, sent]
                 direct.setdefault(item.frontend, []).append(m.encode_payload(resp))
         for frontend, payloads in direct.items():
             self._answer_frontend(frontend, payloads)
