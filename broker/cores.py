@@ -40,7 +40,7 @@ class CoreLender:
     period_s: float = PERIOD_S
     _members: dict[bytes, _Lender] = field(default_factory=dict)
     _pins: dict[bytes, tuple[int, ...]] = field(default_factory=dict)  # as last applied
-    _next_tick: float = float("-inf")
+    _next_tick: float = 0.0  # (monotonic: 0 is long past, so the first tick is due)
 
     def add(self, key: bytes, home: Sequence[int], threads: int) -> None:
         """A CPU instance that is ready, pinned to ``home`` (none: not pinned; ignored)."""
