@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ipc.lifecycle import add_process_flags, die_with_parent, set_cpu_scheduling
+from ipc.lifecycle import (
+    add_process_flags,
+    die_with_parent,
+    raise_open_file_limit,
+    set_cpu_scheduling,
+)
 from ipc.logs import setup_logging
 from shoal.flags import (
     add_grpc_flags,
@@ -59,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(args.parent_pid)
     setup_logging(f"frontend#{args.index}", log_settings(args))
     set_cpu_scheduling()
+    raise_open_file_limit()
     import uvloop
 
     from frontend.metrics import MetricsSettings

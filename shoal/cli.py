@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from configs.model_control import check_flags
-from ipc.lifecycle import run_until_stopped
+from ipc.lifecycle import raise_open_file_limit, run_until_stopped
 from ipc.logs import setup_logging
 from shoal.flags import (
     add_cache_flags,
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot write the log file: {exc}", file=sys.stderr)
             return 2
     setup_logging("shoal", log_settings(args))
+    raise_open_file_limit()  # its children inherit the raised limit
     from shoal.launcher import Launcher, ServeSettings
 
     if len(args.model_repository) > 1:
