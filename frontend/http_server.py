@@ -19,6 +19,7 @@ import logging
 import os
 import zlib
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -28,6 +29,7 @@ from aiohttp.typedefs import Middleware
 from frontend import generate, http_codec, http_shm, log_settings, restricted
 from frontend.dataplane import DataPlane
 from frontend.http_raw_input import RawInputMeta
+from frontend.json_limits import MAX_JSON_DEPTH, check_depth
 from frontend.types import InferenceRequest, InferenceResult, ResponseError
 from ipc import logs
 from ipc.errors import DECOUPLED_HTTP, Code, ServingError, invalid_arg
@@ -43,7 +45,6 @@ FRONTEND_HEADER = "Shoal-Frontend"
 IHCL = "Inference-Header-Content-Length"
 _JSON = "application/json"
 _DECODERS = ("gzip", "deflate")
-_CONTROL_JSON_DEPTH = 100  # deeper than any repository request
 # Bodies larger than this are inflated on a thread (zlib releases the GIL), not on the
 # event loop; 64 KiB of deflate inflates to at most ~64 MiB.
 _INLINE_INFLATE_BYTES = 64 * 1024
@@ -293,7 +294,7 @@ async def _generate_request(request: web.Request) -> InferenceRequest:
     name, version = _model_args(request)
     body = await _read_body(request)
     model = await dp.model(name, version)
-    doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+    doc = http_codec.parse_json(memoryview(body), MAX_JSON_DEPTH)
     return generate.decode_request(doc, model, version)
 
 
@@ -352,13 +353,21 @@ async def model_stats(request: web.Request) -> web.Response:
     return _json({"model_stats": stats})
 
 
+def _control_json(body: bytes) -> dict[str, Any]:
+    """A control request's JSON body, refused (Triton's 400) when nested deeper than
+    Triton allows; such bodies are small, so the walk that measures the depth is cheap."""
+    doc = http_codec.parse_json(memoryview(body), MAX_JSON_DEPTH)
+    check_depth(doc)
+    return doc
+
+
 async def repository_index(request: web.Request) -> web.Response:
     """The body is optional; its ``ready`` (a boolean) keeps READY versions only. A
     repository name in the path is ignored here, as Triton 2.51 does."""
     body = await request.read()
     ready = False
     if body:
-        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+        doc = _control_json(body)
         if "ready" in doc:
             if not isinstance(doc["ready"], bool):
                 raise ServingError(Code.INTERNAL, "attempt to access JSON non-boolean as boolean")
@@ -376,7 +385,7 @@ async def repository_load(request: web.Request) -> web.Response:
     config = ""
     files: dict[str, bytes] = {}
     if body:
-        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+        doc = _control_json(body)
         if "parameters" in doc:
             params = doc["parameters"]
             if not isinstance(params, dict):
@@ -420,7 +429,7 @@ async def repository_unload(request: web.Request) -> web.Response:
     # A body that does not parse, or says something else, is ignored: Triton 2.51 unloads
     # all the same (checked side by side).
     with contextlib.suppress(ServingError):
-        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH) if body else {}
+        doc = _control_json(body) if body else {}
         params = doc.get("parameters", {}) if isinstance(doc, dict) else {}
         dependents = isinstance(params, dict) and params.get("unload_dependents") is True
     await _dp(request).model_control("unload", request.match_info["model"], "", {}, dependents)
@@ -432,7 +441,7 @@ async def logging_get(request: web.Request) -> web.Response:
 
 
 async def logging_update(request: web.Request) -> web.Response:
-    doc = http_codec.parse_json(memoryview(await request.read()), _CONTROL_JSON_DEPTH)
+    doc = _control_json(await request.read())
     changes = log_settings.http_changes(doc)
     return _json(log_settings.as_json(await _dp(request).log_settings(changes)))
 
