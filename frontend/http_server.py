@@ -16,9 +16,9 @@ import base64
 import binascii
 import contextlib
 import logging
-import os
 import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -38,9 +38,24 @@ log = logging.getLogger("shoal.frontend.http")
 # aiohttp's connection handlers log here instead of "aiohttp.server" (see build_app).
 protocol_log = logging.getLogger("shoal.frontend.http.protocol")
 
+
+@dataclass(frozen=True)
+class BodyDeadline:
+    """How long a request body may take to arrive: no gap longer than ``idle_s`` between
+    its bytes, and all of it within ``idle_s`` plus one second per ``min_rate`` bytes
+    from the start of its read (0: no rate). aiohttp's C parser (3.14) reports a chunked
+    framing error that comes after the headers to the connection only, never to the body
+    being read, which would wait as long as the client kept the socket open; a client
+    that trickles its body (slow loris) is stopped the same way."""
+
+    idle_s: float = 30.0
+    min_rate: int = 8192
+
+
 DATAPLANE: web.AppKey[DataPlane] = web.AppKey("dataplane", DataPlane)
 MAX_INPUT: web.AppKey[int] = web.AppKey("max_input_size", int)
 FRONTEND_INDEX: web.AppKey[str] = web.AppKey("frontend_index", str)
+BODY_DEADLINE: web.AppKey[BodyDeadline] = web.AppKey("body_deadline", BodyDeadline)
 FRONTEND_HEADER = "Shoal-Frontend"
 IHCL = "Inference-Header-Content-Length"
 _JSON = "application/json"
@@ -48,11 +63,7 @@ _DECODERS = ("gzip", "deflate")
 # Bodies larger than this are inflated on a thread (zlib releases the GIL), not on the
 # event loop; 64 KiB of deflate inflates to at most ~64 MiB.
 _INLINE_INFLATE_BYTES = 64 * 1024
-#: A request body that stops arriving for this long is refused. aiohttp's C parser (3.14)
-#: reports a chunked framing error that comes after the headers to the connection only,
-#: never to the body being read, which would wait as long as the client kept the socket
-#: open; a client that trickles its body (slow loris) is stopped the same way.
-BODY_IDLE_S = float(os.environ.get("SHOAL_HTTP_BODY_IDLE_S", "30"))
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -206,8 +217,8 @@ def _window_bits(body: bytes, encoding: str) -> int:
 
 
 async def _read_raw(request: web.Request) -> bytes:
-    """The body as sent, at most ``client_max_size`` bytes, refused once no byte of it
-    has come for BODY_IDLE_S."""
+    """The body as sent, at most ``client_max_size`` bytes, refused once it misses its
+    BodyDeadline."""
     limit = request.app[MAX_INPUT]
     content = request.content
     if content.is_eof():  # all of it is here already (most requests): no timer to arm
@@ -215,21 +226,30 @@ async def _read_raw(request: web.Request) -> bytes:
         if len(body) > limit:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
         return body
+    deadline = request.app[BODY_DEADLINE]
     parts: list[bytes] = []
     size = 0
     loop = asyncio.get_running_loop()
+    start = last = loop.time()
     try:
-        async with asyncio.timeout(BODY_IDLE_S) as idle:
+        async with asyncio.timeout(deadline.idle_s) as timer:
             while chunk := await request.content.readany():
                 size += len(chunk)
                 if size > limit:
                     raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
                 parts.append(chunk)
-                idle.reschedule(loop.time() + BODY_IDLE_S)
+                last = loop.time()
+                due = last + deadline.idle_s
+                if deadline.min_rate:
+                    due = min(due, start + deadline.idle_s + size / deadline.min_rate)
+                timer.reschedule(due)
     except TimeoutError:
-        raise invalid_arg(
-            f"failed to read the request body: no data for {BODY_IDLE_S:g} s"
-        ) from None
+        now = loop.time()
+        if now - last >= deadline.idle_s:
+            reason = f"no data for {deadline.idle_s:g} s"
+        else:
+            reason = f"{size} bytes in {now - start:.0f} s, slower than {deadline.min_rate} bytes/s"
+        raise invalid_arg(f"failed to read the request body: {reason}") from None
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
@@ -480,8 +500,42 @@ class ClientErrorLogFilter(logging.Filter):
 protocol_log.addFilter(ClientErrorLogFilter())
 
 
+def build_reserve_app(
+    dataplane: DataPlane, refusal: str, restrictions: restricted.Rules | None = None
+) -> web.Application:
+    """What answers a connection beyond the cap (frontend.http_connections): the health
+    endpoints as usual, anything else 503 ``refusal``; each connection closes after its
+    answer."""
+    middlewares: list[Middleware] = [errors_middleware]
+    if restrictions:
+        middlewares.append(restricted.http_middleware(restrictions))
+    app = web.Application(middlewares=middlewares, handler_args={"logger": protocol_log})
+    app[DATAPLANE] = dataplane
+    app[FRONTEND_INDEX] = str(dataplane.broker.index)
+    app.on_response_prepare.append(_tag_frontend)
+    app.on_response_prepare.append(_close_after)
+
+    async def refuse(request: web.Request) -> web.Response:
+        resp = _error(refusal, 503)
+        resp.headers["Retry-After"] = "1"
+        return resp
+
+    app.router.add_get("/v2/health/live", health_live)
+    app.router.add_get("/v2/health/ready", health_ready)
+    app.router.add_route("*", "/{tail:.*}", refuse)
+    return app
+
+
+async def _close_after(request: web.Request, response: web.StreamResponse) -> None:
+    response.force_close()
+    response.headers["Connection"] = "close"  # (aiohttp 3.14 wrote its own before this hook)
+
+
 def build_app(
-    dataplane: DataPlane, max_input_size: int, restrictions: restricted.Rules | None = None
+    dataplane: DataPlane,
+    max_input_size: int,
+    restrictions: restricted.Rules | None = None,
+    body_deadline: BodyDeadline | None = None,
 ) -> web.Application:
     """``restrictions``: the restricted API groups (--http-restricted-api), checked for
     every request before its handler, whatever its route."""
@@ -497,6 +551,7 @@ def build_app(
     )
     app[DATAPLANE] = dataplane
     app[MAX_INPUT] = max_input_size
+    app[BODY_DEADLINE] = body_deadline or BodyDeadline()
     app[FRONTEND_INDEX] = str(dataplane.broker.index)
     app.on_response_prepare.append(_tag_frontend)
     model = r"/v2/models/{model:[^/]+}"

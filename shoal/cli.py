@@ -13,6 +13,7 @@ from ipc.lifecycle import raise_open_file_limit, run_until_stopped
 from ipc.logs import setup_logging
 from shoal.flags import (
     add_cache_flags,
+    add_connection_flags,
     add_grpc_flags,
     add_instance_memory_flag,
     add_log_flags,
@@ -22,6 +23,7 @@ from shoal.flags import (
     add_restriction_flags,
     bool_flag,
     cache_bytes,
+    connection_flag_values,
     frontend_flags,
     grpc_flag_values,
     log_settings,
@@ -62,6 +64,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
     add_metrics_flags(p)
     add_restriction_flags(p)
     add_grpc_flags(p)
+    add_connection_flags(p)
     add_no_effect_flags(p)
     p.add_argument("--model-namespacing", type=bool_flag, default=False)
     p.add_argument("--id", default="triton", help="server name in /v2 metadata")
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         http_restricted_api=args.http_restricted_api,
         grpc_restricted_protocol=args.grpc_restricted_protocol,
         grpc_flags=grpc_flag_values(args),
+        connection_flags=connection_flag_values(args),
         server_id=args.id,
         log=log_settings(args),
         exit_on_error=args.exit_on_error,

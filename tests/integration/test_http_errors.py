@@ -589,10 +589,10 @@ def test_malformed_framing_logs_one_line(server: ShoalServer) -> None:
 def test_a_body_that_stops_arriving_is_refused(tmp_path: Path) -> None:
     """aiohttp's C parser keeps a chunked framing error that comes after the headers from
     the body being read; without an idle limit that request waits as long as its client
-    keeps the socket open. The limit (SHOAL_HTTP_BODY_IDLE_S) answers it, and a client
-    that trickles its body the same way."""
+    keeps the socket open. The limit (--http-body-timeout-secs) answers it, and a client
+    that trickles its body the same way (tests/fault/test_slow_clients.py)."""
     modelgen.write_shipped_repository(tmp_path, ("simple",))
-    srv = ShoalServer(tmp_path, env={"SHOAL_HTTP_BODY_IDLE_S": "1"})
+    srv = ShoalServer(tmp_path, "--http-body-timeout-secs=1", "--http-body-min-rate=0")
     try:
         head = (
             b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
