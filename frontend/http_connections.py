@@ -145,11 +145,12 @@ class _Refused(asyncio.Protocol):
 class _Handler(web.RequestHandler):
     """aiohttp's connection handler, telling its gate when its connection ends."""
 
-    __slots__ = ("_gate",)
+    __slots__ = ("_gate", "header_deadline")
 
     def __init__(self, gate: ConnectionGate, server: web.Server, **kwargs: object) -> None:
         super().__init__(server, **kwargs)  # type: ignore[arg-type]
         self._gate = gate
+        self.header_deadline: asyncio.TimerHandle | None = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._gate._lost(self)
@@ -225,15 +226,20 @@ class ConnectionGate:
         # As web.Server.__call__ makes its handlers, with the runner's settings.
         handler = _Handler(self, server, loop=self._loop, **server._kwargs)
         deadline = self._loop.time() + self.limits.header_timeout_s
-        self._loop.call_at(deadline, self._header_deadline, handler)
+        handler.header_deadline = self._loop.call_at(deadline, self._header_deadline, handler)
         return handler
 
     def _lost(self, handler: _Handler) -> None:
         self._open.pop(handler, None)
         self._reserved.discard(handler)
         self._closing.discard(handler)
+        if handler.header_deadline is not None:
+            # (a flood of short connections must not keep each handler until its timer)
+            handler.header_deadline.cancel()
+            handler.header_deadline = None
 
     def _header_deadline(self, handler: _Handler) -> None:
+        handler.header_deadline = None
         if handler not in self._open and handler not in self._reserved:
             return  # gone already
         if handler.transport is None:  # accepted, then never connected: no loss to come

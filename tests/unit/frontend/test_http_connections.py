@@ -211,3 +211,22 @@ def test_the_handler_state_the_gate_reads() -> None:
             assert handler._request_count == 2
 
     _run(test)
+
+
+def test_connections_that_come_and_go_leave_nothing_behind() -> None:
+    """Each lost connection leaves the gate's books and drops its header timer (which
+    would otherwise hold its handler until it fired)."""
+
+    async def test() -> None:
+        async with _gated(ConnectionLimits(4, header_timeout_s=30)) as (gate, connect):
+            handlers = []
+            for _ in range(20):
+                _, writer = await connect()
+                handlers.append(next(iter(gate._open)))
+                writer.close()
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)
+            assert gate.counts().open == 0
+            assert all(h.header_deadline is None for h in handlers)
+
+    _run(test)
