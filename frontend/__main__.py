@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     open_files = raise_open_file_limit()
     import uvloop
 
-    from frontend.http_server import BodyDeadline
+    from frontend.http_body import BodyDeadline
     from frontend.metrics import MetricsSettings
     from frontend.proc import Connections, FrontendSettings, serve
 

@@ -3,22 +3,16 @@
 Routes follow Triton's router: anything else is 404 ``{"error":"Not Found"}``, a wrong
 verb 405. Every error is ``{"error": "..."}`` with the status Triton maps its error code
 to; no request can take the process down (unexpected exceptions become 500s).
-
-Request bodies are read as sent and decompressed here (gzip, deflate), not by aiohttp:
-its C parser (3.14) reports a deflate stream that ends early to the connection only, as a
-400 queued behind the request still waiting for that body, which then never ends.
+Request bodies are read by frontend.http_body.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import contextlib
 import logging
-import zlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -28,41 +22,29 @@ from aiohttp.typedefs import Middleware
 
 from frontend import generate, http_codec, http_shm, log_settings, restricted
 from frontend.dataplane import DataPlane
+from frontend.http_body import (
+    BODY_DEADLINE,
+    MAX_INPUT,
+    BodyDeadline,
+    UnsupportedEncoding,
+    read_body,
+)
 from frontend.http_raw_input import RawInputMeta
 from frontend.json_limits import MAX_JSON_DEPTH, check_depth
 from frontend.types import InferenceRequest, InferenceResult, ResponseError
 from ipc import logs
-from ipc.errors import DECOUPLED_HTTP, Code, ServingError, invalid_arg
+from ipc.errors import DECOUPLED_HTTP, Code, ServingError
 
 log = logging.getLogger("shoal.frontend.http")
 # aiohttp's connection handlers log here instead of "aiohttp.server" (see build_app).
 protocol_log = logging.getLogger("shoal.frontend.http.protocol")
 
 
-@dataclass(frozen=True)
-class BodyDeadline:
-    """How long a request body may take to arrive: no gap longer than ``idle_s`` between
-    its bytes, and all of it within ``idle_s`` plus one second per ``min_rate`` bytes
-    from the start of its read (0: no rate). aiohttp's C parser (3.14) reports a chunked
-    framing error that comes after the headers to the connection only, never to the body
-    being read, which would wait as long as the client kept the socket open; a client
-    that trickles its body (slow loris) is stopped the same way."""
-
-    idle_s: float = 30.0
-    min_rate: int = 8192
-
-
 DATAPLANE: web.AppKey[DataPlane] = web.AppKey("dataplane", DataPlane)
-MAX_INPUT: web.AppKey[int] = web.AppKey("max_input_size", int)
 FRONTEND_INDEX: web.AppKey[str] = web.AppKey("frontend_index", str)
-BODY_DEADLINE: web.AppKey[BodyDeadline] = web.AppKey("body_deadline", BodyDeadline)
 FRONTEND_HEADER = "Shoal-Frontend"
 IHCL = "Inference-Header-Content-Length"
 _JSON = "application/json"
-_DECODERS = ("gzip", "deflate")
-# Bodies larger than this are inflated on a thread (zlib releases the GIL), not on the
-# event loop; 64 KiB of deflate inflates to at most ~64 MiB.
-_INLINE_INFLATE_BYTES = 64 * 1024
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -168,111 +150,11 @@ def _header_length(request: web.Request) -> int | None:
         ) from None
 
 
-class UnsupportedEncoding(Exception):
-    """A Content-Encoding other than gzip, deflate or identity (Triton's 415)."""
-
-    def __init__(self, encoding: str) -> None:
-        super().__init__(encoding)
-        self.encoding = encoding
-
-
-def inflate(body: bytes, encoding: str, limit: int) -> bytes:
-    """``body`` decompressed (``encoding`` is gzip or deflate), at most ``limit`` bytes.
-
-    As Triton, either encoding takes a zlib or a gzip stream; deflate also takes a raw
-    deflate stream (what aiohttp took). Unlike Triton, which keeps whatever inflated
-    before an error and lets the JSON parser fail on it, a corrupt, truncated or
-    over-long stream is refused with its own message.
-    """
-    if not body:
-        raise invalid_arg("nothing to be decompressed")  # Triton's words
-    inflater = zlib.decompressobj(_window_bits(body, encoding))
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        reason = str(exc).partition(": ")[2] or str(exc)
-        raise invalid_arg(f"failed to decompress the {encoding} request body: {reason}") from None
-    if len(out) > limit:
-        raise invalid_arg(
-            f"Request body decompresses to more than the maximum allowed value of {limit} "
-            "bytes. Use --http-max-input-size to increase the limit."
-        )
-    if not inflater.eof:
-        raise invalid_arg(
-            f"failed to decompress the {encoding} request body: the compressed data is truncated"
-        )
-    if inflater.unused_data:
-        raise invalid_arg(
-            f"failed to decompress the {encoding} request body: "
-            f"{len(inflater.unused_data)} unexpected byte(s) after the compressed data"
-        )
-    return out
-
-
-def _window_bits(body: bytes, encoding: str) -> int:
-    zlib_header = (body[0] & 0x0F) == 8 and int.from_bytes(body[:2], "big") % 31 == 0  # RFC 1950
-    if encoding == "deflate" and not zlib_header and body[:2] != b"\x1f\x8b":
-        return -zlib.MAX_WBITS  # a raw deflate stream
-    return zlib.MAX_WBITS | 32  # a zlib or a gzip stream, whichever it is
-
-
-async def _read_raw(request: web.Request) -> bytes:
-    """The body as sent, at most ``client_max_size`` bytes, refused once it misses its
-    BodyDeadline."""
-    limit = request.app[MAX_INPUT]
-    content = request.content
-    if content.is_eof():  # all of it is here already (most requests): no timer to arm
-        body = content.read_nowait()
-        if len(body) > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
-        return body
-    deadline = request.app[BODY_DEADLINE]
-    parts: list[bytes] = []
-    size = 0
-    loop = asyncio.get_running_loop()
-    start = last = loop.time()
-    try:
-        async with asyncio.timeout(deadline.idle_s) as timer:
-            while chunk := await request.content.readany():
-                size += len(chunk)
-                if size > limit:
-                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-                parts.append(chunk)
-                last = loop.time()
-                due = last + deadline.idle_s
-                if deadline.min_rate:
-                    due = min(due, start + deadline.idle_s + size / deadline.min_rate)
-                timer.reschedule(due)
-    except TimeoutError:
-        now = loop.time()
-        if now - last >= deadline.idle_s:
-            reason = f"no data for {deadline.idle_s:g} s"
-        else:
-            reason = f"{size} bytes in {now - start:.0f} s, slower than {deadline.min_rate} bytes/s"
-        raise invalid_arg(f"failed to read the request body: {reason}") from None
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-async def _read_body(request: web.Request) -> bytes:
-    """The request body as the client meant it: read whole (at most the input limit, as
-    sent), then decompressed per Content-Encoding as Triton does for inference."""
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding not in ("", "identity", *_DECODERS):
-        raise UnsupportedEncoding(request.headers["Content-Encoding"][:100])
-    body = await _read_raw(request)
-    if encoding in ("", "identity"):
-        return body
-    limit = request.app[MAX_INPUT]
-    if len(body) <= _INLINE_INFLATE_BYTES:
-        return inflate(body, encoding, limit)
-    return await asyncio.to_thread(inflate, body, encoding, limit)
-
-
 async def infer(request: web.Request) -> web.Response:
     dp = _dp(request)
     name, version = _model_args(request)
     header_length = _header_length(request)
-    body = await _read_body(request)
+    body = await read_body(request)
 
     def raw_meta() -> RawInputMeta:
         handle = dp.cached_model(name, version)
@@ -312,7 +194,7 @@ async def infer(request: web.Request) -> web.Response:
 async def _generate_request(request: web.Request) -> InferenceRequest:
     dp = _dp(request)
     name, version = _model_args(request)
-    body = await _read_body(request)
+    body = await read_body(request)
     model = await dp.model(name, version)
     doc = http_codec.parse_json(memoryview(body), MAX_JSON_DEPTH)
     return generate.decode_request(doc, model, version)

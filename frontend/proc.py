@@ -21,6 +21,7 @@ from frontend import restricted
 from frontend.broker_client import BrokerClient
 from frontend.dataplane import DataPlane
 from frontend.grpc_server import build_server as build_grpc_server
+from frontend.http_body import BodyDeadline
 from frontend.http_connections import (
     METRICS_CONNECTIONS,
     RESERVE_CONNECTIONS,
@@ -32,7 +33,7 @@ from frontend.http_connections import (
     connection_budget,
     too_many_connections,
 )
-from frontend.http_server import BodyDeadline, build_app, build_reserve_app
+from frontend.http_server import build_app, build_reserve_app
 from frontend.metrics import MetricsServer, MetricsSettings
 from frontend.response_cache import ResponseCache
 from ipc.lifecycle import EXIT_FATAL, settle_gc
