@@ -82,6 +82,10 @@ def parse_config_json(text: str, model_name: str) -> pb.ModelConfig:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(model_name, f"failed to load '{model_name}': {err}") from None
+    except RecursionError:  # (the frontends refuse such a config first)
+        raise ConfigError(
+            model_name, f"failed to load '{model_name}': the config JSON is nested too deeply"
+        ) from None
     if not isinstance(doc, dict):
         raise ConfigError(
             model_name, f"failed to load '{model_name}': model config JSON must be an object"

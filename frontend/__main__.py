@@ -5,9 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ipc.lifecycle import add_process_flags, die_with_parent, set_cpu_scheduling
+from ipc.lifecycle import (
+    add_process_flags,
+    die_with_parent,
+    raise_open_file_limit,
+    set_cpu_scheduling,
+)
 from ipc.logs import setup_logging
 from shoal.flags import (
+    add_connection_flags,
     add_grpc_flags,
     add_log_flags,
     add_metrics_flags,
@@ -43,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_metrics_flags(p)
     add_restriction_flags(p)
     add_grpc_flags(p)
+    add_connection_flags(p)
     p.add_argument("--reuse-metrics-port", type=bool_flag, default=False)
     add_process_flags(p)
     add_log_flags(p)
@@ -59,10 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(args.parent_pid)
     setup_logging(f"frontend#{args.index}", log_settings(args))
     set_cpu_scheduling()
+    open_files = raise_open_file_limit()
     import uvloop
 
+    from frontend.http_body import BodyDeadline
     from frontend.metrics import MetricsSettings
-    from frontend.proc import FrontendSettings, serve
+    from frontend.proc import Connections, FrontendSettings, serve
 
     settings = FrontendSettings(
         runtime_dir=args.runtime_dir,
@@ -90,11 +99,20 @@ def main(argv: list[str] | None = None) -> int:
             cpu=args.allow_cpu_metrics,
             gpu=args.allow_gpu_metrics,
             config=flags.metrics,
+            frontend=str(args.index),
         ),
         http_restricted=flags.http_restricted,
         grpc_restricted=flags.grpc_restricted,
         grpc_options=flags.grpc_options,
         grpc_tls=flags.grpc_tls,
+        connections=Connections(
+            open_files=open_files,
+            http_max=args.http_max_connections or None,
+            grpc_max=args.grpc_max_connections or None,
+            header_timeout_s=args.http_header_timeout_secs,
+            keepalive_timeout_s=args.http_keepalive_timeout_secs,
+            body=BodyDeadline(args.http_body_timeout_secs, args.http_body_min_rate),
+        ),
     )
     return uvloop.run(serve(settings))
 

@@ -21,6 +21,7 @@ import msgspec
 
 from frontend import client_shm, ensemble
 from frontend.broker_client import BrokerClient
+from frontend.json_limits import check_config_override
 from frontend.model_handle import ModelHandle, check_byte_size
 from frontend.response_cache import ResponseCache
 from frontend.types import (
@@ -280,7 +281,10 @@ class DataPlane:
     ) -> None:
         """The repository extension's load or unload: answered once the model is loaded
         (READY) or unloaded, or with why not (the broker refuses both outside explicit
-        model control mode, in Triton's words)."""
+        model control mode, in Triton's words). A ``config`` too large or nested too deep
+        is refused here, before the broker parses it."""
+        if config:
+            check_config_override(config)
         msg = m.ModelControl(
             self.broker.next_id(), action, model, config, files or {}, unload_dependents
         )

@@ -73,8 +73,13 @@ class _FirstRequestFallback:
 class _Server(web.Server):
     def __call__(self) -> RequestHandler:
         handler = super().__call__()
-        handler._parser = _FirstRequestFallback(handler)  # type: ignore[assignment]
+        self.prepare_handler(handler)
         return handler
+
+    def prepare_handler(self, handler: RequestHandler) -> None:
+        """Give a connection's handler the parser above (a protocol factory that makes
+        its handlers itself, frontend.http_connections's gate, calls this)."""
+        handler._parser = _FirstRequestFallback(handler)  # type: ignore[assignment]
 
 
 def accept_chunked_with_length(runner: web.AppRunner) -> None:

@@ -3,22 +3,17 @@
 Routes follow Triton's router: anything else is 404 ``{"error":"Not Found"}``, a wrong
 verb 405. Every error is ``{"error": "..."}`` with the status Triton maps its error code
 to; no request can take the process down (unexpected exceptions become 500s).
-
-Request bodies are read as sent and decompressed here (gzip, deflate), not by aiohttp:
-its C parser (3.14) reports a deflate stream that ends early to the connection only, as a
-400 queued behind the request still waiting for that body, which then never ends.
+Request bodies are read by frontend.http_body.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import contextlib
 import logging
-import os
-import zlib
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -27,7 +22,15 @@ from aiohttp.typedefs import Middleware
 
 from frontend import generate, http_codec, http_shm, json_members, log_settings, restricted
 from frontend.dataplane import DataPlane
+from frontend.http_body import (
+    BODY_DEADLINE,
+    MAX_INPUT,
+    BodyDeadline,
+    UnsupportedEncoding,
+    read_body,
+)
 from frontend.http_raw_input import RawInputMeta
+from frontend.json_limits import MAX_JSON_DEPTH, check_depth
 from frontend.types import InferenceRequest, InferenceResult, ResponseError
 from ipc import logs
 from ipc.errors import DECOUPLED_HTTP, Code, ServingError, invalid_arg
@@ -36,22 +39,13 @@ log = logging.getLogger("shoal.frontend.http")
 # aiohttp's connection handlers log here instead of "aiohttp.server" (see build_app).
 protocol_log = logging.getLogger("shoal.frontend.http.protocol")
 
+
 DATAPLANE: web.AppKey[DataPlane] = web.AppKey("dataplane", DataPlane)
-MAX_INPUT: web.AppKey[int] = web.AppKey("max_input_size", int)
 FRONTEND_INDEX: web.AppKey[str] = web.AppKey("frontend_index", str)
 FRONTEND_HEADER = "Shoal-Frontend"
 IHCL = "Inference-Header-Content-Length"
 _JSON = "application/json"
-_DECODERS = ("gzip", "deflate")
-_CONTROL_JSON_DEPTH = 100  # deeper than any repository request
-# Bodies larger than this are inflated on a thread (zlib releases the GIL), not on the
-# event loop; 64 KiB of deflate inflates to at most ~64 MiB.
-_INLINE_INFLATE_BYTES = 64 * 1024
-#: A request body that stops arriving for this long is refused. aiohttp's C parser (3.14)
-#: reports a chunked framing error that comes after the headers to the connection only,
-#: never to the body being read, which would wait as long as the client kept the socket
-#: open; a client that trickles its body (slow loris) is stopped the same way.
-BODY_IDLE_S = float(os.environ.get("SHOAL_HTTP_BODY_IDLE_S", "30"))
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -156,102 +150,11 @@ def _header_length(request: web.Request) -> int | None:
         ) from None
 
 
-class UnsupportedEncoding(Exception):
-    """A Content-Encoding other than gzip, deflate or identity (Triton's 415)."""
-
-    def __init__(self, encoding: str) -> None:
-        super().__init__(encoding)
-        self.encoding = encoding
-
-
-def inflate(body: bytes, encoding: str, limit: int) -> bytes:
-    """``body`` decompressed (``encoding`` is gzip or deflate), at most ``limit`` bytes.
-
-    As Triton, either encoding takes a zlib or a gzip stream; deflate also takes a raw
-    deflate stream (what aiohttp took). Unlike Triton, which keeps whatever inflated
-    before an error and lets the JSON parser fail on it, a corrupt, truncated or
-    over-long stream is refused with its own message.
-    """
-    if not body:
-        raise invalid_arg("nothing to be decompressed")  # Triton's words
-    inflater = zlib.decompressobj(_window_bits(body, encoding))
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        reason = str(exc).partition(": ")[2] or str(exc)
-        raise invalid_arg(f"failed to decompress the {encoding} request body: {reason}") from None
-    if len(out) > limit:
-        raise invalid_arg(
-            f"request body decompresses to more than the maximum allowed input size of {limit} "
-            "bytes. Use --http-max-input-size to increase the limit."
-        )
-    if not inflater.eof:
-        raise invalid_arg(
-            f"failed to decompress the {encoding} request body: the compressed data is truncated"
-        )
-    if inflater.unused_data:
-        raise invalid_arg(
-            f"failed to decompress the {encoding} request body: "
-            f"{len(inflater.unused_data)} unexpected byte(s) after the compressed data"
-        )
-    return out
-
-
-def _window_bits(body: bytes, encoding: str) -> int:
-    zlib_header = (body[0] & 0x0F) == 8 and int.from_bytes(body[:2], "big") % 31 == 0  # RFC 1950
-    if encoding == "deflate" and not zlib_header and body[:2] != b"\x1f\x8b":
-        return -zlib.MAX_WBITS  # a raw deflate stream
-    return zlib.MAX_WBITS | 32  # a zlib or a gzip stream, whichever it is
-
-
-async def _read_raw(request: web.Request) -> bytes:
-    """The body as sent, at most ``client_max_size`` bytes, refused once no byte of it
-    has come for BODY_IDLE_S."""
-    limit = request.app[MAX_INPUT]
-    content = request.content
-    if content.is_eof():  # all of it is here already (most requests): no timer to arm
-        body = content.read_nowait()
-        if len(body) > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
-        return body
-    parts: list[bytes] = []
-    size = 0
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(BODY_IDLE_S) as idle:
-            while chunk := await request.content.readany():
-                size += len(chunk)
-                if size > limit:
-                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-                parts.append(chunk)
-                idle.reschedule(loop.time() + BODY_IDLE_S)
-    except TimeoutError:
-        raise invalid_arg(
-            f"failed to read the request body: no data for {BODY_IDLE_S:g} s"
-        ) from None
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-async def _read_body(request: web.Request) -> bytes:
-    """The request body as the client meant it: read whole (at most the input limit, as
-    sent), then decompressed per Content-Encoding as Triton does for inference."""
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding not in ("", "identity", *_DECODERS):
-        raise UnsupportedEncoding(request.headers["Content-Encoding"][:100])
-    body = await _read_raw(request)
-    if encoding in ("", "identity"):
-        return body
-    limit = request.app[MAX_INPUT]
-    if len(body) <= _INLINE_INFLATE_BYTES:
-        return inflate(body, encoding, limit)
-    return await asyncio.to_thread(inflate, body, encoding, limit)
-
-
 async def infer(request: web.Request) -> web.Response:
     dp = _dp(request)
     name, version = _model_args(request)
     header_length = _header_length(request)
-    body = await _read_body(request)
+    body = await read_body(request)
 
     def raw_meta() -> RawInputMeta:
         handle = dp.cached_model(name, version)
@@ -291,9 +194,9 @@ async def infer(request: web.Request) -> web.Response:
 async def _generate_request(request: web.Request) -> InferenceRequest:
     dp = _dp(request)
     name, version = _model_args(request)
-    body = await _read_body(request)
+    body = await read_body(request)
     model = await dp.model(name, version)
-    doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+    doc = http_codec.parse_json(memoryview(body), MAX_JSON_DEPTH)
     return generate.decode_request(json_members.read_members(body, doc), model, version)
 
 
@@ -352,19 +255,28 @@ async def model_stats(request: web.Request) -> web.Response:
     return _json({"model_stats": stats})
 
 
+def _control_json(body: bytes) -> dict[str, Any]:
+    """A control request's JSON body, refused (Triton's 400) when nested deeper than
+    Triton allows; such bodies are small, so the walk that measures the depth is cheap."""
+    doc = http_codec.parse_json(memoryview(body), MAX_JSON_DEPTH)
+    check_depth(doc)
+    return doc
+
+
 async def repository_index(request: web.Request) -> web.Response:
     """The body is optional; its ``ready`` (a boolean) keeps READY versions only. A
-    repository name in the path is ignored here, as Triton 2.51 does. A body of any depth
-    is read (as the current Triton's does): a ``ready`` nested too deep for the decoder
-    is an array, so no boolean."""
+    repository name in the path is ignored here, as Triton 2.51 does. A body nested past
+    Triton's depth is refused as any control body is (Triton's 400), unless it is
+    ``ready`` itself that is too deep: that is no boolean, and the current Triton says so
+    whatever its depth (L0_http reads one 250,000 levels deep)."""
     body = await request.read()
     ready = False
     if body:
         try:
-            doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
-        except ServingError as exc:
-            deep = json_members.shallow_members(body) if "nesting depth" in exc.message else None
-            if deep is None:
+            doc = _control_json(body)
+        except ServingError:
+            deep = json_members.shallow_members(body)
+            if deep is None or "ready" not in deep or isinstance(deep["ready"], bool):
                 raise
             doc = deep
         if "ready" in doc:
@@ -384,7 +296,7 @@ async def repository_load(request: web.Request) -> web.Response:
     config = ""
     files: dict[str, bytes] = {}
     if body:
-        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH)
+        doc = _control_json(body)
         if "parameters" in doc:
             params = doc["parameters"]
             if not isinstance(params, dict):
@@ -428,7 +340,7 @@ async def repository_unload(request: web.Request) -> web.Response:
     # A body that does not parse, or says something else, is ignored: Triton 2.51 unloads
     # all the same (checked side by side).
     with contextlib.suppress(ServingError):
-        doc = http_codec.parse_json(memoryview(body), _CONTROL_JSON_DEPTH) if body else {}
+        doc = _control_json(body) if body else {}
         params = doc.get("parameters", {}) if isinstance(doc, dict) else {}
         dependents = isinstance(params, dict) and params.get("unload_dependents") is True
     await _dp(request).model_control("unload", request.match_info["model"], "", {}, dependents)
@@ -440,7 +352,7 @@ async def logging_get(request: web.Request) -> web.Response:
 
 
 async def logging_update(request: web.Request) -> web.Response:
-    doc = http_codec.parse_json(memoryview(await request.read()), _CONTROL_JSON_DEPTH)
+    doc = _control_json(await request.read())
     changes = log_settings.http_changes(doc)
     return _json(log_settings.as_json(await _dp(request).log_settings(changes)))
 
@@ -479,8 +391,42 @@ class ClientErrorLogFilter(logging.Filter):
 protocol_log.addFilter(ClientErrorLogFilter())
 
 
+def build_reserve_app(
+    dataplane: DataPlane, refusal: str, restrictions: restricted.Rules | None = None
+) -> web.Application:
+    """What answers a connection beyond the cap (frontend.http_connections): the health
+    endpoints as usual, anything else 503 ``refusal``; each connection closes after its
+    answer."""
+    middlewares: list[Middleware] = [errors_middleware]
+    if restrictions:
+        middlewares.append(restricted.http_middleware(restrictions))
+    app = web.Application(middlewares=middlewares, handler_args={"logger": protocol_log})
+    app[DATAPLANE] = dataplane
+    app[FRONTEND_INDEX] = str(dataplane.broker.index)
+    app.on_response_prepare.append(_tag_frontend)
+    app.on_response_prepare.append(_close_after)
+
+    async def refuse(request: web.Request) -> web.Response:
+        resp = _error(refusal, 503)
+        resp.headers["Retry-After"] = "1"
+        return resp
+
+    app.router.add_get("/v2/health/live", health_live)
+    app.router.add_get("/v2/health/ready", health_ready)
+    app.router.add_route("*", "/{tail:.*}", refuse)
+    return app
+
+
+async def _close_after(request: web.Request, response: web.StreamResponse) -> None:
+    response.force_close()
+    response.headers["Connection"] = "close"  # (aiohttp 3.14 wrote its own before this hook)
+
+
 def build_app(
-    dataplane: DataPlane, max_input_size: int, restrictions: restricted.Rules | None = None
+    dataplane: DataPlane,
+    max_input_size: int,
+    restrictions: restricted.Rules | None = None,
+    body_deadline: BodyDeadline | None = None,
 ) -> web.Application:
     """``restrictions``: the restricted API groups (--http-restricted-api), checked for
     every request before its handler, whatever its route."""
@@ -496,6 +442,7 @@ def build_app(
     )
     app[DATAPLANE] = dataplane
     app[MAX_INPUT] = max_input_size
+    app[BODY_DEADLINE] = body_deadline or BodyDeadline()
     app[FRONTEND_INDEX] = str(dataplane.broker.index)
     app.on_response_prepare.append(_tag_frontend)
     model = r"/v2/models/{model:[^/]+}"

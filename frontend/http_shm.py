@@ -14,16 +14,18 @@ from aiohttp import web
 from configs.devices import gpu_count
 from frontend.dataplane import DataPlane
 from frontend.http_codec import parse_json
+from frontend.json_limits import MAX_JSON_DEPTH, check_depth
 from ipc.errors import Code, ServingError, invalid_arg
 from ipc.messages import CUDA_HANDLE_BYTES
 
-_MAX_JSON_DEPTH = 100  # deeper than any register body
 _NOT_B64 = re.compile(r"[^A-Za-z0-9+/]")
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
     """The register body, read as the inference one (Triton's EVBufferToJson for both)."""
-    return parse_json(memoryview(await request.read()), _MAX_JSON_DEPTH)
+    doc = parse_json(memoryview(await request.read()), MAX_JSON_DEPTH)
+    check_depth(doc)  # (a small body)
+    return doc
 
 
 def _json_layer(problem: str) -> ServingError:

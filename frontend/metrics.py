@@ -25,6 +25,13 @@ from aiohttp import web
 
 from frontend.gpu_metrics import FAMILIES as GPU_FAMILIES
 from frontend.gpu_metrics import GpuSampler
+from frontend.http_connections import (
+    METRICS_CONNECTIONS,
+    ConnectionCounts,
+    ConnectionGate,
+    ConnectionLimits,
+    GatedSite,
+)
 from frontend.response_cache import ResponseCache
 from ipc import messages as m
 from ipc.errors import ServingError
@@ -162,6 +169,7 @@ class MetricsSettings:
     cpu: bool = True
     gpu: bool = True
     config: MetricsConfig = field(default_factory=MetricsConfig)
+    frontend: str = "0"  # this frontend process's index, the label of its own figures
 
 
 class HostSampler:
@@ -255,9 +263,11 @@ def render(
     host: HostSampler | None,
     cache: ResponseCache | None = None,
     gpus: GpuSampler | None = None,
+    connections: tuple[str, list[ConnectionCounts]] | None = None,
 ) -> str:
     """The metrics page, families in Triton's order; ``cache``: this frontend's response
-    cache, if the server has one; ``gpus``: the GPUs' last sample, if there are any."""
+    cache, if the server has one; ``gpus``: the GPUs' last sample, if there are any;
+    ``connections``: this frontend's index and its listeners' connection counts."""
     t = _Text()
     rows = [(v, _labels(v, gpus)) for v in versions]
 
@@ -349,7 +359,59 @@ def render(
         ):
             t.family(name, help_, "gauge")
             t.sample(name, [], value)
+    if connections is not None:
+        _connection_families(t, *connections)
     return t.render()
+
+
+_Count = Callable[[ConnectionCounts], int]
+_CONNECTION_FAMILIES: Final[tuple[tuple[str, str, str, _Count], ...]] = (
+    (
+        "shoal_http_connections",
+        "HTTP connections the frontend process holds now",
+        "gauge",
+        lambda c: c.open,
+    ),
+    (
+        "shoal_http_connections_limit",
+        "The most HTTP connections the frontend process holds (--http-max-connections, or "
+        "what its open-file limit leaves)",
+        "gauge",
+        lambda c: c.limit,
+    ),
+    (
+        "shoal_http_connections_reserve_count",
+        "New HTTP connections beyond the limit, none idle to close, answered by the reserve "
+        "(health requests served, others 503)",
+        "counter",
+        lambda c: c.reserve_answered,
+    ),
+)
+_DROPPED: Final = "shoal_http_connections_dropped_count"
+_DROPPED_HELP: Final = (
+    "HTTP connections closed by the frontend process: idle_at_limit (the longest idle, to "
+    "make room at the limit), refused_at_limit (new, beyond the limit and the reserve: a "
+    "bare 503), header_timeout (no complete request headers in time)"
+)
+
+
+def _connection_families(t: _Text, frontend: str, listeners: list[ConnectionCounts]) -> None:
+    """shoal's own: the connections of this frontend process's listeners (HTTP, metrics)
+    and what their limits did, labelled by frontend (the process that answered the
+    scrape: with several, each scrape shows one's)."""
+    rows = [(c, [("frontend", frontend), ("listener", c.listener)]) for c in listeners]
+    for name, help_, kind, value in _CONNECTION_FAMILIES:
+        t.family(name, help_, kind)
+        for c, labels in rows:
+            t.sample(name, labels, value(c))
+    t.family(_DROPPED, _DROPPED_HELP, "counter")
+    for c, labels in rows:
+        for reason, count in (
+            ("idle_at_limit", c.idle_closed),
+            ("refused_at_limit", c.refused),
+            ("header_timeout", c.header_timeouts),
+        ):
+            t.sample(_DROPPED, [*labels, ("reason", reason)], count)
 
 
 def _instance_families(
@@ -386,10 +448,15 @@ class MetricsServer:
         s: MetricsSettings,
         fetch: Callable[[list[float]], Awaitable[list[m.VersionMetrics]]],
         cache: ResponseCache | None = None,
+        limits: ConnectionLimits | None = None,
+        connections: Callable[[], list[ConnectionCounts]] | None = None,
     ) -> None:
         self.s = s
         self._fetch = fetch  # the broker's figures, with these quantiles of each latency
         self.cache = cache  # this frontend's response cache
+        self.limits = limits or ConnectionLimits(METRICS_CONNECTIONS)  # of this listener
+        self._connections = connections  # the other listeners' connection counts
+        self.gate: ConnectionGate | None = None
         self.host = HostSampler() if s.cpu else None
         self.gpus: GpuSampler | None = None
         self._runner: web.AppRunner | None = None
@@ -398,9 +465,14 @@ class MetricsServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None)
+        keepalive = self.limits.keepalive_timeout_s
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=keepalive)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.s.address, self.s.port, reuse_port=self.s.reuse_port)
+        assert self._runner.server is not None
+        self.gate = ConnectionGate("metrics", self._runner.server, self.limits)
+        site = GatedSite(
+            self._runner, self.gate, self.s.address, self.s.port, reuse_port=self.s.reuse_port
+        )
         try:
             await site.start()
         except OSError:
@@ -438,5 +510,9 @@ class MetricsServer:
             versions = await self._fetch(quantiles if self.s.config.summary_latencies else [])
         except ServingError as err:
             return web.Response(status=503, text=f"metrics unavailable: {err.message}\n")
-        body = render(versions, self.s.config, self.host, self.cache, self.gpus)
+        listeners = [*(self._connections() if self._connections else [])]
+        if self.gate is not None:
+            listeners.append(self.gate.counts())
+        connections = (self.s.frontend, listeners)
+        body = render(versions, self.s.config, self.host, self.cache, self.gpus, connections)
         return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})

@@ -21,7 +21,19 @@ from frontend import http_framing, restricted
 from frontend.broker_client import BrokerClient
 from frontend.dataplane import DataPlane
 from frontend.grpc_server import build_server as build_grpc_server
-from frontend.http_server import build_app
+from frontend.http_body import BodyDeadline
+from frontend.http_connections import (
+    METRICS_CONNECTIONS,
+    RESERVE_CONNECTIONS,
+    Budget,
+    ConnectionCounts,
+    ConnectionGate,
+    ConnectionLimits,
+    GatedSite,
+    connection_budget,
+    too_many_connections,
+)
+from frontend.http_server import build_app, build_reserve_app
 from frontend.metrics import MetricsServer, MetricsSettings
 from frontend.response_cache import ResponseCache
 from ipc.lifecycle import EXIT_FATAL, settle_gc
@@ -29,6 +41,19 @@ from ipc.shm import ShmFull, SlabPool, sweep_stale
 from shoal.flags import GrpcTls
 
 log = logging.getLogger("shoal.frontend")
+
+
+@dataclass(frozen=True)
+class Connections:
+    """The bounds on connections and slow clients (shoal.flags.add_connection_flags);
+    ``None``: the default caps, or what ``open_files`` leaves."""
+
+    open_files: int = 1024
+    http_max: int | None = None
+    grpc_max: int | None = None
+    header_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 75.0
+    body: BodyDeadline = field(default_factory=BodyDeadline)
 
 
 @dataclass
@@ -55,10 +80,25 @@ class FrontendSettings:
     grpc_restricted: restricted.Rules = field(default_factory=dict)
     grpc_options: list[tuple[str, int]] = field(default_factory=list)  # keepalive...
     grpc_tls: GrpcTls | None = None
+    connections: Connections = field(default_factory=Connections)
 
 
-async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunner:
-    app = build_app(dataplane, s.http_max_input_size, s.http_restricted)
+@dataclass
+class _Http:
+    """The HTTP listener: its application's runner, the reserve's, and their gate."""
+
+    runner: web.AppRunner
+    reserve: web.AppRunner
+    gate: ConnectionGate
+
+    async def close(self) -> None:
+        await self.runner.cleanup()  # stops accepting, then drains
+        await self.reserve.cleanup()
+
+
+async def _start_http(s: FrontendSettings, dataplane: DataPlane, max_connections: int) -> _Http:
+    c = s.connections
+    app = build_app(dataplane, s.http_max_input_size, s.http_restricted, c.body)
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -68,29 +108,75 @@ async def _start_http(s: FrontendSettings, dataplane: DataPlane) -> web.AppRunne
         # aiohttp waits this long for a handler, then as long again after failing its
         # body, before cancelling it: together, the exit timeout.
         shutdown_timeout=s.exit_timeout_secs / 2,
+        keepalive_timeout=c.keepalive_timeout_s,
+        # The rest of a body left unread after an answer is read away no longer than a
+        # body may stall (a slow loris refused for its body goes at once).
+        lingering_time=min(10.0, c.body.idle_s),
+    )
+    refusal = too_many_connections(max_connections)
+    reserve = web.AppRunner(
+        build_reserve_app(dataplane, refusal, s.http_restricted),
+        access_log=None,
+        handler_cancellation=True,
+        shutdown_timeout=1.0,
+        keepalive_timeout=c.header_timeout_s,
     )
     await runner.setup()
     http_framing.accept_chunked_with_length(runner)
-    site = web.TCPSite(
-        runner, s.http_address, s.http_port, reuse_port=s.reuse_http_port, backlog=1024
+    await reserve.setup()
+    assert runner.server is not None and reserve.server is not None
+    limits = ConnectionLimits(
+        max_connections, c.header_timeout_s, c.keepalive_timeout_s, RESERVE_CONNECTIONS
     )
+    http = _Http(runner, reserve, ConnectionGate("HTTP", runner.server, limits, reserve.server))
+    site = GatedSite(runner, http.gate, s.http_address, s.http_port, reuse_port=s.reuse_http_port)
     try:
         await site.start()
     except OSError:
-        await runner.cleanup()
+        await http.close()
         raise
     log.info("HTTP on %s:%d", s.http_address, s.http_port)
-    return runner
+    return http
 
 
-async def _start_grpc(s: FrontendSettings, dataplane: DataPlane) -> grpc.aio.Server:
+async def _start_grpc(
+    s: FrontendSettings, dataplane: DataPlane, max_connections: int
+) -> grpc.aio.Server:
     address = f"{s.grpc_address}:{s.grpc_port}"
+    options = [*s.grpc_options, ("grpc.max_allowed_incoming_connections", max_connections)]
     server = build_grpc_server(
-        dataplane, address, s.reuse_grpc_port, s.grpc_restricted, s.grpc_options, s.grpc_tls
+        dataplane, address, s.reuse_grpc_port, s.grpc_restricted, options, s.grpc_tls
     )
     await server.start()
     log.info("gRPC on %s%s", address, " (TLS)" if s.grpc_tls is not None else "")
     return server
+
+
+def _budget(s: FrontendSettings) -> Budget:
+    """The connection caps, logged: what a stuck or flooded listener can hold."""
+    c = s.connections
+    budget = connection_budget(c.open_files, c.http_max, c.grpc_max, s.allow_http, s.allow_grpc)
+    for line in budget.lowered:
+        log.warning("%s", line)
+    log.info(
+        "connections: HTTP at most %d, gRPC at most %d (open-file limit %d)",
+        budget.http,
+        budget.grpc,
+        c.open_files,
+    )
+    return budget
+
+
+def _metrics_server(
+    s: FrontendSettings, dataplane: DataPlane, gates: list[ConnectionGate]
+) -> MetricsServer:
+    c = s.connections
+    limits = ConnectionLimits(METRICS_CONNECTIONS, c.header_timeout_s, c.keepalive_timeout_s)
+
+    def counts() -> list[ConnectionCounts]:
+        return [gate.counts() for gate in gates]
+
+    return MetricsServer(s.metrics, dataplane.metrics, dataplane.cache, limits, counts)
 
 
 async def serve(s: FrontendSettings) -> int:
@@ -112,17 +198,19 @@ async def serve(s: FrontendSettings) -> int:
     broker.start()
     cache = ResponseCache(s.response_cache_bytes) if s.response_cache_bytes > 0 else None
     dataplane = DataPlane(broker, pool, s.server_id, s.allow_client_shm, cache)
-    runner: web.AppRunner | None = None
+    http: _Http | None = None
     grpc_server: grpc.aio.Server | None = None
     metrics: MetricsServer | None = None
+    budget = _budget(s)
     try:
         try:
             if s.allow_http:
-                runner = await _start_http(s, dataplane)
+                http = await _start_http(s, dataplane, budget.http)
             if s.allow_grpc:
-                grpc_server = await _start_grpc(s, dataplane)
+                grpc_server = await _start_grpc(s, dataplane, budget.grpc)
             if s.allow_metrics:
-                metrics = MetricsServer(s.metrics, dataplane.metrics, dataplane.cache)
+                gates = [http.gate] if http is not None else []
+                metrics = _metrics_server(s, dataplane, gates)
                 await metrics.start()
         except (OSError, RuntimeError) as exc:
             log.error("cannot listen: %s", exc)
@@ -136,8 +224,8 @@ async def serve(s: FrontendSettings) -> int:
         drains = []
         if grpc_server is not None:
             drains.append(grpc_server.stop(s.exit_timeout_secs))
-        if runner is not None:
-            drains.append(runner.cleanup())
+        if http is not None:
+            drains.append(http.close())
         await asyncio.gather(*drains)
         if metrics is not None:
             await metrics.close()

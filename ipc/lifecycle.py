@@ -87,20 +87,41 @@ def settle_gc() -> None:
 
 
 def raise_open_file_limit() -> int:
-    """Raise this process's open-file soft limit to its hard limit; returns the soft limit
-    now in force. The broker holds a descriptor for every client shared-memory
-    registration and each worker one for every region it maps (an mmap keeps its own),
-    and systemd's default soft limit (1024) would refuse a few hundred regions."""
+    """Raise this process's open-file soft limit to its hard limit, log (INFO) the limit
+    it runs with, and return it. Every role calls it at start: systemd's default soft limit
+    (1024) would refuse the broker a few hundred client shared-memory registrations (one
+    descriptor each), a worker as many mapped regions, and a frontend its connections."""
     import resource
 
+    log = logging.getLogger("shoal")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
+    was = soft
+    # An unlimited hard limit still stops at the kernel's per-process ceiling.
+    target = hard if hard != resource.RLIM_INFINITY else _kernel_open_file_ceiling()
+    if soft != target:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError) as exc:  # a hard limit the kernel caps lower
-            logging.getLogger("shoal").warning("could not raise the open-file limit: %s", exc)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d: %s", was, exc)
+    if soft != was:
+        log.info("open files: soft limit raised from %d to %d (the hard limit)", was, soft)
+    else:
+        log.info("open files: soft limit %d (hard limit %s)", soft, _shown(hard))
     return soft if soft != resource.RLIM_INFINITY else 2**20
+
+
+def _kernel_open_file_ceiling() -> int:
+    try:
+        return int(Path("/proc/sys/fs/nr_open").read_text())
+    except (OSError, ValueError):
+        return 2**20
+
+
+def _shown(limit: int) -> str:
+    import resource
+
+    return "unlimited" if limit == resource.RLIM_INFINITY else str(limit)
 
 
 def _policy_name(policy: int) -> str:

@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 from configs.model_control import check_flags
-from ipc.lifecycle import run_until_stopped
+from ipc.lifecycle import raise_open_file_limit, run_until_stopped
 from ipc.logs import setup_logging
 from shoal.flags import (
     add_cache_flags,
+    add_connection_flags,
     add_cpu_lending_flag,
     add_grpc_flags,
     add_instance_memory_flag,
@@ -23,6 +24,7 @@ from shoal.flags import (
     add_restriction_flags,
     bool_flag,
     cache_bytes,
+    connection_flag_values,
     frontend_flags,
     grpc_flag_values,
     log_settings,
@@ -63,6 +65,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
     add_metrics_flags(p)
     add_restriction_flags(p)
     add_grpc_flags(p)
+    add_connection_flags(p)
     add_no_effect_flags(p)
     p.add_argument("--model-namespacing", type=bool_flag, default=False)
     p.add_argument("--id", default="triton", help="server name in /v2 metadata")
@@ -131,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot write the log file: {exc}", file=sys.stderr)
             return 2
     setup_logging("shoal", log_settings(args))
+    raise_open_file_limit()  # its children inherit the raised limit
     from shoal.launcher import Launcher, ServeSettings
 
     if len(args.model_repository) > 1:
@@ -192,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         http_restricted_api=args.http_restricted_api,
         grpc_restricted_protocol=args.grpc_restricted_protocol,
         grpc_flags=grpc_flag_values(args),
+        connection_flags=connection_flag_values(args),
         server_id=args.id,
         log=log_settings(args),
         exit_on_error=args.exit_on_error,

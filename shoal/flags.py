@@ -449,8 +449,96 @@ def no_effect(args: argparse.Namespace) -> list[str]:
     return out
 
 
-# tritonserver's gRPC channel flags -> grpcio server options (ms, or 0/1). Unset ones
-# keep grpcio's defaults, which are Triton's.
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got '{value}'")
+    return number
+
+
+def _count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, got '{value}'")
+    return number
+
+
+def add_connection_flags(p: argparse.ArgumentParser) -> None:
+    """shoal's bounds on each frontend process's connections and on slow clients
+    (frontend.http_connections; gRPC's own are in GRPC_OPTION_FLAGS)."""
+    p.add_argument(
+        "--http-max-connections",
+        type=_count,
+        default=None,
+        help="the most HTTP connections one frontend process holds (default 10000, less "
+        "where the open-file limit leaves less); at the cap the idle ones longest idle "
+        "close to make room, else health requests are still answered and others get 503",
+    )
+    p.add_argument(
+        "--grpc-max-connections",
+        type=_count,
+        default=None,
+        help="the most gRPC connections one frontend process holds (default 1000, less "
+        "where the open-file limit leaves less); beyond it, new ones are closed",
+    )
+    p.add_argument(
+        "--http-header-timeout-secs",
+        type=_seconds,
+        default=10.0,
+        help="a connection whose first request's headers have not all arrived this long "
+        "after it was accepted is closed",
+    )
+    p.add_argument(
+        "--http-keepalive-timeout-secs",
+        type=_seconds,
+        default=75.0,
+        help="a connection idle this long between requests is closed (set it above the "
+        "idle timeout of a load balancer in front)",
+    )
+    p.add_argument(
+        "--http-body-timeout-secs",
+        type=_seconds,
+        default=30.0,
+        help="a request body with no byte for this long is refused (400), and so is one "
+        "not all there this long plus a second per --http-body-min-rate bytes after it began",
+    )
+    p.add_argument(
+        "--http-body-min-rate",
+        type=_count,
+        default=8192,
+        help="bytes per second a request body must average beyond its first "
+        "--http-body-timeout-secs (0: no rate)",
+    )
+
+
+_CONNECTION_FLAGS: Final = (
+    "--http-max-connections",
+    "--grpc-max-connections",
+    "--http-header-timeout-secs",
+    "--http-keepalive-timeout-secs",
+    "--http-body-timeout-secs",
+    "--http-body-min-rate",
+)
+
+
+def connection_flag_values(args: argparse.Namespace) -> list[str]:
+    """The connection flags of ``args``, as flags again (for a frontend's command line)."""
+    out = []
+    for flag in _CONNECTION_FLAGS:
+        value = getattr(args, _dest(flag))
+        if value is not None:
+            out.append(f"{flag}={value}")
+    return out
+
+
+# tritonserver's gRPC channel flags -> grpcio server options (ms, or 0/1), and shoal's
+# last two. Unset ones take GRPC_OPTION_DEFAULTS, else grpcio's defaults (Triton's).
 GRPC_OPTION_FLAGS: Final[dict[str, str]] = {
     "--grpc-keepalive-time": "grpc.keepalive_time_ms",
     "--grpc-keepalive-timeout": "grpc.keepalive_timeout_ms",
@@ -462,6 +550,22 @@ GRPC_OPTION_FLAGS: Final[dict[str, str]] = {
     "--grpc-http2-max-ping-strikes": "grpc.http2.max_ping_strikes",
     "--grpc-max-connection-age": "grpc.max_connection_age_ms",
     "--grpc-max-connection-age-grace": "grpc.max_connection_age_grace_ms",
+    "--grpc-max-concurrent-streams": "grpc.max_concurrent_streams",
+    "--grpc-handshake-timeout": "grpc.server_handshake_timeout_ms",
+}
+# shoal's defaults where Triton's let a stuck connection live (about) for ever: a peer
+# that stops answering while a call is open is dropped after 60 + 20 s (Triton: 2 h);
+# every connection is asked to go after an hour (GOAWAY: new calls open a new one) and
+# closed 10 minutes later with whatever it still runs (Triton: never); one that has not
+# finished its handshake (the HTTP/2 preface, TLS) in 10 s is closed (grpcio: 120 s);
+# and a connection runs at most 1,024 calls at once (grpcio: no limit).
+GRPC_OPTION_DEFAULTS: Final[dict[str, int]] = {
+    "--grpc-keepalive-time": 60_000,
+    "--grpc-keepalive-timeout": 20_000,
+    "--grpc-max-connection-age": 3_600_000,
+    "--grpc-max-connection-age-grace": 600_000,
+    "--grpc-max-concurrent-streams": 1024,
+    "--grpc-handshake-timeout": 10_000,
 }
 
 
@@ -505,9 +609,12 @@ def grpc_flag_values(args: argparse.Namespace) -> list[str]:
 
 
 def grpc_options(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The grpcio server options of the gRPC flags (or GRPC_OPTION_DEFAULTS)."""
     out = []
     for flag, option in GRPC_OPTION_FLAGS.items():
         value = getattr(args, _dest(flag))
+        if value is None:
+            value = GRPC_OPTION_DEFAULTS.get(flag)
         if value is not None:
             if int(value) < 0:
                 raise ValueError(f"{flag} must not be negative")

@@ -63,6 +63,7 @@ class ServeSettings:
     http_restricted_api: list[str] = field(default_factory=list)
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     grpc_flags: list[str] = field(default_factory=list)  # channel and TLS flags, as given
+    connection_flags: list[str] = field(default_factory=list)  # caps and deadlines, as given
     server_id: str = "triton"
     log: LogSettings = field(default_factory=LogSettings)
     exit_on_error: bool = True
@@ -194,6 +195,7 @@ class Launcher:
             *(f"--http-restricted-api={v}" for v in s.http_restricted_api),
             *(f"--grpc-restricted-protocol={v}" for v in s.grpc_restricted_protocol),
             *s.grpc_flags,
+            *s.connection_flags,
             *s.extra_frontend_args,
         ]
 

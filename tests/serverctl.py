@@ -108,15 +108,20 @@ class ShoalServer:
         *args: str,
         wait_ready: bool = True,
         env: dict[str, str] | None = None,
+        open_files: int | None = None,
     ) -> None:
+        """``open_files``: start it under ``prlimit --nofile=N:N`` (soft and hard limit:
+        no process of the server can raise it)."""
         self.repo = repo
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.runtime_dir = tempfile.mkdtemp(prefix="shoal-test-run-")
         self.log_path = log_dir() / f"{Path(self.runtime_dir).name}.log"
         self.args = args
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        prefix = [] if open_files is None else ["prlimit", f"--nofile={open_files}", "--"]
         self.proc = subprocess.Popen(
             [
+                *prefix,  # (prlimit execs the server: the pid is the server's)
                 sys.executable,
                 "-m",
                 "shoal",

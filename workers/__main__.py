@@ -25,7 +25,6 @@ from pathlib import Path
 from ipc.lifecycle import (
     add_process_flags,
     die_with_parent,
-    raise_open_file_limit,
     run_until_stopped,
     set_cpu_scheduling,
 )
@@ -105,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(args.parent_pid, signal.SIGKILL)
     setup_logging(f"worker:{args.model}/{args.version}#{args.instance}", log_settings(args))
     set_cpu_scheduling()
-    raise_open_file_limit()  # one descriptor per client region it maps
     if args.cores is None and args.gpu is None:
         _place(args)
     may_use = len(os.sched_getaffinity(0)) if args.borrow_cores else 0  # (before pinning)

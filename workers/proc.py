@@ -46,7 +46,7 @@ from configs.placement import passive_instances
 from ipc import datatypes, logs, sockets
 from ipc import messages as m
 from ipc.errors import Code, ServingError
-from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, settle_gc
+from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, raise_open_file_limit, settle_gc
 from ipc.shm import RegionMap
 from workers import backend as backends
 from workers import classification, pb_utils, warmup
@@ -319,6 +319,9 @@ class WorkerProc:
         broker_pid = self._welcome_before_load()
         if self.retired:  # unloaded (or replaced) before it loaded
             return EXIT_RETIRED
+        # One descriptor per client region it maps; raised (and logged) once the
+        # broker's log settings apply.
+        raise_open_file_limit()
         outcome = self.load()
         self.sock.send_multipart(m.encode(outcome))
         if isinstance(outcome, m.WorkerFailed):

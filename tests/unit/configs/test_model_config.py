@@ -134,7 +134,14 @@ def test_json_config_accepts_string_int64_and_lowercase_enums() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["{not json", "[1, 2]", '{"no_such_field": 1}', '{"max_batch_size": "x"}']
+    "text",
+    [
+        "{not json",
+        "[1, 2]",
+        '{"no_such_field": 1}',
+        '{"max_batch_size": "x"}',
+        '{"a": ' + "[" * 10_000 + "]" * 10_000 + "}",  # past the interpreter's recursion
+    ],
 )
 def test_json_config_errors_say_failed_to_load(text: str) -> None:
     with pytest.raises(ConfigError, match=r"^failed to load 'm': "):

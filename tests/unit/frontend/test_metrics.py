@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from frontend.http_connections import ConnectionCounts
 from frontend.metrics import HostSampler, render
 from frontend.response_cache import ResponseCache
 from frontend.types import OutputTensor
@@ -96,6 +97,32 @@ def test_instance_exits_by_reason_and_each_instances_memory() -> None:
     ]
     text = render([v], MetricsConfig(), None)
     assert 'shoal_instance_exit_count{model="mlp",version="1",reason="memory_limit"} 2\n' in text
+
+
+def test_each_listeners_connections_and_what_its_limit_did() -> None:
+    http = ConnectionCounts("HTTP", 741, 12, idle_closed=23, reserve_answered=2, refused=1)
+    metrics = ConnectionCounts("metrics", 16, 1, header_timeouts=4)
+    fams = _families(render([], MetricsConfig(), None, connections=("1", [http, metrics])))
+    http_l, metrics_l = (
+        {"frontend": "1", "listener": "HTTP"},
+        {"frontend": "1", "listener": "metrics"},
+    )
+    assert [(lb, v) for _, lb, v in fams["shoal_http_connections"]] == [
+        (http_l, 12),
+        (metrics_l, 1),
+    ]
+    assert [(lb, v) for _, lb, v in fams["shoal_http_connections_limit"]] == [
+        (http_l, 741),
+        (metrics_l, 16),
+    ]
+    assert (http_l, 2) in [(lb, v) for _, lb, v in fams["shoal_http_connections_reserve_count"]]
+    dropped = [(lb, v) for _, lb, v in fams["shoal_http_connections_dropped_count"]]
+    assert dropped[:3] == [
+        ({**http_l, "reason": "idle_at_limit"}, 23),
+        ({**http_l, "reason": "refused_at_limit"}, 1),
+        ({**http_l, "reason": "header_timeout"}, 0),
+    ]
+    assert ({**metrics_l, "reason": "header_timeout"}, 4) in dropped
 
 
 def test_metric_tags_become_underscored_labels_and_values_are_escaped() -> None:

@@ -1,5 +1,5 @@
-"""ipc.lifecycle: set_cpu_scheduling and settle_gc, in a fresh interpreter each (they
-change the process)."""
+"""ipc.lifecycle: set_cpu_scheduling, settle_gc and the open-file limit, in a fresh
+interpreter each (they change the process)."""
 
 from __future__ import annotations
 
@@ -78,3 +78,34 @@ def test_settle_gc_freezes_what_exists_and_still_collects_later_cycles() -> None
         [sys.executable, "-c", _GC_PROBE], capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == ["True", "True", "True"]
+
+
+_NOFILE_PROBE = """
+import logging, resource
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+from ipc.lifecycle import raise_open_file_limit
+print(raise_open_file_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))
+"""
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "line"),
+    [
+        (256, 2048, "INFO open files: soft limit raised from 256 to 2048 (the hard limit)"),
+        (1024, 1024, "INFO open files: soft limit 1024 (hard limit 1024)"),
+    ],
+)
+def test_the_open_file_limit_is_raised_to_the_hard_limit_and_logged(
+    soft: int, hard: int, line: str
+) -> None:
+    import resource
+
+    out = subprocess.run(
+        [sys.executable, "-c", _NOFILE_PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+    )
+    assert out.stdout.split() == [str(hard)] * 3
+    assert out.stderr.splitlines() == [line]
