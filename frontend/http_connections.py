@@ -21,9 +21,10 @@ arrived ``header_timeout_s`` after it was accepted is closed (slow loris); betwe
 requests aiohttp's keep-alive timeout closes idle ones, and a header that trickles in on
 a kept-alive connection keeps it idle in aiohttp's eyes, so that timeout bounds it too.
 
-Nothing here runs per request: the handler subclass hooks the connection's start and
-end, and the idle check reads aiohttp 3.14's own RequestHandler state, only when the
-cap is reached (``_idle_since``; tests/unit/frontend/test_http_connections.py pins it).
+Nothing here runs per request: a connection is counted when it is accepted, the handler
+subclass hooks its end, and the idle check reads aiohttp 3.14's own RequestHandler state,
+only when the cap is reached (``_idle_since``; tests/unit/frontend/test_http_connections.py
+pins it).
 Thread safety: the event loop's thread only.
 """
 
@@ -91,8 +92,9 @@ def connection_budget(
 ) -> Budget:
     """The HTTP and gRPC connection caps for a process allowed ``open_files``
     descriptors: the flags' values (``None``: the defaults), shrunk in proportion when
-    together they would leave fewer than FD_RESERVE descriptors. A protocol not served
-    gets 0 and leaves its share to the other."""
+    together they would leave fewer than FD_RESERVE descriptors, besides the metrics
+    listener's connections. A protocol not served gets 0 and leaves its share to the
+    other."""
     wanted_http = (http or DEFAULT_HTTP_CONNECTIONS) if allow_http else 0
     wanted_grpc = (grpc or DEFAULT_GRPC_CONNECTIONS) if allow_grpc else 0
     room = max(open_files - FD_RESERVE - METRICS_CONNECTIONS, 2)
