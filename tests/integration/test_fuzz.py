@@ -228,7 +228,7 @@ def http_request(draw: st.DrawFn) -> tuple[str, bytes, dict[str, str]]:
 
 # An Inference-Header-Content-Length of anything a header may hold (RFC 9110: visible
 # ASCII, space, tab and obs-text bytes; a control byte is a framing error aiohttp answers
-# itself, README "HTTP API").
+# itself, docs/api.md).
 header_chars = st.characters(codec="latin-1", exclude_categories=["Cc"]) | st.sampled_from("\t")
 header_lengths = st.sampled_from(["absent"]) | st.integers(-3, 10**12).map(str)
 header_lengths |= st.text(header_chars, max_size=4)
