@@ -7,6 +7,12 @@ import signal
 import sys
 from pathlib import Path
 
+from configs.flags.broker import (
+    add_cpu_lending_flag,
+    add_instance_memory_flag,
+    add_rate_limit_flags,
+)
+from configs.flags.common import add_log_flags, bool_flag, log_settings
 from configs.model_control import MODES
 from ipc.lifecycle import (
     add_process_flags,
@@ -15,14 +21,6 @@ from ipc.lifecycle import (
     set_cpu_scheduling,
 )
 from ipc.logs import setup_logging
-from shoal.flags import (
-    add_cpu_lending_flag,
-    add_instance_memory_flag,
-    add_log_flags,
-    add_rate_limit_flags,
-    bool_flag,
-    log_settings,
-)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from configs.flags.broker import EVERY_DEVICE, GivenResource, parse_resource
 from configs.placement import instances_of, loadable
-from shoal.flags import EVERY_DEVICE, GivenResource, parse_resource
 
 #: The device key of a global resource.
 GLOBAL: Final = None

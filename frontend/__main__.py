@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from configs.flags.common import add_log_flags, bool_flag, log_settings
+from configs.flags.frontend import (
+    add_connection_flags,
+    add_grpc_flags,
+    add_metrics_flags,
+    add_restriction_flags,
+    frontend_flags,
+)
 from ipc.lifecycle import (
     add_process_flags,
     die_with_parent,
@@ -12,16 +20,6 @@ from ipc.lifecycle import (
     set_cpu_scheduling,
 )
 from ipc.logs import setup_logging
-from shoal.flags import (
-    add_connection_flags,
-    add_grpc_flags,
-    add_log_flags,
-    add_metrics_flags,
-    add_restriction_flags,
-    bool_flag,
-    frontend_flags,
-    log_settings,
-)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

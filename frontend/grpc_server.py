@@ -28,12 +28,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from configs.flags.frontend import GrpcTls
 from frontend import grpc_codec, log_settings, restricted
 from frontend.dataplane import DataPlane
 from frontend.types import FINAL_FLAG, InferenceResult, ResponseError
 from ipc import logs
 from ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
-from shoal.flags import GrpcTls
 
 log = logging.getLogger("shoal.frontend.grpc")
 

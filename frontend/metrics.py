@@ -23,6 +23,7 @@ from typing import Final
 
 from aiohttp import web
 
+from configs.flags.frontend import MetricsConfig
 from frontend.gpu_metrics import FAMILIES as GPU_FAMILIES
 from frontend.gpu_metrics import GpuSampler
 from frontend.http_connections import (
@@ -35,7 +36,6 @@ from frontend.http_connections import (
 from frontend.response_cache import ResponseCache
 from ipc import messages as m
 from ipc.errors import ServingError
-from shoal.flags import MetricsConfig
 
 log = logging.getLogger("shoal.frontend")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 
+from configs.flags.frontend import GrpcTls
 from frontend import http_framing, restricted
 from frontend.broker_client import BrokerClient
 from frontend.dataplane import DataPlane
@@ -38,14 +39,13 @@ from frontend.metrics import MetricsServer, MetricsSettings
 from frontend.response_cache import ResponseCache
 from ipc.lifecycle import EXIT_FATAL, settle_gc
 from ipc.shm import ShmFull, SlabPool, sweep_stale
-from shoal.flags import GrpcTls
 
 log = logging.getLogger("shoal.frontend")
 
 
 @dataclass(frozen=True)
 class Connections:
-    """The bounds on connections and slow clients (shoal.flags.add_connection_flags);
+    """The bounds on connections and slow clients (configs.flags.frontend.add_connection_flags);
     ``None``: the default caps, or what ``open_files`` leaves."""
 
     open_files: int = 1024

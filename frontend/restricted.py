@@ -24,9 +24,9 @@ import grpc
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from configs.flags.frontend import RestrictionRule as Rule
+from configs.flags.frontend import Restrictions as Rules
 from frontend.http_codec import encode_error
-from shoal.flags import RestrictionRule as Rule
-from shoal.flags import Restrictions as Rules
 
 GRPC_HEADER_PREFIX: Final = "triton-grpc-protocol-"
 _JSON: Final = "application/json"

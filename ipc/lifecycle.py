@@ -154,6 +154,6 @@ def run_until_stopped(proc: Stoppable) -> int:
 
 
 def add_process_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags every role process takes (and shoal.flags.add_log_flags)."""
+    """Flags every role process takes (and configs.flags.common.add_log_flags)."""
     parser.add_argument("--runtime-dir", required=True, type=Path)
     parser.add_argument("--parent-pid", default=None, type=int, help=argparse.SUPPRESS)

@@ -8,28 +8,27 @@ import logging
 import sys
 from pathlib import Path
 
-from configs.model_control import check_flags
-from ipc.lifecycle import raise_open_file_limit, run_until_stopped
-from ipc.logs import setup_logging
-from shoal.flags import (
+from configs.flags.broker import (
+    add_cpu_lending_flag,
+    add_instance_memory_flag,
+    add_rate_limit_flags,
+)
+from configs.flags.common import add_log_flags, bool_flag, log_settings
+from configs.flags.frontend import (
     add_cache_flags,
     add_connection_flags,
-    add_cpu_lending_flag,
     add_grpc_flags,
-    add_instance_memory_flag,
-    add_log_flags,
     add_metrics_flags,
-    add_no_effect_flags,
-    add_rate_limit_flags,
     add_restriction_flags,
-    bool_flag,
     cache_bytes,
     connection_flag_values,
     frontend_flags,
     grpc_flag_values,
-    log_settings,
-    no_effect,
 )
+from configs.model_control import check_flags
+from ipc.lifecycle import raise_open_file_limit, run_until_stopped
+from ipc.logs import setup_logging
+from shoal.no_effect_flags import add_no_effect_flags, no_effect
 
 log = logging.getLogger("shoal.serve")
 

@@ -26,6 +26,8 @@ import zmq
 
 from configs import rate_limits, repository
 from configs.devices import gpu_count
+from configs.flags.broker import rate_limit_flags
+from configs.flags.common import log_flags
 from configs.model_control import startup_models
 from configs.placement import plan_repository
 from ipc import messages as m
@@ -33,7 +35,6 @@ from ipc import shm, sockets
 from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
 from ipc.messages import LogSettings, WorkerSpec
 from ipc.sockets import ensure_runtime_dir
-from shoal.flags import log_flags, rate_limit_flags
 
 log = logging.getLogger("shoal.serve")
 

@@ -22,6 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
+from configs.flags.common import add_log_flags, bool_flag, log_settings
 from ipc.lifecycle import (
     add_process_flags,
     die_with_parent,
@@ -29,7 +30,6 @@ from ipc.lifecycle import (
     set_cpu_scheduling,
 )
 from ipc.logs import setup_logging
-from shoal.flags import add_log_flags, bool_flag, log_settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

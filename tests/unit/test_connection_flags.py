@@ -7,8 +7,7 @@ import argparse
 
 import pytest
 
-from frontend.__main__ import parse_args
-from shoal.flags import (
+from configs.flags.frontend import (
     GRPC_OPTION_DEFAULTS,
     add_connection_flags,
     add_grpc_flags,
@@ -16,6 +15,7 @@ from shoal.flags import (
     grpc_flag_values,
     grpc_options,
 )
+from frontend.__main__ import parse_args
 
 
 def _serve_args(*argv: str) -> argparse.Namespace:

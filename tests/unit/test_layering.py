@@ -6,7 +6,7 @@ before anyone runs it.
 The roles are the processes: ``frontend``, ``broker``, ``workers``, and ``shoal`` (the
 command line and the launcher). ``KNOWN`` lists the arrows that exist today against these
 rules, each to be removed by moving code (a data plane of its own for the frontend and
-business logic scripting, settings beside the configuration code); an arrow that is gone
+business logic scripting); an arrow that is gone
 must leave the list too, so the list only shrinks.
 """
 
@@ -26,15 +26,6 @@ KNOWN: frozenset[tuple[str, str]] = frozenset(
         ("workers/bls.py", "frontend.broker_client"),
         ("workers/bls.py", "frontend.dataplane"),
         ("workers/bls.py", "frontend.types"),
-        # every role's settings live in the command line's package
-        ("broker/__main__.py", "shoal.flags"),
-        ("workers/__main__.py", "shoal.flags"),
-        ("frontend/__main__.py", "shoal.flags"),
-        ("frontend/grpc_server.py", "shoal.flags"),
-        ("frontend/metrics.py", "shoal.flags"),
-        ("frontend/proc.py", "shoal.flags"),
-        ("frontend/restricted.py", "shoal.flags"),
-        ("configs/rate_limits.py", "shoal.flags"),
     }
 )
 

@@ -10,9 +10,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from broker.models import Instance, ModelTable, ModelVersion
 from broker.rate_limiter import RateLimiter
 from broker.router import Dispatch, Router
+from configs.flags.broker import parse_resource
 from configs.rate_limits import check
 from ipc import messages as m
-from shoal.flags import parse_resource
 
 
 def _group(resources: str, priority: int = 0, count: int = 1) -> str:

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from configs.flags.frontend import MetricsConfig, metrics_config, metrics_port_clash
 from frontend.http_connections import ConnectionCounts
 from frontend.metrics import HostSampler, render
 from frontend.response_cache import ResponseCache
 from frontend.types import OutputTensor
 from ipc import messages as m
-from shoal.flags import MetricsConfig, metrics_config, metrics_port_clash
 
 
 def _version(name: str = "mlp", **tags: str) -> m.VersionMetrics:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from configs.flags.frontend import cache_bytes
 from frontend.response_cache import ResponseCache
 from frontend.types import InferenceRequest, InputTensor, OutputTensor, RequestedOutput
-from shoal.flags import cache_bytes
 
 
 def _req(

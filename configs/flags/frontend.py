@@ -1,141 +1,16 @@
-"""Flag value parsers shared by every role's command line (tritonserver's spellings)."""
+"""A frontend's settings (tritonserver's spellings where Triton has them): metrics, restricted
+API groups, the response cache, gRPC channel options and TLS, and the bounds on connections
+and slow clients."""
 
 from __future__ import annotations
 
 import argparse
 import ssl
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ipc.messages import LOG_FORMATS, LogSettings
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def bool_flag(value: str) -> bool:
-    """tritonserver booleans: true/false/1/0 (case-insensitive)."""
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false/1/0), got '{value}'")
-
-
-def mib_flag(value: str) -> int:
-    """A whole number of MiB, 0 or more (0: no limit)."""
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of MiB (0: none), got '{value}'")
-    return number
-
-
-def add_instance_memory_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--instance-memory-limit-mb",
-        default=0,
-        type=mib_flag,
-        help="stop after its batch (and so restart) a model instance holding more memory of "
-        "its own (MiB) than this, unless its config sets shoal_instance_memory_limit_mb; "
-        "0: no limit",
-    )
-
-
-def add_cpu_lending_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--cpu-lending",
-        default=True,
-        type=bool_flag,
-        help="let busy CPU instances of large models run on the cores of idle instances "
-        "(re-pinned as load shifts; each instance keeps its own cores)",
-    )
-
-
-#: --rate-limit's values (configs/rate_limits.py acts on them)
-RATE_LIMIT_MODES: Final = ("off", "execution_count")
-#: The device of --rate-limit-resource without one: every device.
-EVERY_DEVICE: Final = -1
-
-
-def parse_rate_limit(value: str) -> str:
-    """--rate-limit's value, lower-cased (Triton's is case-insensitive), or ValueError."""
-    mode = value.lower()
-    if mode not in RATE_LIMIT_MODES:
-        raise ValueError("invalid argument for --rate-limit")
-    return mode
-
-
-def _rate_limit_flag(value: str) -> str:
-    try:
-        return parse_rate_limit(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-@dataclass(frozen=True)
-class GivenResource:
-    """One --rate-limit-resource: ``device`` -1 means every device."""
-
-    name: str
-    count: int
-    device: int = EVERY_DEVICE
-
-
-def parse_resource(arg: str) -> GivenResource:
-    """``<name>:<count>`` or ``<name>:<count>:<device>``, or ValueError with Triton's
-    message. Names keep their case, as Triton keeps them."""
-    usage = (
-        "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
-        f"'<resource_name>:<count>'. Got {arg}"
-    )
-    parts = arg.split(":")
-    if len(parts) not in (2, 3) or not parts[0]:
-        raise ValueError(usage)
-    try:
-        numbers = [int(p) for p in parts[1:]]
-    except ValueError:
-        raise ValueError(usage) from None
-    if numbers[0] < 0 or (len(numbers) == 2 and numbers[1] < -1):
-        raise ValueError(f"{usage}: the count must be 0 or more, the device -1 or more")
-    return GivenResource(parts[0], *numbers)
-
-
-def _checked(parse: Callable[[str], object]) -> Callable[[str], str]:
-    """An argparse type that refuses what ``parse`` refuses and keeps the text."""
-
-    def check(value: str) -> str:
-        try:
-            parse(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return value
-
-    return check
-
-
-def add_rate_limit_flags(p: argparse.ArgumentParser) -> None:
-    """tritonserver's rate limiter flags (configs/rate_limits.py)."""
-    p.add_argument(
-        "--rate-limit",
-        default="off",
-        type=_rate_limit_flag,
-        help="off, or execution_count: an instance runs a batch only while it holds the "
-        "resources its instance group's rate_limiter lists, turns going by priority",
-    )
-    p.add_argument(
-        "--rate-limit-resource",
-        action="append",
-        default=[],
-        type=_checked(parse_resource),
-        help="<name>:<count>[:<device>]: the copies of a resource (default: the most any "
-        "instance needs); repeatable",
-    )
+from configs.flags.common import bool_flag, count_flag, dest, seconds_flag
 
 
 def add_cache_flags(p: argparse.ArgumentParser) -> None:
@@ -183,11 +58,6 @@ def cache_bytes(cache_config: list[str], byte_size: str | None) -> int:
     return size
 
 
-def rate_limit_flags(mode: str, resources: list[str]) -> list[str]:
-    """The flags that give ``mode`` and ``resources`` to another process."""
-    return [f"--rate-limit={mode}", *(f"--rate-limit-resource={r}" for r in resources)]
-
-
 @dataclass(frozen=True)
 class MetricsConfig:
     """tritonserver's ``--metrics-config key=value`` settings."""
@@ -205,39 +75,6 @@ class MetricsConfig:
         (0.99, 0.001),
         (0.999, 0.0001),
     )
-
-
-def add_log_flags(p: argparse.ArgumentParser) -> None:
-    """tritonserver's logging flags, for ``shoal serve`` and each role process."""
-    p.add_argument("--log-verbose", default=0, type=int)
-    p.add_argument("--log-info", type=bool_flag, default=True)
-    p.add_argument("--log-warning", type=bool_flag, default=True)
-    p.add_argument("--log-error", type=bool_flag, default=True)
-    p.add_argument("--log-format", choices=LOG_FORMATS, default="default")
-    p.add_argument("--log-file", default="", help="append the log here, not to stderr")
-
-
-def log_settings(args: argparse.Namespace) -> LogSettings:
-    return LogSettings(
-        args.log_info,
-        args.log_warning,
-        args.log_error,
-        max(args.log_verbose, 0),
-        args.log_format,
-        args.log_file,
-    )
-
-
-def log_flags(s: LogSettings) -> list[str]:
-    """The flags that give a role process these settings."""
-    return [
-        f"--log-verbose={s.verbose}",
-        f"--log-info={str(s.info).lower()}",
-        f"--log-warning={str(s.warning).lower()}",
-        f"--log-error={str(s.error).lower()}",
-        f"--log-format={s.format}",
-        f"--log-file={s.file}",
-    ]
 
 
 RESTRICTED_GROUPS: Final = (
@@ -392,89 +229,12 @@ def frontend_flags(args: argparse.Namespace) -> FrontendFlags:
     )
 
 
-def _dest(flag: str) -> str:
-    """argparse's attribute for ``--a-flag``: ``a_flag``."""
-    return flag.lstrip("-").replace("-", "_")
-
-
-_EVENT_LOOP = "shoal's frontends are event loops (--frontend-processes adds processes)"
-_NO_TRACE = "shoal writes no traces yet"
-_NO_GPU_POOLS = "shoal keeps no pinned or CUDA memory pools"
-# tritonserver flags taken so that a Triton command line starts shoal, which they do not
-# change: flag -> (repeatable, why). Each one given is named in a warning at start.
-NO_EFFECT_FLAGS: Final[dict[str, tuple[bool, str]]] = {
-    "--http-thread-count": (False, _EVENT_LOOP),
-    "--grpc-infer-thread-count": (False, _EVENT_LOOP),
-    "--model-load-thread-count": (False, "each instance loads in its own process, all at once"),
-    "--model-load-retry-count": (False, "a failed load is not retried"),
-    "--backend-directory": (False, "shoal's backends are built in"),
-    "--repoagent-directory": (False, "shoal has no repository agents"),
-    "--cache-directory": (False, "shoal's one cache, local, is built in"),
-    "--pinned-memory-pool-byte-size": (False, _NO_GPU_POOLS),
-    "--cuda-memory-pool-byte-size": (True, _NO_GPU_POOLS),
-    "--buffer-manager-thread-count": (False, _NO_GPU_POOLS),
-    "--host-policy": (True, "instances are placed by their instance groups"),
-    "--enable-peer-access": (False, "GPU instances see their own GPU only"),
-    "--min-supported-compute-capability": (False, "every GPU the driver lists is used"),
-    "--model-load-gpu-limit": (True, "GPU memory is not budgeted per load"),
-    "--http-header-forward-pattern": (False, "no backend of shoal's reads request headers"),
-    "--grpc-header-forward-pattern": (False, "no backend of shoal's reads request headers"),
-    "--grpc-infer-response-compression-level": (False, "responses are not compressed"),
-    "--trace-config": (True, _NO_TRACE),
-    "--trace-file": (False, _NO_TRACE),
-    "--trace-level": (True, _NO_TRACE),
-    "--trace-rate": (False, _NO_TRACE),
-    "--trace-count": (False, _NO_TRACE),
-    "--trace-log-frequency": (False, _NO_TRACE),
-    "--grpc-infer-allocation-pool-size": (False, _EVENT_LOOP),
-    "--cuda-virtual-address-size": (True, _NO_GPU_POOLS),
-}
-
-
-def add_no_effect_flags(p: argparse.ArgumentParser) -> None:
-    for flag, (repeatable, _) in NO_EFFECT_FLAGS.items():
-        p.add_argument(
-            flag, action="append" if repeatable else "store", default=None, help=argparse.SUPPRESS
-        )
-
-
-def no_effect(args: argparse.Namespace) -> list[str]:
-    """A line for each flag of NO_EFFECT_FLAGS that ``args`` gives."""
-    out = []
-    for flag, (_, why) in NO_EFFECT_FLAGS.items():
-        value = getattr(args, _dest(flag))
-        if value is not None:
-            shown = ",".join(value) if isinstance(value, list) else value
-            out.append(f"{flag}={shown} has no effect: {why}")
-    return out
-
-
-def _seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got '{value}'")
-    return number
-
-
-def _count(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, got '{value}'")
-    return number
-
-
 def add_connection_flags(p: argparse.ArgumentParser) -> None:
     """shoal's bounds on each frontend process's connections and on slow clients
     (frontend.http_connections; gRPC's own are in GRPC_OPTION_FLAGS)."""
     p.add_argument(
         "--http-max-connections",
-        type=_count,
+        type=count_flag,
         default=None,
         help="the most HTTP connections one frontend process holds (default 10000, less "
         "where the open-file limit leaves less); at the cap the idle ones longest idle "
@@ -482,35 +242,35 @@ def add_connection_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--grpc-max-connections",
-        type=_count,
+        type=count_flag,
         default=None,
         help="the most gRPC connections one frontend process holds (default 1000, less "
         "where the open-file limit leaves less); beyond it, new ones are closed",
     )
     p.add_argument(
         "--http-header-timeout-secs",
-        type=_seconds,
+        type=seconds_flag,
         default=10.0,
         help="a connection whose first request's headers have not all arrived this long "
         "after it was accepted is closed",
     )
     p.add_argument(
         "--http-keepalive-timeout-secs",
-        type=_seconds,
+        type=seconds_flag,
         default=75.0,
         help="a connection idle this long between requests is closed (set it above the "
         "idle timeout of a load balancer in front)",
     )
     p.add_argument(
         "--http-body-timeout-secs",
-        type=_seconds,
+        type=seconds_flag,
         default=30.0,
         help="a request body with no byte for this long is refused (400), and so is one "
         "not all there this long plus a second per --http-body-min-rate bytes after it began",
     )
     p.add_argument(
         "--http-body-min-rate",
-        type=_count,
+        type=count_flag,
         default=8192,
         help="bytes per second a request body must average beyond its first "
         "--http-body-timeout-secs (0: no rate)",
@@ -531,7 +291,7 @@ def connection_flag_values(args: argparse.Namespace) -> list[str]:
     """The connection flags of ``args``, as flags again (for a frontend's command line)."""
     out = []
     for flag in _CONNECTION_FLAGS:
-        value = getattr(args, _dest(flag))
+        value = getattr(args, dest(flag))
         if value is not None:
             out.append(f"{flag}={value}")
     return out
@@ -596,13 +356,13 @@ def grpc_flag_values(args: argparse.Namespace) -> list[str]:
     """The gRPC flags ``args`` gives, as flags again (for a frontend's command line)."""
     out = []
     for flag in GRPC_OPTION_FLAGS:
-        value = getattr(args, _dest(flag))
+        value = getattr(args, dest(flag))
         if value is not None:
             out.append(f"{flag}={str(value).lower()}")
     out += [f"--grpc-use-ssl={str(args.grpc_use_ssl).lower()}"]
     out += [f"--grpc-use-ssl-mutual={str(args.grpc_use_ssl_mutual).lower()}"]
     for flag in ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert"):
-        value = getattr(args, _dest(flag))
+        value = getattr(args, dest(flag))
         if value:
             out.append(f"{flag}={Path(value).resolve()}")
     return out
@@ -612,7 +372,7 @@ def grpc_options(args: argparse.Namespace) -> list[tuple[str, int]]:
     """The grpcio server options of the gRPC flags (or GRPC_OPTION_DEFAULTS)."""
     out = []
     for flag, option in GRPC_OPTION_FLAGS.items():
-        value = getattr(args, _dest(flag))
+        value = getattr(args, dest(flag))
         if value is None:
             value = GRPC_OPTION_DEFAULTS.get(flag)
         if value is not None:
@@ -645,7 +405,7 @@ def grpc_tls(args: argparse.Namespace) -> GrpcTls | None:
         return None
     files: dict[str, bytes] = {}
     for flag in ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert"):
-        path = getattr(args, _dest(flag))
+        path = getattr(args, dest(flag))
         if not path:
             if flag == "--grpc-root-cert" and not args.grpc_use_ssl_mutual:
                 continue

@@ -1,0 +1,60 @@
+"""tritonserver flags that ``shoal serve`` takes so that a Triton command line starts shoal,
+but that change nothing in shoal: each one given is named in a warning at start."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Final
+
+from configs.flags.common import dest
+
+_EVENT_LOOP = "shoal's frontends are event loops (--frontend-processes adds processes)"
+_NO_TRACE = "shoal writes no traces yet"
+_NO_GPU_POOLS = "shoal keeps no pinned or CUDA memory pools"
+# tritonserver flags taken so that a Triton command line starts shoal, which they do not
+# change: flag -> (repeatable, why). Each one given is named in a warning at start.
+NO_EFFECT_FLAGS: Final[dict[str, tuple[bool, str]]] = {
+    "--http-thread-count": (False, _EVENT_LOOP),
+    "--grpc-infer-thread-count": (False, _EVENT_LOOP),
+    "--model-load-thread-count": (False, "each instance loads in its own process, all at once"),
+    "--model-load-retry-count": (False, "a failed load is not retried"),
+    "--backend-directory": (False, "shoal's backends are built in"),
+    "--repoagent-directory": (False, "shoal has no repository agents"),
+    "--cache-directory": (False, "shoal's one cache, local, is built in"),
+    "--pinned-memory-pool-byte-size": (False, _NO_GPU_POOLS),
+    "--cuda-memory-pool-byte-size": (True, _NO_GPU_POOLS),
+    "--buffer-manager-thread-count": (False, _NO_GPU_POOLS),
+    "--host-policy": (True, "instances are placed by their instance groups"),
+    "--enable-peer-access": (False, "GPU instances see their own GPU only"),
+    "--min-supported-compute-capability": (False, "every GPU the driver lists is used"),
+    "--model-load-gpu-limit": (True, "GPU memory is not budgeted per load"),
+    "--http-header-forward-pattern": (False, "no backend of shoal's reads request headers"),
+    "--grpc-header-forward-pattern": (False, "no backend of shoal's reads request headers"),
+    "--grpc-infer-response-compression-level": (False, "responses are not compressed"),
+    "--trace-config": (True, _NO_TRACE),
+    "--trace-file": (False, _NO_TRACE),
+    "--trace-level": (True, _NO_TRACE),
+    "--trace-rate": (False, _NO_TRACE),
+    "--trace-count": (False, _NO_TRACE),
+    "--trace-log-frequency": (False, _NO_TRACE),
+    "--grpc-infer-allocation-pool-size": (False, _EVENT_LOOP),
+    "--cuda-virtual-address-size": (True, _NO_GPU_POOLS),
+}
+
+
+def add_no_effect_flags(p: argparse.ArgumentParser) -> None:
+    for flag, (repeatable, _) in NO_EFFECT_FLAGS.items():
+        p.add_argument(
+            flag, action="append" if repeatable else "store", default=None, help=argparse.SUPPRESS
+        )
+
+
+def no_effect(args: argparse.Namespace) -> list[str]:
+    """A line for each flag of NO_EFFECT_FLAGS that ``args`` gives."""
+    out = []
+    for flag, (_, why) in NO_EFFECT_FLAGS.items():
+        value = getattr(args, dest(flag))
+        if value is not None:
+            shown = ",".join(value) if isinstance(value, list) else value
+            out.append(f"{flag}={shown} has no effect: {why}")
+    return out
