@@ -168,9 +168,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _ensure_large_model(repo: Path) -> None:
     if not (repo / LARGE / "1" / "model.onnx").exists():
-        print(f"[bench] writing {repo / LARGE} (python -m shoal.modelgen)", flush=True)
+        print(f"[bench] writing {repo / LARGE} (python -m tools.modelgen)", flush=True)
         sys.path.insert(0, str(REPO_ROOT))
-        from shoal import modelgen
+        from tools import modelgen
 
         modelgen.write_shipped_repository(repo, (LARGE,), missing_only=True)
 

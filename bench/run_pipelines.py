@@ -4,7 +4,7 @@ the same work done plainly, in one run.
 Two shoal servers, one after the other (each alone on the cores), on temporary
 repositories:
 
-* ``sequences``: ``acc`` (``shoal.modelgen.accumulate_model``: a running sum kept in
+* ``sequences``: ``acc`` (``tools.modelgen.accumulate_model``: a running sum kept in
   Triton's implicit state, Direct strategy, 8 slots) driven by perf_analyzer as
   sequences of ``--sequence-length`` requests, beside ``acc_plain``: the same ONNX model
   as a plain model whose control and state tensors the client sends (perf_analyzer
@@ -43,9 +43,10 @@ from common import (
     write_report,
 )
 from perf_analyzer import Measurement
-from servers import shoal_server
+from servers import REPO_ROOT, shoal_server
 
-from shoal import modelgen
+sys.path.insert(0, str(REPO_ROOT))  # tools/ (the model generators) is not installed
+from tools import modelgen
 
 ENSEMBLE = """\
 name: "mlp_twice"

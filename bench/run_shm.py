@@ -449,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     pa = None if args.no_perf_analyzer else perf_analyzer_path()
     pa_version = "not run" if pa is None else perf_analyzer_version(pa)
 
-    from shoal.modelgen import identity_model, write_model
+    sys.path.insert(0, str(REPO_ROOT))  # tools/ (the model generators) is not installed
+    from tools.modelgen import identity_model, write_model
 
     tmp = Path(tempfile.mkdtemp(prefix="shoal-shm-bench-"))
     rows: list[Row] = []

@@ -137,7 +137,7 @@ import onnxruntime as ort
 import tritonclient.utils.cuda_shared_memory as cudashm
 
 from configs.devices import gpu_count
-from shoal import modelgen
+from tools import modelgen
 
 # Networked, onnxruntime-gpu was installed above and must work; offline (CPU-only
 # onnxruntime) the ONNX Runtime GPU tests skip themselves.

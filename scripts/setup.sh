@@ -33,5 +33,5 @@ if [ "$gpu" = 1 ]; then
 fi
 # Model files too large to commit (mlp_large's weights) are generated once, deterministically.
 if [ ! -f model_repository/mlp_large/1/model.onnx ]; then
-  .venv/bin/python -m shoal.modelgen --missing-only >/dev/null
+  .venv/bin/python -m tools.modelgen --missing-only >/dev/null
 fi

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import tritonclient.http as httpclient
 
-from shoal import modelgen
 from tests.serverctl import SHM_DIR, ShoalServer, finish_logs, processes_with
+from tools import modelgen
 
 ALL_DATATYPES = [
     "BOOL",

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from shoal import modelgen
+from tools import modelgen
 
 #: An ensemble ``ens`` of one step: ``simple``'s OUTPUT0 (IN0 + IN1) as its OUT.
 SIMPLE_ENSEMBLE = """

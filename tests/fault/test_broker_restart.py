@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from shoal import modelgen
 from tests.serverctl import SHM_DIR, free_port, processes_with
+from tools import modelgen
 
 
 class Roles:

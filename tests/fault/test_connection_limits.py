@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from frontend.http_connections import RESERVE_CONNECTIONS, too_many_connections
-from shoal import modelgen
 from tests.serverctl import ShoalServer, served
+from tools import modelgen
 
 SIMPLE_BODY = json.dumps(
     {

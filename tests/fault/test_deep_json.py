@@ -12,8 +12,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.serverctl import ShoalServer, served
+from tools import modelgen
 
 DEPTH_ERROR = "JSON nesting depth exceeds maximum allowed limit (100)"
 DEEP_CONFIG = '{"max_batch_size": 8, "parameters": ' + "[" * 10_000 + "]" * 10_000 + "}"

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from shoal import modelgen
 from tests.serverctl import ShoalServer
+from tools import modelgen
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.serverctl import SHM_DIR, ShoalServer, free_port, processes_with
+from tools import modelgen
 
 
 @pytest.fixture(scope="module")
@@ -372,7 +372,7 @@ def test_launcher_killed_takes_even_a_worker_stuck_in_native_code(tmp_path: Path
     """A worker spinning inside TorchScript never runs a Python signal handler, so the
     SIGTERM its parent's death used to send left it running, an orphan, with the broker
     (whose execution timeout would have killed it) gone too."""
-    from shoal import torchgen
+    from tools import torchgen
 
     modelgen.write_model(
         tmp_path, "spin", torchgen.spin_model(),

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shoal import modelgen
 from tests.serverctl import ShoalServer, served
+from tools import modelgen
 
 DEADLINE_FLAGS = (
     "--http-header-timeout-secs=1",

@@ -26,10 +26,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from shoal import modelgen
 from tests.conftest import ALL_DATATYPES, identity_config
 from tests.integration.test_http_infer import _sample
 from tests.serverctl import ShoalServer
+from tools import modelgen
 
 pytestmark = pytest.mark.gpu
 
@@ -76,7 +76,7 @@ def _addsub_gpu(
     batching: str = _BATCH_BY_4,
 ) -> None:
     """A TorchScript add/sub model; ``group`` "" leaves out the instance_group."""
-    from shoal import torchgen
+    from tools import torchgen
 
     modelgen.write_model(
         repo, name, torchgen.add_sub_model(),

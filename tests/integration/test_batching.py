@@ -23,9 +23,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.repos import infer_identity, write_identity
 from tests.serverctl import ShoalServer
+from tools import modelgen
 
 
 @pytest.fixture(scope="module")

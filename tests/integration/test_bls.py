@@ -16,9 +16,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.integration.test_decoupled import write_repository as write_decoupled
 from tests.serverctl import ShoalServer, served, shm_segments_of
+from tools import modelgen
 
 # IN0, IN1: INT32 [16]; the request parameter "target" names the model it calls ("simple"
 # adds and subtracts); OUT = that model's OUTPUT0, or its error as this model's.

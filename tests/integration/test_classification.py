@@ -17,9 +17,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.conftest import identity_config
 from tests.serverctl import ShoalServer, settled_server
+from tools import modelgen
 
 LABELS = "cat\ndog\n\nbird\n"  # the third class has no label
 

@@ -26,10 +26,10 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from configs.devices import gpu_count
-from shoal import modelgen
 from tests.conftest import ALL_DATATYPES
 from tests.integration.test_http_infer import _sample
 from tests.serverctl import ShoalServer
+from tools import modelgen
 
 
 @pytest.fixture(scope="module")

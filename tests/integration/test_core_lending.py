@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from shoal import modelgen
 from tests.serverctl import served
+from tools import modelgen
 
 pytestmark = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="lending needs two cores or more"

@@ -27,9 +27,9 @@ import tritonclient.utils.shared_memory as shm
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.repos import write_identity
 from tests.serverctl import ShoalServer, served
+from tools import modelgen
 
 _IO = '{{ name: "{0}" data_type: {1} dims: [ {2} ] }}'
 

@@ -18,8 +18,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from shoal import modelgen
 from tests.serverctl import ShoalServer
+from tools import modelgen
 
 
 @pytest.fixture(scope="module")

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from shoal import modelgen
 from tests.conftest import identity_config
 from tests.serverctl import ShoalServer
+from tools import modelgen
 
 MODELS = ["simple", "identity_bytes", "identity_fp16", "identity_nobatch", "no_such_model"]
 DATATYPES = [

@@ -18,8 +18,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.serverctl import ShoalServer
+from tools import modelgen
 
 
 @pytest.fixture(autouse=True)

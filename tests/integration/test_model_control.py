@@ -23,9 +23,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.repos import SIMPLE_ENSEMBLE
 from tests.serverctl import ShoalServer, processes_with, served
+from tools import modelgen
 
 POLL_FAILED = "failed to poll from model repository"
 OTHERS = ("mlp", "outer", "ens", "slow", "broken", "uploaded", "simple_sequence")

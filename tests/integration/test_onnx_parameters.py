@@ -17,8 +17,8 @@ import onnxruntime_extensions
 import pytest
 import tritonclient.http as httpclient
 
-from shoal import modelgen, torchgen
 from tests.serverctl import ShoalServer, settled_server
+from tools import modelgen, torchgen
 
 INTER_OP_THREADS = 3
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from shoal import modelgen
 from tests.conftest import identity_config
 from tests.integration import test_decoupled_ensembles as decoupled_ensembles
 from tests.serverctl import ShoalServer
+from tools import modelgen
 
 
 def _binary() -> str | None:

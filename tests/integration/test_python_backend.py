@@ -21,8 +21,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.serverctl import ShoalServer, served
+from tools import modelgen
 
 ADD_SUB = """
 import json

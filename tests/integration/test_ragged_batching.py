@@ -19,8 +19,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from shoal import modelgen
 from tests.serverctl import ShoalServer
+from tools import modelgen
 
 # Long delays: a batch forms when its preferred size is reached, never by timing.
 MODELS = {

@@ -20,8 +20,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.serverctl import ShoalServer, served
+from tools import modelgen
 
 REFUSED = "explicit model load / unload is not allowed if polling is enabled"
 

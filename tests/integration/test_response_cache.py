@@ -15,9 +15,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from shoal import modelgen
 from tests.repos import write_identity
 from tests.serverctl import ShoalServer, served
+from tools import modelgen
 
 CACHED = "response_cache { enable: true }\n"
 # an entry of a "big" request costs 256 + 128 + 2,048 bytes: the cache holds one of them

@@ -20,8 +20,8 @@ import tritonclient.http as httpclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.serverctl import ShoalServer, served
+from tools import modelgen
 
 ADMIN = {"admin-key": "s3cret"}
 INFER = {"infer-key": "go"}

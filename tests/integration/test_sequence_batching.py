@@ -28,8 +28,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.serverctl import ShoalServer, served
+from tools import modelgen
 
 OUTS = ("OUTPUT", "START_OUT", "END_OUT", "READY_OUT", "CORRID_OUT")
 

@@ -17,8 +17,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen, torchgen
 from tests.serverctl import ShoalServer, settled_server
+from tools import modelgen, torchgen
 
 
 def _write(repo: Path, name: str, model: bytes, config: str) -> None:

@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from tritonclient.utils import InferenceServerException
 
-from shoal import modelgen
 from tests.serverctl import processes_with, served
+from tools import modelgen
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from shoal import modelgen
 from tests.conftest import identity_config
 from tests.serverctl import ShoalServer, settled_server
+from tools import modelgen
 
 ZERO = "data_type: TYPE_INT32 dims: [ 16 ] zero_data: true"
 

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from shoal import modelgen  # noqa: E402
+from tools import modelgen  # noqa: E402
 
 NUMPY_TYPES: dict[str, type] = {
     "BOOL": np.bool_,

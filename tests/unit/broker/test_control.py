@@ -13,8 +13,8 @@ from broker.models import Instance, ModelTable
 from configs.model_config import parse_config_text
 from ipc import messages as m
 from ipc.errors import MODEL_CONTROL_DISABLED, Code
-from shoal import modelgen
 from tests.repos import SIMPLE_ENSEMBLE
+from tools import modelgen
 
 FE = b"f-0-1"
 

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.model_config import parse_config_text
 from configs.schema import ConfigError
-from shoal import modelgen
+from tools import modelgen
 from workers.onnx_backend import OnnxRuntimeBackend, _session_options, execution_providers
 
 

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from ipc import shm
 from ipc.messages import INLINE_MAX_BYTES, OutputSpec
-from shoal import modelgen
+from tools import modelgen
 from workers.onnx_backend import OnnxRuntimeBackend
 from workers.tensors import output_destination, output_ref
 

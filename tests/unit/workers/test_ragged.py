@@ -11,7 +11,7 @@ import pytest
 
 from configs.model_config import parse_config_text
 from ipc.errors import Code, ServingError
-from shoal import modelgen
+from tools import modelgen
 from workers.batch_io import BatchAssembler, BatchInputKind, batch_input_value
 
 I32 = np.dtype("<i4")
@@ -212,7 +212,7 @@ def test_the_ragged_sum_model_answers_each_request(lengths: tuple[int, ...]) -> 
 def test_torchscript_gets_batch_inputs_as_arguments(tmp_path: Path) -> None:
     # Triton's PyTorch backend maps batch input targets like inputs (here by argument name).
     pytest.importorskip("torch")
-    from shoal import torchgen
+    from tools import torchgen
     from workers.torch_backend import TorchBackend
 
     config = parse_config_text(

@@ -7,7 +7,7 @@ any shape and dtype that torch adds. ``crash_model()``: ``forward(INPUT0) -> INP
 ``forward(INPUT0) -> INPUT0.sum(0, keepdim=True)`` (a batch of n gives one row).
 ``spin_model()``: ``forward(INPUT0) -> INPUT0``, but loops forever inside TorchScript (native
 code, where no Python signal handler runs) while any element is positive. Written as
-``<repo>/<name>/<version>/model.pt`` with ``shoal.modelgen.write_model(...,
+``<repo>/<name>/<version>/model.pt`` with ``tools.modelgen.write_model(...,
 filename="model.pt")``.
 """
 

@@ -4,7 +4,7 @@ Every builder returns the serialized ModelProto as ``bytes``; the graphs are bui
 ``onnx.helper`` only, and random weights come from a fixed seed, so regenerating a model gives
 byte-identical files. ``onnx`` is a development dependency: it is imported inside the builders.
 
-``python -m shoal.modelgen [REPO]`` regenerates the repository shipped in ``model_repository/``
+``python -m tools.modelgen [REPO]`` regenerates the repository shipped in ``model_repository/``
 (``simple``, Triton's example model, and ``mlp``, the benchmark model) and writes ``mlp_large``
 (the batching benchmark's model, about 96 MB, not committed) only when its ``model.onnx`` is
 missing; ``--missing-only`` leaves every existing ``model.onnx`` alone, ``--force`` rewrites
@@ -71,7 +71,7 @@ def _finish(graph: Any) -> bytes:
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET)],
-        producer_name="shoal.modelgen",
+        producer_name="tools.modelgen",
     )
     model.ir_version = IR_VERSION
     checker.check_model(model)
@@ -228,7 +228,7 @@ def string_upper_model() -> bytes:
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("ai.onnx.contrib", 1)],
-        producer_name="shoal.modelgen",
+        producer_name="tools.modelgen",
     )
     model.ir_version = IR_VERSION  # no checker: it knows no custom domain
     return bytes(model.SerializeToString())
@@ -629,8 +629,8 @@ def write_shipped_repository(
 
 
 USAGE = """\
-usage: python -m shoal.modelgen [--missing-only | --force] [REPO]
-  REPO            default: model_repository/ beside the shoal package
+usage: python -m tools.modelgen [--missing-only | --force] [REPO]
+  REPO            default: model_repository/ in the repository root
   (default)       rewrite simple and mlp; write mlp_large only if its model.onnx is missing
   --missing-only  write no model.onnx that already exists
   --force         rewrite mlp_large's model.onnx too"""
