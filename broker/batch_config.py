@@ -33,7 +33,7 @@ def metric_tags(config_bytes: bytes) -> dict[str, str]:
 
 
 def response_cache(config_bytes: bytes) -> bool:
-    """Whether the config enables the response cache (frontend/response_cache.py)."""
+    """Whether the config enables the response cache (dataplane/response_cache.py)."""
     return mc.ModelConfig.FromString(config_bytes).response_cache.enable
 
 

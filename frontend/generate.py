@@ -20,10 +20,10 @@ from typing import Any, Final
 
 import msgspec
 
+from dataplane.json_tensors import tensor_from_json, tensor_to_json
+from dataplane.model_handle import ModelHandle
+from dataplane.types import InferenceRequest, InferenceResult, InputTensor, ParamValue
 from frontend.json_members import items
-from frontend.json_tensors import tensor_from_json, tensor_to_json
-from frontend.model_handle import ModelHandle
-from frontend.types import InferenceRequest, InferenceResult, InputTensor, ParamValue
 from ipc import datatypes
 from ipc.errors import Code, ServingError, invalid_arg, named
 

@@ -15,7 +15,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from frontend.types import (
+from dataplane.types import (
     EMPTY_FINAL,
     InferenceRequest,
     InferenceResult,

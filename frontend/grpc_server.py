@@ -29,9 +29,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from configs.flags.frontend import GrpcTls
+from dataplane.plane import DataPlane
+from dataplane.types import FINAL_FLAG, InferenceResult, ResponseError
 from frontend import grpc_codec, log_settings, restricted
-from frontend.dataplane import DataPlane
-from frontend.types import FINAL_FLAG, InferenceResult, ResponseError
 from ipc import logs
 from ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
 

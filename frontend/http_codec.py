@@ -1,6 +1,6 @@
 """KServe v2 / Triton HTTP inference bodies <-> the frontend's transport-agnostic types.
 
-Pure: bytes in, ``frontend.types`` out and back, no sockets or aiohttp objects, safe to
+Pure: bytes in, ``dataplane.types`` out and back, no sockets or aiohttp objects, safe to
 call from any thread. Client faults raise ``ServingError`` with Triton's messages
 (INVALID_ARG -> HTTP 400 unless noted). Decoded input ``data`` views point into the
 request body for binary inputs, so the body must outlive the request.
@@ -21,21 +21,21 @@ from typing import Any, Final
 
 import msgspec
 
-from frontend.http_raw_input import RawInputMeta, raw_input_tensor
-from frontend.json_tensors import (
+from dataplane.json_tensors import (
     INT64_MAX,
     depth_exceeded,
     json_error,
     tensor_from_json,
     tensor_to_json,
 )
-from frontend.types import (
+from dataplane.types import (
     InferenceRequest,
     InferenceResult,
     InputTensor,
     ParamValue,
     RequestedOutput,
 )
+from frontend.http_raw_input import RawInputMeta, raw_input_tensor
 from ipc.datatypes import DataType, datatype, element_count
 from ipc.errors import Code, ServingError, invalid_arg, named
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frontend.types import InputTensor
+from dataplane.types import InputTensor
 from ipc.datatypes import datatype
 from ipc.errors import ServingError, invalid_arg, named
 

@@ -20,8 +20,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
+from dataplane.json_limits import MAX_JSON_DEPTH, check_depth
+from dataplane.plane import DataPlane
+from dataplane.types import InferenceRequest, InferenceResult, ResponseError
 from frontend import generate, http_codec, http_shm, json_members, log_settings, restricted
-from frontend.dataplane import DataPlane
 from frontend.http_body import (
     BODY_DEADLINE,
     MAX_INPUT,
@@ -30,8 +32,6 @@ from frontend.http_body import (
     read_body,
 )
 from frontend.http_raw_input import RawInputMeta
-from frontend.json_limits import MAX_JSON_DEPTH, check_depth
-from frontend.types import InferenceRequest, InferenceResult, ResponseError
 from ipc import logs
 from ipc.errors import DECOUPLED_HTTP, Code, ServingError, invalid_arg
 

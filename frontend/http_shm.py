@@ -12,9 +12,9 @@ import msgspec
 from aiohttp import web
 
 from configs.devices import gpu_count
-from frontend.dataplane import DataPlane
+from dataplane.json_limits import MAX_JSON_DEPTH, check_depth
+from dataplane.plane import DataPlane
 from frontend.http_codec import parse_json
-from frontend.json_limits import MAX_JSON_DEPTH, check_depth
 from ipc.errors import Code, ServingError, invalid_arg
 from ipc.messages import CUDA_HANDLE_BYTES
 

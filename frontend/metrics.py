@@ -24,6 +24,7 @@ from typing import Final
 from aiohttp import web
 
 from configs.flags.frontend import MetricsConfig
+from dataplane.response_cache import ResponseCache
 from frontend.gpu_metrics import FAMILIES as GPU_FAMILIES
 from frontend.gpu_metrics import GpuSampler
 from frontend.http_connections import (
@@ -33,7 +34,6 @@ from frontend.http_connections import (
     ConnectionLimits,
     GatedSite,
 )
-from frontend.response_cache import ResponseCache
 from ipc import messages as m
 from ipc.errors import ServingError
 

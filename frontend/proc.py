@@ -18,9 +18,10 @@ import grpc
 from aiohttp import web
 
 from configs.flags.frontend import GrpcTls
+from dataplane.broker_client import BrokerClient
+from dataplane.plane import DataPlane
+from dataplane.response_cache import ResponseCache
 from frontend import http_framing, restricted
-from frontend.broker_client import BrokerClient
-from frontend.dataplane import DataPlane
 from frontend.grpc_server import build_server as build_grpc_server
 from frontend.http_body import BodyDeadline
 from frontend.http_connections import (
@@ -36,7 +37,6 @@ from frontend.http_connections import (
 )
 from frontend.http_server import build_app, build_reserve_app
 from frontend.metrics import MetricsServer, MetricsSettings
-from frontend.response_cache import ResponseCache
 from ipc.lifecycle import EXIT_FATAL, settle_gc
 from ipc.shm import ShmFull, SlabPool, sweep_stale
 

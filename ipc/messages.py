@@ -319,7 +319,7 @@ class CacheHit(msgspec.Struct, array_like=True):
 
 
 class EnsembleDone(msgspec.Struct, array_like=True):
-    """Frontend -> broker: an ensemble request it ran (frontend/ensemble.py), for the
+    """Frontend -> broker: an ensemble request it ran (dataplane/ensemble_runner.py), for the
     ensemble's statistics (its steps count in their models' own)."""
 
     model: str

@@ -2,8 +2,7 @@
 (``pb_utils.InferenceRequest(model_name=..., ...).exec()`` and ``async_exec()``).
 
 The worker reaches the other models the way a frontend does, through the broker: it
-runs a frontend's data plane (frontend/dataplane.py) on an event loop in a thread of its
-own, with its own broker connection, result socket and shared-memory pool (``bls``
+runs the data plane (dataplane/plane.py) on an event loop in a thread of its own, with its own broker connection, result socket and shared-memory pool (``bls``
 segments, owned by the worker: removed when it stops, swept after it dies). So a model's
 request is checked, batched, routed and counted as a client's is; it may go to an
 ensemble or a decoupled model (``exec(decoupled=True)``: an iterator over its
@@ -28,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from frontend.broker_client import BrokerClient
-from frontend.dataplane import DataPlane
-from frontend.types import (
+from dataplane.broker_client import BrokerClient
+from dataplane.plane import DataPlane
+from dataplane.types import (
     InferenceRequest,
     InferenceResult,
     InputTensor,

@@ -10,7 +10,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from frontend.broker_client import HOPS
+from dataplane.broker_client import HOPS
 from tests.serverctl import ShoalServer
 
 

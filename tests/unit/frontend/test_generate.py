@@ -7,9 +7,9 @@ import json
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from dataplane.model_handle import ModelHandle
+from dataplane.types import InferenceResult, OutputTensor
 from frontend import generate
-from frontend.model_handle import ModelHandle
-from frontend.types import InferenceResult, OutputTensor
 from ipc.errors import ServingError
 
 

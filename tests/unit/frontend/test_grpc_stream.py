@@ -16,13 +16,13 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import model_config_pb2 as pb
 
-from frontend.broker_client import BrokerClient
-from frontend.dataplane import DataPlane
+from dataplane.broker_client import BrokerClient
+from dataplane.plane import DataPlane
 from frontend.grpc_server import build_server
 from ipc import messages as m
 from ipc.shm import SlabPool
 from tests.serverctl import free_ports
-from tests.unit.frontend.stand_in import StandInBroker
+from tests.unit.dataplane.stand_in import StandInBroker
 
 _CONFIG = pb.ModelConfig(
     name="ordered",

@@ -13,10 +13,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from configs.flags.frontend import MetricsConfig, metrics_config, metrics_port_clash
+from dataplane.response_cache import ResponseCache
+from dataplane.types import OutputTensor
 from frontend.http_connections import ConnectionCounts
 from frontend.metrics import HostSampler, render
-from frontend.response_cache import ResponseCache
-from frontend.types import OutputTensor
 from ipc import messages as m
 
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import msgspec
 
-from frontend import client_shm, ensemble
-from frontend.broker_client import BrokerClient
-from frontend.json_limits import check_config_override
-from frontend.model_handle import ModelHandle, check_byte_size
-from frontend.response_cache import ResponseCache
-from frontend.types import (
+from dataplane import client_shm, ensemble_runner
+from dataplane.broker_client import BrokerClient
+from dataplane.json_limits import check_config_override
+from dataplane.model_handle import ModelHandle, check_byte_size
+from dataplane.response_cache import ResponseCache
+from dataplane.types import (
     EMPTY_FINAL,
     FINAL_FLAG,
     InferenceRequest,
@@ -156,7 +156,7 @@ class DataPlane:
         self._models_epoch = 0  # models loaded or unloaded so far (model control)
         # ensembles' steps, and their max_inflight_requests
         self._plans: dict[
-            tuple[str, int], tuple[list[ensemble.Step], dict[int, asyncio.Semaphore] | None]
+            tuple[str, int], tuple[list[ensemble_runner.Step], dict[int, asyncio.Semaphore] | None]
         ] = {}
         self.requests_handled = 0
         broker.on_broker_lost.append(self._broker_lost)
@@ -517,15 +517,15 @@ class DataPlane:
         return err
 
     async def _infer_ensemble(self, model: ModelHandle, req: InferenceRequest) -> InferenceResult:
-        """Run an ensemble's steps (frontend/ensemble.py)."""
+        """Run an ensemble's steps (dataplane/ensemble_runner.py)."""
         started = time.perf_counter_ns()
         run, todo, batch = self._ensemble_run(model, req)
         try:
             result = await run.run(todo)
         except ServingError:
-            self.broker.notify(ensemble.done_note(model, started, False, batch))
+            self.broker.notify(ensemble_runner.done_note(model, started, False, batch))
             raise
-        self.broker.notify(ensemble.done_note(model, started, True, batch))
+        self.broker.notify(ensemble_runner.done_note(model, started, True, batch))
         self.requests_handled += 1
         return result
 
@@ -539,21 +539,26 @@ class DataPlane:
         async with contextlib.aclosing(run.stream(todo)) as responses:
             async for r in responses:
                 yield r
-        self.broker.notify(ensemble.done_note(model, started, not run.failed, batch))
+        self.broker.notify(ensemble_runner.done_note(model, started, not run.failed, batch))
         self.requests_handled += 1
 
     def _ensemble_run(
         self, model: ModelHandle, req: InferenceRequest
-    ) -> tuple[ensemble.EnsembleRun, list[ensemble.Step], int]:
+    ) -> tuple[ensemble_runner.EnsembleRun, list[ensemble_runner.Step], int]:
         """A request to an ensemble, once it passed the checks any request to the
         ensemble's own config passes: the run, the steps it needs, its batch size."""
         key = (model.name, model.version)
         plan = self._plans.get(key)
         if plan is None:
             config = model.config
-            plan = self._plans[key] = (ensemble.plan(config), ensemble.inflight_limits(config))
+            plan = self._plans[key] = (
+                ensemble_runner.plan(config),
+                ensemble_runner.inflight_limits(config),
+            )
         steps, inflight = plan
-        run = ensemble.EnsembleRun(model, req, self.infer, self.model, inflight, self.infer_stream)
+        run = ensemble_runner.EnsembleRun(
+            model, req, self.infer, self.model, inflight, self.infer_stream
+        )
         try:
             batch = model.batch_size(req)
             in_region = any(t.data is None for t in req.inputs) or any(

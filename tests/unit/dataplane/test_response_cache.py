@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from configs.flags.frontend import cache_bytes
-from frontend.response_cache import ResponseCache
-from frontend.types import InferenceRequest, InputTensor, OutputTensor, RequestedOutput
+from dataplane.response_cache import ResponseCache
+from dataplane.types import InferenceRequest, InputTensor, OutputTensor, RequestedOutput
 
 
 def _req(

@@ -17,7 +17,7 @@ from typing import Final
 
 import msgspec
 
-from frontend.json_tensors import depth_exceeded
+from dataplane.json_tensors import depth_exceeded
 from ipc.errors import invalid_arg
 
 #: Triton's limit on JSON nesting (its HTTP server's, since 2025-05).

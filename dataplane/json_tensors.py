@@ -1,7 +1,7 @@
 """Tensor data between JSON values and wire layout, for the HTTP codec.
 
 Pure functions, no I/O, safe to call from any thread. Wire layout is the one
-``frontend.types`` documents: row-major little-endian, BOOL one byte, BF16 raw 16-bit
+``dataplane.types`` documents: row-major little-endian, BOOL one byte, BF16 raw 16-bit
 patterns, BYTES as 4-byte little-endian lengths each followed by the bytes. Numeric
 conversions go through numpy; only BYTES walks its elements one by one.
 """

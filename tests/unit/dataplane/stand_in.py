@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from frontend.broker_client import BrokerClient
+from dataplane.broker_client import BrokerClient
 from ipc import messages as m
 from ipc import sockets
 

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from frontend.types import InferenceRequest, OutputTensor
+from dataplane.types import InferenceRequest, OutputTensor
 
 #: What an entry costs beyond its bytes: its key and objects, and each tensor's.
 _ENTRY_OVERHEAD = 256

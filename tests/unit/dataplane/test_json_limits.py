@@ -1,4 +1,4 @@
-"""frontend.json_limits: the depth and size a control request's JSON may have."""
+"""dataplane.json_limits: the depth and size a control request's JSON may have."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from frontend.json_limits import (
+from dataplane.json_limits import (
     MAX_CONFIG_JSON_BYTES,
     MAX_JSON_DEPTH,
     check_config_override,

@@ -13,8 +13,8 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from configs.model_config import config_to_json, model_metadata, v2_datatype
-from frontend.json_tensors import check_bytes_elements
-from frontend.types import InferenceRequest, InputTensor
+from dataplane.json_tensors import check_bytes_elements
+from dataplane.types import InferenceRequest, InputTensor
 from ipc import datatypes
 from ipc.errors import RequestError, invalid_arg, invalid_request
 

@@ -9,9 +9,9 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from frontend.broker_client import BrokerClient
+from dataplane.broker_client import BrokerClient
 from ipc import messages as m
-from tests.unit.frontend.stand_in import StandInBroker
+from tests.unit.dataplane.stand_in import StandInBroker
 
 Scenario = Callable[[BrokerClient, StandInBroker], Awaitable[None]]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from frontend.types import InputTensor, ParamValue, RequestedOutput
+from dataplane.types import InputTensor, ParamValue, RequestedOutput
 from ipc import datatypes
 from ipc import messages as m
 from ipc.errors import Code, ServingError, invalid_arg, invalid_request

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from tritonclient.grpc import model_config_pb2 as mc
 
 from configs.ensemble import in_order
-from frontend.model_handle import ModelHandle, TensorSpec
-from frontend.types import (
+from dataplane.model_handle import ModelHandle, TensorSpec
+from dataplane.types import (
     EMPTY_FINAL,
     FINAL_FLAG,
     InferenceRequest,
