@@ -48,7 +48,7 @@ from dataplane.model_handle import ModelHandle, TensorSpec
 from dataplane.types import (
     EMPTY_FINAL,
     FINAL_FLAG,
-    InferenceRequest,
+    ClientRequest,
     InferenceResult,
     InputTensor,
     OutputTensor,
@@ -61,8 +61,8 @@ from ipc.errors import Code, ServingError
 
 log = logging.getLogger("shoal.frontend")
 
-Infer = Callable[[InferenceRequest], Awaitable[InferenceResult]]
-InferStream = Callable[[InferenceRequest], AsyncGenerator[InferenceResult | ResponseError, None]]
+Infer = Callable[[ClientRequest], Awaitable[InferenceResult]]
+InferStream = Callable[[ClientRequest], AsyncGenerator[InferenceResult | ResponseError, None]]
 ModelOf = Callable[[str, str], Awaitable[ModelHandle]]
 #: Output parameters that make a step's answer unreadable by the frontend.
 _WRITTEN_ELSEWHERE = ("shared_memory_region", "classification")
@@ -183,7 +183,7 @@ class EnsembleRun:
     """One request to an ensemble."""
 
     handle: ModelHandle
-    req: InferenceRequest
+    req: ClientRequest
     infer: Infer
     model_of: ModelOf
     # max_inflight_requests: a semaphore per step, shared by the ensemble's requests
@@ -470,7 +470,7 @@ class EnsembleRun:
         tensors: dict[str, _Tensor],
         asked: dict[str, RequestedOutput],
         read_later: set[str],
-    ) -> InferenceRequest:
+    ) -> ClientRequest:
         """The request ``step`` sends ``model``, reading ``tensors``."""
         inputs = []
         mapped = in_order(step.inputs, list(model.inputs))  # the model's config order
@@ -494,7 +494,7 @@ class EnsembleRun:
             outputs.append(RequestedOutput(model_output, params))
         # (a decoupled step's final flag is the ensemble's to send, or not)
         params = {k: v for k, v in self.req.parameters.items() if k != EMPTY_FINAL}
-        return InferenceRequest(step.model, step.version, self.req.id, params, inputs, outputs)
+        return ClientRequest(step.model, step.version, self.req.id, params, inputs, outputs)
 
 
 def _record(

@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from configs.model_config import config_to_json, model_metadata, v2_datatype
 from dataplane.json_tensors import check_bytes_elements
-from dataplane.types import InferenceRequest, InputTensor
+from dataplane.types import ClientRequest, InputTensor
 from ipc import datatypes
 from ipc.errors import RequestError, invalid_arg, invalid_request
 
@@ -72,7 +72,7 @@ class ModelHandle:
         self.config_json = config_to_json(cfg)
         self.metadata = model_metadata(cfg, versions)
 
-    def batch_size(self, req: InferenceRequest) -> int:
+    def batch_size(self, req: ClientRequest) -> int:
         """Validate the inputs of ``req``; returns the batch size (0 when not batching).
 
         In Triton 2.51's order (InferenceRequest::Normalize, then its input checks): the
@@ -119,7 +119,7 @@ class ModelHandle:
                 )
         return batch
 
-    def _check_names(self, req: InferenceRequest) -> None:
+    def _check_names(self, req: ClientRequest) -> None:
         """Triton's order: the input count first, then each name."""
         given = [t.name for t in req.inputs]
         missing = [n for n in self.required if n not in given]

@@ -27,7 +27,7 @@ from dataplane.response_cache import ResponseCache
 from dataplane.types import (
     EMPTY_FINAL,
     FINAL_FLAG,
-    InferenceRequest,
+    ClientRequest,
     InferenceResult,
     OutputTensor,
     ResponseError,
@@ -95,7 +95,7 @@ def parse_version(version: str) -> int:
     return int(version)
 
 
-def _uint_param(req: InferenceRequest, key: str) -> int:
+def _uint_param(req: ClientRequest, key: str) -> int:
     value = req.parameters.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**64:
         raise invalid_arg(f"parameter '{key}' must be a 64-bit integer, got {value!r}")
@@ -125,7 +125,7 @@ def _version_state(s: m.ModelState) -> dict[str, Any]:
     return out
 
 
-def _sequence_id(req: InferenceRequest) -> int | str:
+def _sequence_id(req: ClientRequest) -> int | str:
     """The request's correlation ID (0 or "": none), a uint64 or a string, as Triton
     keeps it (a negative gRPC int64_param is stored in a uint64)."""
     value = req.parameters.get("sequence_id", 0)
@@ -363,7 +363,7 @@ class DataPlane:
 
     # -- inference -------------------------------------------------------------------
 
-    async def infer(self, req: InferenceRequest) -> InferenceResult:
+    async def infer(self, req: ClientRequest) -> InferenceResult:
         model = await self.model(req.model, req.version)
         if model.decoupled:  # (the protocols refuse it first, in Triton's words)
             raise ServingError(
@@ -429,7 +429,7 @@ class DataPlane:
         )
 
     async def infer_stream(
-        self, req: InferenceRequest
+        self, req: ClientRequest
     ) -> AsyncGenerator[InferenceResult | ResponseError, None]:
         """The responses to ``req`` as they come, each an answer of its own: outputs, or
         an error that ends nothing but itself (raised: what refused the request before
@@ -499,7 +499,7 @@ class DataPlane:
             if stream.done():
                 self._free(slots, pool)
 
-    def _answer_error(self, error: m.ErrorInfo, req: InferenceRequest) -> AnswerError:
+    def _answer_error(self, error: m.ErrorInfo, req: ClientRequest) -> AnswerError:
         """An answer's error as raised; a model unknown by now is no longer cached."""
         if error.message.startswith(UNKNOWN_MODEL):
             self._models.pop((req.model, parse_version(req.version)), None)
@@ -507,7 +507,7 @@ class DataPlane:
         return AnswerError(Code(error.code), message)
 
     async def _refused(
-        self, req: InferenceRequest, err: ServingError, slots: list[Slot]
+        self, req: ClientRequest, err: ServingError, slots: list[Slot]
     ) -> ServingError:
         """The error a request refused before it was sent gets (its slots freed)."""
         self._free(slots)
@@ -516,7 +516,7 @@ class DataPlane:
             return ServingError(err.code, named(err.message, req.id))
         return err
 
-    async def _infer_ensemble(self, model: ModelHandle, req: InferenceRequest) -> InferenceResult:
+    async def _infer_ensemble(self, model: ModelHandle, req: ClientRequest) -> InferenceResult:
         """Run an ensemble's steps (dataplane/ensemble_runner.py)."""
         started = time.perf_counter_ns()
         run, todo, batch = self._ensemble_run(model, req)
@@ -530,7 +530,7 @@ class DataPlane:
         return result
 
     async def _stream_ensemble(
-        self, model: ModelHandle, req: InferenceRequest
+        self, model: ModelHandle, req: ClientRequest
     ) -> AsyncGenerator[InferenceResult | ResponseError, None]:
         """Run the steps of an ensemble with decoupled ones: its responses as they come.
         A request its client leaves before the end is not counted."""
@@ -543,7 +543,7 @@ class DataPlane:
         self.requests_handled += 1
 
     def _ensemble_run(
-        self, model: ModelHandle, req: InferenceRequest
+        self, model: ModelHandle, req: ClientRequest
     ) -> tuple[ensemble_runner.EnsembleRun, list[ensemble_runner.Step], int]:
         """A request to an ensemble, once it passed the checks any request to the
         ensemble's own config passes: the run, the steps it needs, its batch size."""
@@ -575,7 +575,7 @@ class DataPlane:
         return run, todo, batch
 
     def _cached(
-        self, req: InferenceRequest, model: ModelHandle, key: bytes, started: int, lookup: int
+        self, req: ClientRequest, model: ModelHandle, key: bytes, started: int, lookup: int
     ) -> InferenceResult | None:
         """The answer kept for ``key``, counted as Triton counts a cache hit (a success,
         no inference, no execution), or None. ``started``, ``lookup``: when the request
@@ -594,7 +594,7 @@ class DataPlane:
         self.requests_handled += 1
         return InferenceResult(model.name, str(model.version), req.id, outputs)
 
-    async def _key(self, req: InferenceRequest, model: ModelHandle) -> bytes | None:
+    async def _key(self, req: ClientRequest, model: ModelHandle) -> bytes | None:
         """The request's cache key; large inputs are hashed off the event loop (hashlib
         lets go of the GIL), as a large body is inflated."""
         assert self.cache is not None
@@ -603,7 +603,7 @@ class DataPlane:
             return self.cache.key(req, model.name, model.version)
         return await asyncio.to_thread(self.cache.key, req, model.name, model.version)
 
-    async def _region_errors_first(self, req: InferenceRequest, err: ServingError) -> None:
+    async def _region_errors_first(self, req: ClientRequest, err: ServingError) -> None:
         """Triton looks up every shared-memory reference while it parses a request, before
         any check against the model: a request that fails such a check (a shape, a byte
         size) but also names a region that does not resolve gets the region's error. The
@@ -622,7 +622,7 @@ class DataPlane:
             raise ServingError(Code(reply.error.code), reply.error.message) from None
 
     def _build(
-        self, req: InferenceRequest, model: ModelHandle, batch: int, slots: list[Slot]
+        self, req: ClientRequest, model: ModelHandle, batch: int, slots: list[Slot]
     ) -> m.InferRequest:
         if not self.allow_client_shm and any(t.data is None for t in req.inputs):
             raise client_shm.disabled()

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from dataplane.types import InferenceRequest, OutputTensor
+from dataplane.types import ClientRequest, OutputTensor
 
 #: What an entry costs beyond its bytes: its key and objects, and each tensor's.
 _ENTRY_OVERHEAD = 256
@@ -55,7 +55,7 @@ class ResponseCache:
         return len(self._entries)
 
     @staticmethod
-    def key(req: InferenceRequest, model: str, version: int) -> bytes | None:
+    def key(req: ClientRequest, model: str, version: int) -> bytes | None:
         """The request's key, or None when it cannot be cached (client shared memory)."""
         if any(t.data is None for t in req.inputs) or any(
             "shared_memory_region" in o.parameters for o in req.outputs

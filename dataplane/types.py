@@ -39,7 +39,11 @@ class RequestedOutput:
 
 
 @dataclass(slots=True)
-class InferenceRequest:
+class ClientRequest:
+    """A request as a client of the data plane gives it: an HTTP or gRPC adapter's decoded
+    request, or a Python model's BLS call (``pb_utils.InferenceRequest``). On its way to
+    the broker it becomes an ``ipc.messages.InferRequest``."""
+
     model: str
     version: str  # "" means the latest ready version
     id: str = ""

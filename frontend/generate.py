@@ -22,7 +22,7 @@ import msgspec
 
 from dataplane.json_tensors import tensor_from_json, tensor_to_json
 from dataplane.model_handle import ModelHandle
-from dataplane.types import InferenceRequest, InferenceResult, InputTensor, ParamValue
+from dataplane.types import ClientRequest, InferenceResult, InputTensor, ParamValue
 from frontend.json_members import items
 from ipc import datatypes
 from ipc.errors import Code, ServingError, invalid_arg, named
@@ -37,10 +37,10 @@ _IN_PARAMETERS: Final = f"Converting keyword: '{_PARAMETERS}': "
 _MAX_DEPTH: Final = 100
 
 
-def decode_request(doc: dict[str, Any], model: ModelHandle, version: str) -> InferenceRequest:
+def decode_request(doc: dict[str, Any], model: ModelHandle, version: str) -> ClientRequest:
     """The inference request a generate body asks for (raises ServingError, in Triton's
     words and codes)."""
-    req = InferenceRequest(model=model.name, version=version)
+    req = ClientRequest(model=model.name, version=version)
     inputs: dict[str, InputTensor] = {}
     params: dict[str, ParamValue] = {}
 

@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from dataplane.types import (
     EMPTY_FINAL,
-    InferenceRequest,
+    ClientRequest,
     InferenceResult,
     InputTensor,
     ParamValue,
@@ -133,8 +133,8 @@ def _check_shm_params(t: Any) -> bool:
     return has_region
 
 
-def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
-    """A ModelInferRequest as an InferenceRequest (tensor data in wire layout), refused
+def decode_infer_request(req: pb.ModelInferRequest) -> ClientRequest:
+    """A ModelInferRequest as a ClientRequest (tensor data in wire layout), refused
     where Triton 2.51 refuses it, with its words. A datatype Triton does not know goes on
     as "<invalid>" (the model's checks then name it so); shapes are checked there too."""
     parameters = _request_params(req.parameters)  # Triton's order: these, the input
@@ -191,7 +191,7 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferenceRequest:
         if o.name in outputs:  # as the current Triton (2.51's gRPC served it once)
             raise invalid_arg(f"output '{o.name}' already exists in request")
         outputs[o.name] = RequestedOutput(o.name, params)
-    return InferenceRequest(
+    return ClientRequest(
         model=req.model_name,
         version=req.model_version,
         id=req.id,

@@ -29,7 +29,7 @@ from dataplane.json_tensors import (
     tensor_to_json,
 )
 from dataplane.types import (
-    InferenceRequest,
+    ClientRequest,
     InferenceResult,
     InputTensor,
     ParamValue,
@@ -85,7 +85,7 @@ def decode_infer_request(
     *,
     raw_input_meta: Callable[[], RawInputMeta] | None = None,
     max_json_depth: int = 100,
-) -> tuple[InferenceRequest, ResponseOptions]:
+) -> tuple[ClientRequest, ResponseOptions]:
     """Decode an ``/infer`` body.
 
     ``header_length`` is the Inference-Header-Content-Length value: None when absent (the
@@ -105,11 +105,11 @@ def decode_infer_request(
                 "sending a raw binary request"
             )
         tensor = raw_input_tensor(buf, model, raw_input_meta())
-        request = InferenceRequest(model=model, version=version, inputs=[tensor])
+        request = ClientRequest(model=model, version=version, inputs=[tensor])
         return request, ResponseOptions(default_binary=True)
     split = len(buf) if header_length is None else header_length
     doc = parse_json(buf[:split], max_json_depth)
-    request = InferenceRequest(model=model, version=version)
+    request = ClientRequest(model=model, version=version)
     options = ResponseOptions()
     request.id = _request_id(doc)
     request.parameters, options.default_binary = _request_parameters(doc)

@@ -22,7 +22,7 @@ from aiohttp.typedefs import Middleware
 
 from dataplane.json_limits import MAX_JSON_DEPTH, check_depth
 from dataplane.plane import DataPlane
-from dataplane.types import InferenceRequest, InferenceResult, ResponseError
+from dataplane.types import ClientRequest, InferenceResult, ResponseError
 from frontend import generate, http_codec, http_shm, json_members, log_settings, restricted
 from frontend.http_body import (
     BODY_DEADLINE,
@@ -191,7 +191,7 @@ async def infer(request: web.Request) -> web.Response:
     return resp
 
 
-async def _generate_request(request: web.Request) -> InferenceRequest:
+async def _generate_request(request: web.Request) -> ClientRequest:
     dp = _dp(request)
     name, version = _model_args(request)
     body = await read_body(request)

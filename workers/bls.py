@@ -2,7 +2,8 @@
 (``pb_utils.InferenceRequest(model_name=..., ...).exec()`` and ``async_exec()``).
 
 The worker reaches the other models the way a frontend does, through the broker: it
-runs the data plane (dataplane/plane.py) on an event loop in a thread of its own, with its own broker connection, result socket and shared-memory pool (``bls``
+runs the data plane (dataplane/plane.py) on an event loop in a thread of its own, with
+its own broker connection, result socket and shared-memory pool (``bls``
 segments, owned by the worker: removed when it stops, swept after it dies). So a model's
 request is checked, batched, routed and counted as a client's is; it may go to an
 ensemble or a decoupled model (``exec(decoupled=True)``: an iterator over its
@@ -30,7 +31,7 @@ import numpy as np
 from dataplane.broker_client import BrokerClient
 from dataplane.plane import DataPlane
 from dataplane.types import (
-    InferenceRequest,
+    ClientRequest,
     InferenceResult,
     InputTensor,
     RequestedOutput,
@@ -208,7 +209,7 @@ class Responses:
         self.cancel()
 
 
-def _request(req: pb_utils.InferenceRequest) -> InferenceRequest:
+def _request(req: pb_utils.InferenceRequest) -> ClientRequest:
     """A pb_utils request as the data plane takes a client's."""
     inputs = []
     for t in req.inputs():
@@ -240,7 +241,7 @@ def _request(req: pb_utils.InferenceRequest) -> InferenceRequest:
         params["sequence_start"] = bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
         params["sequence_end"] = bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
     version = req.bls_model_version()
-    return InferenceRequest(
+    return ClientRequest(
         model=req.model_name(),
         version=str(version) if version > 0 else "",
         id=req.request_id(),
@@ -255,7 +256,7 @@ _V2_NAMES = {dt.numpy: dt.name for dt in datatypes.DATATYPES.values() if dt.nump
 }  # (BF16 shares uint16's layout: uint16 it is)
 
 
-async def _one(dp: DataPlane, req: InferenceRequest) -> pb_utils.InferenceResponse:
+async def _one(dp: DataPlane, req: ClientRequest) -> pb_utils.InferenceResponse:
     try:
         if (await dp.model(req.model, req.version)).decoupled:
             return _failed(
@@ -273,7 +274,7 @@ async def _one(dp: DataPlane, req: InferenceRequest) -> pb_utils.InferenceRespon
         return _failed(f"{type(exc).__name__}: {exc}", Code.INTERNAL)
 
 
-async def _stream(dp: DataPlane, req: InferenceRequest, put: Any) -> None:
+async def _stream(dp: DataPlane, req: ClientRequest, put: Any) -> None:
     try:
         async for r in dp.infer_stream(req):
             put(_failed(r.message, r.code) if isinstance(r, ResponseError) else _taken(r))

@@ -18,7 +18,7 @@ from dataplane.model_handle import ModelHandle
 from dataplane.types import (
     EMPTY_FINAL,
     FINAL_FLAG,
-    InferenceRequest,
+    ClientRequest,
     InferenceResult,
     InputTensor,
     OutputTensor,
@@ -74,9 +74,9 @@ def _model_handle(name: str) -> ModelHandle:
     return ModelHandle(name, 1, [1], text_format.Parse(text, mc.ModelConfig()).SerializeToString())
 
 
-def _request() -> InferenceRequest:
+def _request() -> ClientRequest:
     data = memoryview(b"\0\0\0\0")
-    return InferenceRequest("e", "", inputs=[InputTensor("IN", "FP32", [1, 1], data)])
+    return ClientRequest("e", "", inputs=[InputTensor("IN", "FP32", [1, 1], data)])
 
 
 class _Steps:
@@ -86,7 +86,7 @@ class _Steps:
         self.held = 0
         self.gates: dict[str, asyncio.Event] = {}
 
-    async def infer(self, req: InferenceRequest) -> InferenceResult:
+    async def infer(self, req: ClientRequest) -> InferenceResult:
         gate = self.gates.setdefault(req.model, asyncio.Event())
         await gate.wait()
         self.held += 1
@@ -161,7 +161,7 @@ class _Decoupled(_Steps):
         self.closed_early = False
 
     async def infer_stream(
-        self, req: InferenceRequest
+        self, req: ClientRequest
     ) -> AsyncGenerator[InferenceResult | ResponseError, None]:
         assert req.model == "gen" and EMPTY_FINAL not in req.parameters
         ended = False
@@ -293,7 +293,7 @@ class _Reordering(_Decoupled):
         self.calls = 0
         self.post_gates: dict[int, asyncio.Event] = {}
 
-    async def infer(self, req: InferenceRequest) -> InferenceResult:
+    async def infer(self, req: ClientRequest) -> InferenceResult:
         if req.model != "post":
             return await super().infer(req)
         self.calls += 1

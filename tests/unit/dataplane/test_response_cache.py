@@ -6,7 +6,7 @@ import pytest
 
 from configs.flags.frontend import cache_bytes
 from dataplane.response_cache import ResponseCache
-from dataplane.types import InferenceRequest, InputTensor, OutputTensor, RequestedOutput
+from dataplane.types import ClientRequest, InputTensor, OutputTensor, RequestedOutput
 
 
 def _req(
@@ -15,9 +15,9 @@ def _req(
     datatype: str = "INT32",
     outputs: tuple[RequestedOutput, ...] = (),
     more: tuple[InputTensor, ...] = (),
-) -> InferenceRequest:
+) -> ClientRequest:
     first = InputTensor("INPUT0", datatype, list(shape), memoryview(data))
-    return InferenceRequest("m", "", inputs=[first, *more], outputs=list(outputs))
+    return ClientRequest("m", "", inputs=[first, *more], outputs=list(outputs))
 
 
 def test_the_key_is_what_decides_the_answer() -> None:
@@ -26,7 +26,7 @@ def test_the_key_is_what_decides_the_answer() -> None:
     assert base is not None and base == key(_req(), "m", 1)
     other = InputTensor("INPUT1", "INT32", [1, 1], memoryview(b"\x00" * 4))
     # the order the client lists its inputs in does not matter
-    swapped = InferenceRequest("m", "", inputs=[other, *_req().inputs])
+    swapped = ClientRequest("m", "", inputs=[other, *_req().inputs])
     assert key(_req(more=(other,)), "m", 1) == key(swapped, "m", 1)
     different = [
         key(_req(), "n", 1),
@@ -43,7 +43,7 @@ def test_the_key_is_what_decides_the_answer() -> None:
 
 
 def test_a_request_in_client_shared_memory_is_not_cached() -> None:
-    in_shm = InferenceRequest("m", "", inputs=[InputTensor("INPUT0", "INT32", [1, 4], None)])
+    in_shm = ClientRequest("m", "", inputs=[InputTensor("INPUT0", "INT32", [1, 4], None)])
     assert ResponseCache.key(in_shm, "m", 1) is None
     to_shm = _req(outputs=(RequestedOutput("OUTPUT0", {"shared_memory_region": "r"}),))
     assert ResponseCache.key(to_shm, "m", 1) is None
