@@ -238,7 +238,7 @@ class ModelTable:
         generation: int = 0,
     ) -> list[ModelVersion]:
         """Expect the ``versions`` of the ensemble ``name``: LOADING until its composing
-        models settle (the broker's ``_settle_ensembles``); staged for a ``generation``."""
+        models settle (broker/ensemble_readiness.py); staged for a ``generation``."""
         entry = self.models.setdefault(name, ModelEntryState(name))
         into = entry.staged if generation else entry.versions
         out = []

@@ -26,7 +26,6 @@ from typing import Final
 
 import msgspec
 import zmq
-from tritonclient.grpc import model_config_pb2 as mc
 
 from broker import memory
 from broker.batcher import Rejected, cuda_devices
@@ -34,6 +33,7 @@ from broker.client_regions import ClientRegions
 from broker.control import Effects, ModelControl
 from broker.cores import CoreLender
 from broker.endings import Endings
+from broker.ensemble_readiness import EnsembleReadiness
 from broker.models import Instance, ModelTable, ModelVersion
 from broker.ordering import OrderedRelease
 from broker.rate_limiter import RateLimiter
@@ -46,7 +46,6 @@ from configs.ensemble import is_ensemble
 from configs.model_control import ALL, startup_models
 from configs.placement import instance_count, passive_instances
 from configs.rate_limits import describe
-from configs.schema import ConfigError
 from ipc import logs, shm, sockets
 from ipc import messages as m
 from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_model
@@ -116,7 +115,7 @@ class BrokerProc:
         self._unwatched: dict[bytes, tuple[int, str]] = {}  # pidfd_open failed: retry
         self.frontend_fds: dict[bytes, int] = {}
         self.startup_reported = False
-        self._unsettled: list[ModelVersion] = []  # ensembles waiting for their models
+        self.readiness = EnsembleReadiness()  # ensembles waiting for their models
         self.control = ModelControl(
             self.table,
             settings.model_repository,
@@ -174,7 +173,7 @@ class BrokerProc:
             if is_ensemble(e.config):
                 deps = ensemble.dependencies(e.config)
                 config = e.config.SerializeToString()
-                self._unsettled += self.table.add_ensemble(e.name, e.versions, config, deps)
+                self.readiness.wait(self.table.add_ensemble(e.name, e.versions, config, deps))
                 continue
             count = instance_count(e.config)
             platform = e.config.platform or e.config.backend
@@ -196,8 +195,7 @@ class BrokerProc:
         while not self.stop:
             if self.control.busy:
                 self._apply(self.control.tick())
-            if self._unsettled:
-                self._settle_ensembles()
+            self._settle_ensembles()
             if not self.startup_reported and self.table.startup_done():
                 self.startup_reported = True
                 failures = self.table.failures()
@@ -263,7 +261,7 @@ class BrokerProc:
             self.endings.expect_exit(inst, now)  # killed if it has not exited in time
         if effects.changed:
             # (the ensembles that use them too: one may now be decoupled, or no longer)
-            changed = effects.changed | self._ensembles_changed(effects.changed)
+            changed = effects.changed | self.readiness.changed(self.table, effects.changed)
             frames = m.encode(m.ModelsChanged(sorted(changed)))
             frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]
             for ident in [*self.frontend_fds, *frontends]:
@@ -271,130 +269,12 @@ class BrokerProc:
         # after the news: a frontend drops what it kept before its client hears the answer
         for frontend, reply in effects.replies:
             self._send(self.fsock, [frontend, *m.encode(reply)])
-        self._unsettled += effects.ensembles
-        if self._unsettled:  # at once: an ensemble judged again is LOADING until then
-            self._settle_ensembles()
-
-    def _ensembles_changed(self, changed: set[str]) -> set[str]:
-        """The ensembles that use a model loaded or unloaded, directly or through other
-        ensembles: one that lacks a model now goes with it, as Triton's do (UNAVAILABLE,
-        "unloaded": not counted against readiness), and comes back with it; the others
-        are judged again (LOADING until then, so that an ensemble of ensembles waits for
-        those it uses). Returns the ensembles affected."""
-        ensembles = {
-            mv.name: mv for mv in self.table.all_versions() if mv.ensemble is not None
-        }  # (one version each: an ensemble's versions share its steps)
-        affected: set[str] = set()
-        frontier = set(changed)
-        while frontier:
-            users = {
-                name
-                for name, mv in ensembles.items()
-                if name not in affected and frontier & {d.model for d in mv.ensemble or []}
-            }
-            affected |= users
-            frontier = users
-
-        def lacks(name: str, seen: frozenset[str] = frozenset()) -> bool:
-            mv = ensembles.get(name)
-            if mv is None:
-                return name not in self.table.models
-            return name not in seen and any(
-                lacks(d.model, seen | {name}) for d in mv.ensemble or []
-            )
-
-        for mv in self.table.all_versions():
-            if mv.name not in affected:
-                continue
-            mv.ever_ready = False
-            if lacks(mv.name):
-                mv.state, mv.reason = "UNAVAILABLE", "unloaded"
-            else:
-                mv.state, mv.reason = "LOADING", ""
-                if mv not in self._unsettled:
-                    self._unsettled.append(mv)
-        return affected
+        self.readiness.wait(effects.ensembles)
+        self._settle_ensembles()  # at once: an ensemble judged again is LOADING until then
 
     def _settle_ensembles(self) -> None:
-        """Ensembles whose composing models have settled become READY (their steps fit
-        those models' configs) or UNAVAILABLE, with Triton's reason; an ensemble of
-        ensembles waits for those."""
-        while True:
-            waiting = []
-            for mv in self._unsettled:
-                reason = self._ensemble_verdict(mv)
-                if reason is None:
-                    waiting.append(mv)
-                    continue
-                mv.ever_ready = reason == "READY"
-                mv.state = "READY" if mv.ever_ready else "UNAVAILABLE"
-                mv.reason = "" if mv.ever_ready else reason
-                log.log(
-                    logging.INFO if mv.ever_ready else logging.ERROR,
-                    "ensemble %s/%d: %s", mv.name, mv.version, reason,
-                )  # fmt: skip
-            settled = len(waiting) < len(self._unsettled)
-            self._unsettled = waiting
-            if not settled or not waiting:
-                return
-
-    def _ensemble_verdict(self, mv: ModelVersion) -> str | None:
-        """READY, why not, or None while a composing model is still loading."""
-        assert mv.ensemble is not None
-        name = mv.name
-        missing = [d.model for d in mv.ensemble if d.model not in self.table.models]
-        if missing:
-            return (
-                f"ensemble {name} contains models that are not available or ambiguous: "
-                + ", ".join(dict.fromkeys(missing))
-            )
-        composing: dict[tuple[str, int], mc.ModelConfig] = {}
-        for dep in mv.ensemble:
-            entry = self.table.models[dep.model]
-            versions = entry.versions.values()
-            # an ensemble it depends on that failed is "not valid", as a broken config is
-            failed_ensemble = next(
-                (v.reason for v in versions if v.ensemble is not None and not v.ever_ready), ""
-            )
-            if entry.error or (failed_ensemble and not any(v.ever_ready for v in versions)):
-                if any(v.state == "LOADING" for v in versions):
-                    return None
-                return (
-                    f"ensemble '{name}' depends on '{dep.model}' which is not valid. Model "
-                    f"'{dep.model}' failed with error: {entry.error or failed_ensemble}"
-                )
-            if any(v.state == "LOADING" and not v.ever_ready for v in versions):
-                return None
-            # a version that has been READY counts: one restarting now will be back
-            if dep.version >= 0:
-                v = entry.versions.get(dep.version)
-                if v is None or not v.ever_ready:
-                    return (
-                        f"ensemble '{name}' depends on '{dep.model}' whose required version "
-                        f"{dep.version} is not loaded."
-                    )
-            else:
-                ready = [v for v in versions if v.ever_ready]
-                if not ready:
-                    why = next((v.reason for v in versions if v.reason), "")
-                    failed = f" Model '{dep.model}' loading failed with error: {why}" if why else ""
-                    return (
-                        f"ensemble '{name}' depends on '{dep.model}' which has no loaded "
-                        f"version.{failed}"
-                    )
-                v = max(ready, key=lambda v: v.version)
-            composing[(dep.model, dep.version)] = mc.ModelConfig.FromString(v.config)
-        config = mc.ModelConfig.FromString(mv.config)
-        try:
-            ensemble.check_composition(config, composing)
-            decoupled = ensemble.decoupled(config, composing)
-        except ConfigError as err:
-            return err.message
-        if config.model_transaction_policy.decoupled != decoupled:
-            # as Triton reports it (and as the frontends run it): decoupled iff a step is
-            config.model_transaction_policy.decoupled = decoupled
-            mv.config = config.SerializeToString()
-        return "READY"
+        if self.readiness.unsettled:
+            self.readiness.settle(self.table)
 
     def _reap_peers(self) -> None:
         for fd, _ in self.peer_fds.poll(0):
