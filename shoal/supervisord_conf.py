@@ -129,8 +129,9 @@ def _program(
         # retired worker): restarting it cannot help; any other end is restarted
         "autorestart=unexpected",
         f"exitcodes={','.join(map(str, exitcodes))}",
-        "startsecs=1",
-        "startretries=10",
+        # judged by its exit code alone, however soon it ends: a model that fails its
+        # load fast is not tried again and again
+        "startsecs=0",
         "stopsignal=TERM",
         f"stopwaitsecs={stop_secs}",
         "stopasgroup=true",

@@ -246,3 +246,35 @@ def test_one_models_workers_stop_and_start_while_another_model_serves(
 def test_shutdown_leaves_no_process_and_no_segment(supervised: Supervised) -> None:
     assert supervised.shutdown() == []
     assert supervised.proc.returncode == 0
+
+
+def test_a_broker_whose_models_fail_to_load_is_not_started_again_and_again(
+    tmp_path: Path,
+) -> None:
+    """--exit-on-error (the default): the broker exits with the code that says a restart
+    would fail the same way, and supervisord leaves it stopped (no restart loop)."""
+    modelgen.write_model(
+        tmp_path,
+        "broken",
+        modelgen.simple_model(),
+        'name: "broken"\nplatform: "onnxruntime_onnx"\nmax_batch_size: -3\n',
+    )
+    s = Supervised(tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        status = ""
+        while time.monotonic() < deadline:
+            status = s.ctl("status", "shoal-broker")
+            if "EXITED" in status:
+                break
+            time.sleep(0.2)
+        assert "EXITED" in status, f"{status}\n{s.logs()}"
+        time.sleep(2.0)
+        assert "EXITED" in s.ctl("status", "shoal-broker")  # not started again
+        assert "model(s) failed to load" in s.logs()
+        assert not s.ready()
+    finally:
+        left = s.shutdown()
+        logs = s.logs()
+        shutil.rmtree(s.dir, ignore_errors=True)
+    assert not left, f"left behind: {left}\n{logs}"
