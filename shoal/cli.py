@@ -161,7 +161,10 @@ def supervisord_conf_parser(sub: argparse._SubParsersAction) -> argparse.Argumen
         help="supervisord's control socket and pid file (default: /run/shoal)",
     )
     p.add_argument(
-        "--log-dir", default="/var/log/shoal", type=Path, help="every program's log file"
+        "--log-dir",
+        default="/var/log/shoal",
+        type=Path,
+        help="every program's log file, and supervisord's (default: /var/log/shoal)",
     )
     p.add_argument("--user", default="", help="the user the programs run as (supervisord as root)")
     p.add_argument(
