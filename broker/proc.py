@@ -49,7 +49,7 @@ from configs.rate_limits import describe
 from ipc import logs, shm, sockets
 from ipc import messages as m
 from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_model
-from ipc.lifecycle import raise_open_file_limit, settle_gc
+from ipc.lifecycle import EXIT_FATAL, raise_open_file_limit, settle_gc
 
 log = logging.getLogger("shoal.broker")
 # The longest the loop sleeps with nothing to do: its hang checks and retries run then.
@@ -203,7 +203,8 @@ class BrokerProc:
                     log.error(
                         "exiting: %d model(s) failed to load (--exit-on-error)", len(failures)
                     )
-                    return 1
+                    # a restart would fail the same way: supervisord must not loop on it
+                    return EXIT_FATAL
                 log.info(
                     "startup complete: %s",
                     ", ".join(f"{s.name}/{s.version}={s.state}" for s in self.table.states())

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from configs.devices import gpu_count
 from configs.flags.broker import (
     add_cpu_lending_flag,
     add_instance_memory_flag,
@@ -30,6 +34,9 @@ from ipc.lifecycle import raise_open_file_limit, run_until_stopped
 from ipc.logs import setup_logging
 from shoal.no_effect_flags import add_no_effect_flags, no_effect
 
+if TYPE_CHECKING:
+    from shoal.launcher import ServeSettings
+
 log = logging.getLogger("shoal.serve")
 
 
@@ -45,6 +52,12 @@ def _backend_config(values: list[str]) -> dict[str, str]:
 
 def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve a Triton model repository")
+    add_serve_flags(p)
+    return p
+
+
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """``shoal serve``'s flags (tritonserver's names), also taken by supervisord-conf."""
     # Repeatable in Triton (one server over several repositories); shoal serves one.
     p.add_argument("--model-repository", "--model-store", required=True, action="append", type=Path)
     p.add_argument("--http-address", default="0.0.0.0")
@@ -117,14 +130,80 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
         default="",
         help="private directory for the ipc sockets (default: a fresh temp dir)",
     )
+
+
+def supervisord_conf_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "supervisord-conf",
+        help="print a supervisord configuration that runs the repository as shoal serve would",
+        description="Prints (to stdout) a complete supervisord configuration: a program per "
+        "role, a worker program per model version with numprocs its instance count, placed as "
+        "shoal serve places them. Takes shoal serve's flags; --runtime-dir defaults to "
+        "<supervisor-dir>/ipc.",
+    )
+    add_serve_flags(p)
+    p.add_argument(
+        "--deployed-model-repository",
+        default="",
+        help="the repository's path on the host that runs the configuration "
+        "(default: --model-repository's, made absolute)",
+    )
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter shoal is installed for there (default: this one)",
+    )
+    p.add_argument(
+        "--supervisor-dir",
+        default="/run/shoal",
+        type=Path,
+        help="supervisord's control socket and pid file (default: /run/shoal)",
+    )
+    p.add_argument(
+        "--log-dir",
+        default="/var/log/shoal",
+        type=Path,
+        help="every program's log file, and supervisord's (default: /var/log/shoal)",
+    )
+    p.add_argument("--user", default="", help="the user the programs run as (supervisord as root)")
+    p.add_argument(
+        "--plan-cpus",
+        default=None,
+        type=cpu_list,
+        help="the usable cores of the host the workers are planned for, as 0-7 or 0,2,4 "
+        "(default: this process's)",
+    )
+    p.add_argument(
+        "--plan-gpus",
+        default=None,
+        type=int,
+        help="that host's GPU count (default: this host's)",
+    )
     return p
+
+
+def cpu_list(value: str) -> tuple[int, ...]:
+    """``0-3,6`` -> (0, 1, 2, 3, 6)"""
+    cores: set[int] = set()
+    try:
+        for part in value.split(","):
+            low, dash, high = part.strip().partition("-")
+            cores.update(range(int(low), int(high if dash else low) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected cores as 0-7 or 0,2,4, got '{value}'") from None
+    if not cores or min(cores) < 0:
+        raise argparse.ArgumentTypeError(f"expected cores as 0-7 or 0,2,4, got '{value}'")
+    return tuple(sorted(cores))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
+    supervisord_conf_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "supervisord-conf":
+        return supervisord_conf(args, sys.argv[1:] if argv is None else argv)
     if args.log_file:
         args.log_file = str(Path(args.log_file).resolve())  # the same file for every role
         try:
@@ -134,34 +213,106 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     setup_logging("shoal", log_settings(args))
     raise_open_file_limit()  # its children inherit the raised limit
-    from shoal.launcher import Launcher, ServeSettings
+    from shoal.launcher import Launcher
 
-    if len(args.model_repository) > 1:
+    try:
+        settings = serve_settings(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return run_until_stopped(Launcher(settings))
+
+
+def supervisord_conf(args: argparse.Namespace, argv: list[str]) -> int:
+    """Print the configuration (shoal.supervisord_conf) for ``args``."""
+    import msgspec
+
+    from shoal.role_argv import RoleArgv
+    from shoal.supervisord_conf import HostShape, Layout, render
+
+    setup_logging("shoal", msgspec.structs.replace(log_settings(args), file=""))
+    if args.model_control_mode != "none":
         print(
-            f"error: --model-repository given {len(args.model_repository)} times: shoal "
-            "serves one model repository",
+            f"error: --model-control-mode={args.model_control_mode} needs shoal serve, whose "
+            "launcher starts and stops the workers of the models loaded through the API: run "
+            "shoal serve as one program (deploy/systemd) instead",
             file=sys.stderr,
         )
         return 2
-    if args.model_namespacing:
-        print("error: --model-namespacing=true is not supported", file=sys.stderr)
+    try:
+        settings = serve_settings(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
+    read_from = settings.model_repository
+    settings.model_repository = Path(args.deployed_model_repository or read_from)
+    settings.runtime_dir = args.runtime_dir or str(args.supervisor_dir / "ipc")
+    if args.log_file:  # as shoal serve's: one file every role appends to
+        settings.log.file = str(Path(args.log_file).absolute())
+    host = HostShape(
+        args.plan_cpus or tuple(sorted(os.sched_getaffinity(0))),
+        gpu_count() if args.plan_gpus is None else args.plan_gpus,
+    )
+    roles = RoleArgv(settings, Path(settings.runtime_dir), None, args.python)
+    plans = roles.worker_plans(read_from, list(host.cpus), host.gpus)
+    layout = Layout(args.python, args.supervisor_dir, args.log_dir, args.user)
+    generated_by = shlex.join(["shoal", *argv])
+    without = _without_workers(settings, read_from, host.gpus, {p.model for p in plans})
+    sys.stdout.write(render(settings, plans, layout, host, generated_by, without))
+    return 0
+
+
+def _without_workers(
+    s: ServeSettings, repo: Path, gpus: int, planned: set[str]
+) -> list[tuple[str, str]]:
+    """(model, why) of the repository's models that get no worker."""
+    from configs import repository
+    from configs.schema import ENSEMBLE_PLATFORM
+
+    out = []
+    entries = repository.scan(
+        repo,
+        model_config_name=s.model_config_name,
+        autocomplete_enabled=s.autocomplete,
+        gpu_count=gpus,
+    )
+    for e in entries:
+        if e.name in planned:
+            continue
+        if e.error:
+            why = f"it cannot load: {e.error}"
+        elif e.config is not None and e.config.platform == ENSEMBLE_PLATFORM:
+            why = "an ensemble: its steps' workers run it"
+        elif not e.versions:
+            why = "no version to serve"
+        else:
+            why = "the rate limiter refuses it"
+        out.append((e.name, why))
+    return out
+
+
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    """``shoal serve``'s settings from its flags, or ValueError saying what is refused.
+    Flags that have no effect are named in warnings."""
+    from shoal.launcher import ServeSettings
+
+    if len(args.model_repository) > 1:
+        raise ValueError(
+            f"--model-repository given {len(args.model_repository)} times: shoal "
+            "serves one model repository"
+        )
+    if args.model_namespacing:
+        raise ValueError("--model-namespacing=true is not supported")
     repo = args.model_repository[0]
     if not repo.is_dir():
-        print(f"error: model repository '{repo}' is not a directory", file=sys.stderr)
-        return 2
+        raise ValueError(f"model repository '{repo}' is not a directory")
     refusal = check_flags(args.model_control_mode, args.load_model)
     if refusal is None and args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
         refusal = "--repository-poll-secs must be more than 0 in poll mode"
     if refusal is not None:
-        print(f"error: {refusal}", file=sys.stderr)
-        return 2
-    try:
-        frontend_flags(args)  # each frontend reads them again; refused here at once
-        response_cache_bytes = cache_bytes(args.cache_config, args.response_cache_byte_size)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise ValueError(refusal)
+    frontend_flags(args)  # each frontend reads them again; refused here at once
+    response_cache_bytes = cache_bytes(args.cache_config, args.response_cache_byte_size)
     if args.response_cache_byte_size is not None:
         log.warning(
             "--response-cache-byte-size is deprecated (as in Triton): it means "
@@ -174,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("--rate-limit-resource has no effect: --rate-limit is off")
     autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
     backend_cfg = _backend_config(args.backend_config)
-    settings = ServeSettings(
+    return ServeSettings(
         model_repository=repo.resolve(),
         http_address=args.http_address,
         http_port=args.http_port,
@@ -217,7 +368,6 @@ def main(argv: list[str] | None = None) -> int:
         reuse_http_port=args.reuse_http_port,
         runtime_dir=args.runtime_dir,
     )
-    return run_until_stopped(Launcher(settings))
 
 
 if __name__ == "__main__":

@@ -17,24 +17,18 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
 
-from configs import rate_limits, repository
-from configs.devices import gpu_count
-from configs.flags.broker import rate_limit_flags
-from configs.flags.common import log_flags
-from configs.model_control import startup_models
-from configs.placement import plan_repository
 from ipc import messages as m
 from ipc import shm, sockets
 from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
 from ipc.messages import LogSettings, WorkerSpec
 from ipc.sockets import ensure_runtime_dir
+from shoal.role_argv import RoleArgv
 
 log = logging.getLogger("shoal.serve")
 
@@ -115,136 +109,25 @@ class Launcher:
         self.last_hello = 0.0
         self.gone_generations: set[int] = set()  # loads whose workers must not run again
 
-    # -- argv of each role -----------------------------------------------------------
+    # -- argv of each role (shoal.role_argv) -----------------------------------------
 
-    def _common(self) -> list[str]:
-        return [
-            "--runtime-dir",
-            str(self.runtime_dir),
-            *log_flags(self.s.log),
-            "--parent-pid",
-            str(os.getpid()),
-        ]
-
-    def _model_args(self) -> list[str]:
-        args = ["--model-repository", str(self.s.model_repository)]
-        if not self.s.autocomplete:
-            args.append("--disable-auto-complete-config")
-        if self.s.model_config_name:
-            args += ["--model-config-name", self.s.model_config_name]
-        return args
+    def _argv(self) -> RoleArgv:
+        return RoleArgv(self.s, self.runtime_dir, os.getpid())
 
     def broker_argv(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "broker",
-            *self._common(),
-            *self._model_args(),
-            f"--exit-on-error={str(self.s.exit_on_error).lower()}",
-            f"--strict-readiness={str(self.s.strict_readiness).lower()}",
-            "--model-execution-timeout-secs",
-            str(self.s.execution_timeout_secs),
-            f"--instance-memory-limit-mb={self.s.instance_memory_limit_mb}",
-            f"--cpu-lending={str(self.s.cpu_lending).lower()}",
-            *rate_limit_flags(self.s.rate_limit, self.s.rate_limit_resources),
-            f"--model-control-mode={self.s.model_control_mode}",
-            f"--repository-poll-secs={self.s.repository_poll_secs}",
-            *(f"--load-model={name}" for name in self.s.load_models),
-        ]
+        return self._argv().broker()
 
     def frontend_argv(self, index: int) -> list[str]:
-        s = self.s
-        return [
-            sys.executable,
-            "-m",
-            "frontend",
-            *self._common(),
-            "--index",
-            str(index),
-            "--http-address",
-            s.http_address,
-            "--http-port",
-            str(s.http_port),
-            f"--allow-http={str(s.allow_http).lower()}",
-            "--id",
-            s.server_id,
-            "--http-max-input-size",
-            str(s.http_max_input_size),
-            "--exit-timeout-secs",
-            str(s.exit_timeout_secs),
-            f"--reuse-http-port={str(s.reuse_http_port or s.frontend_processes > 1).lower()}",
-            f"--allow-grpc={str(s.allow_grpc).lower()}",
-            "--grpc-address",
-            s.grpc_address,
-            "--grpc-port",
-            str(s.grpc_port),
-            f"--reuse-grpc-port={str(s.reuse_grpc_port or s.frontend_processes > 1).lower()}",
-            f"--allow-client-shm={str(s.allow_client_shm).lower()}",
-            f"--response-cache-bytes={-(-s.response_cache_bytes // max(s.frontend_processes, 1))}",
-            f"--allow-metrics={str(s.allow_metrics).lower()}",
-            "--metrics-address",
-            s.metrics_address,
-            "--metrics-port",
-            str(s.metrics_port),
-            f"--reuse-metrics-port={str(s.reuse_http_port or s.frontend_processes > 1).lower()}",
-            "--metrics-interval-ms",
-            str(s.metrics_interval_ms),
-            f"--allow-cpu-metrics={str(s.allow_cpu_metrics).lower()}",
-            f"--allow-gpu-metrics={str(s.allow_gpu_metrics).lower()}",
-            *(f"--metrics-config={v}" for v in s.metrics_config),
-            *(f"--http-restricted-api={v}" for v in s.http_restricted_api),
-            *(f"--grpc-restricted-protocol={v}" for v in s.grpc_restricted_protocol),
-            *s.grpc_flags,
-            *s.connection_flags,
-            *s.extra_frontend_args,
-        ]
+        return self._argv().frontend(index)
 
     def worker_argvs(self) -> list[tuple[str, list[str]]]:
         """(instance name, argv) of every worker the repository asks for at start, placed
         on its own cores or GPU (see configs.placement)."""
-        entries = repository.scan(
-            self.s.model_repository,
-            model_config_name=self.s.model_config_name,
-            autocomplete_enabled=self.s.autocomplete,
-            gpu_count=gpu_count(),
-        )
-        # The broker refuses the models the rate limiter cannot schedule: no workers.
-        limits = rate_limits.for_repository(entries, self.s.rate_limit, self.s.rate_limit_resources)
-        if limits is not None:  # and they take no cores from the others
-            entries = [e for e in entries if e.name not in limits.refused]
-        chosen = startup_models(entries, self.s.model_control_mode, self.s.load_models)
-        entries = [e for e in entries if e.name in chosen]
-        plans = plan_repository(entries, sorted(os.sched_getaffinity(0)))
-        return [
-            self.worker_argv(
-                WorkerSpec(p.model, p.version, p.index, p.name, 0, list(p.cores), _gpu(p.gpu))
-            )
-            for p in plans
-        ]
+        return self._argv().workers()
 
     def worker_argv(self, w: WorkerSpec) -> tuple[str, list[str]]:
         """(instance name, argv) of one worker: placed, and of its load (generation)."""
-        args = self._model_args()
-        if w.model_repository:  # a load's own files (file:<version>/<path>)
-            args[1] = w.model_repository
-        argv = [
-            sys.executable, "-m", "workers", *self._common(), *args,
-            "--model", w.model, "--version", str(w.version), "--instance", str(w.instance),
-            "--instance-name", w.name,
-            "--default-max-batch-size", str(self.s.default_max_batch_size),
-        ]  # fmt: skip
-        if w.generation:
-            argv += ["--generation", str(w.generation)]
-        if w.config_file:
-            argv += ["--config-override", w.config_file]
-        if w.gpu >= 0:
-            argv += ["--gpu", str(w.gpu)]
-        else:
-            argv += ["--cores", ",".join(map(str, w.cores))]
-            if self.s.cpu_lending:
-                argv.append("--borrow-cores=true")
-        return (f"{w.model}/{w.version} {w.name}", argv)
+        return self._argv().worker(w)
 
     # -- process management ----------------------------------------------------------
 
@@ -410,10 +293,6 @@ def _generation(argv: list[str]) -> int:
     if "--generation" in argv:
         return int(argv[argv.index("--generation") + 1])
     return 0
-
-
-def _gpu(gpu: int | None) -> int:
-    return -1 if gpu is None else gpu
 
 
 def _exit_reason(rc: int) -> str:

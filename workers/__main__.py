@@ -22,6 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
+from configs.flags.broker import add_rate_limit_flags
 from configs.flags.common import add_log_flags, bool_flag, log_settings
 from ipc.lifecycle import (
     add_process_flags,
@@ -55,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--config-override", default="", help="a JSON ModelConfig file replacing config.pbtxt"
     )
+    # only to plan its place as the launcher does: without the models the rate limiter
+    # refuses (supervisord)
+    add_rate_limit_flags(p)
     add_process_flags(p)
     add_log_flags(p)
     return p.parse_args(argv)
@@ -69,7 +73,7 @@ def _place(args: argparse.Namespace) -> None:
     """Set ``args.cores``, ``args.gpu`` and the instance name as ``shoal serve`` places
     this instance; unchanged (not pinned, on the CPU) for an instance the repository
     does not plan, whose load then fails with the reason."""
-    from configs import repository
+    from configs import rate_limits, repository
     from configs.devices import gpu_count
     from configs.placement import find_plan, plan_repository
 
@@ -86,6 +90,10 @@ def _place(args: argparse.Namespace) -> None:
         return
     finally:
         repository.log.setLevel(level)
+    # the models the broker refuses get no cores (as the launcher plans)
+    limits = rate_limits.for_repository(entries, args.rate_limit, args.rate_limit_resource)
+    if limits is not None:
+        entries = [e for e in entries if e.name not in limits.refused]
     plans = plan_repository(entries, sorted(os.sched_getaffinity(0)))
     plan = find_plan(plans, args.model, args.version, args.instance)
     if plan is None:
@@ -106,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     set_cpu_scheduling()
     if args.cores is None and args.gpu is None:
         _place(args)
-    may_use = len(os.sched_getaffinity(0)) if args.borrow_cores else 0  # (before pinning)
+    # (before pinning) A GPU instance borrows no cores: supervisord's one program for
+    # every instance of a version passes --borrow-cores to its GPU instances too.
+    borrows = args.borrow_cores and args.gpu is None
+    may_use = len(os.sched_getaffinity(0)) if borrows else 0
     cores = [int(c) for c in (args.cores or "").split(",") if c.strip()]
     if cores:
         os.sched_setaffinity(0, cores)

@@ -34,3 +34,27 @@ def test_a_model_the_rate_limiter_refuses_gets_no_worker_and_no_cores(tmp_path: 
     assert argv[argv.index("--cores") + 1] == every_core
     unlimited = ServeSettings(model_repository=repo, runtime_dir=str(tmp_path / "run2"))
     assert len(Launcher(unlimited).worker_argvs()) == 2
+
+
+def test_a_worker_that_places_itself_leaves_out_the_refused_models_too(tmp_path: Path) -> None:
+    """Under supervisord a worker plans its own place: with the rate limiter's flags it
+    leaves out the models the broker refuses, as the launcher does."""
+    from workers.__main__ import _place, parse_args
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_identity(repo, "big", _needs(2))
+    write_identity(repo, "small", _needs(1))
+    args = parse_args(
+        [
+            f"--model-repository={repo}",
+            f"--runtime-dir={tmp_path / 'run'}",
+            "--model=small",
+            "--version=1",
+            "--rate-limit=execution_count",
+            "--rate-limit-resource=R:1",
+        ]
+    )
+    _place(args)
+    assert args.cores == ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    assert args.instance_name == "small_0_0"
