@@ -26,6 +26,8 @@ from configs.flags.frontend import (
     grpc_flag_values,
 )
 from configs.model_control import check_flags
+from configs.object_store import is_remote
+from configs.repository_view import cache_dir, needs_view
 from ipc.lifecycle import raise_open_file_limit, run_until_stopped
 from ipc.logs import setup_logging
 from shoal.no_effect_flags import add_no_effect_flags, no_effect
@@ -45,8 +47,9 @@ def _backend_config(values: list[str]) -> dict[str, str]:
 
 def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve a Triton model repository")
-    # Repeatable in Triton (one server over several repositories); shoal serves one.
-    p.add_argument("--model-repository", "--model-store", required=True, action="append", type=Path)
+    # Repeatable (one server over several repositories); a folder or object storage
+    # (s3://, gs://, az://): configs/repository_view.py
+    p.add_argument("--model-repository", "--model-store", required=True, action="append")
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", default=8000, type=int)
     p.add_argument("--allow-http", type=bool_flag, default=True)
@@ -136,20 +139,20 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_file_limit()  # its children inherit the raised limit
     from shoal.launcher import Launcher, ServeSettings
 
-    if len(args.model_repository) > 1:
-        print(
-            f"error: --model-repository given {len(args.model_repository)} times: shoal "
-            "serves one model repository",
-            file=sys.stderr,
-        )
-        return 2
     if args.model_namespacing:
         print("error: --model-namespacing=true is not supported", file=sys.stderr)
         return 2
-    repo = args.model_repository[0]
-    if not repo.is_dir():
-        print(f"error: model repository '{repo}' is not a directory", file=sys.stderr)
-        return 2
+    locations: list[str] = []
+    for location in args.model_repository:
+        if is_remote(location):
+            locations.append(location)
+        elif not Path(location).is_dir():
+            print(f"error: model repository '{location}' is not a directory", file=sys.stderr)
+            return 2
+        else:
+            locations.append(str(Path(location).resolve()))
+    view = needs_view(locations)
+    repo = cache_dir() if view else Path(locations[0])
     refusal = check_flags(args.model_control_mode, args.load_model)
     if refusal is None and args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
         refusal = "--repository-poll-secs must be more than 0 in poll mode"
@@ -175,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
     backend_cfg = _backend_config(args.backend_config)
     settings = ServeSettings(
-        model_repository=repo.resolve(),
+        model_repository=repo,
+        repository_locations=locations if view else [],
         http_address=args.http_address,
         http_port=args.http_port,
         allow_http=args.allow_http,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import zmq
 
-from configs import rate_limits, repository
+from configs import rate_limits, repository, repository_view
 from configs.devices import gpu_count
 from configs.flags.broker import rate_limit_flags
 from configs.flags.common import log_flags
@@ -45,6 +45,9 @@ _STABLE_AFTER_S = 30.0  # a child up this long starts its backoff from the begin
 @dataclass
 class ServeSettings:
     model_repository: Path
+    # what model_repository is a view of (several repositories, object storage): the
+    # launcher fetches it before the other roles start, and removes it at exit
+    repository_locations: list[str] = field(default_factory=list)
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     allow_http: bool = True
@@ -151,6 +154,7 @@ class Launcher:
             f"--model-control-mode={self.s.model_control_mode}",
             f"--repository-poll-secs={self.s.repository_poll_secs}",
             *(f"--load-model={name}" for name in self.s.load_models),
+            *(f"--repository-location={loc}" for loc in self.s.repository_locations),
         ]
 
     def frontend_argv(self, index: int) -> list[str]:
@@ -263,6 +267,8 @@ class Launcher:
         removed = shm.sweep_stale()
         if removed:
             log.info("removed %d stale shared-memory segment(s) of dead processes", len(removed))
+        if self.s.repository_locations and not self._prepare_view():
+            return 1
         self._spawn("broker", self.broker_argv())
         for name, argv in self.worker_argvs():
             self._spawn(f"worker {name}", argv)
@@ -273,6 +279,23 @@ class Launcher:
             addr = sockets.endpoint(self.runtime_dir, sockets.FRONTEND_SOCKET)
             self.sock = sockets.dealer(self.ctx, addr, sockets.LAUNCHER_IDENTITY)
         return self._watch()
+
+    def _prepare_view(self) -> bool:
+        """Fetch the repositories' view (whether the server can start)."""
+        for stale in repository_view.sweep_stale():
+            log.info("removed the model cache of a server that is gone: %s", stale)
+        try:
+            repository_view.prepare(
+                self.s.repository_locations,
+                self.s.model_repository,
+                mode=self.s.model_control_mode,
+                load_models=self.s.load_models,
+                model_config_name=self.s.model_config_name,
+            )
+        except repository_view.RepositoryError as err:
+            log.error("error: creating server: Internal - %s", err.message)
+            return False
+        return True
 
     def _watch(self) -> int:
         while not self.stop:
@@ -402,6 +425,8 @@ class Launcher:
             self.ctx.term()
         if self.own_runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self.s.repository_locations:  # the models' cache
+            shutil.rmtree(self.s.model_repository, ignore_errors=True)
         log.info("stopped")
 
 
