@@ -11,6 +11,9 @@ objects change, so that a rescan (poll mode) sees a changed model at once and wh
 
 The same model name in two repositories is an error (Triton's, without
 ``--model-namespacing``): at start it stops the server; later the model is left out.
+With namespacing, each is served under a qualified name (configs/namespaces.py), and
+the configs that must name it so are rewritten in the view (a folder of links to the
+model's files beside its rewritten config.pbtxt, for a local repository).
 
 Owner: the launcher makes the view and syncs it before any other role starts, and
 removes it at exit; then the broker keeps it in step (`RepositorySync`), one sync at a
@@ -30,6 +33,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from configs import namespaces
 from configs.object_store import ObjectStore, RemoteLocation, StorageError, is_remote, open_store
 from configs.schema import NON_VERSION_DIRS
 
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 
 CACHE_PREFIX = "shoal-models-"
 _MANIFEST = ".shoal-manifest.json"
+_REWRITE = ".shoal-rewrite.json"  # in a model's folder whose config the view rewrote
 
 
 class RepositoryError(Exception):
@@ -98,9 +103,12 @@ class _Copy:
 class RepositoryView:
     """The view of ``locations`` (local folders, object storage URLs) in ``root``."""
 
-    def __init__(self, locations: list[str], root: Path) -> None:
+    def __init__(self, locations: list[str], root: Path, *, namespacing: bool = False) -> None:
         self.locations = locations
         self.root = root
+        self.namespacing = namespacing
+        self._models: dict[int, set[str]] = {}  # repository -> its model names (last sync)
+        self._served: dict[str, tuple[int, str]] = {}  # served name -> (repository, model)
         self._remotes: dict[int, _Remote] = {}
         self._copies: dict[str, _Copy] = {}
         self.errors: dict[str, str] = {}  # model -> why its last fetch failed
@@ -108,11 +116,8 @@ class RepositoryView:
 
     def has(self, name: str) -> bool:
         """Whether the view holds ``name`` whole (linked, or its copy whole)."""
-        path = self.root / name
-        if path.is_symlink():
-            return path.is_dir()
         copy = self._copies.get(name)
-        return copy is not None and copy.whole and path.is_dir()
+        return (self.root / name).is_dir() and (copy is None or copy.whole)
 
     def _remote(self, index: int) -> _Remote:
         if index not in self._remotes:
@@ -128,6 +133,7 @@ class RepositoryView:
         and the models of an unreadable repository are kept as they are."""
         found: dict[str, tuple[int, dict[str, str]]] = {}
         seen: dict[str, list[int]] = {}
+        listed: dict[int, dict[str, tuple[int, dict[str, str]]]] = {}
         for index, location in enumerate(self.locations):
             try:
                 models = self._models_of(index, location)
@@ -137,9 +143,14 @@ class RepositoryView:
                     raise RepositoryError(message) from None
                 log.warning("cannot read model repository %s: %s", location, message)
                 models = self._held(index, location)
+            listed[index] = models
             for name, (_, files) in models.items():
                 seen.setdefault(name, []).append(index)
                 found.setdefault(name, (index, files))
+        self._models = {i: set(models) for i, models in listed.items()}
+        if self.namespacing:  # each under its served name: a name in several, qualified
+            self._served = namespaces.served_names(self._models)
+            return {s: (i, listed[i][n][1]) for s, (i, n) in self._served.items()}
         for name, where in seen.items():
             if len(where) > 1:
                 message = f"failed to poll model '{name}': not unique across all model repositories"
@@ -147,6 +158,7 @@ class RepositoryView:
                     raise RepositoryError(message)
                 log.error("%s", message)
                 found.pop(name, None)
+        self._served = {name: (index, name) for name, (index, _) in found.items()}
         return found
 
     def _held(self, index: int, location: str) -> dict[str, tuple[int, dict[str, str]]]:
@@ -155,7 +167,7 @@ class RepositoryView:
             return {n: (index, c.files) for n, c in self._copies.items() if c.source == index}
         inside = str(Path(location).resolve())
         return {
-            e.name: (index, {})
+            namespaces.plain(e.name): (index, {})
             for e in self.root.iterdir()
             if e.is_symlink() and os.readlink(e).startswith(inside + os.sep)
         }
@@ -201,15 +213,18 @@ class RepositoryView:
                 changed.add(entry.name)
         for name, (index, files) in sorted(found.items()):
             location = self.locations[index]
+            model = self._served[name][1]
             try:
                 if not is_remote(location):
-                    if self._link(name, Path(location) / name):
+                    if self._place_local(name, Path(location) / model, index):
                         changed.add(name)
                     continue
                 old = self._copies.get(name)
                 whole = wanted is None or name in wanted or (old is not None and old.whole)
                 if old is None or old.files != files or old.source != index or whole > old.whole:
-                    self._fetch(name, index, files, whole)
+                    self._fetch(name, model, index, files, whole)
+                    changed.add(name)
+                if self.namespacing and self._rewrite_copy(name, index):
                     changed.add(name)
                 self.errors.pop(name, None)
             except (StorageError, OSError) as exc:
@@ -221,6 +236,57 @@ class RepositoryView:
         self._save_manifest()
         return changed
 
+    def _place_local(self, name: str, source: Path, index: int) -> bool:
+        """Link the model's folder, or with namespacing make one of links beside the
+        rewritten config if it needs one; whether the entry changed."""
+        text = None
+        if self.namespacing:
+            config = source / "config.pbtxt"
+            original = config.read_text(encoding="utf-8") if config.is_file() else None
+            text = namespaces.rewrite_config(original, name, index, self._models)
+        if text is None:
+            return self._link(name, source)
+        target = self.root / name
+        want = {"source": str(source.resolve()), "stamp": _newest(source), "config": text}
+        with contextlib.suppress(OSError, ValueError):
+            if not target.is_symlink() and json.loads((target / _REWRITE).read_text()) == want:
+                return False
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.root))
+        for child in source.iterdir():
+            if child.name != "config.pbtxt":
+                (staging / child.name).symlink_to(child.resolve())
+        (staging / "config.pbtxt").write_text(text)
+        (staging / _REWRITE).write_text(json.dumps(want))
+        self._swap(staging, target)
+        self._copies.pop(name, None)
+        return True
+
+    def _rewrite_copy(self, name: str, index: int) -> bool:
+        """With namespacing: write (or undo) the rewritten config of a remote model's
+        copy; whether it changed. The original is kept beside it, for the next sync."""
+        path = self.root / name
+        marker, config = path / _REWRITE, path / "config.pbtxt"
+        state = json.loads(marker.read_text()) if marker.is_file() else None
+        if state is not None:
+            original = state["original"]
+        else:
+            original = config.read_text(encoding="utf-8") if config.is_file() else None
+        text = namespaces.rewrite_config(original, name, index, self._models)
+        if text is None:
+            if state is None:
+                return False
+            if original is None:
+                config.unlink(missing_ok=True)
+            else:
+                config.write_text(original)
+            marker.unlink()
+            return True
+        if state is not None and state["config"] == text:
+            return False
+        config.write_text(text)
+        marker.write_text(json.dumps({"original": original, "config": text}))
+        return True
+
     def _link(self, name: str, target: Path) -> bool:
         link = self.root / name
         if link.is_symlink() and os.readlink(link) == str(target.resolve()):
@@ -230,9 +296,9 @@ class RepositoryView:
         link.symlink_to(target.resolve(), target_is_directory=True)
         return True
 
-    def _fetch(self, name: str, index: int, files: dict[str, str], whole: bool) -> None:
-        """Download the model's objects (whole, or what lies beside its version folders)
-        into a hidden folder, then put it in place of the old copy."""
+    def _fetch(self, name: str, model: str, index: int, files: dict[str, str], whole: bool) -> None:
+        """Download the objects of ``model`` (whole, or what lies beside its version
+        folders) into a hidden folder, then put it in place of the old copy ``name``."""
         remote = self._remote(index)
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.root))
         try:
@@ -247,26 +313,30 @@ class RepositoryView:
                     continue
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 kept = self.root / name / rel
-                if old is not None and old.whole and old.files.get(rel) == tag and kept.is_file():
+                same = old is not None and old.whole and old.files.get(rel) == tag
+                if same and rel != "config.pbtxt" and kept.is_file():
                     shutil.copy2(kept, dest)  # unchanged: not downloaded again
                     continue
-                key = "/".join(p for p in (remote.loc.prefix, name, rel) if p)
+                key = "/".join(p for p in (remote.loc.prefix, model, rel) if p)
                 remote.store.download(key, dest)
-            target = self.root / name
-            trash = self.root / f".old-{name}-{os.getpid()}"
-            _remove(trash)
-            if target.is_symlink():
-                target.unlink()
-            elif target.exists():
-                target.rename(trash)
-            staging.rename(target)
-            _remove(trash)
+            self._swap(staging, self.root / name)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         self._copies[name] = _Copy(index, dict(files), whole)
-        log.info("fetched model '%s' from %s%s", name, remote.loc.display(name),
+        log.info("fetched model '%s' from %s%s", name, remote.loc.display(model),
                  "" if whole else " (its config only)")  # fmt: skip
+
+    def _swap(self, staging: Path, target: Path) -> None:
+        """Put the folder ``staging`` in place of ``target`` (a rename each)."""
+        trash = self.root / f".old-{target.name}-{os.getpid()}"
+        _remove(trash)
+        if target.is_symlink():
+            target.unlink()
+        elif target.exists():
+            target.rename(trash)
+        staging.rename(target)
+        _remove(trash)
 
     # -- manifest (what the view holds, for the next process that syncs it) ----------
 
@@ -286,6 +356,16 @@ class RepositoryView:
         tmp = self.root / f"{_MANIFEST}.{os.getpid()}"
         tmp.write_text(json.dumps(data))
         tmp.replace(self.root / _MANIFEST)
+
+
+def _newest(path: Path) -> int:
+    """The newest modification time (ns) of ``path`` or anything under it."""
+    newest = path.stat().st_mtime_ns
+    for root, dirs, files in os.walk(path):
+        for entry in [*dirs, *files]:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.stat(os.path.join(root, entry)).st_mtime_ns)
+    return newest
 
 
 def _in_version_dir(parts: tuple[str, ...]) -> bool:
@@ -308,6 +388,7 @@ def prepare(
     mode: str,
     load_models: list[str],
     model_config_name: str = "",
+    namespacing: bool = False,
 ) -> RepositoryView:
     """The launcher's first sync of a view, before any role reads it: every model whole,
     or in explicit mode those that load at start (what --load-model names, with what its
@@ -316,7 +397,7 @@ def prepare(
     from configs import repository
     from configs.model_control import ALL, startup_models
 
-    view = RepositoryView(locations, root)
+    view = RepositoryView(locations, root, namespacing=namespacing)
     wanted: set[str] | None = None
     if mode == "explicit" and ALL not in load_models:
         view.sync(set(), strict=True)  # the configs: which models the named ones use

@@ -139,9 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_file_limit()  # its children inherit the raised limit
     from shoal.launcher import Launcher, ServeSettings
 
-    if args.model_namespacing:
-        print("error: --model-namespacing=true is not supported", file=sys.stderr)
-        return 2
     locations: list[str] = []
     for location in args.model_repository:
         if is_remote(location):
@@ -180,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = ServeSettings(
         model_repository=repo,
         repository_locations=locations if view else [],
+        model_namespacing=args.model_namespacing,
         http_address=args.http_address,
         http_port=args.http_port,
         allow_http=args.allow_http,

@@ -48,6 +48,7 @@ class ServeSettings:
     # what model_repository is a view of (several repositories, object storage): the
     # launcher fetches it before the other roles start, and removes it at exit
     repository_locations: list[str] = field(default_factory=list)
+    model_namespacing: bool = False  # a name in several repositories: one per repository
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     allow_http: bool = True
@@ -155,6 +156,7 @@ class Launcher:
             f"--repository-poll-secs={self.s.repository_poll_secs}",
             *(f"--load-model={name}" for name in self.s.load_models),
             *(f"--repository-location={loc}" for loc in self.s.repository_locations),
+            *(["--model-namespacing=true"] if self.s.model_namespacing else []),
         ]
 
     def frontend_argv(self, index: int) -> list[str]:
@@ -291,6 +293,7 @@ class Launcher:
                 mode=self.s.model_control_mode,
                 load_models=self.s.load_models,
                 model_config_name=self.s.model_config_name,
+                namespacing=self.s.model_namespacing,
             )
         except repository_view.RepositoryError as err:
             log.error("error: creating server: Internal - %s", err.message)

@@ -69,7 +69,6 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
     ("flags", "words"),
     [
         (["--model-repository=/nonexistent"], "model repository '/nonexistent' is not a directory"),
-        (["--model-namespacing=true"], "--model-namespacing=true is not supported"),
         (["--grpc-use-ssl=true"], "--grpc-use-ssl needs --grpc-server-cert"),
         (["--grpc-keepalive-time=-1"], "--grpc-keepalive-time must not be negative"),
         (["--log-file=/nonexistent/dir/x.log"], "cannot write the log file"),
