@@ -216,6 +216,21 @@ def test_a_stale_cache_of_a_dead_server_is_removed_at_start(
     local = tmp_path / "repo"
     modelgen.write_shipped_repository(local, ("simple",))
     _upload(s3, local, "repo")
-    with served(f"s3://{endpoint}/{BUCKET}/repo", env=CREDENTIALS) as srv:
+    # the endpoint from AWS_ENDPOINT_URL, as the AWS tools take it
+    env = {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://{endpoint}"}
+    with served(f"s3://{BUCKET}/repo", env=env) as srv:
         assert not stale.exists()
         assert srv.http_status("/v2/models/simple/ready") == 200
+
+
+def test_a_folder_and_a_bucket_serve_together(s3: Any, endpoint: str, tmp_path: Path) -> None:
+    local, folder = tmp_path / "bucket", tmp_path / "folder"
+    modelgen.write_shipped_repository(local, ("simple",))
+    modelgen.write_shipped_repository(folder, ("mlp",))
+    _upload(s3, local, "repo")
+    url = f"s3://{endpoint}/{BUCKET}/repo"
+    with served(folder, f"--model-repository={url}", env=CREDENTIALS) as srv:
+        client = httpclient.InferenceServerClient(srv.url)
+        np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
+        assert client.is_model_ready("mlp")
+        assert sorted(e["name"] for e in client.get_model_repository_index()) == ["mlp", "simple"]
