@@ -93,8 +93,7 @@ class RepositorySync:
         except Exception as exc:  # a bug must not end the thread: the next sync retries
             log.exception("repository sync failed")
             return dict.fromkeys(wanted, str(exc))
-        missing = "not found in any model repository"
-        return {n: self.view.errors.get(n, missing) for n in wanted if not self.view.has(n)}
+        return {n: why for n in wanted if (why := self.view.problem(n))}
 
 
 def _composing(model_dir: Path) -> list[str]:

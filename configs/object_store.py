@@ -150,6 +150,16 @@ class S3Store:
             ) from None
 
 
+def _tag(info: dict[str, Any]) -> str:
+    """What changes when an object does, from an fsspec listing: its hash where the
+    filesystem gives one, else its size and time."""
+    digest = info.get("etag") or info.get("md5Hash") or info.get("ETag")
+    if digest:
+        return str(digest)
+    when = info.get("mtime") or info.get("last_modified") or info.get("updated")
+    return f"{info.get('size')}:{when or info.get('created')}"
+
+
 class FsspecStore:
     """Google Cloud Storage and Azure through fsspec (gcsfs, adlfs)."""
 
@@ -183,11 +193,12 @@ class FsspecStore:
         for path, info in found.items():
             key = path.strip("/")[len(root.strip("/")) :].lstrip("/")
             if key and info.get("type") != "directory":
-                out[key] = str(info.get("etag") or info.get("md5Hash") or info.get("size"))
+                out[key] = _tag(info)
         return out
 
     def download(self, key: str, dest: Path) -> None:
         try:
             self.fs.get_file(self._path(key), str(dest))
         except Exception as exc:
-            raise StorageError(f"Failed to get object at {self.loc.display(key)}: {exc}") from None
+            where = f"{self.loc.scheme}://{self._path(key)}"
+            raise StorageError(f"Failed to get object at {where}: {exc}") from None

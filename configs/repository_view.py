@@ -112,12 +112,28 @@ class RepositoryView:
         self._remotes: dict[int, _Remote] = {}
         self._copies: dict[str, _Copy] = {}
         self.errors: dict[str, str] = {}  # model -> why its last fetch failed
+        self.list_errors: dict[int, str] = {}  # repository -> why its last listing failed
         self._load_manifest()
 
     def has(self, name: str) -> bool:
         """Whether the view holds ``name`` whole (linked, or its copy whole)."""
         copy = self._copies.get(name)
         return (self.root / name).is_dir() and (copy is None or copy.whole)
+
+    def problem(self, name: str) -> str:
+        """Why ``name`` cannot load from the view as the last sync left it ("": it can):
+        its repository could not be listed (a load must not use a copy the storage may no
+        longer hold), its files could not be fetched, or no repository has it."""
+        where = self._served.get(name)
+        if where is not None and where[0] in self.list_errors:
+            return self.list_errors[where[0]]
+        if name in self.errors:
+            return self.errors[name]
+        if self.has(name):
+            return ""
+        if self.list_errors:  # (it may be in the repository that could not be read)
+            return "; ".join(self.list_errors.values())
+        return "not found in any model repository"
 
     def _remote(self, index: int) -> _Remote:
         if index not in self._remotes:
@@ -134,6 +150,7 @@ class RepositoryView:
         found: dict[str, tuple[int, dict[str, str]]] = {}
         seen: dict[str, list[int]] = {}
         listed: dict[int, dict[str, tuple[int, dict[str, str]]]] = {}
+        self.list_errors = {}
         for index, location in enumerate(self.locations):
             try:
                 models = self._models_of(index, location)
@@ -142,6 +159,7 @@ class RepositoryView:
                 if strict:
                     raise RepositoryError(message) from None
                 log.warning("cannot read model repository %s: %s", location, message)
+                self.list_errors[index] = message
                 models = self._held(index, location)
             listed[index] = models
             for name, (_, files) in models.items():

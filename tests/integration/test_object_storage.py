@@ -234,3 +234,34 @@ def test_a_folder_and_a_bucket_serve_together(s3: Any, endpoint: str, tmp_path: 
         np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
         assert client.is_model_ready("mlp")
         assert sorted(e["name"] for e in client.get_model_repository_index()) == ["mlp", "simple"]
+
+
+def test_a_dead_endpoint_later_fails_loads_in_seconds_and_the_server_serves_on(
+    tmp_path: Path,
+) -> None:
+    """The S3 server goes away while shoal runs (explicit mode): a load fails with the
+    storage's error within the timeouts, the index answers, the loaded model serves."""
+    port = free_port()
+    own = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    own.start()
+    try:
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", **_boto_args())
+        s3.create_bucket(Bucket=BUCKET)
+        local = tmp_path / "repo"
+        modelgen.write_shipped_repository(local, ("simple", "mlp"))
+        _upload(s3, local, "repo")
+        url = f"s3://127.0.0.1:{port}/{BUCKET}/repo"
+        args = ("--model-control-mode=explicit", "--load-model=simple")
+        with served(url, *args, env=CREDENTIALS) as srv:
+            client = httpclient.InferenceServerClient(srv.url, network_timeout=60)
+            own.stop()
+            started = time.monotonic()
+            with pytest.raises(Exception, match="Could not get MetaData for bucket") as e:
+                client.load_model("mlp")
+            assert "failed to load 'mlp', failed to poll from model repository" in str(e.value)
+            assert time.monotonic() - started < 30
+            assert {e["name"] for e in client.get_model_repository_index()} == {"simple", "mlp"}
+            np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
+            assert client.is_server_ready()
+    finally:
+        own.stop()
