@@ -16,10 +16,9 @@ the configs that must name it so are rewritten in the view (a folder of links to
 model's files beside its rewritten config.pbtxt, for a local repository).
 
 Owner: the launcher makes the view and syncs it before any other role starts, and
-removes it at exit; then the broker keeps it in step (`RepositorySync`), one sync at a
-time. What is on disk between syncs is all a reader sees: readers never block on the
-network. The cache's folder name carries the launcher's pid, so the next start removes
-what a killed server left (`sweep_stale`).
+removes it at exit (shoal/repository_cache.py); then the broker keeps it in step
+(broker/repository_sync.py), one sync at a time. What is on disk between syncs is all a
+reader sees: readers never block on the network.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ from configs.schema import NON_VERSION_DIRS
 
 log = logging.getLogger(__name__)
 
-CACHE_PREFIX = "shoal-models-"
 _MANIFEST = ".shoal-manifest.json"
 _REWRITE = ".shoal-rewrite.json"  # in a model's folder whose config the view rewrote
 
@@ -50,39 +48,6 @@ class RepositoryError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-def needs_view(locations: list[str]) -> bool:
-    """Whether these --model-repository values need a view (else the one local folder
-    is read as it is)."""
-    return len(locations) > 1 or any(is_remote(loc) for loc in locations)
-
-
-def cache_dir(pid: int | None = None) -> Path:
-    """The view's folder for the launcher ``pid`` (this process by default)."""
-    return Path(tempfile.gettempdir()) / f"{CACHE_PREFIX}{pid or os.getpid()}"
-
-
-def sweep_stale() -> list[Path]:
-    """Remove the views of servers that are gone (their launcher's pid is dead)."""
-    removed = []
-    for path in Path(tempfile.gettempdir()).glob(f"{CACHE_PREFIX}*"):
-        pid = path.name.removeprefix(CACHE_PREFIX)
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -397,34 +362,3 @@ def _remove(path: Path) -> None:
             path.unlink()
     elif path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
-
-
-def prepare(
-    locations: list[str],
-    root: Path,
-    *,
-    mode: str,
-    load_models: list[str],
-    model_config_name: str = "",
-    namespacing: bool = False,
-) -> RepositoryView:
-    """The launcher's first sync of a view, before any role reads it: every model whole,
-    or in explicit mode those that load at start (what --load-model names, with what its
-    ensembles use) and the configs of the others. Raises RepositoryError (the server
-    cannot start)."""
-    from configs import repository
-    from configs.model_control import ALL, startup_models
-
-    view = RepositoryView(locations, root, namespacing=namespacing)
-    wanted: set[str] | None = None
-    if mode == "explicit" and ALL not in load_models:
-        view.sync(set(), strict=True)  # the configs: which models the named ones use
-        level = repository.log.level
-        repository.log.setLevel(logging.CRITICAL)  # (half-fetched models: not errors)
-        try:
-            entries = repository.scan(root, model_config_name=model_config_name)
-        finally:
-            repository.log.setLevel(level)
-        wanted = startup_models(entries, mode, load_models)
-    view.sync(wanted, strict=True)
-    return view

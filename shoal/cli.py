@@ -27,10 +27,10 @@ from configs.flags.frontend import (
 )
 from configs.model_control import check_flags
 from configs.object_store import is_remote
-from configs.repository_view import cache_dir, needs_view
 from ipc.lifecycle import raise_open_file_limit, run_until_stopped
 from ipc.logs import setup_logging
 from shoal.no_effect_flags import add_no_effect_flags, no_effect
+from shoal.repository_cache import cache_dir, needs_view
 
 log = logging.getLogger("shoal.serve")
 

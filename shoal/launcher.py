@@ -24,17 +24,19 @@ from pathlib import Path
 
 import zmq
 
-from configs import rate_limits, repository, repository_view
+from configs import rate_limits, repository
 from configs.devices import gpu_count
 from configs.flags.broker import rate_limit_flags
 from configs.flags.common import log_flags
 from configs.model_control import startup_models
 from configs.placement import plan_repository
+from configs.repository_view import RepositoryError
 from ipc import messages as m
 from ipc import shm, sockets
 from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
 from ipc.messages import LogSettings, WorkerSpec
 from ipc.sockets import ensure_runtime_dir
+from shoal import repository_cache
 
 log = logging.getLogger("shoal.serve")
 
@@ -284,10 +286,10 @@ class Launcher:
 
     def _prepare_view(self) -> bool:
         """Fetch the repositories' view (whether the server can start)."""
-        for stale in repository_view.sweep_stale():
+        for stale in repository_cache.sweep_stale():
             log.info("removed the model cache of a server that is gone: %s", stale)
         try:
-            repository_view.prepare(
+            repository_cache.prepare(
                 self.s.repository_locations,
                 self.s.model_repository,
                 mode=self.s.model_control_mode,
@@ -295,7 +297,7 @@ class Launcher:
                 model_config_name=self.s.model_config_name,
                 namespacing=self.s.model_namespacing,
             )
-        except repository_view.RepositoryError as err:
+        except RepositoryError as err:
             log.error("error: creating server: Internal - %s", err.message)
             return False
         return True

@@ -10,6 +10,7 @@ import pytest
 from configs import repository_view
 from configs.object_store import RemoteLocation, StorageError
 from configs.repository_view import RepositoryError, RepositoryView
+from shoal import repository_cache
 
 
 class FakeStore:
@@ -112,10 +113,10 @@ def test_an_unreadable_store_is_an_error_at_start_and_keeps_the_view_later(
 def test_stale_views_of_dead_servers_are_swept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(repository_view.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(repository_cache.tempfile, "gettempdir", lambda: str(tmp_path))
     dead = tmp_path / "shoal-models-999999999"
-    live = repository_view.cache_dir()
+    live = repository_cache.cache_dir()
     dead.mkdir()
     live.mkdir()
-    assert repository_view.sweep_stale() == [dead]
+    assert repository_cache.sweep_stale() == [dead]
     assert live.is_dir() and not dead.exists()
