@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-control-mode", default="none", choices=MODES)
     p.add_argument("--load-model", action="append", default=[])
     p.add_argument("--repository-poll-secs", default=15.0, type=float)
+    # the repositories a view (--model-repository) is made of: the broker keeps it in step
+    p.add_argument("--repository-location", action="append", default=[])
+    p.add_argument("--model-namespacing", type=bool_flag, default=False)
     add_instance_memory_flag(p)
     add_cpu_lending_flag(p)
     add_rate_limit_flags(p)
@@ -74,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             model_control_mode=args.model_control_mode,
             load_models=args.load_model,
             repository_poll_secs=args.repository_poll_secs,
+            repository_locations=args.repository_location,
+            model_namespacing=args.model_namespacing,
             expect_launcher=args.parent_pid is not None,
             cpu_lending=args.cpu_lending,
         )

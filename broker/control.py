@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.models import Instance, ModelTable, ModelVersion
+from broker.repository_sync import RepositorySync
 from configs import repository
 from configs.devices import gpu_count
 from configs.ensemble import Dependency, dependencies, is_ensemble
@@ -81,6 +82,7 @@ class Operation:
     entries: dict[str, ModelEntry] = field(default_factory=dict)  # what it stages
     error: ServingError | None = None
     started_at: float = 0.0
+    fetched: bool = False  # its model's files are in the repository view
     claims: set[str] = field(default_factory=set)  # the models it loads or unloads
     cancelled: bool = False  # a load an unload of its model overtook
     blocked_by: set[str] = field(default_factory=set)  # claimed by others when it tried
@@ -149,6 +151,9 @@ class ModelControl:
         self._live: set[int] = set()  # loads (generations) that may have versions
         self._spawned: set[int] = set()  # those that asked the launcher for workers
         self._claimed: dict[str, Operation] = {}  # model -> the started op that touches it
+        # a repository view (several repositories, object storage): synced off the turn;
+        # a load waits for its model's files, the index and rescans ask for a sync
+        self.view_sync: RepositorySync | None = None
 
     @property
     def busy(self) -> bool:
@@ -177,6 +182,8 @@ class ModelControl:
         if self.poll_secs <= 0 or now < self._next_poll or not self.has_launcher:
             return out  # (without a launcher, under supervisord, nothing could load)
         self._next_poll = now + self.poll_secs
+        if self.view_sync is not None:
+            self.view_sync.kick()  # (what it brings, the next rescan sees)
         try:
             names = repository.model_dirs(self.repo)
         except OSError as exc:  # (a network file system's hiccup): nothing is unloaded
@@ -340,6 +347,14 @@ class ModelControl:
             return True
         if op.blocked_by and any(self._claimed.get(n, op) is not op for n in op.blocked_by):
             return False  # (tried again once those are released, not on every turn)
+        if self.view_sync is not None and self.explicit and not op.files and not op.fetched:
+            done, why = self.view_sync.fetched(op.model)
+            if not done:
+                return False  # (its files are on their way)
+            op.fetched = True
+            if why:
+                op.started, op.error = True, poll_failed(op.model, why)
+                return True
         op.started = True
         if op.cancelled:  # an unload of its model came before it began
             op.error = ServingError(
@@ -664,6 +679,8 @@ class ModelControl:
         failed = {n for n, vs in self.unloaded.items() if any(r != "unloaded" for r in vs.values())}
         # what the repository holds now, as Triton's; and any whose failed load keeps the
         # server from being ready (one loaded from a request's files has no directory)
+        if self.view_sync is not None:
+            self.view_sync.kick()  # (the bucket's changes: in the next index)
         try:
             names = repository.model_dirs(self.repo)
         except OSError:

@@ -37,15 +37,17 @@ from broker.ensemble_readiness import EnsembleReadiness
 from broker.models import Instance, ModelTable, ModelVersion
 from broker.ordering import OrderedRelease
 from broker.rate_limiter import RateLimiter
+from broker.repository_sync import RepositorySync
 from broker.router import Dispatch, Router
 from broker.sequencer import SequenceRefused
 from broker.wake_timer import WakeTimer
-from configs import ensemble, rate_limits, repository
+from configs import ensemble, namespaces, rate_limits, repository
 from configs.devices import gpu_count
 from configs.ensemble import is_ensemble
 from configs.model_control import ALL, startup_models
 from configs.placement import instance_count, passive_instances
 from configs.rate_limits import describe
+from configs.repository_view import RepositoryView
 from ipc import logs, shm, sockets
 from ipc import messages as m
 from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_model
@@ -73,6 +75,9 @@ class BrokerSettings:
     model_control_mode: str = "none"  # configs.model_control
     load_models: list[str] = field(default_factory=list)  # --load-model (explicit mode)
     repository_poll_secs: float = 15.0  # poll mode: how often the repository is rescanned
+    # what model_repository is a view of (configs/repository_view.py); [] it is no view
+    repository_locations: list[str] = field(default_factory=list)
+    model_namespacing: bool = False  # qualified names (configs/namespaces.py) are served
     expect_launcher: bool = False  # started by shoal serve (explicit/poll: it starts workers)
     cpu_lending: bool = True  # idle CPU instances lend their cores to busy ones
 
@@ -125,6 +130,14 @@ class BrokerProc:
             autocomplete=settings.autocomplete,
             poll_secs=settings.repository_poll_secs if settings.model_control_mode == "poll" else 0,
         )
+        if settings.repository_locations and settings.model_control_mode != "none":
+            view = RepositoryView(
+                settings.repository_locations,
+                settings.model_repository,
+                namespacing=settings.model_namespacing,
+            )
+            whole = settings.model_control_mode != "explicit"
+            self.control.view_sync = RepositorySync(view, whole=whole)
         # its identity once it said hello (explicit and poll modes: it starts the workers
         # of the models loaded while the server runs)
         self.launcher: bytes | None = None
@@ -489,6 +502,10 @@ class BrokerProc:
         """The READY version a request or query names, else Triton's error for why not
         (each reason after UNKNOWN_MODEL, as Triton's GetModel writes it)."""
         entry = self.table.models.get(name)
+        if entry is None and self.s.model_namespacing:
+            ambiguous = namespaces.ambiguity(name, list(self.table.models))
+            if ambiguous:
+                raise ServingError(Code.INVALID_ARG, ambiguous)
         if entry is None and self.control.unloaded.get(name):
             # unloaded, or its load failed (Triton's words; 404: it will not come back alone)
             raise ServingError(Code.NOT_FOUND, f"{UNKNOWN_MODEL}'{name}' has no available versions")
@@ -876,6 +893,8 @@ class BrokerProc:
             self._send(self.wsock, [ident, *m.encode(m.Shutdown("broker stopping"))])
 
     def close(self) -> None:
+        if self.control.view_sync is not None:
+            self.control.view_sync.close()
         for fd in list(self.pidfds):
             self._unwatch(fd)
         self.peer_fds.close()

@@ -30,9 +30,11 @@ from configs.flags.frontend import (
     grpc_flag_values,
 )
 from configs.model_control import check_flags
+from configs.object_store import is_remote
 from ipc.lifecycle import raise_open_file_limit, run_until_stopped
 from ipc.logs import setup_logging
 from shoal.no_effect_flags import add_no_effect_flags, no_effect
+from shoal.repository_cache import cache_dir, needs_view
 
 if TYPE_CHECKING:
     from shoal.launcher import ServeSettings
@@ -58,8 +60,9 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     """``shoal serve``'s flags (tritonserver's names), also taken by supervisord-conf."""
-    # Repeatable in Triton (one server over several repositories); shoal serves one.
-    p.add_argument("--model-repository", "--model-store", required=True, action="append", type=Path)
+    # Repeatable (one server over several repositories); a folder or object storage
+    # (s3://, gs://, az://): configs/repository_view.py
+    p.add_argument("--model-repository", "--model-store", required=True, action="append")
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", default=8000, type=int)
     p.add_argument("--allow-http", type=bool_flag, default=True)
@@ -244,6 +247,13 @@ def supervisord_conf(args: argparse.Namespace, argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if settings.repository_locations:
+        print(
+            "error: several model repositories and object storage need shoal serve, whose "
+            "launcher fetches them into one view before the other roles start",
+            file=sys.stderr,
+        )
+        return 2
     read_from = settings.model_repository
     settings.model_repository = Path(args.deployed_model_repository or read_from)
     settings.runtime_dir = args.runtime_dir or str(args.supervisor_dir / "ipc")
@@ -296,16 +306,16 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     Flags that have no effect are named in warnings."""
     from shoal.launcher import ServeSettings
 
-    if len(args.model_repository) > 1:
-        raise ValueError(
-            f"--model-repository given {len(args.model_repository)} times: shoal "
-            "serves one model repository"
-        )
-    if args.model_namespacing:
-        raise ValueError("--model-namespacing=true is not supported")
-    repo = args.model_repository[0]
-    if not repo.is_dir():
-        raise ValueError(f"model repository '{repo}' is not a directory")
+    locations: list[str] = []
+    for location in args.model_repository:
+        if is_remote(location):
+            locations.append(location)
+        elif not Path(location).is_dir():
+            raise ValueError(f"model repository '{location}' is not a directory")
+        else:
+            locations.append(str(Path(location).resolve()))
+    view = needs_view(locations)
+    repo = cache_dir() if view else Path(locations[0])
     refusal = check_flags(args.model_control_mode, args.load_model)
     if refusal is None and args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
         refusal = "--repository-poll-secs must be more than 0 in poll mode"
@@ -326,7 +336,9 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
     backend_cfg = _backend_config(args.backend_config)
     return ServeSettings(
-        model_repository=repo.resolve(),
+        model_repository=repo,
+        repository_locations=locations if view else [],
+        model_namespacing=args.model_namespacing,
         http_address=args.http_address,
         http_port=args.http_port,
         allow_http=args.allow_http,

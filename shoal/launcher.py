@@ -23,11 +23,13 @@ from pathlib import Path
 
 import zmq
 
+from configs.repository_view import RepositoryError
 from ipc import messages as m
 from ipc import shm, sockets
 from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
 from ipc.messages import LogSettings, WorkerSpec
 from ipc.sockets import ensure_runtime_dir
+from shoal import repository_cache
 from shoal.role_argv import RoleArgv
 
 log = logging.getLogger("shoal.serve")
@@ -39,6 +41,10 @@ _STABLE_AFTER_S = 30.0  # a child up this long starts its backoff from the begin
 @dataclass
 class ServeSettings:
     model_repository: Path
+    # what model_repository is a view of (several repositories, object storage): the
+    # launcher fetches it before the other roles start, and removes it at exit
+    repository_locations: list[str] = field(default_factory=list)
+    model_namespacing: bool = False  # a name in several repositories: one per repository
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     allow_http: bool = True
@@ -146,6 +152,8 @@ class Launcher:
         removed = shm.sweep_stale()
         if removed:
             log.info("removed %d stale shared-memory segment(s) of dead processes", len(removed))
+        if self.s.repository_locations and not self._prepare_view():
+            return 1
         self._spawn("broker", self.broker_argv())
         for name, argv in self.worker_argvs():
             self._spawn(f"worker {name}", argv)
@@ -156,6 +164,24 @@ class Launcher:
             addr = sockets.endpoint(self.runtime_dir, sockets.FRONTEND_SOCKET)
             self.sock = sockets.dealer(self.ctx, addr, sockets.LAUNCHER_IDENTITY)
         return self._watch()
+
+    def _prepare_view(self) -> bool:
+        """Fetch the repositories' view (whether the server can start)."""
+        for stale in repository_cache.sweep_stale():
+            log.info("removed the model cache of a server that is gone: %s", stale)
+        try:
+            repository_cache.prepare(
+                self.s.repository_locations,
+                self.s.model_repository,
+                mode=self.s.model_control_mode,
+                load_models=self.s.load_models,
+                model_config_name=self.s.model_config_name,
+                namespacing=self.s.model_namespacing,
+            )
+        except RepositoryError as err:
+            log.error("error: creating server: Internal - %s", err.message)
+            return False
+        return True
 
     def _watch(self) -> int:
         while not self.stop:
@@ -285,6 +311,8 @@ class Launcher:
             self.ctx.term()
         if self.own_runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self.s.repository_locations:  # the models' cache
+            shutil.rmtree(self.s.model_repository, ignore_errors=True)
         log.info("stopped")
 
 

@@ -75,6 +75,8 @@ class RoleArgv:
             f"--model-control-mode={s.model_control_mode}",
             f"--repository-poll-secs={s.repository_poll_secs}",
             *(f"--load-model={name}" for name in s.load_models),
+            *(f"--repository-location={loc}" for loc in s.repository_locations),
+            *(["--model-namespacing=true"] if s.model_namespacing else []),
         ]
 
     def frontend(self, index: int | str) -> list[str]:

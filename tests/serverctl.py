@@ -104,7 +104,7 @@ def shm_segments_of(pids: set[int]) -> list[str]:
 class ShoalServer:
     def __init__(
         self,
-        repo: Path,
+        repo: Path | str,
         *args: str,
         wait_ready: bool = True,
         env: dict[str, str] | None = None,
@@ -271,10 +271,13 @@ def settled_server(repo: Path, models: tuple[str, ...]) -> Iterator[ShoalServer]
 
 
 @contextlib.contextmanager
-def served(repo: Path, *args: str) -> Iterator[ShoalServer]:
+def served(
+    repo: Path | str, *args: str, env: dict[str, str] | None = None
+) -> Iterator[ShoalServer]:
     """A server for the ``with`` block: stopped after it, failing or not, and checked to
-    have exited cleanly and left nothing behind."""
-    srv = ShoalServer(repo, *args)
+    have exited cleanly and left nothing behind. ``repo``: a folder, or a location in
+    object storage (``s3://...``)."""
+    srv = ShoalServer(repo, *args, env=env)
     try:
         yield srv
     finally:

@@ -68,8 +68,7 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
-        (["--model-repository=/tmp"], "--model-repository given 2 times: shoal serves one"),
-        (["--model-namespacing=true"], "--model-namespacing=true is not supported"),
+        (["--model-repository=/nonexistent"], "model repository '/nonexistent' is not a directory"),
         (["--grpc-use-ssl=true"], "--grpc-use-ssl needs --grpc-server-cert"),
         (["--grpc-keepalive-time=-1"], "--grpc-keepalive-time must not be negative"),
         (["--log-file=/nonexistent/dir/x.log"], "cannot write the log file"),

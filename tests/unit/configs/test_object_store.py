@@ -1,0 +1,58 @@
+"""Object storage clients (configs/object_store.py): the fsspec one (gs://, az://) over
+fsspec's in-memory filesystem, standing in for gcsfs and adlfs; S3 is tested against a
+real S3 server in tests/integration/test_object_storage.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from configs import object_store
+from configs.object_store import FsspecStore, RemoteLocation, StorageError
+from configs.repository_view import RepositoryView
+
+fsspec = pytest.importorskip("fsspec")
+
+
+@pytest.fixture
+def memory(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    fs = fsspec.filesystem("memory")
+    fs.store.clear()
+    monkeypatch.setattr(fsspec, "filesystem", lambda protocol: fs)
+    yield fs
+    fs.store.clear()
+
+
+def test_a_bucket_is_listed_relative_to_the_repository_and_read(
+    memory: Any, tmp_path: Path
+) -> None:
+    memory.pipe("/b/repo/m/config.pbtxt", b'name: "m"')
+    memory.pipe("/b/repo/m/1/model.onnx", b"onnx")
+    memory.pipe("/b/other/x", b"")
+    store = FsspecStore(RemoteLocation.parse("gs://b/repo"))
+    listed = store.list("repo")
+    assert sorted(listed) == ["m/1/model.onnx", "m/config.pbtxt"]
+    store.download("repo/m/1/model.onnx", tmp_path / "model.onnx")
+    assert (tmp_path / "model.onnx").read_bytes() == b"onnx"
+    with pytest.raises(StorageError, match=r"Failed to get object at gs://b/repo/absent"):
+        store.download("repo/absent", tmp_path / "absent")
+
+
+def test_a_view_over_azure_storage_fetches_its_models(memory: Any, tmp_path: Path) -> None:
+    memory.pipe("/container/models/m/config.pbtxt", b'name: "m"')
+    memory.pipe("/container/models/m/1/model.onnx", b"onnx")
+    view = RepositoryView(["az://container/models"], tmp_path / "view")
+    assert view.sync(strict=True) == {"m"}
+    assert (tmp_path / "view" / "m" / "1" / "model.onnx").read_bytes() == b"onnx"
+
+
+def test_a_missing_client_package_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(protocol: str) -> None:
+        raise ImportError("no gcsfs")
+
+    monkeypatch.setattr(fsspec, "filesystem", missing)
+    with pytest.raises(StorageError, match="needs fsspec and gcsfs"):
+        object_store.open_store(RemoteLocation.parse("gs://b/repo"))
