@@ -50,7 +50,7 @@ from configs.schema import ConfigError
 from ipc import logs, shm, sockets
 from ipc import messages as m
 from ipc.errors import UNKNOWN_MODEL, Code, RequestError, ServingError, unknown_model
-from ipc.lifecycle import raise_open_file_limit, settle_gc
+from ipc.lifecycle import EXIT_FATAL, raise_open_file_limit, settle_gc
 
 log = logging.getLogger("shoal.broker")
 # The longest the loop sleeps with nothing to do: its hang checks and retries run then.
@@ -205,7 +205,7 @@ class BrokerProc:
                     log.error(
                         "exiting: %d model(s) failed to load (--exit-on-error)", len(failures)
                     )
-                    return 1
+                    return EXIT_FATAL  # a restart would fail the same way
                 log.info(
                     "startup complete: %s",
                     ", ".join(f"{s.name}/{s.version}={s.state}" for s in self.table.states())
