@@ -5,8 +5,10 @@ Each child is its own program (``python -m broker|frontend|workers``), exactly a
 supervisord would run them, so the two deployments share every code path. Children
 die with the launcher (PDEATHSIG). A child that exits is restarted after a backoff
 (shoal/restart_policy.py), the broker too: the frontends and workers that keep running
-rejoin the new one. A broker or frontend that keeps dying soon after each start stops
-the server (a crash loop); so does one that exits saying it cannot run (EXIT_FATAL).
+rejoin the new one; a broker that stops answering without exiting is killed first
+(shoal/broker_watch.py). A broker or frontend that keeps dying soon after each start
+stops the server (a crash loop); so does one that exits saying it cannot run
+(EXIT_FATAL).
 Stop order: frontends first (stop accepting, drain until the exit timeout), then the
 broker and the workers, then a sweep of any shared memory a killed child left in
 /dev/shm.
@@ -38,6 +40,7 @@ from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
 from ipc.messages import LogSettings, WorkerSpec
 from ipc.sockets import ensure_runtime_dir
 from shoal import restart_policy
+from shoal.broker_watch import BrokerWatch
 from shoal.flags import log_flags, rate_limit_flags
 
 log = logging.getLogger("shoal.serve")
@@ -108,10 +111,13 @@ class Launcher:
         self.restarts: list[tuple[float, str, list[str], int]] = []  # (due, role, argv, count)
         self.own_runtime_dir = not s.runtime_dir
         self.runtime_dir = ensure_runtime_dir(s.runtime_dir or None)
-        # To the broker (explicit model control): it asks for the workers of the models
-        # loaded through the API. None in mode none: every worker starts here, at once.
+        # To the broker: pings (a stuck broker is killed), and in model control modes its
+        # requests for the workers of the models loaded through the API (in mode none
+        # every worker starts here, at once).
+        self.managed = s.model_control_mode in ("explicit", "poll")
         self.ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self.sock: zmq.Socket[bytes] | None = None
+        self.broker_watch = BrokerWatch()
         self.welcomed = False
         self.last_hello = 0.0
         self.gone_generations: set[int] = set()  # loads whose workers must not run again
@@ -258,6 +264,8 @@ class Launcher:
             role, argv, proc, os.pidfd_open(proc.pid), restarts, generation=_generation(argv)
         )
         self.children.append(child)
+        if role == "broker":
+            self.broker_watch.started()
         log.debug("started %s (pid %d)", role, proc.pid)
         return child
 
@@ -270,10 +278,9 @@ class Launcher:
             self._spawn(f"worker {name}", argv)
         for i in range(self.s.frontend_processes):
             self._spawn(f"frontend#{i}", self.frontend_argv(i))
-        if self.s.model_control_mode in ("explicit", "poll"):
-            self.ctx = zmq.Context()
-            addr = sockets.endpoint(self.runtime_dir, sockets.FRONTEND_SOCKET)
-            self.sock = sockets.dealer(self.ctx, addr, sockets.LAUNCHER_IDENTITY)
+        self.ctx = zmq.Context()
+        addr = sockets.endpoint(self.runtime_dir, sockets.FRONTEND_SOCKET)
+        self.sock = sockets.dealer(self.ctx, addr, sockets.LAUNCHER_IDENTITY)
         return self._watch()
 
     def _watch(self) -> int:
@@ -288,10 +295,9 @@ class Launcher:
                 self._spawn(role, argv, count)
                 if role == "broker":
                     self._start_missing_workers()
-            if self.sock is not None and not self.welcomed and now - self.last_hello > 0.5:
-                self.sock.send_multipart(m.encode(m.LauncherHello(os.getpid())))
-                self.last_hello = now
-            wait = min([1.0 if self.welcomed or self.sock is None else 0.5,
+            if self.sock is not None:
+                self._talk_to_broker(now)
+            wait = min([1.0 if self.welcomed or not self.managed else 0.5,
                         *(r[0] - now for r in self.restarts)])  # fmt: skip
             try:
                 ready, _, _ = select.select(fds, [], [], max(wait, 0.0))
@@ -308,15 +314,34 @@ class Launcher:
                     return code
         return 0
 
+    def _talk_to_broker(self, now: float) -> None:
+        """Greet the broker (model control modes), ping it, and kill it if it is stuck:
+        it is then restarted as any broker that died."""
+        assert self.sock is not None
+        with contextlib.suppress(zmq.Again):  # (a queue that is full: sent next time)
+            if self.managed and not self.welcomed and now - self.last_hello > 0.5:
+                self.sock.send_multipart(m.encode(m.LauncherHello(os.getpid())), zmq.NOBLOCK)
+                self.last_hello = now
+            if self.broker_watch.ping_due(now):
+                self.sock.send_multipart(m.encode(m.ServerQuery(0)), zmq.NOBLOCK)
+        if self.broker_watch.stuck(now):
+            self.broker_watch.started()  # judged again once the next one answers
+            for c in self.children:
+                if c.role == "broker":
+                    log.error("broker (pid %d) did not answer for %.0fs: stuck; killing it",
+                              c.proc.pid, self.broker_watch.silent_s)  # fmt: skip
+                    c.proc.kill()  # (not reaped yet: its pid is still its own)
+
     def _from_broker(self) -> None:
-        """The broker's welcome, and the workers it asks for (models loaded through the
-        model control API)."""
+        """The broker's answers (any says it lives), its welcome, and the workers it asks
+        for (models loaded through the model control API)."""
         assert self.sock is not None
         while True:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.broker_watch.heard(time.monotonic())
             try:
                 msg = m.decode(frames[0], frames[1])
             except (ValueError, IndexError) as exc:
@@ -356,7 +381,7 @@ class Launcher:
         if child.generation in self.gone_generations:
             log.info("%s stopped: its load is over", child.role)
             return None
-        if rc == EXIT_RETIRED and child.role.startswith("worker") and self.sock is not None:
+        if rc == EXIT_RETIRED and child.role.startswith("worker") and self.managed:
             log.info("%s stopped: its model was unloaded or reloaded", child.role)
             return None
         if rc == EXIT_FATAL:

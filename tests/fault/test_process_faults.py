@@ -343,6 +343,29 @@ def test_a_stopped_broker_fails_waiting_requests_and_is_rejoined_when_it_resumes
     )
 
 
+def test_a_stuck_broker_is_killed_and_restarted(fresh_server: ShoalServer) -> None:
+    """A broker that stops answering without exiting (SIGSTOP here; a deadlock, in life)
+    is killed by the launcher once it has been silent 30 s, then restarted as any dead
+    broker; the frontend and the workers rejoin the new one."""
+    (broker,) = fresh_server.pids("broker")
+    workers = sorted(fresh_server.pids("workers"))
+    fresh_server.seen_pids.add(broker)
+    os.kill(broker, signal.SIGSTOP)
+    _wait_gone(broker, timeout=60)
+    deadline = time.monotonic() + 30
+    while fresh_server.http_status("/v2/health/ready") != 200:
+        assert time.monotonic() < deadline, fresh_server.log()
+        time.sleep(0.1)
+    assert sorted(fresh_server.pids("workers")) == workers  # rejoined, not restarted
+    log = fresh_server.log()
+    assert f"E shoal.serve: broker (pid {broker}) did not answer for 30s: stuck; killing it" in log
+    assert "E shoal.serve: broker was killed by SIGKILL; restarting in 0.1s" in log
+    client = httpclient.InferenceServerClient(fresh_server.url)
+    np.testing.assert_array_equal(
+        client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
+    )
+
+
 def _frontend_status(srv: ShoalServer) -> dict[str, int]:
     with urllib.request.urlopen(f"http://{srv.url}/v2/shoal/frontend", timeout=5) as r:
         return dict(json.loads(r.read()))
