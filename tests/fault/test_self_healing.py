@@ -260,12 +260,14 @@ def test_each_role_killed_under_load_heals(two_models: ShoalServer) -> None:
     srv.stop()  # already gone: checks nothing is left (no process, no /dev/shm segment)
 
 
-def test_client_registrations_outlive_a_broker_restart(tmp_path: Path) -> None:
+def test_what_a_restarted_broker_keeps_and_what_it_loses(tmp_path: Path) -> None:
     """The frontends keep the broker's table of client shared-memory registrations and
     hand it to the next broker: a region registered before the broker died serves after
-    it, without the client registering it again. A restarted broker also removes the
-    result socket a frontend killed while no broker ran left behind."""
-    modelgen.write_shipped_repository(tmp_path, (MODEL_A,))
+    it, without the client registering it again. A sequence begun before is lost, with
+    Triton's error for a sequence that was never started; statistics start from zero. A
+    restarted broker also removes the result socket of a frontend gone while no broker
+    ran."""
+    modelgen.write_shipped_repository(tmp_path, (MODEL_A, "simple_sequence"))
     srv = ShoalServer(tmp_path, "--allow-client-shm=true")
     tag = secrets.token_hex(4)
     key = f"/test_heal_{tag}"
@@ -283,6 +285,9 @@ def test_client_registrations_outlive_a_broker_restart(tmp_path: Path) -> None:
             return client.infer(MODEL_A, ins).as_numpy("OUTPUT0")
 
         np.testing.assert_array_equal(infer(), a + 1)
+        step = httpclient.InferInput("INPUT", [1, 1], "INT32")
+        step.set_data_from_numpy(np.full((1, 1), 5, dtype=np.int32))
+        client.infer("simple_sequence", [step], sequence_id=42, sequence_start=True)
         stale = Path(srv.runtime_dir) / f"results-f-7-{_dead_pid()}.sock"
         stale.touch()
         (broker,) = srv.pids("broker")
@@ -297,6 +302,17 @@ def test_client_registrations_outlive_a_broker_restart(tmp_path: Path) -> None:
         assert [r["name"] for r in status] == [f"in_{tag}"]
         assert "1 client shared-memory registration(s) restored" in srv.log()
         assert not stale.exists()
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("simple_sequence", [step], sequence_id=42)
+        assert (e.value.status(), e.value.message()) == (
+            "400",
+            "[request id: <id_unknown>] inference request for sequence 42 to model "
+            "'simple_sequence' must specify the START flag on the first request of the "
+            "sequence",
+        )
+        client.infer("simple_sequence", [step], sequence_id=42, sequence_start=True)
+        stats = client.get_inference_statistics(MODEL_A)["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] == 1  # the one since
         client.unregister_system_shared_memory(f"in_{tag}")
     finally:
         shm.destroy_shared_memory_region(handle)
