@@ -413,17 +413,18 @@ class Launcher:
 
     def _broker_lost(self) -> None:
         """The broker died; the frontends and workers wait for the next one. What the
-        model control API loaded was the lost broker's: those workers stop (none is
-        restarted), and the next broker serves the start-up models, as at start, and
-        numbers its loads afresh."""
+        model control API loaded was the lost broker's: those workers are killed (their
+        requests failed with the broker; a SIGTERM would let one finish its batch and
+        greet the next broker, whose own loads are numbered afresh: it could pass for one
+        of them), none is restarted, and the next broker serves the start-up models, as
+        at start."""
         self.welcomed = False  # the next broker hears this launcher's hello
         self.gone_generations.clear()
         self.restarts = [r for r in self.restarts if _generation(r[2]) == 0]
         for c in self.children:
             if c.generation:
                 self.ended_loads.add(c.proc.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    c.proc.send_signal(signal.SIGTERM)
+                c.proc.kill()  # (not reaped yet: its pid is still its own)
 
     def _start_missing_workers(self) -> None:
         """A new broker waits for every start-up instance: those not running (their load
