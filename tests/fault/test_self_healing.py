@@ -1,5 +1,6 @@
 """Every role heals under ``shoal serve``: each is SIGKILLed in turn (the broker, a
-frontend, a worker of model A) while clients keep two models busy over HTTP and gRPC.
+frontend, a worker of model A, then shoal serve itself, whose children must all go with
+it) while clients keep two models busy over HTTP and gRPC.
 
 What each kill may cost is bounded: a worker's death fails only its own model's
 requests; the broker's and a frontend's fail those in flight at once (503 / UNAVAILABLE
