@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from broker.regions import Kind, RegionTable
+from broker.regions import Kind, Region, RegionTable
 from configs.devices import gpu_count
 from ipc import messages as m
 from ipc.errors import ServingError
@@ -79,3 +79,33 @@ class ClientRegions:
         if not item.regions:
             return []
         return self.table.release([c.reg_id for c in item.regions])
+
+    def known(self) -> list[m.ShmRequest]:
+        """Every registration not unregistered, as the register request that made it
+        (what the frontends keep, to give a restarted broker)."""
+        live = sorted(
+            (r for r in self.table.by_name.values() if not r.unregistered),
+            key=lambda r: r.reg_id,
+        )
+        return [_as_register(r) for r in live]
+
+    def restore(self, regions: list[m.ShmRequest]) -> tuple[int, list[str]]:
+        """Register again what a frontend kept from an earlier broker, skipping names
+        registered here already; returns how many came back and why each other one did
+        not (its object unlinked since, say: that registration is lost)."""
+        restored, lost = 0, []
+        for q in regions:
+            if q.op != "register" or q.name in self.table.by_name:
+                continue
+            reply, _ = self.handle(q)
+            if reply.error is None:
+                restored += 1
+            else:
+                lost.append(f"'{q.name}': {reply.error.message}")
+        return restored, lost
+
+
+def _as_register(r: Region) -> m.ShmRequest:
+    return m.ShmRequest(
+        0, "register", r.kind, r.name, r.key, r.offset, r.byte_size, r.device_id, r.raw_handle
+    )

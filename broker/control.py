@@ -407,6 +407,20 @@ class ModelControl:
             op.parts.append(dep.model)
             op.entries[dep.model] = part
 
+    def sweep_files(self) -> list[Path]:
+        """Remove what loads of an earlier broker wrote in the runtime directory (configs,
+        files): loads are numbered afresh, and a new one must not find an old one's files
+        under its number. Called at start, before any load; returns what it removed."""
+        removed = []
+        for path in [*self.runtime_dir.glob("config-*.json"), *self.runtime_dir.glob("files-*")]:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            removed.append(path)
+        return removed
+
     def _write_files(self, op: Operation) -> Path:
         """A load's ``file:<version>/<path>`` parameters, written as a model directory of
         their own (Triton's): the repository it loads from. Its config must be given."""

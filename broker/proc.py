@@ -203,6 +203,11 @@ class BrokerProc:
         # workers/bls.py, is swept by the broker that watches it: none did).
         if stale := shm.sweep_stale():
             log.info("removed %d stale shared-memory segment(s)", len(stale))
+        # ...and in the runtime directory: result sockets of frontends that are gone, the
+        # files of loads made through an earlier broker (this one numbers loads afresh)
+        if stale_files := [*sockets.sweep_stale_results(self.s.runtime_dir),
+                           *self.control.sweep_files()]:  # fmt: skip
+            log.info("removed %d stale file(s) of the runtime directory", len(stale_files))
         self.load_repository()
         settle_gc()
         while not self.stop:
@@ -473,7 +478,9 @@ class BrokerProc:
             self._watch(ident, msg.pid, "frontend")
             if msg.summaries:
                 self.table.keep_summaries()
+            restored = self._restore_regions(ident, msg.regions)
             self._send(self.fsock, [ident, *m.encode(self._welcome())])
+            self._tell_regions(None if restored else ident)
 
     def _welcome(self) -> m.Welcome:
         """A (re)joining peer's welcome, with the server's log settings: the broker's,
@@ -628,7 +635,30 @@ class BrokerProc:
     def _on_shm(self, q: m.ShmRequest) -> m.ShmReply:
         reply, freed = self.client_regions.handle(q)
         self._broadcast_released(freed)
+        if reply.error is None and q.op in ("register", "unregister"):
+            self._tell_regions()
         return reply
+
+    def _restore_regions(self, frontend: bytes, regions: list[m.ShmRequest]) -> int:
+        """The registrations a frontend kept from an earlier broker (this one restarted):
+        those missing here are registered again. Returns how many were."""
+        restored, lost = self.client_regions.restore(regions)
+        if restored:
+            log.info("%d client shared-memory registration(s) restored from frontend %r",
+                     restored, frontend)  # fmt: skip
+        for why in lost:
+            log.warning("client shared-memory registration %s is lost", why)
+        return restored
+
+    def _tell_regions(self, frontend: bytes | None = None) -> None:
+        """The table of client registrations, to ``frontend`` (None: to every one)."""
+        frames = m.encode(m.ClientRegionsKnown(self.client_regions.known()))
+        if frontend is not None:
+            self._send(self.fsock, [frontend, *frames])
+            return
+        frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]
+        for ident in [*self.frontend_fds, *frontends]:
+            self._send(self.fsock, [ident, *frames])
 
     def _model_info(self, q: m.ModelQuery) -> m.ModelInfo:
         try:

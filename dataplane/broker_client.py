@@ -24,7 +24,9 @@ short grace fail as the dead worker's other requests do.
 
 The broker's pid (from its Welcome) is watched through a pidfd: when the broker dies,
 every waiting request fails at once with UNAVAILABLE, and the client greets whichever
-broker binds the endpoint next.
+broker binds the endpoint next. The broker tells every frontend its table of client
+shared-memory registrations whenever it changes; the hello to a new broker carries the
+last one, so registrations outlive a broker restart.
 """
 
 from __future__ import annotations
@@ -135,6 +137,9 @@ class BrokerClient:
         self._leaving = False  # stopping on request (leaving)
         self.silent_broker_s = _SILENT_BROKER_S
         self.model_control = False  # the broker's model control mode is explicit
+        # The broker's client shared-memory registrations (ClientRegionsKnown), kept
+        # through a broker's loss: the next hello hands them to its successor.
+        self.client_regions: list[m.ShmRequest] = []
         # SHOAL_HOP_TIMING=1: every request's way is stamped by each process; per leg
         # (HOPS), [requests, total ns] of the answers that came back stamped
         self.hop_timing = os.environ.get("SHOAL_HOP_TIMING", "") == "1"
@@ -289,10 +294,12 @@ class BrokerClient:
     async def _greet(self) -> None:
         """Greet until welcomed; then keep the connected broker under watch: ping it when
         it is quiet, and give it up when it stays silent."""
-        hello = m.encode(m.FrontendHello(os.getpid(), self.index, self.summaries))
         while True:
             if not self._welcomed.is_set():
-                self._send(hello)
+                hello = m.FrontendHello(
+                    os.getpid(), self.index, self.summaries, self.client_regions
+                )
+                self._send(m.encode(hello))
             else:
                 silent = time.monotonic() - self._last_heard
                 if silent > self.silent_broker_s:
@@ -351,6 +358,9 @@ class BrokerClient:
             return
         if isinstance(msg, m.LogSettings):
             logs.apply(msg)
+            return
+        if isinstance(msg, m.ClientRegionsKnown):
+            self.client_regions = msg.regions
             return
         if isinstance(msg, m.ModelsChanged):
             for callback in self.on_models_changed:

@@ -197,6 +197,9 @@ class FrontendHello(msgspec.Struct, array_like=True):
     # it serves latency summaries (--metrics-config summary_latencies=true): the broker
     # keeps a window of recent observations from then on
     summaries: bool = False
+    # the client shared-memory registrations it knows (ClientRegionsKnown): a broker
+    # restarted under it registers again those it lacks
+    regions: list[ShmRequest] = []
 
 
 LOG_FORMATS: Final = ("default", "ISO8601")
@@ -507,6 +510,15 @@ class ShmReply(msgspec.Struct, array_like=True):
     regions: list[RegionStatus] = []
 
 
+class ClientRegionsKnown(msgspec.Struct, array_like=True):
+    """Broker -> every frontend, after each change and to a frontend that joins: the
+    whole table of client shared-memory registrations, each as the register request
+    that made it. A frontend keeps the latest and gives it in its next hello, so a broker
+    that restarts gets them back."""
+
+    regions: list[ShmRequest]
+
+
 class RegionsReleased(msgspec.Struct, array_like=True):
     """Broker -> workers: unmap these client registrations (unregistered, unused)."""
 
@@ -603,6 +615,7 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     ShmRequest: b"k",
     ShmReply: b"K",
     RegionsReleased: b"L",
+    ClientRegionsKnown: b"j",
     Unconfirmed: b"U",
     Cancel: b"C",
     CacheHit: b"c",

@@ -8,6 +8,7 @@ peer that went away, and every socket closes without lingering.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -107,6 +108,27 @@ def result_endpoint(runtime_dir: Path | str, frontend: bytes) -> str:
     if not _FRONTEND_IDENT.match(frontend):
         raise ValueError(f"not a frontend identity: {frontend!r}")
     return endpoint(runtime_dir, f"results-{frontend.decode()}.sock")
+
+
+def sweep_stale_results(runtime_dir: Path | str) -> list[Path]:
+    """Remove the result sockets' files of frontends that are gone (killed, so they could
+    not remove their own, with no broker running to see it); returns them."""
+    removed: list[Path] = []
+    for path in Path(runtime_dir).glob("results-f-*.sock"):
+        pid = frontend_pid(path.name.removeprefix("results-").removesuffix(".sock").encode())
+        if pid is None:
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # alive (or another user's process took its pid: left alone)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def pull(ctx: zmq.Context, addr: str) -> zmq.Socket:

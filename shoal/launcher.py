@@ -1,11 +1,17 @@
 """``shoal serve``: starts the broker, the frontends and one worker per model instance,
-watches them, and stops them in order.
+watches them, restarts any that dies, and stops them in order.
 
 Each child is its own program (``python -m broker|frontend|workers``), exactly as
 supervisord would run them, so the two deployments share every code path. Children
-die with the launcher (PDEATHSIG). Stop order: frontends first (stop accepting, drain
-until the exit timeout), then the broker and the workers, then a sweep of any shared
-memory a killed child left in /dev/shm.
+die with the launcher (PDEATHSIG). A child that exits is restarted after a backoff
+(shoal/restart_policy.py), the broker too: the frontends and workers that keep running
+rejoin the new one; a broker that stops answering without exiting is killed first
+(shoal/broker_watch.py). A broker or frontend that keeps dying soon after each start
+stops the server (a crash loop); so does one that exits saying it cannot run
+(EXIT_FATAL).
+Stop order: frontends first (stop accepting, drain until the exit timeout), then the
+broker and the workers, then a sweep of any shared memory a killed child left in
+/dev/shm.
 """
 
 from __future__ import annotations
@@ -29,13 +35,11 @@ from ipc import shm, sockets
 from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
 from ipc.messages import LogSettings, WorkerSpec
 from ipc.sockets import ensure_runtime_dir
-from shoal import repository_cache
+from shoal import repository_cache, restart_policy
+from shoal.broker_watch import BrokerWatch
 from shoal.role_argv import RoleArgv
 
 log = logging.getLogger("shoal.serve")
-
-_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
-_STABLE_AFTER_S = 30.0  # a child up this long starts its backoff from the beginning again
 
 
 @dataclass
@@ -94,7 +98,7 @@ class Child:
     argv: list[str]
     proc: subprocess.Popen[bytes]
     pidfd: int
-    restarts: int = 0
+    restarts: int = 0  # its quick exits in a row before this start (restart_policy)
     started: float = field(default_factory=time.monotonic)
     generation: int = 0  # a worker's load (model control); 0: started with the server
 
@@ -107,13 +111,17 @@ class Launcher:
         self.restarts: list[tuple[float, str, list[str], int]] = []  # (due, role, argv, count)
         self.own_runtime_dir = not s.runtime_dir
         self.runtime_dir = ensure_runtime_dir(s.runtime_dir or None)
-        # To the broker (explicit model control): it asks for the workers of the models
-        # loaded through the API. None in mode none: every worker starts here, at once.
+        # To the broker: pings (a stuck broker is killed), and in model control modes its
+        # requests for the workers of the models loaded through the API (in mode none
+        # every worker starts here, at once).
+        self.managed = s.model_control_mode in ("explicit", "poll")
         self.ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self.sock: zmq.Socket[bytes] | None = None
+        self.broker_watch = BrokerWatch()
         self.welcomed = False
         self.last_hello = 0.0
         self.gone_generations: set[int] = set()  # loads whose workers must not run again
+        self.ended_loads: set[int] = set()  # pids of workers of a lost broker's loads
 
     # -- argv of each role (shoal.role_argv) -----------------------------------------
 
@@ -145,6 +153,8 @@ class Launcher:
             role, argv, proc, os.pidfd_open(proc.pid), restarts, generation=_generation(argv)
         )
         self.children.append(child)
+        if role == "broker":
+            self.broker_watch.started()
         log.debug("started %s (pid %d)", role, proc.pid)
         return child
 
@@ -159,10 +169,9 @@ class Launcher:
             self._spawn(f"worker {name}", argv)
         for i in range(self.s.frontend_processes):
             self._spawn(f"frontend#{i}", self.frontend_argv(i))
-        if self.s.model_control_mode in ("explicit", "poll"):
-            self.ctx = zmq.Context()
-            addr = sockets.endpoint(self.runtime_dir, sockets.FRONTEND_SOCKET)
-            self.sock = sockets.dealer(self.ctx, addr, sockets.LAUNCHER_IDENTITY)
+        self.ctx = zmq.Context()
+        addr = sockets.endpoint(self.runtime_dir, sockets.FRONTEND_SOCKET)
+        self.sock = sockets.dealer(self.ctx, addr, sockets.LAUNCHER_IDENTITY)
         return self._watch()
 
     def _prepare_view(self) -> bool:
@@ -193,10 +202,11 @@ class Launcher:
             for due, role, argv, count in [r for r in self.restarts if r[0] <= now]:
                 self.restarts.remove((due, role, argv, count))
                 self._spawn(role, argv, count)
-            if self.sock is not None and not self.welcomed and now - self.last_hello > 0.5:
-                self.sock.send_multipart(m.encode(m.LauncherHello(os.getpid())))
-                self.last_hello = now
-            wait = min([1.0 if self.welcomed or self.sock is None else 0.5,
+                if role == "broker":
+                    self._start_missing_workers()
+            if self.sock is not None:
+                self._talk_to_broker(now)
+            wait = min([1.0 if self.welcomed or not self.managed else 0.5,
                         *(r[0] - now for r in self.restarts)])  # fmt: skip
             try:
                 ready, _, _ = select.select(fds, [], [], max(wait, 0.0))
@@ -213,15 +223,34 @@ class Launcher:
                     return code
         return 0
 
+    def _talk_to_broker(self, now: float) -> None:
+        """Greet the broker (model control modes), ping it, and kill it if it is stuck:
+        it is then restarted as any broker that died."""
+        assert self.sock is not None
+        with contextlib.suppress(zmq.Again):  # (a queue that is full: sent next time)
+            if self.managed and not self.welcomed and now - self.last_hello > 0.5:
+                self.sock.send_multipart(m.encode(m.LauncherHello(os.getpid())), zmq.NOBLOCK)
+                self.last_hello = now
+            if self.broker_watch.ping_due(now):
+                self.sock.send_multipart(m.encode(m.ServerQuery(0)), zmq.NOBLOCK)
+        if self.broker_watch.stuck(now):
+            self.broker_watch.started()  # judged again once the next one answers
+            for c in self.children:
+                if c.role == "broker":
+                    log.error("broker (pid %d) did not answer for %.0fs: stuck; killing it",
+                              c.proc.pid, self.broker_watch.silent_s)  # fmt: skip
+                    c.proc.kill()  # (not reaped yet: its pid is still its own)
+
     def _from_broker(self) -> None:
-        """The broker's welcome, and the workers it asks for (models loaded through the
-        model control API)."""
+        """The broker's answers (any says it lives), its welcome, and the workers it asks
+        for (models loaded through the model control API)."""
         assert self.sock is not None
         while True:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.broker_watch.heard(time.monotonic())
             try:
                 msg = m.decode(frames[0], frames[1])
             except (ValueError, IndexError) as exc:
@@ -254,29 +283,75 @@ class Launcher:
         shm.sweep_stale({child.proc.pid})
         if self.stop:
             return None
-        if child.role == "broker":
-            log.error("broker %s; stopping the server", _exit_reason(rc))
-            return rc if rc > 0 else 1  # killed by a signal (rc < 0): a plain failure
+        if child.proc.pid in self.ended_loads:
+            self.ended_loads.discard(child.proc.pid)
+            log.info("%s stopped: its load ended with the broker", child.role)
+            return None
+        # (first: a worker the broker retired says so by its exit code, whether or not the
+        # news that its load is over reached this process before its exit did)
+        if rc == EXIT_RETIRED and child.role.startswith("worker") and self.managed:
+            log.info("%s stopped: its model was unloaded or reloaded", child.role)
+            return None
         if child.generation in self.gone_generations:
             log.info("%s stopped: its load is over", child.role)
             return None
-        if rc == EXIT_RETIRED and child.role.startswith("worker") and self.sock is not None:
-            log.info("%s stopped: its model was unloaded or reloaded", child.role)
-            return None
         if rc == EXIT_FATAL:
+            if child.role == "broker":  # (it logged why: models that failed to load)
+                log.error("broker cannot serve; stopping the server")
+                return 1
             if child.role.startswith("frontend"):
                 log.error("%s cannot run; stopping the server", child.role)
                 return rc
             log.error("%s failed to load its model; not restarting it", child.role)
             return None
-        count = 0 if time.monotonic() - child.started > _STABLE_AFTER_S else child.restarts
-        delay = _RESTART_BACKOFF_S[min(count, len(_RESTART_BACKOFF_S) - 1)]
+        policy = restart_policy.for_role(child.role)
+        quick, delay = policy.after_exit(child.restarts, time.monotonic() - child.started)
+        if delay is None:
+            log.error(
+                "%s %s, its exit %d in a row within %.0fs of its start: a crash loop; "
+                "stopping the server", child.role, _exit_reason(rc), quick,
+                policy.stable_after_s,
+            )  # fmt: skip
+            return 1
         # A clean exit is a child stopped on its own (an operator's SIGTERM to it alone):
         # worth a warning, not an error.
         level = logging.WARNING if rc == 0 else logging.ERROR
         log.log(level, "%s %s; restarting in %.1fs", child.role, _exit_reason(rc), delay)
-        self.restarts.append((time.monotonic() + delay, child.role, child.argv, count + 1))
+        self.restarts.append((time.monotonic() + delay, child.role, child.argv, quick))
+        if child.role == "broker":
+            self._broker_lost()
         return None
+
+    def _broker_lost(self) -> None:
+        """The broker died; the frontends and workers wait for the next one. What the
+        model control API loaded was the lost broker's: those workers are killed (their
+        requests failed with the broker; a SIGTERM would let one finish its batch and
+        greet the next broker, whose own loads are numbered afresh: it could pass for one
+        of them), none is restarted, and the next broker serves the start-up models, as
+        at start."""
+        self.welcomed = False  # the next broker hears this launcher's hello
+        self.gone_generations.clear()
+        self.restarts = [r for r in self.restarts if _generation(r[2]) == 0]
+        for c in self.children:
+            if c.generation:
+                self.ended_loads.add(c.proc.pid)
+                c.proc.kill()  # (not reaped yet: its pid is still its own)
+
+    def _start_missing_workers(self) -> None:
+        """A new broker waits for every start-up instance: those not running (their load
+        failed, they were unloaded under the last broker) start again, as at start, so
+        it gets to know each one's outcome."""
+        running = {c.role for c in self.children if c.generation == 0}
+        running |= {role for _, role, _, _ in self.restarts}
+        try:
+            planned = self.worker_argvs()
+        except Exception:  # an unreadable repository: the broker says why
+            log.exception("cannot plan the workers again for the new broker")
+            return
+        for name, argv in planned:
+            if f"worker {name}" not in running:
+                log.info("worker %s: started again for the new broker", name)
+                self._spawn(f"worker {name}", argv)
 
     def _signal(self, roles: tuple[str, ...], sig: int) -> list[Child]:
         chosen = [c for c in self.children if c.role.startswith(roles)]

@@ -198,6 +198,13 @@ def test_answers_lost_with_a_worker_killed_after_its_report_fail_not_hang(
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)
 
 
+def _wait_gone(pid: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, f"pid {pid} still running"
+        time.sleep(0.05)
+
+
 def _wait_for_a_new_frontend(srv: ShoalServer, old: int) -> None:
     """Until a frontend other than ``old`` serves (the launcher restarted it)."""
     deadline = time.monotonic() + 20
@@ -242,12 +249,40 @@ def test_a_frontend_stopped_alone_is_restarted_with_a_warning(
     )
 
 
-def test_broker_killed_stops_the_server_cleanly(fresh_server: ShoalServer) -> None:
-    (broker,) = fresh_server.pids("broker")
-    os.kill(broker, signal.SIGKILL)
-    assert fresh_server.proc.wait(30) == 1  # the launcher stops by itself, as a failure
+def test_a_broker_that_cannot_serve_stops_the_server(tmp_path: Path) -> None:
+    """A broker that exits saying it cannot serve (EXIT_FATAL: here --exit-on-error with
+    a model that fails to load) is not restarted: a restart would fail the same way."""
+    _write_broken(tmp_path)
+    srv = ShoalServer(tmp_path, wait_ready=False)
+    assert srv.proc.wait(60) == 1
+    srv.stop()
+    log = srv.log()
+    assert "E shoal.serve: broker cannot serve; stopping the server" in log
+    assert "restarting" not in log
+    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
+
+
+def test_a_broker_in_a_crash_loop_stops_the_server(fresh_server: ShoalServer) -> None:
+    """Killed again each time soon after it starts, the broker is restarted with a
+    growing backoff, five times; the sixth quick exit in a row stops the server."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + 60
+    while fresh_server.proc.poll() is None and time.monotonic() < deadline:
+        for pid in fresh_server.pids("broker"):
+            if pid not in killed:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        time.sleep(0.02)
+    assert fresh_server.proc.wait(5) == 1
     fresh_server.stop()  # already stopped: this checks that nothing is left
-    assert "E shoal.serve: broker was killed by SIGKILL; stopping" in fresh_server.log()
+    log = fresh_server.log()
+    assert len(killed) == 6
+    for delay in ("0.1", "0.5", "1.0", "2.0", "5.0"):
+        assert f"E shoal.serve: broker was killed by SIGKILL; restarting in {delay}s" in log
+    assert (
+        "E shoal.serve: broker was killed by SIGKILL, its exit 6 in a row within 30s of "
+        "its start: a crash loop; stopping the server"
+    ) in log
 
 
 def test_a_worker_exit_seen_while_the_broker_stops_is_no_error(
@@ -270,8 +305,8 @@ def test_a_worker_exit_seen_while_the_broker_stops_is_no_error(
     finally:
         os.close(gone)
         os.kill(broker, signal.SIGCONT)
-    fresh_server.proc.wait(30)  # the launcher stops once its broker has exited
-    fresh_server.stop()
+    _wait_gone(broker)  # (the launcher starts another: an operator's stop of the broker
+    fresh_server.stop()  # alone is a restart, as for any child)
     log = fresh_server.log()
     assert f"simple/1 (pid {worker}) exited" not in log
     assert f"I shoal.broker: instance 0 of simple/1 (pid {worker}) stopped" in log
@@ -303,6 +338,29 @@ def test_a_stopped_broker_fails_waiting_requests_and_is_rejoined_when_it_resumes
     deadline = time.monotonic() + 20
     while fresh_server.http_status("/v2/health/ready") != 200 and time.monotonic() < deadline:
         time.sleep(0.2)
+    np.testing.assert_array_equal(
+        client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
+    )
+
+
+def test_a_stuck_broker_is_killed_and_restarted(fresh_server: ShoalServer) -> None:
+    """A broker that stops answering without exiting (SIGSTOP here; a deadlock, in life)
+    is killed by the launcher once it has been silent 30 s, then restarted as any dead
+    broker; the frontend and the workers rejoin the new one."""
+    (broker,) = fresh_server.pids("broker")
+    workers = sorted(fresh_server.pids("workers"))
+    fresh_server.seen_pids.add(broker)
+    os.kill(broker, signal.SIGSTOP)
+    _wait_gone(broker, timeout=60)
+    deadline = time.monotonic() + 30
+    while fresh_server.http_status("/v2/health/ready") != 200:
+        assert time.monotonic() < deadline, fresh_server.log()
+        time.sleep(0.1)
+    assert sorted(fresh_server.pids("workers")) == workers  # rejoined, not restarted
+    log = fresh_server.log()
+    assert f"E shoal.serve: broker (pid {broker}) did not answer for 30s: stuck; killing it" in log
+    assert "E shoal.serve: broker was killed by SIGKILL; restarting in 0.1s" in log
+    client = httpclient.InferenceServerClient(fresh_server.url)
     np.testing.assert_array_equal(
         client.infer("simple", simple_inputs()).as_numpy("OUTPUT0"), np.full((1, 16), 2)
     )

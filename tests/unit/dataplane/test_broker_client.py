@@ -135,3 +135,21 @@ async def _leaving_said_again(client: BrokerClient, broker: StandInBroker) -> No
     await asyncio.sleep(0.05)  # the welcome is read; the news follows it
     frames = broker.recv()
     assert frames is not None and frames[0] == leaving
+
+
+def test_the_client_regions_a_broker_told_are_handed_to_the_next_one(tmp_path: Path) -> None:
+    _run(tmp_path, _regions_handed_on)
+
+
+async def _regions_handed_on(client: BrokerClient, broker: StandInBroker) -> None:
+    region = m.ShmRequest(0, "register", "system", "in0", "/key0", 0, 64)
+    broker.reply(client, m.ClientRegionsKnown([region]))
+    await asyncio.sleep(0.05)  # read
+    client._broker_lost("the server's broker process exited")
+    await asyncio.sleep(0.6)  # the greeter's next hello leaves
+    frames = broker.recv(keepalive=True)
+    while frames is not None and frames[0] != m.KINDS[m.FrontendHello]:
+        frames = broker.recv(keepalive=True)
+    assert frames is not None
+    hello = m.decode(frames[0], frames[1])
+    assert isinstance(hello, m.FrontendHello) and hello.regions == [region]

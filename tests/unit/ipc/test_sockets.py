@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ipc.sockets import ensure_runtime_dir, sweep_runtime_dirs
+from ipc.sockets import ensure_runtime_dir, sweep_runtime_dirs, sweep_stale_results
 
 
 def test_a_killed_launcher_s_runtime_dir_goes_at_the_next_start() -> None:
@@ -44,3 +44,15 @@ def test_a_killed_launcher_s_runtime_dir_goes_at_the_next_start() -> None:
         for d in (stale, held, foreign, fresh):
             if d is not None:
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def test_result_sockets_of_frontends_that_are_gone_are_swept(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"results-f-0-{gone.pid}.sock"
+    alive = tmp_path / f"results-f-1-{os.getpid()}.sock"
+    other = tmp_path / "workers.sock"
+    for path in (dead, alive, other):
+        path.touch()
+    assert sweep_stale_results(tmp_path) == [dead]
+    assert not dead.exists() and alive.exists() and other.exists()
