@@ -104,8 +104,8 @@ def test_the_open_file_limit_is_raised_to_the_hard_limit_and_logged(
         [sys.executable, "-c", _NOFILE_PROBE],
         capture_output=True,
         text=True,
-        check=True,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
     )
+    assert out.returncode == 0, out.stderr  # (what a crash of the probe said)
     assert out.stdout.split() == [str(hard)] * 3
     assert out.stderr.splitlines() == [line]
