@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("broker", log_settings(args))
     set_cpu_scheduling()
     from broker.proc import BrokerProc, BrokerSettings
+    from broker.scheduler_hold import HoldCounts
     from ipc.sockets import ensure_runtime_dir
 
     proc = BrokerProc(
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             repository_poll_secs=args.repository_poll_secs,
             expect_launcher=args.parent_pid is not None,
             cpu_lending=args.cpu_lending,
+            scheduler_hold=HoldCounts.from_env(os.environ),
         )
     )
     return run_until_stopped(proc)

@@ -271,10 +271,10 @@ def settled_server(repo: Path, models: tuple[str, ...]) -> Iterator[ShoalServer]
 
 
 @contextlib.contextmanager
-def served(repo: Path, *args: str) -> Iterator[ShoalServer]:
-    """A server for the ``with`` block: stopped after it, failing or not, and checked to
-    have exited cleanly and left nothing behind."""
-    srv = ShoalServer(repo, *args)
+def served(repo: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[ShoalServer]:
+    """A server for the ``with`` block (``env`` added to its environment): stopped after
+    it, failing or not, and checked to have exited cleanly and left nothing behind."""
+    srv = ShoalServer(repo, *args, env=env)
     try:
         yield srv
     finally:
