@@ -30,7 +30,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from frontend import grpc_codec, log_settings, restricted
 from frontend.dataplane import DataPlane
-from frontend.types import FINAL_FLAG, InferenceResult, ResponseError
+from frontend.types import FINAL_FLAG, InferenceRequest, InferenceResult, ResponseError
 from ipc import logs
 from ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
 from shoal.flags import GrpcTls
@@ -41,6 +41,10 @@ MAX_MESSAGE_BYTES: Final[int] = 2**31 - 1  # Triton's INT32_MAX
 STREAM_WINDOW: Final[int] = 1024  # requests in flight on one stream before reading pauses
 R = TypeVar("R")
 UNPARSABLE_MESSAGE: Final[str] = "Unable to parse request"
+#: A request whose inputs carry more BYTES elements than this in typed contents
+#: (``bytes_contents``) is decoded on a worker thread: packing millions of protobuf strings
+#: takes long enough (seconds for 10 Mi) to stall every other client of the event loop.
+DECODE_ON_THREAD_ELEMENTS: Final[int] = 64 * 1024
 _STREAM_METHOD: Final[str] = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
@@ -183,6 +187,16 @@ logging.getLogger("grpc._cython.cygrpc").addFilter(LateAnswerLogFilter())
 
 #: A stream's answer: a response to send (or None), and whether it is its request's last.
 _Answer = tuple[pb.ModelStreamInferResponse | None, bool]
+
+
+async def decode_request(request: pb.ModelInferRequest) -> InferenceRequest:
+    """``grpc_codec.decode_infer_request``, on a worker thread for a request with many
+    BYTES elements (DECODE_ON_THREAD_ELEMENTS), so the event loop serves others
+    meanwhile; the protobuf message is only read there, and nothing else touches it."""
+    elements = sum(len(t.contents.bytes_contents) for t in request.inputs)
+    if elements <= DECODE_ON_THREAD_ELEMENTS:
+        return grpc_codec.decode_infer_request(request)
+    return await asyncio.to_thread(grpc_codec.decode_infer_request, request)
 
 
 def _stream_error(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
@@ -384,33 +398,43 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         return await _guard(context, lambda: self._infer(request))
 
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _infer(
+        self, request: pb.ModelInferRequest, decoded: InferenceRequest | None = None
+    ) -> pb.ModelInferResponse:
+        """``decoded``: the request's tensors, read already (a stream's)."""
         # The model first, as Triton looks it up before reading the request's tensors.
         model = await self.dp.model(request.model_name, request.model_version)
         if model.decoupled:
             raise ServingError(Code.UNSUPPORTED, DECOUPLED_UNARY)
-        result = await self.dp.infer(grpc_codec.decode_infer_request(request))
+        result = await self.dp.infer(
+            decoded if decoded is not None else await decode_request(request)
+        )
         try:
             return grpc_codec.encode_infer_response(result)
         finally:
             result.release()
 
-    async def _stream_one(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    async def _stream_one(
+        self, request: pb.ModelInferRequest, decoded: InferenceRequest
+    ) -> pb.ModelStreamInferResponse:
         """One request of a stream: its error is its own answer, never the stream's end."""
         try:
-            answer = await self._infer(request)
+            answer = await self._infer(request, decoded)
         except Exception as exc:
             return _stream_error(request, exc)
         grpc_codec.set_param(answer.parameters[FINAL_FLAG], True)  # as Triton 2.51's
         return pb.ModelStreamInferResponse(infer_response=answer)
 
     async def _stream_decoupled(
-        self, request: pb.ModelInferRequest, answers: asyncio.Queue[_Answer | None]
+        self,
+        request: pb.ModelInferRequest,
+        decoded: InferenceRequest,
+        answers: asyncio.Queue[_Answer | None],
     ) -> None:
         """One request of a stream to a decoupled model: each of its responses goes out
         as it comes (an error among them too); the last one releases its window place."""
         try:
-            responses = self.dp.infer_stream(grpc_codec.decode_infer_request(request))
+            responses = self.dp.infer_stream(decoded)
             async with contextlib.aclosing(responses) as answered:  # (its end cancels)
                 async for r in answered:
                     answers.put_nowait((_stream_answer(request, r), False))
@@ -441,13 +465,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             this frontend has not cached yet; the lookups run at once (a silent broker
             fails them together), then each request waits until the one before it has
             been handed over (``before``), and says so (``handed``) just before its own
-            hand-over, which does not wait. A warm stream waits for nothing."""
+            hand-over, which does not wait. A warm stream waits for nothing. A request
+            with many BYTES elements is decoded on a thread (decode_request) before it
+            waits for its turn, so that too keeps the order."""
             failed: Exception | None = None
             decoupled = False
+            decoded: InferenceRequest | None = None
             try:
                 try:
                     model = await self.dp.model(request.model_name, request.model_version)
                     decoupled = model.decoupled
+                    decoded = await decode_request(request)
                 except Exception as exc:  # the request's answer, in its turn
                     failed = exc
                 if before is not None:
@@ -456,10 +484,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
                 handed.set()  # also when cancelled: the next ones must not wait for it
             if failed is not None:
                 answers.put_nowait((_stream_error(request, failed), True))
-            elif decoupled:
-                await self._stream_decoupled(request, answers)
+                return
+            assert decoded is not None  # (read, as nothing failed)
+            if decoupled:
+                await self._stream_decoupled(request, decoded, answers)
             else:
-                answers.put_nowait((await self._stream_one(request), True))
+                answers.put_nowait((await self._stream_one(request, decoded), True))
 
         async def read() -> None:
             before: asyncio.Event | None = None
