@@ -181,13 +181,17 @@ def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
             what = f"backend '{config.backend or config.platform}'"
         elif config.dynamic_batching.preserve_ordering:
             what = "dynamic_batching.preserve_ordering"
-        elif config.HasField("sequence_batching"):
-            what = "sequence_batching"
+        elif config.HasField("sequence_batching") and not config.sequence_batching.HasField(
+            "oldest"
+        ):
+            # (a Direct batch's null rows would need requests whose answers go nowhere)
+            what = "sequence_batching with the Direct strategy"
         if what:
             raise ConfigError(
                 name,
                 f"failed to load '{name}': decoupled models are supported for Python models "
-                f"only, without preserve_ordering or sequence batching (this one has {what})",
+                "only, without preserve_ordering or Direct sequence batching (this one has "
+                f"{what})",
             )
     if config.backend == PYTHON_BACKEND and len(config.sequence_batching.state):
         raise ConfigError(

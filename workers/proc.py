@@ -668,6 +668,9 @@ class WorkerProc:
         senders = [self._sender(it) for _, it, _ in live]
         t1 = time.perf_counter_ns()
         try:
+            if self.sequence is not None:  # (Oldest only: no null requests to answer)
+                for _, it, tensors in live:
+                    self.sequence.add(it, tensors)
             requests = backend.requests([(it.request, tensors) for _, it, tensors in live], senders)
             t1 = time.perf_counter_ns()
             with self._unlocked():  # the model's threads may answer meanwhile
