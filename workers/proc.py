@@ -191,6 +191,8 @@ class WorkerProc:
                 self.scripting = pb_utils.scripting = BlsClient(s.runtime_dir)
             backend.instance_name = s.instance_name  # type: ignore[attr-defined]  # (Python's)
             model_file = entry.model_file(s.version)
+            if s.autocomplete and hasattr(backend, "auto_complete"):  # a Python model's own
+                config = backend.auto_complete(model_file, config)
             weight = _files_bytes(model_file) if s.may_use > len(s.cores) else 0
             threads = _thread_count(config, backend_name, s.cores, s.may_use, weight)
             backend.load(model_file, config, threads, s.gpu is not None)
