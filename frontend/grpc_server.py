@@ -2,8 +2,9 @@
 grpcio's asyncio server: a thin adapter over the same DataPlane as HTTP.
 
 Errors map to gRPC status codes with Triton's table (ipc.errors.GRPC_STATUS). A stream
-(ModelStreamInfer) runs its requests concurrently and answers each as soon as it is ready
-(clients match them by id); an error is an ``error_message`` on the stream and the stream
+(ModelStreamInfer) runs its requests concurrently; as Triton's, it answers the requests to
+models that are not decoupled in the order it read them, and a decoupled model's
+responses as they come; an error is an ``error_message`` on the stream and the stream
 goes on.
 
 A message that is not the protobuf its method takes is refused as Triton's C++ server
@@ -17,6 +18,7 @@ implement answers UNIMPLEMENTED without grpcio's traceback too.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import logging
@@ -446,15 +448,25 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests run concurrently; each answer goes out as soon as it is ready, as
-        Triton's stream sends them (clients match them by id): a model that hangs holds
-        back its own answers only. At most STREAM_WINDOW requests are running or answered
-        but not yet sent; past that, reading pauses."""
+        """Requests run concurrently. As Triton's stream handler writes them, the answers
+        of requests to models that are not decoupled (and the errors of requests that
+        failed before reaching one) go out in the order the stream brought the requests,
+        each once those before it went; a decoupled model's responses go out as they
+        come. At most STREAM_WINDOW requests are running or answered but not yet sent;
+        past that, reading pauses."""
         # (a response to send, or None; whether its request is done with) ... None: the end
         answers: asyncio.Queue[_Answer | None] = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_WINDOW)
         running: set[asyncio.Task[None]] = set()
         unparsable: list[_Unparsable] = []
+        # the ordered answers' places, in stream order: each filled when ready
+        ordered: collections.deque[list[pb.ModelStreamInferResponse | None]] = collections.deque()
+
+        def give(place: list[pb.ModelStreamInferResponse | None], answer: Any) -> None:
+            """``answer`` takes its place; the ready answers at the front go out."""
+            place[0] = answer
+            while ordered and ordered[0][0] is not None:
+                answers.put_nowait((ordered.popleft()[0], True))
 
         async def answer(
             request: pb.ModelInferRequest, before: asyncio.Event | None, handed: asyncio.Event
@@ -471,6 +483,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             failed: Exception | None = None
             decoupled = False
             decoded: InferenceRequest | None = None
+            place: list[pb.ModelStreamInferResponse | None] = [None]
             try:
                 try:
                     model = await self.dp.model(request.model_name, request.model_version)
@@ -480,16 +493,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
                     failed = exc
                 if before is not None:
                     await before.wait()
+                if failed is not None or not decoupled:
+                    ordered.append(place)  # in the stream's order: the turns are
             finally:
                 handed.set()  # also when cancelled: the next ones must not wait for it
             if failed is not None:
-                answers.put_nowait((_stream_error(request, failed), True))
+                give(place, _stream_error(request, failed))
                 return
             assert decoded is not None  # (read, as nothing failed)
             if decoupled:
                 await self._stream_decoupled(request, decoded, answers)
             else:
-                answers.put_nowait((await self._stream_one(request, decoded), True))
+                give(place, await self._stream_one(request, decoded))
 
         async def read() -> None:
             before: asyncio.Event | None = None
