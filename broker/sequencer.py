@@ -61,7 +61,7 @@ from typing import Literal
 
 from broker.scheduler_hold import NO_HOLD, HoldCounts, SchedulerHold
 from ipc import messages as m
-from ipc.errors import Code, RequestError
+from ipc.errors import Code, RequestError, ServingError
 
 log = logging.getLogger("shoal.broker")
 
@@ -82,9 +82,14 @@ class SequenceConfig:
     corrid_type: str = ""  # the CORRID control's: "BYTES", "UINT64"...; "" without one
 
 
-class SequenceRefused(RequestError):
-    """A request the sequence batcher refuses (INVALID_ARG, in Triton's words, which name
-    the request)."""
+class SequenceRefused(ServingError):
+    """A request the sequence batcher refuses (INVALID_ARG, in Triton's words). As core's
+    sequence scheduler words them, they do not name the request."""
+
+
+class CorridTypeRefused(SequenceRefused, RequestError):
+    """A CORRID of the wrong type: Triton's request validation refuses it, and its words
+    name the request ("[request id: ...] ")."""
 
 
 @dataclass(eq=False)
@@ -201,7 +206,7 @@ class SequenceBatcher:
         given = "BYTES" if isinstance(corrid, str) else "UINT64"
         expected = self.cfg.corrid_type
         if expected and (given == "BYTES") != (expected == "BYTES"):
-            raise SequenceRefused(
+            raise CorridTypeRefused(
                 Code.INVALID_ARG,
                 f"sequence batching control 'CORRID' data-type is '{given}', but model "
                 f"'{model}' expects '{expected}'",
