@@ -50,7 +50,16 @@ GENERATED: dict[str, tuple[str, ...]] = {
     "qa_sequence_model_repository": ("gen_qa_sequence_models.py", "--onnx"),
     "qa_variable_sequence_model_repository": ("gen_qa_sequence_models.py", "--onnx", "--variable"),
     "qa_dyna_sequence_model_repository": ("gen_qa_dyna_sequence_models.py", "--onnx"),
+    "qa_dyna_sequence_implicit_model_repository": (
+        "gen_qa_dyna_sequence_implicit_models.py",
+        "--onnx",
+    ),
     "qa_sequence_implicit_model_repository": ("gen_qa_implicit_models.py", "--onnx"),
+    "qa_variable_sequence_implicit_model_repository": (
+        "gen_qa_implicit_models.py",
+        "--onnx",
+        "--variable",
+    ),
     "qa_reshape_model_repository": ("gen_qa_reshape_models.py", "--onnx", "--variable"),
 }
 
@@ -125,12 +134,21 @@ class QA:
     # -- servers and tests --------------------------------------------------------------
 
     @contextlib.contextmanager
-    def serve(self, cwd: Path, *args: str, log: str = "server") -> Iterator[bool]:
-        """A fresh ``shoal serve`` with tritonserver's flags, as util.sh's run_server:
-        yields whether it became ready (GET /v2/health/ready) within two minutes."""
+    def serve(
+        self, cwd: Path, *args: str, log: str = "server", env: dict[str, str] | None = None
+    ) -> Iterator[bool]:
+        """A fresh ``shoal serve`` with tritonserver's flags (and test.sh's exports in
+        ``env``), as util.sh's run_server: yields whether it became ready (GET
+        /v2/health/ready) within two minutes."""
         logfile = (cwd / f"{log}.shoal.log").open("w")
         cmd = [str(PYTHON), "-m", "shoal", "serve", *args]
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=logfile, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
         try:
             yield self._ready(proc)
         finally:
@@ -154,8 +172,11 @@ class QA:
             time.sleep(0.25)
         return False
 
-    def test(self, suite: str, cwd: Path, file: str, *names: str, **env: str) -> None:
-        """``python <file> <names>`` in ``cwd``; its unittest summary counts to ``suite``."""
+    def test(
+        self, suite: str, cwd: Path, file: str, *names: str, note: str | None = None, **env: str
+    ) -> None:
+        """``python <file> <names>`` in ``cwd``; its unittest summary counts to ``suite``
+        (its line says ``note``, else the environment given)."""
         run = subprocess.run(
             [str(PYTHON), file, *names],
             cwd=cwd,
@@ -165,7 +186,8 @@ class QA:
             timeout=3600,
         )
         passed, total = _summary(run.stdout + run.stderr)
-        what = " ".join([file, *names, *(f"{k}={v}" for k, v in env.items())])
+        said = [f"{k}={v}" for k, v in env.items()] if note is None else [note] if note else []
+        what = " ".join([file, *names, *said])
         self.count(suite, passed, total, what)
         log = cwd / "client.log"
         with log.open("a") as f:
@@ -213,6 +235,10 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true", help="print failing tests' output")
     args = parser.parse_args()
     import triton_qa_suites  # noqa: F401  (registers the suites)
+    import triton_qa_suites_batcher  # noqa: F401
+    import triton_qa_suites_config  # noqa: F401
+    import triton_qa_suites_python  # noqa: F401
+    import triton_qa_suites_sequence  # noqa: F401
 
     chosen = args.suites or list(SUITES)
     unknown = [s for s in chosen if s not in SUITES]
