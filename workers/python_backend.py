@@ -69,6 +69,18 @@ def error_code(code: int) -> Code:
     return _CODES.get(code, Code.INTERNAL)
 
 
+#: What Triton's Python backend refuses in a stub's name (the model's, for its
+#: auto-complete stub; the instance's): the characters a shell would act on.
+_INVALID_NAME_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
+def _check_stub_name(name: str) -> None:
+    """Triton's python_backend (StubLauncher::Launch) refuses a model or instance name with
+    those characters; so does shoal, though its models run in the worker itself."""
+    if not name or _INVALID_NAME_CHARS.intersection(name):
+        raise ConfigError(name, "Invalid stub name: contains invalid characters")
+
+
 def _flags(req: m.InferRequest) -> int:
     flags = 0
     if req.sequence_start:
@@ -116,6 +128,7 @@ class PythonBackend:
     def auto_complete(self, model_file: Path, config: Any) -> Any:
         """The config as the model's ``auto_complete_config`` completes it (the config
         itself when it has none); its refusals (ValueError) fail the load."""
+        _check_stub_name(config.name)
         cls = self._model_class(model_file)
         complete = getattr(cls, "auto_complete_config", None)
         if complete is None:
@@ -135,6 +148,7 @@ class PythonBackend:
         the worker first (Triton's <group>_<k>)."""
         self.name = config.name
         self.decoupled = bool(config.model_transaction_policy.decoupled)
+        _check_stub_name(self.instance_name or config.name)
         cls = self._model_class(model_file)
         self.model = cls()
         init = getattr(self.model, "initialize", None)
