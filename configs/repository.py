@@ -61,10 +61,13 @@ class ModelEntry:
 
 
 def check_model_name(name: str) -> None:
-    """Raise ConfigError unless `name` can be a model directory and a URL path segment."""
+    """Raise ConfigError unless `name` can be a model directory and a URL path segment.
+    As Triton's core: a "/" or the name ".." is path traversal; a backslash is a name's
+    character on Linux (Triton's Python backend refuses it in its own check, as shoal's
+    does: workers/python_backend.py). "." and NUL are refused too, as no directory."""
     if not name:
         raise ConfigError(name, "Model name cannot be empty. Please enter a valid name to deploy.")
-    if "/" in name or "\\" in name or "\x00" in name or name in (".", ".."):
+    if "/" in name or "\x00" in name or name in (".", ".."):
         raise ConfigError(name, "model name must not contain path traversal characters")
 
 

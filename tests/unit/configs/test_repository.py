@@ -187,7 +187,6 @@ def test_find_with_config_override(repo: Path, make_model: MakeModel) -> None:
         ("", "Model name cannot be empty. Please enter a valid name to deploy."),
         ("..", "model name must not contain path traversal characters"),
         ("a/../b", "model name must not contain path traversal characters"),
-        ("a\\b", "model name must not contain path traversal characters"),
     ],
 )
 def test_invalid_model_names(repo: Path, name: str, message: str) -> None:
@@ -197,7 +196,7 @@ def test_invalid_model_names(repo: Path, name: str, message: str) -> None:
 
 
 def test_valid_model_names() -> None:
-    for name in ("simple", "model.identity", "a-b_c", "..hidden.."):
+    for name in ("simple", "model.identity", "a-b_c", "..hidden..", "a\\b"):
         check_model_name(name)
 
 
