@@ -47,6 +47,10 @@ def test_valid_minimal_config_passes() -> None:
             'platform: "onnxruntime_onnx" backend: "pytorch"',
             "unexpected 'platform' and 'backend' pair, got:onnxruntime_onnx, pytorch",
         ),
+        (  # the file name implies the backend, as core's AutoCompleteBackendFields
+            'platform: "onnxruntim" default_model_filename: "model.onnx"',
+            "unexpected 'platform' and 'backend' pair, got:onnxruntim, onnxruntime",
+        ),
         (
             'platform: "ensemble" backend: "python"',
             "Ensemble model 'm' must have platform type 'ensemble' and empty backend type",
