@@ -12,6 +12,7 @@ Layout: <repo>/<model>/[config.pbtxt] [configs/<name>.pbtxt] <version>/<model fi
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.devices import cpu_only_backends
 from configs.model_config import fill_defaults, parse_config_text, validate, validate_io
-from configs.schema import ENSEMBLE_PLATFORM, NON_VERSION_DIRS, PYTHON_BACKEND, ConfigError
+from configs.schema import (
+    DEFAULT_MODEL_FILENAME,
+    ENSEMBLE_PLATFORM,
+    KNOWN_BACKENDS,
+    NON_VERSION_DIRS,
+    PYTHON_BACKEND,
+    ConfigError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +168,7 @@ def load_entry(
         if not config.platform and not config.backend and not config.default_model_filename:
             _detect_platform(config, model_dir, entry.available_versions)
         fill_defaults(config, name, gpu_count=gpu_count, cpu_only_backends=cpu_only_backends())
+        check_runtime(config, model_dir, entry.available_versions)
         validate(config, name, gpu_count=gpu_count, check_io=not autocomplete_enabled)
         _refuse_unsupported(config, name)
         entry.versions = select_versions(config, entry.available_versions, name)
@@ -168,6 +177,39 @@ def load_entry(
     except OSError as err:
         entry.error = f"failed to load '{name}': {err}"
     return entry
+
+
+def check_runtime(config: pb.ModelConfig, model_dir: Path, versions: list[int]) -> None:
+    """The config's ``runtime`` (a backend library's file name), as core's
+    GetBackendLibraryProperties finds it: the library of a backend shoal serves
+    (``libtriton_<backend>.so``) or a Python-based backend's ``model.py`` pass; any other
+    is looked for in the (latest) version folder, then the model's folder: found there,
+    it must not escape that folder (and shoal runs no C++ backend library); not found,
+    it is refused as Triton refuses it."""
+    runtime, name = config.runtime, config.name
+    if not runtime or runtime == DEFAULT_MODEL_FILENAME[PYTHON_BACKEND]:
+        return
+    if runtime in {f"libtriton_{b}.so" for b in KNOWN_BACKENDS}:
+        return
+    folders = [model_dir / str(max(versions))] if versions else []
+    folders.append(model_dir)
+    for folder in folders:
+        if not (folder / runtime).is_file():
+            continue
+        inside = os.path.normpath(folder / runtime).startswith(os.path.normpath(folder) + os.sep)
+        if not inside:
+            raise ConfigError(
+                name,
+                f"backend library name '{runtime}' escapes backend directory '{folder}', "
+                f"for model '{name}', check model config runtime field",
+            )
+        raise ConfigError(
+            name, f"backend library '{runtime}' of model '{name}': shoal runs no C++ backend"
+        )
+    searched = "".join(f"'{folder}' " for folder in folders)
+    raise ConfigError(
+        name, f"unable to find backend library '{runtime}' for model '{name}', searched: {searched}"
+    )
 
 
 def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:

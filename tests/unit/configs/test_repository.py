@@ -209,3 +209,37 @@ def test_hidden_directories_are_skipped(repo: Path, make_model: MakeModel) -> No
 def test_missing_repository_raises(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         scan(tmp_path / "nope")
+
+
+IDENTITY = 'backend: "identity"\nmax_batch_size: 2\n'
+
+
+@pytest.mark.parametrize(
+    ("runtime", "library", "message"),
+    [
+        ("__invalid_runtime__", None, "unable to find backend library '__invalid_runtime__' "
+         "for model 'rt', searched: "),
+        ("../dummy_runtime/libtriton_identity.so", "dummy_runtime/libtriton_identity.so",
+         "backend library name '../dummy_runtime/libtriton_identity.so' escapes backend "
+         "directory"),
+        ("libtriton_identity.so", "1/libtriton_identity.so", "shoal runs no C++ backend"),
+    ],
+)  # fmt: skip
+def test_a_runtime_library_is_looked_for_as_triton_looks(
+    repo: Path, make_model: MakeModel, runtime: str, library: str | None, message: str
+) -> None:
+    model_dir = make_model("rt", IDENTITY + f'runtime: "{runtime}"\n')
+    if library is not None:
+        (model_dir / library).parent.mkdir(exist_ok=True)
+        (model_dir / library).touch()
+    entry = find(repo, "rt")
+    assert entry is not None and entry.error is not None
+    assert message in entry.error
+
+
+def test_the_library_of_a_backend_shoal_serves_is_no_error(
+    repo: Path, make_model: MakeModel
+) -> None:
+    make_model("rt", 'backend: "onnxruntime"\nruntime: "libtriton_onnxruntime.so"\n')
+    entry = find(repo, "rt")
+    assert entry is not None and entry.error is None
