@@ -36,6 +36,10 @@ def test_valid_minimal_config_passes() -> None:
             'name: "other" platform: "onnxruntime_onnx"',
             "unexpected directory name 'm' for model 'other', directory name must equal model name",
         ),
+        (  # the directory name is checked last, as in Triton's core
+            'name: "other" platform: "ensemble"',
+            "ensemble scheduling must be set for ensemble other whose platform is ensemble",
+        ),
         (
             'platform: "onnxruntime_onnx" max_batch_size: -1',
             "'max_batch_size' must be non-negative value for m",
