@@ -167,6 +167,8 @@ def load_entry(
         entry.config = config
         if not config.platform and not config.backend and not config.default_model_filename:
             _detect_platform(config, model_dir, entry.available_versions)
+            if autocomplete_enabled and not config.backend and not config.platform:
+                _backend_from_name(config, name)
         fill_defaults(config, name, gpu_count=gpu_count, cpu_only_backends=cpu_only_backends())
         check_runtime(config, model_dir, entry.available_versions)
         validate(config, name, gpu_count=gpu_count, check_io=not autocomplete_enabled)
@@ -286,6 +288,22 @@ def _detect_platform(config: pb.ModelConfig, model_dir: Path, versions: list[int
             if candidate.is_file() or (filename == "model.onnx" and candidate.is_dir()):
                 config.platform, config.backend = platform, backend
                 return
+
+
+def _backend_from_name(config: pb.ModelConfig, name: str) -> None:
+    """Core's last resort (AutoCompleteBackendFields, a custom backend): a model named
+    ``<x>.<backend>`` with nothing in its config or folder to say its backend has that
+    one, and the file ``model.<backend>``; any other name is refused."""
+    if "." not in name:
+        raise ConfigError(
+            name,
+            f"Invalid model name: Could not determine backend for model '{name}' with no "
+            "backend in model configuration. Expected model name of the form "
+            "'model.<backend_name>'.",
+        )
+    backend = name.split(".", 1)[1]
+    config.backend = backend
+    config.default_model_filename = f"model.{backend}"
 
 
 def version_dirs(model_dir: Path) -> list[int]:

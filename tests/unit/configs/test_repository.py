@@ -69,7 +69,20 @@ def test_missing_config_without_autocomplete_is_an_error(repo: Path, make_model:
 def test_unknown_model_file_gives_clear_error(repo: Path, make_model: MakeModel) -> None:
     make_model("odd", filename="model.savedmodel")
     (entry,) = scan(repo)
-    assert entry.error == "must specify 'platform' or 'backend' for 'odd'"
+    assert entry.error == (
+        "Invalid model name: Could not determine backend for model 'odd' with no backend in "
+        "model configuration. Expected model name of the form 'model.<backend_name>'."
+    )
+
+
+def test_a_model_named_for_its_backend_gets_that_backend(repo: Path, make_model: MakeModel) -> None:
+    """Core's custom-backend rule: "model.identity" is the identity backend's (shoal has
+    none, so it fails as an unknown backend)."""
+    make_model("model.identity", filename="")
+    (entry,) = scan(repo)
+    assert entry.config is not None and entry.config.backend == "identity"
+    assert entry.config.default_model_filename == "model.identity"
+    assert entry.error is not None and "backend 'identity'" in entry.error
 
 
 def test_bad_models_do_not_stop_the_scan(repo: Path, make_model: MakeModel) -> None:
