@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from configs.model_config import config_to_json, parse_config_json
+from configs.model_config import config_to_json, fill_preferred_batch_size, parse_config_json
 from configs.schema import ConfigError
 from ipc import messages as m
 from ipc.errors import Code, ServingError
@@ -141,7 +141,10 @@ class PythonBackend:
                 f"auto_complete_config function in model '{config.name}' must return a "
                 "valid pb.ModelConfig object.",
             )
-        return parse_config_json(json.dumps(result.as_dict()), config.name)
+        completed = parse_config_json(json.dumps(result.as_dict()), config.name)
+        # Triton normalizes the config again after a backend's auto-complete
+        fill_preferred_batch_size(completed)
+        return completed
 
     def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
         """Import ``model.py`` and run ``initialize(args)``. ``instance_name`` is set by

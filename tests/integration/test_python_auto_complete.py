@@ -72,7 +72,7 @@ def test_what_the_model_completes_is_its_config(server: ShoalServer) -> None:
     assert status == 200
     config = json.loads(body)
     assert config["max_batch_size"] == 8
-    assert "dynamic_batching" in config
+    assert config["dynamic_batching"]["preferred_batch_size"] == [8]  # Triton's normalizing
     assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [
         ("IN", "TYPE_FP32", [4])
     ]
