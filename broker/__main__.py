@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("broker", log_settings(args))
     set_cpu_scheduling()
     from broker.proc import BrokerProc, BrokerSettings
+    from broker.scheduler_hold import HoldCounts
     from ipc.sockets import ensure_runtime_dir
 
     proc = BrokerProc(
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             model_namespacing=args.model_namespacing,
             expect_launcher=args.parent_pid is not None,
             cpu_lending=args.cpu_lending,
+            scheduler_hold=HoldCounts.from_env(os.environ),
         )
     )
     return run_until_stopped(proc)

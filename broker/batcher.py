@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from broker.scheduler_hold import NO_HOLD, HoldCounts, SchedulerHold
 from ipc import messages as m
 
 TimeoutAction = Literal["REJECT", "DELAY"]
@@ -195,8 +196,10 @@ class _Formed:
 
 
 class DynamicBatcher:
-    def __init__(self, config: BatcherConfig) -> None:
+    def __init__(self, config: BatcherConfig, hold: HoldCounts = NO_HOLD) -> None:
         self.c = config
+        # TRITONSERVER_DELAY_SCHEDULER: no batch until that many requests are queued
+        self._hold = SchedulerHold(hold)
         self._level_count = max(config.priority_levels, 1)
         self._levels: dict[int, _Level] = {}  # by index (priority - 1); only non-empty ones
         self._active: list[int] = []  # the keys of _levels, ascending: scheduling order
@@ -415,7 +418,7 @@ class DynamicBatcher:
     def _verdict(self, f: _Formed, now: float) -> Literal["best", "all", "share", "wait"]:
         """What goes now of the batch ``f``: its best part (a preferred size), all of it,
         all of it shared among idle instances, or nothing yet."""
-        if not f.chosen:
+        if not f.chosen or self._hold.holds(len(self)):
             return "wait"
         delay = self.c.max_queue_delay_us / 1e6
         # The same sum next_wakeup returns, so waking at that time always finds it due.
@@ -459,7 +462,8 @@ class DynamicBatcher:
         busy (``idle`` empty) a delay that ran out changes nothing: the next batch forms
         when an instance reports done, so waking for it would only spin."""
         times: list[float] = []
-        gpus = set(idle)
+        # A held queue forms no batch: only its REJECT timeouts may need the caller.
+        gpus = set(idle) if self._hold.released else set()
         # A DELAY timeout matters once a batch can form: while every instance is busy,
         # waking for one that passed would only spin.
         for heap in (self._reject_at, self._delay_at) if gpus else (self._reject_at,):
@@ -467,8 +471,8 @@ class DynamicBatcher:
                 heapq.heappop(heap)  # gone, or delayed already
             if heap:
                 times.append(heap[0][0])
-        if self.c.max_queue_delay_us:
-            if gpus and not self.cuda_queued:
+        if self.c.max_queue_delay_us and gpus:
+            if not self.cuda_queued:
                 gpus = {None}  # every instance would form the same batch
             for gpu in gpus:
                 chosen = self._form(gpu).chosen

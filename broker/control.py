@@ -36,6 +36,7 @@ from configs import repository
 from configs.devices import gpu_count
 from configs.ensemble import Dependency, dependencies, is_ensemble
 from configs.model_config import parse_config_json
+from configs.model_control import load_file_parts
 from configs.placement import instance_count, loadable, passive_instances, plan_instances
 from configs.repository import ModelEntry
 from configs.schema import ConfigError
@@ -433,14 +434,14 @@ class ModelControl:
         model_dir = root / op.model
         for key, data in sorted(op.files.items()):
             rel = key.removeprefix("file:")
-            parts = Path(rel).parts
-            if any(len(part.encode()) > 255 for part in parts):
+            if any(len(part.encode()) > 255 for part in Path(rel).parts):
                 raise ServingError(
                     Code.INTERNAL,
                     f"failed to load '{op.model}', failed to poll from model repository: "
                     f"file name too long in '{key}'",
                 )
-            if not parts or Path(rel).is_absolute() or any(x in ("..", ".") for x in parts):
+            parts = load_file_parts(rel)
+            if parts is None:
                 raise poll_failed(op.model, f"invalid file path '{rel}': outside the model")
             path = model_dir.joinpath(*parts)
             try:

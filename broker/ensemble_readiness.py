@@ -146,8 +146,13 @@ class EnsembleReadiness:
             decoupled = ensemble.decoupled(config, composing)
         except ConfigError as err:
             return err.message
-        if config.model_transaction_policy.decoupled != decoupled:
-            # as Triton reports it (and as the frontends run it): decoupled iff a step is
+        if (
+            not config.HasField("model_transaction_policy")
+            or config.model_transaction_policy.decoupled != decoupled
+        ):
+            # as Triton reports it (and as the frontends run it): decoupled iff a step is;
+            # and, as Triton's, the policy is there when it is false too
+            config.model_transaction_policy.SetInParent()
             config.model_transaction_policy.decoupled = decoupled
             mv.config = config.SerializeToString()
         return "READY"

@@ -21,6 +21,7 @@ from broker.batch_config import (
 )
 from broker.batcher import DynamicBatcher, serves
 from broker.ordering import OrderedRelease
+from broker.scheduler_hold import NO_HOLD, HoldCounts
 from broker.sequencer import SequenceBatcher
 from broker.stats import VersionStats
 from configs.ensemble import Dependency
@@ -83,6 +84,7 @@ class ModelVersion:
     # runs its steps, and it is READY once they are, and fit together
     ensemble: list[Dependency] | None = None
     generation: int = 0  # the load it belongs to: 0 at start, then one per load API call
+    hold: HoldCounts = NO_HOLD  # the scheduler-delay test hooks (scheduler_hold.py)
     stats: VersionStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -97,9 +99,9 @@ class ModelVersion:
         self.response_cache = response_cache(config)
         self.memory_limit_mb = memory_limit_mb(config)
         cfg = batcher_config(config)
-        self.batcher = DynamicBatcher(cfg) if cfg is not None else None
+        self.batcher = DynamicBatcher(cfg, self.hold) if cfg is not None else None
         seq = sequence_config(config)
-        self.sequencer = SequenceBatcher(self.name, seq) if seq is not None else None
+        self.sequencer = SequenceBatcher(self.name, seq, self.hold) if seq is not None else None
         ordered = any(c is not None and c.preserve_ordering for c in (cfg, seq))
         self.ordering = OrderedRelease() if ordered else None
 
@@ -202,7 +204,8 @@ class ModelEntryState:
 
 
 class ModelTable:
-    def __init__(self) -> None:
+    def __init__(self, hold: HoldCounts = NO_HOLD) -> None:
+        self.hold = hold  # every model's scheduler hold (TRITONSERVER_DELAY_SCHEDULER)
         self.models: dict[str, ModelEntryState] = {}
         self.by_ident: dict[bytes, Instance] = {}
         self.summaries = False  # a frontend serves latency summaries
@@ -224,7 +227,9 @@ class ModelTable:
         entry = self.models.setdefault(name, ModelEntryState(name))
         into = entry.staged if generation else entry.versions
         for v, count in versions.items():
-            mv = ModelVersion(name, v, count, platform, passive=passive, generation=generation)
+            mv = ModelVersion(
+                name, v, count, platform, passive=passive, generation=generation, hold=self.hold
+            )
             into[v] = mv
             if self.summaries:
                 mv.stats.keep_windows()

@@ -39,6 +39,7 @@ from broker.ordering import OrderedRelease
 from broker.rate_limiter import RateLimiter
 from broker.repository_sync import RepositorySync
 from broker.router import Dispatch, Router
+from broker.scheduler_hold import HoldCounts
 from broker.sequencer import SequenceRefused
 from broker.wake_timer import WakeTimer
 from configs import ensemble, namespaces, rate_limits, repository
@@ -80,6 +81,8 @@ class BrokerSettings:
     model_namespacing: bool = False  # qualified names (configs/namespaces.py) are served
     expect_launcher: bool = False  # started by shoal serve (explicit/poll: it starts workers)
     cpu_lending: bool = True  # idle CPU instances lend their cores to busy ones
+    # Triton's test hooks TRITONSERVER_(BACKLOG_)DELAY_SCHEDULER, read from the environment
+    scheduler_hold: HoldCounts = field(default_factory=HoldCounts)
 
 
 class BrokerProc:
@@ -93,7 +96,7 @@ class BrokerProc:
         self.wsock = sockets.router(
             self.ctx, sockets.endpoint(settings.runtime_dir, sockets.WORKER_SOCKET)
         )
-        self.table = ModelTable()
+        self.table = ModelTable(settings.scheduler_hold)
         self.router = Router(self.table)
         # Every system registration holds a descriptor; the broker keeps the last 512
         # for its own sockets and for watching its peers.

@@ -497,7 +497,7 @@ class Router:
             key = _key(item)
             self._queued_in.pop(key, None)
             self._queued_ns[key] = int((now - self._arrived.get(key, now)) * 1e9)
-        rows = mv.sequencer.rows(items) if mv.sequencer is not None else 0
+        rows = mv.sequencer.rows(inst.ident) if mv.sequencer is not None else 0
         batch = m.ExecuteBatch(self._next_batch, items, rows)
         self._next_batch += 1
         inst.in_flight = batch

@@ -27,8 +27,9 @@ each request to the next. Triton 2.51's rules (sequence_batch_scheduler.cc):
   time counts from its last answer, or its last arrival if later.)
 * Direct: an instance's batch takes the request at the head of each slot's queue. It
   spans slots 0..N, N the highest slot with a request; the rows of slots without one are
-  null rows, READY false (the worker fills them: workers/sequence_io.py). A request whose
-  input shapes differ from the oldest head's waits for a later batch. With a queue delay
+  null rows, READY false (the worker fills them: workers/sequence_io.py; a Python model
+  gets them as null requests). A request whose input shapes differ from those of the
+  lowest slot's request waits for a later batch, its row a null row. With a queue delay
   and a ``minimum_slot_utilization``, a batch waits until that share of the slots have a
   request or its oldest request has waited the delay.
 * Oldest: an instance's batch takes the oldest heads of its sequences that have nothing
@@ -39,6 +40,9 @@ each request to the next. Triton 2.51's rules (sequence_batch_scheduler.cc):
 An instance that dies takes the state of the sequences that ran on it: those end, and
 their queued requests fail. A sequence that had only been placed in one of its slots,
 nothing run, goes back to the front of the backlog, for another instance.
+
+``TRITONSERVER_DELAY_SCHEDULER`` and ``TRITONSERVER_BACKLOG_DELAY_SCHEDULER``, Triton's test
+hooks, hold the batches until that many requests are queued (broker/scheduler_hold.py).
 
 Null rows count in the batch size a model executes (batch_stats), not in
 ``inference_count``. Client CUDA memory plays no part here: a sequence's requests go to
@@ -55,8 +59,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from broker.scheduler_hold import NO_HOLD, HoldCounts, SchedulerHold
 from ipc import messages as m
-from ipc.errors import Code, RequestError
+from ipc.errors import Code, RequestError, ServingError
 
 log = logging.getLogger("shoal.broker")
 
@@ -77,9 +82,14 @@ class SequenceConfig:
     corrid_type: str = ""  # the CORRID control's: "BYTES", "UINT64"...; "" without one
 
 
-class SequenceRefused(RequestError):
-    """A request the sequence batcher refuses (INVALID_ARG, in Triton's words, which name
-    the request)."""
+class SequenceRefused(ServingError):
+    """A request the sequence batcher refuses (INVALID_ARG, in Triton's words). As core's
+    sequence scheduler words them, they do not name the request."""
+
+
+class CorridTypeRefused(SequenceRefused, RequestError):
+    """A CORRID of the wrong type: Triton's request validation refuses it, and its words
+    name the request ("[request id: ...] ")."""
 
 
 @dataclass(eq=False)
@@ -102,9 +112,16 @@ def _shapes(item: m.WorkItem) -> tuple[tuple[str, tuple[int, ...]], ...]:
 
 
 class SequenceBatcher:
-    def __init__(self, model: str, cfg: SequenceConfig) -> None:
+    def __init__(self, model: str, cfg: SequenceConfig, hold: HoldCounts = NO_HOLD) -> None:
         self.model = model
         self.cfg = cfg
+        # TRITONSERVER_(BACKLOG_)DELAY_SCHEDULER (broker/scheduler_hold.py): Direct holds
+        # every instance until the slots' and the backlog's counts are reached; Oldest,
+        # Triton's dynamic batcher per instance, holds each instance on its own count.
+        self._hold_counts = hold if cfg.strategy == "direct" else HoldCounts(hold.queued)
+        self._hold = SchedulerHold(self._hold_counts)
+        self._instance_holds: dict[bytes, SchedulerHold] = {}
+        self._rows: dict[bytes, int] = {}  # of the batch last taken, by instance
         self.open: dict[CorrId, Sequence] = {}  # by correlation ID: those requests may join
         self.backlog: deque[Sequence] = deque()
         self.slots: dict[bytes, list[Sequence | None]] = {}  # per instance
@@ -189,7 +206,7 @@ class SequenceBatcher:
         given = "BYTES" if isinstance(corrid, str) else "UINT64"
         expected = self.cfg.corrid_type
         if expected and (given == "BYTES") != (expected == "BYTES"):
-            raise SequenceRefused(
+            raise CorridTypeRefused(
                 Code.INVALID_ARG,
                 f"sequence batching control 'CORRID' data-type is '{given}', but model "
                 f"'{model}' expects '{expected}'",
@@ -279,53 +296,75 @@ class SequenceBatcher:
             if s is not None and s.queue and not s.running
         ]
 
-    def _candidates(self, ident: bytes) -> list[tuple[int, Sequence]]:
-        """The heads a batch of the instance may take: those of the oldest head's input
-        shapes (a batch has one shape), by slot under Direct, oldest first under Oldest."""
+    def _candidates(self, ident: bytes) -> tuple[list[tuple[int, Sequence]], int]:
+        """The heads a batch of the instance may take (a batch has one input shape), and
+        the rows it spans. Direct, as Triton's DirectSequenceBatch: the heads of the
+        lowest slot's head's shapes, by slot, the batch spanning slots 0 to the highest
+        with a request (a head of another shape waits, its row a null row). Oldest: the
+        heads of the oldest head's shapes, oldest first (0 rows: laid out in order)."""
         heads = self._heads(ident)
         if not heads:
-            return heads
+            return heads, 0
+        if self.cfg.strategy == "direct":
+            shape = _shapes(heads[0][1].queue[0][0])
+            same = [h for h in heads if _shapes(h[1].queue[0][0]) == shape]
+            return same, heads[-1][0] + 1
         oldest = min(heads, key=lambda h: h[1].queue[0][1])
         shape = _shapes(oldest[1].queue[0][0])
         heads = [h for h in heads if _shapes(h[1].queue[0][0]) == shape]
-        if self.cfg.strategy == "oldest":
-            heads.sort(key=lambda h: h[1].queue[0][1])
-        return heads
+        heads.sort(key=lambda h: h[1].queue[0][1])
+        return heads, 0
 
-    def _chosen(self, ident: bytes, now: float) -> list[tuple[int, Sequence]]:
-        """The sequences whose head request the instance's batch takes now, or []."""
-        heads = self._candidates(ident)
-        if not heads:
-            return []
+    def _held(self, ident: bytes) -> bool:
+        """Whether the scheduler hold keeps the instance from running a batch."""
+        if self.cfg.strategy == "direct":
+            if self._hold.released:
+                return False
+            in_slots = sum(len(s.queue) for ss in self.slots.values() for s in ss if s is not None)
+            return self._hold.holds(in_slots, sum(len(s.queue) for s in self.backlog))
+        hold = self._instance_holds.setdefault(ident, SchedulerHold(self._hold_counts))
+        if hold.released:
+            return False
+        return hold.holds(sum(len(s.queue) for s in self.slots.get(ident, ()) if s is not None))
+
+    def _chosen(self, ident: bytes, now: float) -> tuple[list[tuple[int, Sequence]], int]:
+        """The sequences whose head request the instance's batch takes now, and the rows
+        the batch spans; ([], 0) when none is due. Direct's slot utilization and queue
+        delay count every slot with a request, as Triton's do."""
+        heads, rows = self._candidates(ident)
+        if not heads or self._held(ident):
+            return [], 0
         cfg = self.cfg
         delay = cfg.max_queue_delay_us * 1e-6
-        # (as next_wakeup computes it: a wake-up at that time finds it due)
-        overdue = now >= min(h[1].queue[0][1] for h in heads) + delay
         if cfg.strategy == "direct":
-            utilization = len(heads) / max(1, cfg.max_batch_size)
+            ready = self._heads(ident)
+            # (as next_wakeup computes it: a wake-up at that time finds it due)
+            overdue = now >= min(h[1].queue[0][1] for h in ready) + delay
+            utilization = len(ready) / max(1, cfg.max_batch_size)
             if (
                 delay <= 0
                 or cfg.minimum_slot_utilization <= 0
                 or utilization >= cfg.minimum_slot_utilization
                 or overdue
             ):
-                return heads
-            return []
+                return heads, rows
+            return [], 0
+        overdue = now >= min(h[1].queue[0][1] for h in heads) + delay
         limit = max(1, cfg.max_batch_size)
         heads = heads[:limit]
         target = max(cfg.preferred_batch_sizes, default=limit)
         if delay <= 0 or len(heads) >= target or overdue:
-            return heads
-        return []
+            return heads, 0
+        return [], 0
 
     def due(self, ident: bytes, now: float) -> bool:
         """Whether ``take`` would hand the instance a batch now."""
-        return bool(self._chosen(ident, now))
+        return bool(self._chosen(ident, now)[0])
 
     def take(self, ident: bytes, now: float) -> list[m.WorkItem]:
         """The instance's next batch, each item's ``slot`` set (its row under Direct,
-        where the batch spans ``rows(items)``), or [] when none is due."""
-        chosen = self._chosen(ident, now)
+        where the batch spans ``rows(ident)``), or [] when none is due."""
+        chosen, self._rows[ident] = self._chosen(ident, now)
         items: list[m.WorkItem] = []
         for slot, seq in chosen:
             item, _ = seq.queue.popleft()
@@ -337,12 +376,11 @@ class SequenceBatcher:
             self._release_if_done(seq)
         return items
 
-    def rows(self, items: list[m.WorkItem]) -> int:
-        """The batch's rows under Direct (slots 0 to the highest taken), else 0: the
-        worker lays the items out in order."""
-        if self.cfg.strategy != "direct" or not items:
-            return 0
-        return max(item.slot for item in items) + 1
+    def rows(self, ident: bytes) -> int:
+        """The rows of the batch ``take`` last handed the instance: under Direct, slots 0
+        to the highest with a request, the slots without one in the batch null rows;
+        else 0 (the worker lays the items out in order)."""
+        return self._rows.get(ident, 0)
 
     def completed(self, ident: bytes, items: list[m.WorkItem], now: float) -> None:
         """The instance's batch ended: its sequences may run their next request, and
@@ -386,8 +424,8 @@ class SequenceBatcher:
         delay = self.cfg.max_queue_delay_us * 1e-6
         if delay > 0:
             for ident in idle:
-                heads = self._candidates(ident)
-                if heads:
+                heads = self._heads(ident)
+                if heads and not self._held(ident):
                     times.append(min(h[1].queue[0][1] for h in heads) + delay)
         return min(times) if times else None
 

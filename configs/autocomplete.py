@@ -285,12 +285,8 @@ def _compare_dims(
         m == d or _WILDCARD in (m, d) for m, d in zip(model_shape, full, strict=True)
     ):
         return
-    if same_rank:
-        raise ConfigError(
-            model,
-            f"{prefix}the model expects dims {shape_str(model_shape)} but the model "
-            f"configuration specifies dims {shape_str(full)}",
-        )
+    # (one message for a rank and a size that differ: Triton's L0_model_config
+    # bad_output_dims expects it for [-1,16] against [-1,1])
     detail = (
         "an initial batch dimension because max_batch_size > 0 followed by the explicit "
         f"tensor shape, making complete shape {shape_str(full)}"

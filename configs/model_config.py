@@ -188,7 +188,9 @@ def _fill_backend_fields(config: pb.ModelConfig) -> None:
     if not config.backend:
         if config.platform in PLATFORM_TO_BACKEND:
             config.backend = PLATFORM_TO_BACKEND[config.platform]
-        elif not config.platform and config.default_model_filename in FILENAME_TO_BACKEND:
+        elif config.default_model_filename in FILENAME_TO_BACKEND:
+            # (as core's AutoCompleteBackendFields: the platform's, or the file name's;
+            # an unknown platform then fails validation as a pair)
             config.backend = FILENAME_TO_BACKEND[config.default_model_filename]
     if not config.platform and config.backend in BACKEND_TO_PLATFORM:
         config.platform = BACKEND_TO_PLATFORM[config.backend]

@@ -10,6 +10,7 @@ the repository every ``--repository-poll-secs``: what changed loads, reloads or 
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any, Final
 
 MODES: Final = ("none", "explicit", "poll")
@@ -49,3 +50,15 @@ def startup_models(entries: list[Any], mode: str, load_models: list[str]) -> set
         if config is not None and is_ensemble(config):
             todo += [d.model for d in dependencies(config) if d.model in names]
     return chosen
+
+
+def load_file_parts(path: str) -> tuple[str, ...] | None:
+    """The folders and name under the model's folder of a load's ``file:<path>``, as
+    Triton places it (core's JoinPath appends a path that starts with "/" as if relative;
+    IsChildPathEscapingParentPath then judges the normalized path), or None when it
+    leaves the model's folder or names no file."""
+    norm = posixpath.normpath(path.lstrip("/")) if path.strip("/") else ""
+    parts = tuple(norm.split("/")) if norm and norm != "." else ()
+    if not parts or parts[0] == "..":
+        return None
+    return parts

@@ -12,6 +12,7 @@ Layout: <repo>/<model>/[config.pbtxt] [configs/<name>.pbtxt] <version>/<model fi
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from configs.devices import cpu_only_backends
 from configs.model_config import fill_defaults, parse_config_text, validate, validate_io
-from configs.schema import ENSEMBLE_PLATFORM, NON_VERSION_DIRS, PYTHON_BACKEND, ConfigError
+from configs.schema import (
+    DEFAULT_MODEL_FILENAME,
+    ENSEMBLE_PLATFORM,
+    KNOWN_BACKENDS,
+    NON_VERSION_DIRS,
+    PYTHON_BACKEND,
+    ConfigError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +69,13 @@ class ModelEntry:
 
 
 def check_model_name(name: str) -> None:
-    """Raise ConfigError unless `name` can be a model directory and a URL path segment."""
+    """Raise ConfigError unless `name` can be a model directory and a URL path segment.
+    As Triton's core: a "/" or the name ".." is path traversal; a backslash is a name's
+    character on Linux (Triton's Python backend refuses it in its own check, as shoal's
+    does: workers/python_backend.py). "." and NUL are refused too, as no directory."""
     if not name:
         raise ConfigError(name, "Model name cannot be empty. Please enter a valid name to deploy.")
-    if "/" in name or "\\" in name or "\x00" in name or name in (".", ".."):
+    if "/" in name or "\x00" in name or name in (".", ".."):
         raise ConfigError(name, "model name must not contain path traversal characters")
 
 
@@ -156,7 +167,10 @@ def load_entry(
         entry.config = config
         if not config.platform and not config.backend and not config.default_model_filename:
             _detect_platform(config, model_dir, entry.available_versions)
+            if autocomplete_enabled and not config.backend and not config.platform:
+                _backend_from_name(config, name)
         fill_defaults(config, name, gpu_count=gpu_count, cpu_only_backends=cpu_only_backends())
+        check_runtime(config, model_dir, entry.available_versions)
         validate(config, name, gpu_count=gpu_count, check_io=not autocomplete_enabled)
         _refuse_unsupported(config, name)
         entry.versions = select_versions(config, entry.available_versions, name)
@@ -165,6 +179,39 @@ def load_entry(
     except OSError as err:
         entry.error = f"failed to load '{name}': {err}"
     return entry
+
+
+def check_runtime(config: pb.ModelConfig, model_dir: Path, versions: list[int]) -> None:
+    """The config's ``runtime`` (a backend library's file name), as core's
+    GetBackendLibraryProperties finds it: the library of a backend shoal serves
+    (``libtriton_<backend>.so``) or a Python-based backend's ``model.py`` pass; any other
+    is looked for in the (latest) version folder, then the model's folder: found there,
+    it must not escape that folder (and shoal runs no C++ backend library); not found,
+    it is refused as Triton refuses it."""
+    runtime, name = config.runtime, config.name
+    if not runtime or runtime == DEFAULT_MODEL_FILENAME[PYTHON_BACKEND]:
+        return
+    if runtime in {f"libtriton_{b}.so" for b in KNOWN_BACKENDS}:
+        return
+    folders = [model_dir / str(max(versions))] if versions else []
+    folders.append(model_dir)
+    for folder in folders:
+        if not (folder / runtime).is_file():
+            continue
+        inside = os.path.normpath(folder / runtime).startswith(os.path.normpath(folder) + os.sep)
+        if not inside:
+            raise ConfigError(
+                name,
+                f"backend library name '{runtime}' escapes backend directory '{folder}', "
+                f"for model '{name}', check model config runtime field",
+            )
+        raise ConfigError(
+            name, f"backend library '{runtime}' of model '{name}': shoal runs no C++ backend"
+        )
+    searched = "".join(f"'{folder}' " for folder in folders)
+    raise ConfigError(
+        name, f"unable to find backend library '{runtime}' for model '{name}', searched: {searched}"
+    )
 
 
 def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
@@ -181,13 +228,17 @@ def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
             what = f"backend '{config.backend or config.platform}'"
         elif config.dynamic_batching.preserve_ordering:
             what = "dynamic_batching.preserve_ordering"
-        elif config.HasField("sequence_batching"):
-            what = "sequence_batching"
+        elif config.HasField("sequence_batching") and not config.sequence_batching.HasField(
+            "oldest"
+        ):
+            # (a Direct batch's null rows would need requests whose answers go nowhere)
+            what = "sequence_batching with the Direct strategy"
         if what:
             raise ConfigError(
                 name,
                 f"failed to load '{name}': decoupled models are supported for Python models "
-                f"only, without preserve_ordering or sequence batching (this one has {what})",
+                "only, without preserve_ordering or Direct sequence batching (this one has "
+                f"{what})",
             )
     if config.backend == PYTHON_BACKEND and len(config.sequence_batching.state):
         raise ConfigError(
@@ -237,6 +288,22 @@ def _detect_platform(config: pb.ModelConfig, model_dir: Path, versions: list[int
             if candidate.is_file() or (filename == "model.onnx" and candidate.is_dir()):
                 config.platform, config.backend = platform, backend
                 return
+
+
+def _backend_from_name(config: pb.ModelConfig, name: str) -> None:
+    """Core's last resort (AutoCompleteBackendFields, a custom backend): a model named
+    ``<x>.<backend>`` with nothing in its config or folder to say its backend has that
+    one, and the file ``model.<backend>``; any other name is refused."""
+    if "." not in name:
+        raise ConfigError(
+            name,
+            f"Invalid model name: Could not determine backend for model '{name}' with no "
+            "backend in model configuration. Expected model name of the form "
+            "'model.<backend_name>'.",
+        )
+    backend = name.split(".", 1)[1]
+    config.backend = backend
+    config.default_model_filename = f"model.{backend}"
 
 
 def version_dirs(model_dir: Path) -> list[int]:

@@ -47,12 +47,6 @@ def validate(
     name = config.name
     if not name:
         raise ConfigError(model_name, "model configuration must specify 'name'")
-    if name != model_name:
-        raise ConfigError(
-            model_name,
-            f"unexpected directory name '{model_name}' for model '{name}', "
-            "directory name must equal model name",
-        )
     _validate_platform(config, known_backends)
     if config.max_batch_size < 0:
         raise ConfigError(name, f"'max_batch_size' must be non-negative value for {name}")
@@ -77,6 +71,13 @@ def validate(
     validate_instance_groups(config, gpu_count=gpu_count)
     if check_io:
         validate_io(config)
+    # Last, as core's ModelRepositoryManager checks it once the config is valid.
+    if name != model_name:
+        raise ConfigError(
+            model_name,
+            f"unexpected directory name '{model_name}' for model '{name}', "
+            "directory name must equal model name",
+        )
 
 
 def _validate_platform(config: pb.ModelConfig, known_backends: Collection[str]) -> None:

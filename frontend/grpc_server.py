@@ -2,8 +2,9 @@
 grpcio's asyncio server: a thin adapter over the same DataPlane as HTTP.
 
 Errors map to gRPC status codes with Triton's table (ipc.errors.GRPC_STATUS). A stream
-(ModelStreamInfer) runs its requests concurrently and answers each as soon as it is ready
-(clients match them by id); an error is an ``error_message`` on the stream and the stream
+(ModelStreamInfer) runs its requests concurrently; as Triton's, it answers the requests to
+models that are not decoupled in the order it read them, and a decoupled model's
+responses as they come; an error is an ``error_message`` on the stream and the stream
 goes on.
 
 A message that is not the protobuf its method takes is refused as Triton's C++ server
@@ -17,6 +18,7 @@ implement answers UNIMPLEMENTED without grpcio's traceback too.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import logging
@@ -30,7 +32,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from configs.flags.frontend import GrpcTls
 from dataplane.plane import DataPlane
-from dataplane.types import FINAL_FLAG, InferenceResult, ResponseError
+from dataplane.types import FINAL_FLAG, ClientRequest, InferenceResult, ResponseError
 from frontend import grpc_codec, log_settings, restricted
 from ipc import logs
 from ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
@@ -41,6 +43,10 @@ MAX_MESSAGE_BYTES: Final[int] = 2**31 - 1  # Triton's INT32_MAX
 STREAM_WINDOW: Final[int] = 1024  # requests in flight on one stream before reading pauses
 R = TypeVar("R")
 UNPARSABLE_MESSAGE: Final[str] = "Unable to parse request"
+#: A request whose inputs carry more BYTES elements than this in typed contents
+#: (``bytes_contents``) is decoded on a worker thread: packing millions of protobuf strings
+#: takes long enough (seconds for 10 Mi) to stall every other client of the event loop.
+DECODE_ON_THREAD_ELEMENTS: Final[int] = 64 * 1024
 _STREAM_METHOD: Final[str] = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
@@ -183,6 +189,16 @@ logging.getLogger("grpc._cython.cygrpc").addFilter(LateAnswerLogFilter())
 
 #: A stream's answer: a response to send (or None), and whether it is its request's last.
 _Answer = tuple[pb.ModelStreamInferResponse | None, bool]
+
+
+async def decode_request(request: pb.ModelInferRequest) -> ClientRequest:
+    """``grpc_codec.decode_infer_request``, on a worker thread for a request with many
+    BYTES elements (DECODE_ON_THREAD_ELEMENTS), so the event loop serves others
+    meanwhile; the protobuf message is only read there, and nothing else touches it."""
+    elements = sum(len(t.contents.bytes_contents) for t in request.inputs)
+    if elements <= DECODE_ON_THREAD_ELEMENTS:
+        return grpc_codec.decode_infer_request(request)
+    return await asyncio.to_thread(grpc_codec.decode_infer_request, request)
 
 
 def _stream_error(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
@@ -384,33 +400,43 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         return await _guard(context, lambda: self._infer(request))
 
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _infer(
+        self, request: pb.ModelInferRequest, decoded: ClientRequest | None = None
+    ) -> pb.ModelInferResponse:
+        """``decoded``: the request's tensors, read already (a stream's)."""
         # The model first, as Triton looks it up before reading the request's tensors.
         model = await self.dp.model(request.model_name, request.model_version)
         if model.decoupled:
             raise ServingError(Code.UNSUPPORTED, DECOUPLED_UNARY)
-        result = await self.dp.infer(grpc_codec.decode_infer_request(request))
+        result = await self.dp.infer(
+            decoded if decoded is not None else await decode_request(request)
+        )
         try:
             return grpc_codec.encode_infer_response(result)
         finally:
             result.release()
 
-    async def _stream_one(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    async def _stream_one(
+        self, request: pb.ModelInferRequest, decoded: ClientRequest
+    ) -> pb.ModelStreamInferResponse:
         """One request of a stream: its error is its own answer, never the stream's end."""
         try:
-            answer = await self._infer(request)
+            answer = await self._infer(request, decoded)
         except Exception as exc:
             return _stream_error(request, exc)
         grpc_codec.set_param(answer.parameters[FINAL_FLAG], True)  # as Triton 2.51's
         return pb.ModelStreamInferResponse(infer_response=answer)
 
     async def _stream_decoupled(
-        self, request: pb.ModelInferRequest, answers: asyncio.Queue[_Answer | None]
+        self,
+        request: pb.ModelInferRequest,
+        decoded: ClientRequest,
+        answers: asyncio.Queue[_Answer | None],
     ) -> None:
         """One request of a stream to a decoupled model: each of its responses goes out
         as it comes (an error among them too); the last one releases its window place."""
         try:
-            responses = self.dp.infer_stream(grpc_codec.decode_infer_request(request))
+            responses = self.dp.infer_stream(decoded)
             async with contextlib.aclosing(responses) as answered:  # (its end cancels)
                 async for r in answered:
                     answers.put_nowait((_stream_answer(request, r), False))
@@ -422,15 +448,25 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests run concurrently; each answer goes out as soon as it is ready, as
-        Triton's stream sends them (clients match them by id): a model that hangs holds
-        back its own answers only. At most STREAM_WINDOW requests are running or answered
-        but not yet sent; past that, reading pauses."""
+        """Requests run concurrently. As Triton's stream handler writes them, the answers
+        of requests to models that are not decoupled (and the errors of requests that
+        failed before reaching one) go out in the order the stream brought the requests,
+        each once those before it went; a decoupled model's responses go out as they
+        come. At most STREAM_WINDOW requests are running or answered but not yet sent;
+        past that, reading pauses."""
         # (a response to send, or None; whether its request is done with) ... None: the end
         answers: asyncio.Queue[_Answer | None] = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_WINDOW)
         running: set[asyncio.Task[None]] = set()
         unparsable: list[_Unparsable] = []
+        # the ordered answers' places, in stream order: each filled when ready
+        ordered: collections.deque[list[pb.ModelStreamInferResponse | None]] = collections.deque()
+
+        def give(place: list[pb.ModelStreamInferResponse | None], answer: Any) -> None:
+            """``answer`` takes its place; the ready answers at the front go out."""
+            place[0] = answer
+            while ordered and ordered[0][0] is not None:
+                answers.put_nowait((ordered.popleft()[0], True))
 
         async def answer(
             request: pb.ModelInferRequest, before: asyncio.Event | None, handed: asyncio.Event
@@ -441,25 +477,34 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             this frontend has not cached yet; the lookups run at once (a silent broker
             fails them together), then each request waits until the one before it has
             been handed over (``before``), and says so (``handed``) just before its own
-            hand-over, which does not wait. A warm stream waits for nothing."""
+            hand-over, which does not wait. A warm stream waits for nothing. A request
+            with many BYTES elements is decoded on a thread (decode_request) before it
+            waits for its turn, so that too keeps the order."""
             failed: Exception | None = None
             decoupled = False
+            decoded: ClientRequest | None = None
+            place: list[pb.ModelStreamInferResponse | None] = [None]
             try:
                 try:
                     model = await self.dp.model(request.model_name, request.model_version)
                     decoupled = model.decoupled
+                    decoded = await decode_request(request)
                 except Exception as exc:  # the request's answer, in its turn
                     failed = exc
                 if before is not None:
                     await before.wait()
+                if failed is not None or not decoupled:
+                    ordered.append(place)  # in the stream's order: the turns are
             finally:
                 handed.set()  # also when cancelled: the next ones must not wait for it
             if failed is not None:
-                answers.put_nowait((_stream_error(request, failed), True))
-            elif decoupled:
-                await self._stream_decoupled(request, answers)
+                give(place, _stream_error(request, failed))
+                return
+            assert decoded is not None  # (read, as nothing failed)
+            if decoupled:
+                await self._stream_decoupled(request, decoded, answers)
             else:
-                answers.put_nowait((await self._stream_one(request), True))
+                give(place, await self._stream_one(request, decoded))
 
         async def read() -> None:
             before: asyncio.Event | None = None

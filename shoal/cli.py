@@ -42,6 +42,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal.serve")
 
 
+def _deprecated_flags(args: argparse.Namespace) -> None:
+    """Triton's warnings (command_line_parser.cc) for --strict-model-config."""
+    if args.strict_model_config is None:
+        return
+    log.warning(
+        "Warning: '--strict-model-config' has been deprecated! Please use "
+        "'--disable-auto-complete-config' instead."
+    )
+    if args.disable_auto_complete_config and not args.strict_model_config:
+        log.warning(
+            "Warning: Overriding deprecated '--strict-model-config' from False to True in "
+            "favor of '--disable-auto-complete-config'!"
+        )
+
+
 def _backend_config(values: list[str]) -> dict[str, str]:
     """``--backend-config=[backend,]key=value``; only global keys are used today."""
     out: dict[str, str] = {}
@@ -215,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot write the log file: {exc}", file=sys.stderr)
             return 2
     setup_logging("shoal", log_settings(args))
+    _deprecated_flags(args)
     raise_open_file_limit()  # its children inherit the raised limit
     from shoal.launcher import Launcher
 

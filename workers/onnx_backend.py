@@ -363,12 +363,13 @@ class OnnxRuntimeBackend:
 
 
 def _as_text(name: str, arr: np.ndarray) -> np.ndarray:
-    """ONNX Runtime's Python API holds string tensors as UTF-8 text (NUL bytes pass)."""
+    """ONNX Runtime's Python API holds string tensors as UTF-8 text (NUL bytes pass). A
+    sequence's implicit state is text already: ONNX Runtime's output fed back as is."""
     out = np.empty(arr.shape, dtype=object)
     flat = out.reshape(-1)
     try:
         for i, b in enumerate(arr.reshape(-1)):
-            flat[i] = b.decode("utf-8")
+            flat[i] = b if isinstance(b, str) else b.decode("utf-8")
     except UnicodeDecodeError:
         raise invalid_arg(
             f"BYTES input '{name}' element {i} is not valid UTF-8, which ONNX Runtime "

@@ -4,7 +4,8 @@ A Triton Python model does ``import triton_python_backend_utils as pb_utils``; t
 that runs it registers this module under that name first. It gives what such models use
 of Triton's: Tensor, InferenceRequest and InferenceResponse, TritonError and
 TritonModelException, the by-name getters, the type converters, the request flags, and
-Logger (into the worker's log). Tensors live in the worker's memory as numpy arrays:
+Logger (into the worker's log), and ModelConfig for ``auto_complete_config``
+(workers/pb_model_config.py). Tensors live in the worker's memory as numpy arrays:
 BYTES as object arrays of ``bytes``, as Triton's Python backend gives them.
 
 A decoupled model's requests carry response senders (``get_response_sender()``): the
@@ -25,6 +26,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from workers.pb_model_config import ModelConfig
+
+__all__ = ["ModelConfig"]  # (the rest is used by name, as Triton's module is)
 
 _log = logging.getLogger("shoal.worker.model")
 

@@ -191,6 +191,8 @@ class WorkerProc:
                 self.scripting = pb_utils.scripting = BlsClient(s.runtime_dir)
             backend.instance_name = s.instance_name  # type: ignore[attr-defined]  # (Python's)
             model_file = entry.model_file(s.version)
+            if s.autocomplete and hasattr(backend, "auto_complete"):  # a Python model's own
+                config = backend.auto_complete(model_file, config)
             weight = _files_bytes(model_file) if s.may_use > len(s.cores) else 0
             threads = _thread_count(config, backend_name, s.cores, s.may_use, weight)
             backend.load(model_file, config, threads, s.gpu is not None)
@@ -508,7 +510,7 @@ class WorkerProc:
             t1, t2, samples = self._execute_decoupled(live, failed, still_open)
             live = []
         elif live and getattr(self.backend, "per_request", False):  # a Python model
-            t1, t2, samples = self._execute_requests(live, failed, answers)
+            t1, t2, samples = self._execute_requests(live, failed, answers, batch.rows)
             live = []
         if live:
             names = sorted({o.name for _, it, _ in live for o in it.request.outputs})
@@ -593,19 +595,27 @@ class WorkerProc:
         live: list[tuple[int, m.WorkItem, dict[str, np.ndarray]]],
         failed: list[int],
         answers: list[tuple[m.WorkItem, m.InferResponse]],
+        rows: int = 0,
     ) -> tuple[int, int, int]:
         """A backend that takes the batch's requests one by one (Python models): each
-        request's own tensors in, its own outputs or error out. Returns the times the
-        execution began and ended, and the samples it ran."""
+        request's own tensors in, its own outputs or error out. A Direct sequence batch
+        of ``rows`` rows also gets a null request (READY false) for each row without a
+        request, as Triton gives the model, and their answers are dropped. Returns the
+        times the execution began and ended, and the samples it ran."""
         backend: Any = self.backend
         t1 = time.perf_counter_ns()
+        pairs = [(it.request, tensors) for _, it, tensors in live]
+        positions = list(range(len(live)))  # each live request's place among the requests
         try:
             if self.sequence is not None:
                 for _, it, tensors in live:
                     self.sequence.add(it, tensors)
-            requests = backend.requests([(it.request, tensors) for _, it, tensors in live])
+                if rows > len(live):
+                    pairs, positions = self._null_requests(rows, live)
+            requests = backend.requests(pairs)
             t1 = time.perf_counter_ns()
             results = backend.execute_requests(requests)
+            results = [results[i] for i in positions]
         except Exception as exc:  # the model's fault, never the worker's end
             log.exception("model '%s': requests could not be run", self.s.model)
             results = [ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")] * len(live)
@@ -623,8 +633,26 @@ class WorkerProc:
             if resp.error is not None:
                 failed.append(pos)
             answers.append((it, resp))
+        if rows > len(live):
+            return t1, t2, rows
         sizes = [max(it.request.batch_size, 1) for _, it, _ in live]
         return t1, t2, sum(sizes) if self.max_batch_size > 0 else len(live)
+
+    def _null_requests(
+        self, rows: int, live: list[tuple[int, m.WorkItem, dict[str, np.ndarray]]]
+    ) -> tuple[list[tuple[m.InferRequest, dict[str, np.ndarray]]], list[int]]:
+        """A Direct batch's requests for a Python model, one per row: each live request
+        in its slot's row, a null request (no correlation ID, READY false, zeros shaped
+        as the first request's inputs, its outputs asked for) in the others. Returns
+        them and each live request's row."""
+        assert self.sequence is not None
+        first = live[0][1].request
+        null = m.InferRequest(0, first.model, first.version, [], first.outputs)
+        by_row: list[tuple[m.InferRequest, dict[str, np.ndarray]] | None] = [None] * rows
+        for _, it, tensors in live:
+            by_row[it.slot] = (it.request, tensors)
+        pairs = [p if p is not None else (null, self.sequence.null_row(live[0][2])) for p in by_row]
+        return pairs, [it.slot for _, it, _ in live]
 
     def _execute_decoupled(
         self,
@@ -642,6 +670,9 @@ class WorkerProc:
         senders = [self._sender(it) for _, it, _ in live]
         t1 = time.perf_counter_ns()
         try:
+            if self.sequence is not None:  # (Oldest only: no null requests to answer)
+                for _, it, tensors in live:
+                    self.sequence.add(it, tensors)
             requests = backend.requests([(it.request, tensors) for _, it, tensors in live], senders)
             t1 = time.perf_counter_ns()
             with self._unlocked():  # the model's threads may answer meanwhile

@@ -22,8 +22,11 @@ As Triton's Python backend:
 * A model's own requests to other models (business logic scripting,
   ``pb_utils.InferenceRequest(...).exec()``) go through workers/bls.py.
 
-Not here: ``auto_complete_config``, and custom execution environments (the model runs in
-the server's Python).
+* ``TritonPythonModel.auto_complete_config(pb_utils.ModelConfig)``, a static method, runs
+  before ``initialize`` when auto-complete is on (``auto_complete``): what it sets is the
+  model's config (workers/pb_model_config.py says what it may set).
+
+Not here: custom execution environments (the model runs in the server's Python).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from configs.model_config import config_to_json
+from configs.model_config import config_to_json, fill_preferred_batch_size, parse_config_json
+from configs.schema import ConfigError
 from ipc import messages as m
 from ipc.errors import Code, ServingError
 from workers import pb_utils
@@ -65,6 +69,18 @@ def error_code(code: int) -> Code:
     return _CODES.get(code, Code.INTERNAL)
 
 
+#: What Triton's Python backend refuses in a stub's name (the model's, for its
+#: auto-complete stub; the instance's): the characters a shell would act on.
+_INVALID_NAME_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
+def _check_stub_name(name: str) -> None:
+    """Triton's python_backend (StubLauncher::Launch) refuses a model or instance name with
+    those characters; so does shoal, though its models run in the worker itself."""
+    if not name or _INVALID_NAME_CHARS.intersection(name):
+        raise ConfigError(name, "Invalid stub name: contains invalid characters")
+
+
 def _flags(req: m.InferRequest) -> int:
     flags = 0
     if req.sequence_start:
@@ -82,14 +98,14 @@ class PythonBackend:
         self.name = ""
         self.instance_name = ""
         self.decoupled = False  # its config's model_transaction_policy
+        self._cls: Any = None  # TritonPythonModel, once imported
 
-    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
-        """Import ``model.py`` and run ``initialize(args)``. ``instance_name`` is set by
-        the worker first (Triton's <group>_<k>)."""
+    def _model_class(self, model_file: Path) -> Any:
+        """``TritonPythonModel`` of ``model.py``, imported once."""
+        if self._cls is not None:
+            return self._cls
         if not model_file.is_file():
             raise FileNotFoundError(f"{model_file} not found")
-        self.name = config.name
-        self.decoupled = bool(config.model_transaction_policy.decoupled)
         # What a model imports, and where it finds its own files, as Triton's stub: the
         # version folder and the model's folder on sys.path, the module as "<version>.model".
         sys.modules["triton_python_backend_utils"] = pb_utils
@@ -106,6 +122,37 @@ class PythonBackend:
         cls = getattr(module, "TritonPythonModel", None)
         if cls is None:
             raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+        self._cls = cls
+        return cls
+
+    def auto_complete(self, model_file: Path, config: Any) -> Any:
+        """The config as the model's ``auto_complete_config`` completes it (the config
+        itself when it has none); its refusals (ValueError) fail the load."""
+        _check_stub_name(config.name)
+        cls = self._model_class(model_file)
+        complete = getattr(cls, "auto_complete_config", None)
+        if complete is None:
+            return config
+        given = pb_utils.ModelConfig(json.dumps(config_to_json(config)))
+        result = complete(given)
+        if not isinstance(result, pb_utils.ModelConfig):
+            raise ConfigError(
+                config.name,
+                f"auto_complete_config function in model '{config.name}' must return a "
+                "valid pb.ModelConfig object.",
+            )
+        completed = parse_config_json(json.dumps(result.as_dict()), config.name)
+        # Triton normalizes the config again after a backend's auto-complete
+        fill_preferred_batch_size(completed)
+        return completed
+
+    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
+        """Import ``model.py`` and run ``initialize(args)``. ``instance_name`` is set by
+        the worker first (Triton's <group>_<k>)."""
+        self.name = config.name
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
+        _check_stub_name(self.instance_name or config.name)
+        cls = self._model_class(model_file)
         self.model = cls()
         init = getattr(self.model, "initialize", None)
         if init is not None:

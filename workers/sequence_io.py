@@ -52,6 +52,14 @@ _KIND_NAMES = {
 INITIAL_STATE_FOLDER = "initial_state"
 
 
+def _blank(arr: Any) -> np.ndarray:
+    """Zeros (empty strings for BYTES) in ``arr``'s shape and type."""
+    dtype = np.dtype(arr.dtype)  # (a device array's too: no copy to read it)
+    if dtype.kind == "O":
+        return np.full(arr.shape, b"", dtype=object)
+    return np.zeros(arr.shape, dtype=dtype)
+
+
 @dataclass(frozen=True)
 class Control:
     name: str  # the model input
@@ -217,17 +225,14 @@ class SequenceIO:
         request's feed)."""
         row: dict[str, Any] = {}
         for name, arr in like.items():
-            if name in self.added:
-                continue
-            dtype = np.dtype(arr.dtype)  # (a device array's too: no copy to read it)
-            if dtype.kind == "O":
-                row[name] = np.full(arr.shape, b"", dtype=object)
-            else:
-                row[name] = np.zeros(arr.shape, dtype=dtype)
+            if name not in self.added:
+                row[name] = _blank(arr)
         for c in self.controls:
             row[c.name] = self._value(c, False, "" if c.dtype == object else 0)
         for s in self.states:
-            row[s.input] = s.initial
+            # shaped as the request's state, as Triton's null request copies its states'
+            # shapes (a state with -1 dims may differ from its initial one)
+            row[s.input] = _blank(like[s.input]) if s.input in like else s.initial
         return row
 
     def warmup_row(self, feed: dict[str, Any]) -> dict[str, Any]:

@@ -265,6 +265,9 @@ def test_an_ensemble_is_decoupled_when_a_step_is(server: ShoalServer) -> None:
     for model in ("ens_slow_final", "ens_outer"):
         assert _config(server, model)["model_transaction_policy"] == {"decoupled": True}
     assert _config(server, "ens_plain")["model_transaction_policy"] == {"decoupled": False}
+    # over gRPC too the policy is there when false, as Triton's (L0_model_config compares)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    assert client.get_model_config("ens_plain").config.HasField("model_transaction_policy")
 
 
 @pytest.mark.parametrize("model", ["ens_slow_final", "ens_last_final", "ens_outer"])

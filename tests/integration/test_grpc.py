@@ -125,7 +125,8 @@ def test_asyncio_client(url: str) -> None:
 
 
 def test_stream_many_requests_in_flight_each_answered(url: str) -> None:
-    """Answers go out as they are ready (Triton's stream): matched by id."""
+    """Many requests in flight on one stream, each answered; an error among them ends
+    nothing (the order of the answers: tests/unit/frontend/test_grpc_stream.py)."""
     client = grpcclient.InferenceServerClient(url)
     answers: queue.Queue[object] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put(error or result))

@@ -412,6 +412,6 @@ def test_a_decoupled_model_that_preserves_ordering_is_refused_at_load(
     assert state["state"] == "UNAVAILABLE"
     assert state["reason"] == (
         "failed to load 'decoupled': decoupled models are supported for Python models only, "
-        "without preserve_ordering or sequence batching (this one has "
+        "without preserve_ordering or Direct sequence batching (this one has "
         "dynamic_batching.preserve_ordering)"
     )

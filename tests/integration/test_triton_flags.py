@@ -66,6 +66,30 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
 
 
 @pytest.mark.parametrize(
+    ("flags", "override"),
+    [
+        (["--strict-model-config=true"], False),
+        (["--disable-auto-complete-config", "--strict-model-config=false"], True),
+    ],
+)
+def test_strict_model_config_is_deprecated_in_tritons_words(
+    repo: Path, flags: list[str], override: bool
+) -> None:
+    """(Triton's L0_model_config cli_messages greps the server's output for these.)"""
+    with served(repo, *flags) as srv:
+        log = srv.log()
+    assert (
+        "Warning: '--strict-model-config' has been deprecated! Please use "
+        "'--disable-auto-complete-config' instead." in log
+    )
+    overriding = (
+        "Warning: Overriding deprecated '--strict-model-config' from False to True in favor "
+        "of '--disable-auto-complete-config'!"
+    )
+    assert (overriding in log) == override
+
+
+@pytest.mark.parametrize(
     ("flags", "words"),
     [
         (["--model-repository=/nonexistent"], "model repository '/nonexistent' is not a directory"),

@@ -108,7 +108,7 @@ def test_direct_batches_span_the_slots_up_to_the_highest_with_a_request() -> Non
     sb.enqueue(_item(1), 1.0)
     batch = _run(sb, 1.0)
     assert _corrids(batch) == [(1, 0), (3, 2)]  # slot 1's row is a null row
-    assert sb.rows(batch) == 3
+    assert sb.rows(W0) == 3
     assert _run(sb, 1.0) == [] and len(sb) == 0
 
 
@@ -222,11 +222,27 @@ def test_direct_waits_for_slot_utilization_or_the_delay() -> None:
 
 
 def test_requests_of_another_shape_wait_for_the_next_batch() -> None:
-    sb = _batcher(mbs=2)
+    """The lowest slot's head sets the shape, as in Triton, whichever came first; the
+    batch still spans the slot of the head left out (its row a null row)."""
+    sb = _batcher(mbs=4)
+    sb.enqueue(_item(3, start=True, shape=(1, 1)), 0.0)  # slot 0
+    sb.enqueue(_item(1, start=True, shape=(1, 2)), 0.0)  # slot 1
+    sb.enqueue(_item(2, start=True, shape=(1, 1)), 0.0)  # slot 2
+    sb.enqueue(_item(4, start=True, shape=(1, 3)), 0.0)  # slot 3
+    assert _corrids(_run(sb, 0.0)) == [(3, 0), (2, 2)]
+    assert sb.rows(W0) == 4
+    assert _corrids(_run(sb, 0.0)) == [(1, 1)]
+    assert sb.rows(W0) == 4
+    assert _corrids(_run(sb, 0.0)) == [(4, 3)]
+    assert sb.rows(W0) == 4
+
+
+def test_direct_slot_utilization_counts_heads_of_any_shape() -> None:
+    sb = _batcher(mbs=2, max_queue_delay_us=1_000_000, minimum_slot_utilization=1.0)
     sb.enqueue(_item(1, start=True, shape=(1, 1)), 0.0)
-    sb.enqueue(_item(2, start=True, shape=(1, 2)), 0.0)
+    assert sb.take(W0, 0.0) == []
+    sb.enqueue(_item(2, start=True, shape=(1, 2)), 0.0)  # both slots have a request
     assert _corrids(_run(sb, 0.0)) == [(1, 0)]
-    assert _corrids(_run(sb, 0.0)) == [(2, 1)]
 
 
 def test_oldest_runs_one_request_per_sequence_oldest_first() -> None:
@@ -237,7 +253,7 @@ def test_oldest_runs_one_request_per_sequence_oldest_first() -> None:
     sb.enqueue(_item(3), 0.3)
     batch = sb.take(W0, 0.5)
     assert _corrids(batch) == [(3, 2), (2, 1)]  # the two oldest heads, at most 2
-    assert sb.rows(batch) == 0  # no null rows
+    assert sb.rows(W0) == 0  # no null rows
     # 3's next must wait for its first to finish; 1 may go
     assert _corrids(sb.take(W0, 0.5)) == [(1, 0)]
     assert sb.take(W0, 0.5) == []

@@ -179,8 +179,10 @@ def test_can_batch() -> None:
         (
             'max_batch_size: 8 input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 8 ] }, '
             '{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]',
-            "model 'simple', tensor 'INPUT0': the model expects dims [-1,16] but the model "
-            "configuration specifies dims [-1,8]",
+            "model 'simple', tensor 'INPUT0': the model expects 2 dimensions (shape [-1,16]) "
+            "but the model configuration specifies 2 dimensions (an initial batch dimension "
+            "because max_batch_size > 0 followed by the explicit tensor shape, making complete "
+            "shape [-1,8])",
         ),
         (
             'max_batch_size: 8 input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1, 16 ] }, '

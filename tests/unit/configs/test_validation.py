@@ -36,6 +36,10 @@ def test_valid_minimal_config_passes() -> None:
             'name: "other" platform: "onnxruntime_onnx"',
             "unexpected directory name 'm' for model 'other', directory name must equal model name",
         ),
+        (  # the directory name is checked last, as in Triton's core
+            'name: "other" platform: "ensemble"',
+            "ensemble scheduling must be set for ensemble other whose platform is ensemble",
+        ),
         (
             'platform: "onnxruntime_onnx" max_batch_size: -1',
             "'max_batch_size' must be non-negative value for m",
@@ -46,6 +50,10 @@ def test_valid_minimal_config_passes() -> None:
         (
             'platform: "onnxruntime_onnx" backend: "pytorch"',
             "unexpected 'platform' and 'backend' pair, got:onnxruntime_onnx, pytorch",
+        ),
+        (  # the file name implies the backend, as core's AutoCompleteBackendFields
+            'platform: "onnxruntim" default_model_filename: "model.onnx"',
+            "unexpected 'platform' and 'backend' pair, got:onnxruntim, onnxruntime",
         ),
         (
             'platform: "ensemble" backend: "python"',

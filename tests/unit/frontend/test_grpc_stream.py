@@ -1,6 +1,8 @@
 """A gRPC stream's requests reach the broker in the order the stream brought them, also
 while the frontend is still looking their model up (Triton reads a stream into its
-scheduler one request after the other; preserve_ordering answers in that order).
+scheduler one request after the other; preserve_ordering answers in that order), and a
+model that is not decoupled is answered in that order too, whichever answer is ready
+first (Triton's stream handler queues them so).
 
 The frontend's own parts are real: its gRPC server, data plane, shared-memory pool and
 broker connection, on one event loop; tritonclient sends. The broker is a StandInBroker
@@ -136,3 +138,58 @@ def test_stream_lookups_run_at_once_and_no_request_overtakes_one_waiting_for_its
     # one lookup timeout after another); the hand-overs keep the stream's order.
     assert waiting == 3
     assert order == [0, 1, 2, 3]
+
+
+def _answered_in_order(url: str, broker: _Broker) -> list[str]:
+    """Requests 0, 1 and 2 sent; the broker answers 2, then 1, then 0: the ids of the
+    answers in the order the client got them."""
+    got: list[str] = []
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: got.append(result.get_response().id))
+    try:
+        for i in range(3):
+            inp = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+            inp.set_data_from_numpy(np.full((1, 1), i, dtype=np.float32))
+            client.async_stream_infer("ordered", [inp], request_id=str(i))
+        broker.take(0.5)
+        broker.answer_lookups()
+        broker.take(0.5)
+        for req in reversed(broker.requests):
+            broker.stand_in.answer(broker.client, [req.req_id])
+            time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.stop_stream()
+        client.close()
+    return got
+
+
+def test_a_stream_answers_a_model_that_is_not_decoupled_in_request_order(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+
+    async def main() -> list[str]:
+        stand_in = StandInBroker(run)
+        client = BrokerClient(run, 0)
+        client.start()
+        pool = SlabPool("test", 1 << 20)
+        server = None
+        try:
+            await asyncio.sleep(0.05)
+            stand_in.welcome(client)
+            assert await client.wait_connected(2.0)
+            (port,) = free_ports(1)
+            server = build_server(DataPlane(client, pool), f"127.0.0.1:{port}", False)
+            await server.start()
+            broker = _Broker(stand_in, client)
+            return await asyncio.to_thread(_answered_in_order, f"127.0.0.1:{port}", broker)
+        finally:
+            if server is not None:
+                await server.stop(0)
+            await client.close()
+            pool.close()
+            stand_in.close()
+
+    assert asyncio.run(main()) == ["0", "1", "2"]

@@ -206,3 +206,30 @@ def test_a_library_that_cannot_be_loaded_fails_the_load_naming_it(tmp_path: Path
     with pytest.raises(ConfigError) as e:
         _session_options(_with_ops(missing), 1)
     assert e.value.message.startswith(f"failed to register the custom operations in '{missing}': ")
+
+
+def _text_to_float_model() -> bytes:
+    """STRING [-1, 2] in, its values as FP32 out (ONNX Cast from STRING)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["INPUT0"], ["OUTPUT0"], to=TensorProto.FLOAT)],
+        "text_to_float",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.STRING, [None, 2])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [None, 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_a_string_input_takes_bytes_or_the_text_a_model_gave_as_its_state(tmp_path: Path) -> None:
+    """A client's BYTES come as bytes; a sequence's implicit string state is what ONNX
+    Runtime gave as the output state, text, fed back as it is."""
+    model = tmp_path / "text_to_float.onnx"
+    model.write_bytes(_text_to_float_model())
+    backend = OnnxRuntimeBackend()
+    backend.load(model, pb.ModelConfig(), 1, False)
+    for values in ([[b"1.5", b"2"]], [["1.5", "2"]]):
+        (out,) = backend.execute({"INPUT0": np.array(values, dtype=object)}, ["OUTPUT0"])
+        assert out.tolist() == [[1.5, 2.0]]

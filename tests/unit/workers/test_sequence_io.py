@@ -131,3 +131,20 @@ def test_a_slot_s_state_goes_only_to_its_own_sequence(tmp_path: Path) -> None:
     feed: dict[str, np.ndarray] = {}
     io.add(_item(2, 0), feed)
     assert feed["S_IN"].tolist() == [[0, 0]]
+
+
+def test_a_null_row_s_state_takes_the_shape_of_the_request_s(tmp_path: Path) -> None:
+    """A state with -1 dims: the request's state is [1, 3] where the initial one is [1, 1];
+    the null row's is [1, 3] zeros, or the batch could not be stacked (Triton copies the
+    representative request's state shapes into its null requests)."""
+    state = (
+        'state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]'
+    )
+    io = _io(tmp_path, state=state)
+    like: dict[str, np.ndarray] = {"INPUT": np.ones((1, 3), np.int32)}
+    io.add(_item(1, 0, start=True), like)
+    io.keep(_item(1, 0), {"S_OUT": np.array([[7, 8, 9]], np.int32)})
+    like = {"INPUT": np.ones((1, 3), np.int32)}
+    io.add(_item(1, 0), like)
+    assert like["S_IN"].tolist() == [[7, 8, 9]]
+    assert io.null_row(like)["S_IN"].tolist() == [[0, 0, 0]]

@@ -1,0 +1,145 @@
+"""L0_batcher, as its Triton ``test.sh`` runs it: the dynamic batcher's tests over
+``<backend>_float32_float32_float32`` models (fixed and variable shapes) and the ragged
+``onnx_zero_1_float32``, a fresh server per test, ``TRITONSERVER_DELAY_SCHEDULER`` where
+test.sh sets it.
+
+``BACKENDS`` (test.sh's, read from the environment) defaults to ``"onnx python"``. Left
+out: the parts over Triton's C++ ``custom_zero_1_float32`` and ``identity`` backends
+(max_queue_delay_only, preserve_ordering with its trace timestamps, queue_timeout_test)
+and the ``instance_queue_test`` unit binary; docs/triton-qa.md says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from triton_qa import QA, suite
+
+_NO_DELAY = (
+    "test_static_batch_preferred test_static_batch_lt_any_preferred "
+    "test_static_batch_not_preferred test_static_batch_gt_max_preferred "
+    "test_multi_batch_not_preferred test_multi_batch_gt_max_preferred "
+    "test_multi_batch_sum_gt_max_preferred test_multi_same_output0 test_multi_same_output1 "
+    "test_multi_different_outputs test_multi_different_output_order"
+)
+#: test.sh's TRITONSERVER_DELAY_SCHEDULER per test
+_DELAY = {
+    "test_multi_batch_delayed_sum_gt_max_preferred": 2,
+    "test_multi_batch_use_biggest_preferred": 6,
+    "test_multi_batch_use_best_preferred": 3,
+    "test_multi_batch_delayed_use_max_batch": 3,
+}
+_DIFFERENT_SHAPE = (
+    "test_multi_batch_not_preferred_different_shape test_multi_batch_preferred_different_shape "
+    "test_multi_batch_different_shape_allow_ragged test_multi_batch_different_shape"
+)
+_PREFERRED_ONLY = {
+    "test_preferred_batch_only_aligned": 4,
+    "test_preferred_batch_only_unaligned": 5,
+    "test_preferred_batch_only_use_biggest_preferred": 7,
+    "test_preferred_batch_only_use_no_preferred_size": 3,
+}
+_DYNAMIC = (
+    "dynamic_batching { preferred_batch_size: [ 2, 6 ], max_queue_delay_microseconds: 10000000 }"
+)
+
+
+def _has_gpu() -> bool:
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def _float32_model(qa: QA, repo: str, backend: str, dest: Path, dynamic: str) -> Path:
+    """test.sh's copy of ``<backend>_float32_float32_float32`` (a Python one: the ONNX
+    model's config with python_models/add_sub), with its edits and ``dynamic``."""
+    data = qa.generated(repo)
+    onnx = data / "onnx_float32_float32_float32"
+    name = f"{backend}_float32_float32_float32"
+    if backend == "python":
+        (dest / name / "1").mkdir(parents=True)
+        text = re.sub(r"platform:.*", 'backend: "python"', (onnx / "config.pbtxt").read_text())
+        (dest / name / "config.pbtxt").write_text(text.replace("onnx", "python"))
+        shutil.copy(onnx / "output0_labels.txt", dest / name)
+        shutil.copy(qa.qa / "python_models" / "add_sub" / "model.py", dest / name / "1")
+    else:
+        qa.copy(data / name, dest / name)
+    config = dest / name / "config.pbtxt"
+    QA.sed(config, r"^max_batch_size:.*", "max_batch_size: 8")
+    QA.sed(config, r"^version_policy:.*", "version_policy: { specific { versions: [1] }}")
+    if not _has_gpu():
+        QA.sed(config, "KIND_GPU", "KIND_CPU")
+    with config.open("a") as f:
+        f.write(dynamic + "\n")
+    return config
+
+
+def _repositories(qa: QA, here: Path, backends: list[str]) -> None:
+    models = qa.fresh(here / "models")
+    preferred = qa.fresh(here / "preferred_batch_only_models")
+    var = qa.fresh(here / "var_models")
+    for backend in backends:
+        _float32_model(qa, "qa_model_repository", backend, models, _DYNAMIC)
+        _float32_model(
+            qa,
+            "qa_model_repository",
+            backend,
+            preferred,
+            "dynamic_batching { preferred_batch_size: [ 4, 6 ] }",
+        )
+        _float32_model(qa, "qa_variable_model_repository", backend, var, _DYNAMIC)
+    for config in var.glob("*/config.pbtxt"):
+        QA.sed(config, "16", "-1")
+    if "onnx" in backends:
+        ragged = qa.copy(
+            qa.generated("qa_identity_model_repository") / "onnx_nobatch_zero_1_float32",
+            var / "onnx_zero_1_float32",
+        )
+        config = ragged / "config.pbtxt"
+        QA.sed(config, "nobatch_", "", count=1)
+        QA.sed(config, r"^max_batch_size:.*", "max_batch_size: 8")
+        QA.sed(config, 'name: "INPUT0"', 'name: "INPUT0"\nallow_ragged_batch: true')
+        if not _has_gpu():
+            QA.sed(config, "KIND_GPU", "KIND_CPU")
+        with config.open("a") as f:
+            f.write(
+                'batch_output [{target_name: "OUTPUT0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE '
+                f'source_input: "INPUT0" }}] {_DYNAMIC}\n'
+            )
+
+
+def _run(qa: QA, here: Path, models: str, test: str, env: dict[str, str]) -> None:
+    with qa.serve(
+        here, f"--model-repository={here / models}", log=f"{test}.{models}", env=env
+    ) as ready:
+        if ready:
+            qa.test(
+                "L0_batcher", here, "batcher_test.py", f"BatcherTest.{test}", note=models, **env
+            )
+        else:
+            qa.not_ready("L0_batcher", 1, f"{test} {models}")
+
+
+@suite
+def l0_batcher(qa: QA) -> None:
+    here = qa.suite("L0_batcher")
+    backends = os.environ.get("BACKENDS", "onnx python").split()
+    _repositories(qa, here, backends)
+    base = {"BACKENDS": " ".join(backends), "TEST_SYSTEM_SHARED_MEMORY": "0"}
+    for batcher, models in (("FIXED", "models"), ("VARIABLE", "var_models")):
+        env = {**base, "BATCHER_TYPE": batcher}
+        for test in os.environ.get("NO_DELAY_TESTS", _NO_DELAY).split():
+            _run(qa, here, models, test, env)
+        for test in os.environ.get("DELAY_TESTS", " ".join(_DELAY)).split():
+            _run(qa, here, models, test, {**env, "TRITONSERVER_DELAY_SCHEDULER": str(_DELAY[test])})
+    env = {**base, "BATCHER_TYPE": "VARIABLE"}
+    for test in os.environ.get("DIFFERENT_SHAPE_TESTS", _DIFFERENT_SHAPE).split():
+        _run(qa, here, "var_models", test, env)
+    delayed = {**env, "TRITONSERVER_DELAY_SCHEDULER": "4"}
+    _run(qa, here, "var_models", "test_multi_batch_delayed_preferred_different_shape", delayed)
+    env = {**base, "BATCHER_TYPE": "FIXED"}
+    for test in os.environ.get("PREFERRED_BATCH_ONLY_TESTS", " ".join(_PREFERRED_ONLY)).split():
+        delay = {"TRITONSERVER_DELAY_SCHEDULER": str(_PREFERRED_ONLY[test])}
+        _run(qa, here, "preferred_batch_only_models", test, {**env, **delay})
