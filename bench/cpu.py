@@ -85,11 +85,11 @@ def _ticks(pid: int) -> int | None:
 
 
 def worker_pids(root: int) -> list[int]:
-    """The model-instance workers (``python -m workers``) under shoal's launcher ``root``."""
+    """The model-instance workers (``python -m shoal.workers``) under shoal's launcher ``root``."""
     out = []
     for pid in _children(root):
         argv = _cmdline(pid)
-        if "-m" in argv and argv[argv.index("-m") + 1 :][:1] == ["workers"]:
+        if "-m" in argv and argv[argv.index("-m") + 1 :][:1] == ["shoal.workers"]:
             out.append(pid)
     return out
 
@@ -155,7 +155,7 @@ class CpuLoad:
 
 
 #: shoal's processes by the module they run (``python -m <module>``), as roles.
-_ROLES = {"frontend": "frontend", "broker": "broker", "workers": "worker"}
+_ROLES = {"shoal.frontend": "frontend", "shoal.broker": "broker", "shoal.workers": "worker"}
 #: The order a report lists the roles in; "server" sums them (the client is not the server's).
 ROLE_ORDER = ("frontend", "broker", "worker", "launcher", "server", "client")
 

@@ -1,6 +1,6 @@
 """The broker alone: its CPU per request under a fixed load, against a ZeroMQ round trip.
 
-A real broker process (``python -m broker``) serves a repository of one model with
+A real broker process (``python -m shoal.broker``) serves a repository of one model with
 ``dynamic_batching {}``. This process plays its frontend and its worker over the real
 sockets: the frontend sends requests in groups (one message each, as a frontend's turn
 sends them) and keeps ``--window`` of them in flight; the worker answers each batch at
@@ -32,9 +32,9 @@ import zmq
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from configs.model_config import parse_config_text  # noqa: E402
-from ipc import messages as m  # noqa: E402
-from ipc import sockets  # noqa: E402
+from shoal.configs.model_config import parse_config_text  # noqa: E402
+from shoal.ipc import messages as m  # noqa: E402
+from shoal.ipc import sockets  # noqa: E402
 
 CONFIG = """name: "m"
 platform: "onnxruntime_onnx"
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         broker = subprocess.Popen(
             [sys.executable,
              *(("-m", "cProfile", "-o", str(a.profile.resolve())) if a.profile else ()),
-             "-m", "broker", "--runtime-dir", str(run),
+             "-m", "shoal.broker", "--runtime-dir", str(run),
              "--model-repository", str(repo), "--log-warning=false"],
             cwd=a.tree, stdin=subprocess.DEVNULL,
         )  # fmt: skip

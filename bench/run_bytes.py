@@ -28,7 +28,7 @@ import numpy as np
 from servers import shoal_server
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from ipc import bytes_tensors
+from shoal.ipc import bytes_tensors
 
 MODEL = "string_identity"
 MODEL_PY = """

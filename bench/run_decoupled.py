@@ -50,8 +50,8 @@ from servers import REPO_ROOT, python_server
 sys.path.insert(0, str(REPO_ROOT))
 from tritonclient.grpc import model_config_pb2 as mc
 
-from workers import pb_utils
-from workers.python_backend import PythonBackend
+from shoal.workers import pb_utils
+from shoal.workers.python_backend import PythonBackend
 
 MODEL = "tokens"
 MODELS = (MODEL, "pipeline")

@@ -35,7 +35,7 @@ from servers import REPO_ROOT, shoal_server
 
 sys.path.insert(0, str(REPO_ROOT))
 
-from dataplane.broker_client import HOPS
+from shoal.dataplane.broker_client import HOPS
 
 CONFIG_TAIL = "dynamic_batching { }\n"
 

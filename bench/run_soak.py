@@ -95,11 +95,11 @@ def _role(pid: int) -> str:
     words = [a.decode(errors="replace") for a in argv]
     if "serve" in words and any(w.endswith("shoal") for w in words):
         return "launcher"
-    if "broker" in words:
+    if "shoal.broker" in words:
         return "broker"
-    if "frontend" in words:
+    if "shoal.frontend" in words:
         return f"frontend#{words[words.index('--index') + 1]}"
-    if "workers" in words:
+    if "shoal.workers" in words:
         return f"worker {words[words.index('--model') + 1]}#{words[words.index('--instance') + 1]}"
     return " ".join(words[:3])
 

@@ -29,7 +29,7 @@ if [ -z "$offline" ]; then
 fi
 
 nvidia-smi -L
-# What configs.devices counts: the driver's list, else the device files.
+# What shoal.configs.devices counts: the driver's list, else the device files.
 ls /proc/driver/nvidia/gpus /dev/nvidia* 2>&1 || true
 export SHOAL_GPU_OFFLINE=$offline  # the preflight reads it
 
@@ -136,7 +136,7 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.utils.cuda_shared_memory as cudashm
 
-from configs.devices import gpu_count
+from shoal.configs.devices import gpu_count
 from tools import modelgen
 
 # Networked, onnxruntime-gpu was installed above and must work; offline (CPU-only
@@ -146,7 +146,7 @@ require_ort_cuda = not offline
 n = gpu_count()
 print(f"preflight: shoal sees {n} GPU(s)")
 if n == 0:
-    sys.exit("preflight: configs.devices finds no GPU (neither /proc/driver/nvidia/gpus "
+    sys.exit("preflight: shoal.configs.devices finds no GPU (neither /proc/driver/nvidia/gpus "
              "nor /dev/nvidia<N>): every KIND_GPU model would fail to load")
 available = ort.get_available_providers()
 ort_cuda = False

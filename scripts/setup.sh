@@ -25,7 +25,7 @@ fi
 # extras too: onnxruntime-gpu in place of onnxruntime, cupy (scripts/gpu-extras.sh).
 gpu=${SHOAL_GPU:-auto}
 if [ "$gpu" = auto ]; then
-  # What configs.devices counts: the driver's list of GPUs.
+  # What shoal.configs.devices counts: the driver's list of GPUs.
   if [ -n "$(ls -A /proc/driver/nvidia/gpus 2>/dev/null)" ]; then gpu=1; else gpu=0; fi
 fi
 if [ "$gpu" = 1 ]; then

@@ -11,14 +11,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from configs.devices import gpu_count
-from configs.flags.broker import (
+from shoal.configs.devices import gpu_count
+from shoal.configs.flags.broker import (
     add_cpu_lending_flag,
     add_instance_memory_flag,
     add_rate_limit_flags,
 )
-from configs.flags.common import add_log_flags, bool_flag, log_settings
-from configs.flags.frontend import (
+from shoal.configs.flags.common import add_log_flags, bool_flag, log_settings
+from shoal.configs.flags.frontend import (
     add_cache_flags,
     add_connection_flags,
     add_grpc_flags,
@@ -29,10 +29,10 @@ from configs.flags.frontend import (
     frontend_flags,
     grpc_flag_values,
 )
-from configs.model_control import check_flags
-from configs.object_store import is_remote
-from ipc.lifecycle import raise_open_file_limit, run_until_stopped
-from ipc.logs import setup_logging
+from shoal.configs.model_control import check_flags
+from shoal.configs.object_store import is_remote
+from shoal.ipc.lifecycle import raise_open_file_limit, run_until_stopped
+from shoal.ipc.logs import setup_logging
 from shoal.no_effect_flags import add_no_effect_flags, no_effect
 from shoal.repository_cache import cache_dir, needs_view
 
@@ -76,7 +76,7 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     """``shoal serve``'s flags (tritonserver's names), also taken by supervisord-conf."""
     # Repeatable (one server over several repositories); a folder or object storage
-    # (s3://, gs://, az://): configs/repository_view.py
+    # (s3://, gs://, az://): shoal/configs/repository_view.py
     p.add_argument("--model-repository", "--model-store", required=True, action="append")
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", default=8000, type=int)
@@ -292,8 +292,8 @@ def _without_workers(
     s: ServeSettings, repo: Path, gpus: int, planned: set[str]
 ) -> list[tuple[str, str]]:
     """(model, why) of the repository's models that get no worker."""
-    from configs import repository
-    from configs.schema import ENSEMBLE_PLATFORM
+    from shoal.configs import repository
+    from shoal.configs.schema import ENSEMBLE_PLATFORM
 
     out = []
     entries = repository.scan(

@@ -1,7 +1,7 @@
 """``shoal serve``: starts the broker, the frontends and one worker per model instance,
 watches them, restarts any that dies, and stops them in order.
 
-Each child is its own program (``python -m broker|frontend|workers``), exactly as
+Each child is its own program (``python -m shoal.broker|frontend|workers``), exactly as
 supervisord would run them, so the two deployments share every code path. Children
 die with the launcher (PDEATHSIG). A child that exits is restarted after a backoff
 (shoal/restart_policy.py), the broker too: the frontends and workers that keep running
@@ -29,14 +29,14 @@ from pathlib import Path
 
 import zmq
 
-from configs.repository_view import RepositoryError
-from ipc import messages as m
-from ipc import shm, sockets
-from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
-from ipc.messages import LogSettings, WorkerSpec
-from ipc.sockets import ensure_runtime_dir
 from shoal import repository_cache, restart_policy
 from shoal.broker_watch import BrokerWatch
+from shoal.configs.repository_view import RepositoryError
+from shoal.ipc import messages as m
+from shoal.ipc import shm, sockets
+from shoal.ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
+from shoal.ipc.messages import LogSettings, WorkerSpec
+from shoal.ipc.sockets import ensure_runtime_dir
 from shoal.role_argv import RoleArgv
 
 log = logging.getLogger("shoal.serve")
@@ -75,7 +75,7 @@ class ServeSettings:
     strict_readiness: bool = True
     autocomplete: bool = True
     model_config_name: str = ""
-    model_control_mode: str = "none"  # configs.model_control
+    model_control_mode: str = "none"  # shoal.configs.model_control
     load_models: list[str] = field(default_factory=list)  # --load-model (explicit mode)
     repository_poll_secs: float = 15.0  # poll mode
     default_max_batch_size: int = 4
@@ -136,7 +136,7 @@ class Launcher:
 
     def worker_argvs(self) -> list[tuple[str, list[str]]]:
         """(instance name, argv) of every worker the repository asks for at start, placed
-        on its own cores or GPU (see configs.placement)."""
+        on its own cores or GPU (see shoal.configs.placement)."""
         return self._argv().workers()
 
     def worker_argv(self, w: WorkerSpec) -> tuple[str, list[str]]:

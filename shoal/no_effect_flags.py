@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
-from configs.flags.common import dest
+from shoal.configs.flags.common import dest
 
 _EVENT_LOOP = "shoal's frontends are event loops (--frontend-processes adds processes)"
 _NO_TRACE = "shoal writes no traces yet"

@@ -1,4 +1,4 @@
-"""The launcher's side of a repository view (configs/repository_view.py): whether the
+"""The launcher's side of a repository view (shoal/configs/repository_view.py): whether the
 --model-repository values need one, where it lives, its first sync before any other
 role starts, and the removal of those that killed servers left.
 
@@ -15,8 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from configs.object_store import is_remote
-from configs.repository_view import RepositoryView
+from shoal.configs.object_store import is_remote
+from shoal.configs.repository_view import RepositoryView
 
 CACHE_PREFIX = "shoal-models-"
 
@@ -67,8 +67,8 @@ def prepare(
     or in explicit mode those that load at start (what --load-model names, with what its
     ensembles use) and the configs of the others. Raises RepositoryError (the server
     cannot start)."""
-    from configs import repository
-    from configs.model_control import ALL, startup_models
+    from shoal.configs import repository
+    from shoal.configs.model_control import ALL, startup_models
 
     view = RepositoryView(locations, root, namespacing=namespacing)
     wanted: set[str] | None = None

@@ -1,4 +1,4 @@
-"""The command line of each role process of one server (``python -m broker|frontend|
+"""The command line of each role process of one server (``python -m shoal.broker|frontend|
 workers``), built from ``shoal serve``'s settings.
 
 ``shoal serve`` (shoal.launcher) starts its children with these command lines, and
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from configs import rate_limits, repository
-from configs.devices import gpu_count
-from configs.flags.broker import rate_limit_flags
-from configs.flags.common import log_flags
-from configs.model_control import startup_models
-from configs.placement import InstancePlan, plan_repository
-from ipc.messages import WorkerSpec
+from shoal.configs import rate_limits, repository
+from shoal.configs.devices import gpu_count
+from shoal.configs.flags.broker import rate_limit_flags
+from shoal.configs.flags.common import log_flags
+from shoal.configs.model_control import startup_models
+from shoal.configs.placement import InstancePlan, plan_repository
+from shoal.ipc.messages import WorkerSpec
 
 if TYPE_CHECKING:
     from shoal.launcher import ServeSettings
@@ -62,7 +62,7 @@ class RoleArgv:
         return [
             self.python,
             "-m",
-            "broker",
+            "shoal.broker",
             *self.common(),
             *self.model_args(),
             f"--exit-on-error={_flag(s.exit_on_error)}",
@@ -86,7 +86,7 @@ class RoleArgv:
         return [
             self.python,
             "-m",
-            "frontend",
+            "shoal.frontend",
             *self.common(),
             "--index",
             str(index),
@@ -135,7 +135,7 @@ class RoleArgv:
         gpus: int | None = None,
     ) -> list[InstancePlan]:
         """The instances the repository asks for at start, each placed on its own cores or
-        GPU (configs.placement), on a host with ``cpus`` and ``gpus`` (default: this
+        GPU (shoal.configs.placement), on a host with ``cpus`` and ``gpus`` (default: this
         one's). ``repo``: where to read the repository, if not at the settings' path."""
         gpus = gpu_count() if gpus is None else gpus
         entries = repository.scan(
@@ -166,7 +166,7 @@ class RoleArgv:
         itself, as ``shoal serve`` would give it (supervisord, whose one program runs every
         instance of a version, ``instance`` being its ``%(process_num)d``)."""
         argv = [
-            self.python, "-m", "workers", *self.common(), *self.model_args(),
+            self.python, "-m", "shoal.workers", *self.common(), *self.model_args(),
             "--model", model, "--version", str(version), "--instance", str(instance),
             "--default-max-batch-size", str(self.s.default_max_batch_size),
         ]  # fmt: skip

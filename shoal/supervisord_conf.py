@@ -5,7 +5,7 @@ The programs are the processes ``shoal serve`` starts, with the same command lin
 (shoal.role_argv): the broker, the frontends (one program, ``numprocs`` of them), and one
 worker program per model version, ``numprocs`` its instance count. A worker is started
 without ``--cores``/``--gpu`` and places itself at start as ``shoal serve`` places it
-(workers/__main__.py): one program covers every instance of a version, so the place of
+(shoal/workers/__main__.py): one program covers every instance of a version, so the place of
 each comes from its ``%(process_num)d``. The plan written in the comments is the one for
 the host described by ``HostShape``.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from configs.placement import InstancePlan
-from ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
+from shoal.configs.placement import InstancePlan
+from shoal.ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED
 from shoal.role_argv import RoleArgv
 
 if TYPE_CHECKING:

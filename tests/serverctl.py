@@ -217,13 +217,13 @@ class ShoalServer:
         return sorted(
             pid
             for pid, cmd in found.items()
-            if pid != self.proc.pid and (not role or f"-m {role} " in cmd)
+            if pid != self.proc.pid and (not role or f"-m shoal.{role} " in cmd)
         )
 
     def worker_pid(self, model: str) -> int:
         found = processes_with(self.runtime_dir)
         for pid, cmd in found.items():
-            if "-m workers " in cmd and f"--model {model} " in cmd:
+            if "-m shoal.workers " in cmd and f"--model {model} " in cmd:
                 return pid
         raise LookupError(f"no worker for {model}")
 

@@ -34,10 +34,10 @@ class Roles:
     def start(self, role: str, instance: int = 0, model: str = "simple") -> None:
         common = [f"--runtime-dir={self.runtime}"]
         argv = {
-            "broker": ["-m", "broker", f"--model-repository={self.repo}", *common],
+            "broker": ["-m", "shoal.broker", f"--model-repository={self.repo}", *common],
             "frontend": [
                 "-m",
-                "frontend",
+                "shoal.frontend",
                 *common,
                 f"--http-port={self.port}",
                 "--http-address=127.0.0.1",
@@ -46,7 +46,7 @@ class Roles:
             ],
             "worker": [
                 "-m",
-                "workers",
+                "shoal.workers",
                 f"--model-repository={self.repo}",
                 *common,
                 f"--model={model}",

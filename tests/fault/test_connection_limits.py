@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from frontend.http_connections import RESERVE_CONNECTIONS, too_many_connections
+from shoal.frontend.http_connections import RESERVE_CONNECTIONS, too_many_connections
 from tests.serverctl import ShoalServer, served
 from tools import modelgen
 

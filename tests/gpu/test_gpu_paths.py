@@ -551,7 +551,7 @@ def test_gpu_metrics_are_the_visible_gpus_own_figures(tmp_path: Path) -> None:
     import cupy
     import pynvml
 
-    from frontend.gpu_metrics import FAMILIES
+    from shoal.frontend.gpu_metrics import FAMILIES
     from tests.integration.test_metrics import _page, _scrape, _until
 
     _identity(tmp_path, "identity_cpu", "{ count: 1 kind: KIND_CPU }")

@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from configs.devices import gpu_count
+from shoal.configs.devices import gpu_count
 from tests.conftest import ALL_DATATYPES
 from tests.integration.test_http_infer import _sample
 from tests.serverctl import ShoalServer

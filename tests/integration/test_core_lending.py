@@ -1,5 +1,5 @@
 """Cores go where the work is: a busy instance of a large model runs on the cores of an
-idle instance (broker/cores.py), and gives them back the moment that instance gets work.
+idle instance (shoal/broker/cores.py), and gives them back the moment that instance gets work.
 
 A real server on a repository of two models, each instance pinned to a core of its own;
 the pins are read from the kernel (every thread of the worker), not from shoal."""

@@ -10,7 +10,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from dataplane.broker_client import HOPS
+from shoal.dataplane.broker_client import HOPS
 from tests.serverctl import ShoalServer
 
 

@@ -105,7 +105,7 @@ def _workers(server: ShoalServer, model: str) -> set[int]:
     return {
         pid
         for pid, cmd in processes_with(server.runtime_dir).items()
-        if "-m workers " in cmd and f"--model {model} " in cmd
+        if "-m shoal.workers " in cmd and f"--model {model} " in cmd
     }
 
 

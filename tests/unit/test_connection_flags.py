@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from configs.flags.frontend import (
+from shoal.configs.flags.frontend import (
     GRPC_OPTION_DEFAULTS,
     add_connection_flags,
     add_grpc_flags,
@@ -15,7 +15,7 @@ from configs.flags.frontend import (
     grpc_flag_values,
     grpc_options,
 )
-from frontend.__main__ import parse_args
+from shoal.frontend.__main__ import parse_args
 
 
 def _serve_args(*argv: str) -> argparse.Namespace:

@@ -159,7 +159,7 @@ def test_the_autoscaler_scales_the_deployment_on_the_metric_the_adapter_serves()
     series = re.match(r"[a-z_]+", rule["seriesQuery"])
     assert series is not None
     # a metric shoal exports
-    assert f'"{series.group(0)}"' in (ROOT / "frontend/metrics.py").read_text()
+    assert f'"{series.group(0)}"' in (ROOT / "shoal/frontend/metrics.py").read_text()
 
 
 def test_kustomization_lists_every_manifest_but_the_adapters() -> None:

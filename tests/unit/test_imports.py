@@ -11,7 +11,8 @@ HEAVY = ("onnxruntime", "torch", "tensorrt", "cupy")
 
 
 @pytest.mark.parametrize(
-    "module", ["frontend.proc", "frontend.http_server", "broker.proc", "shoal.launcher"]
+    "module",
+    ["shoal.frontend.proc", "shoal.frontend.http_server", "shoal.broker.proc", "shoal.launcher"],
 )
 def test_role_imports_no_framework(module: str) -> None:
     code = f"import sys, {module}\nprint([m for m in {HEAVY!r} if m in sys.modules])"

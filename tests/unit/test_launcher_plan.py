@@ -39,7 +39,7 @@ def test_a_model_the_rate_limiter_refuses_gets_no_worker_and_no_cores(tmp_path: 
 def test_a_worker_that_places_itself_leaves_out_the_refused_models_too(tmp_path: Path) -> None:
     """Under supervisord a worker plans its own place: with the rate limiter's flags it
     leaves out the models the broker refuses, as the launcher does."""
-    from workers.__main__ import _place, parse_args
+    from shoal.workers.__main__ import _place, parse_args
 
     repo = tmp_path / "repo"
     repo.mkdir()

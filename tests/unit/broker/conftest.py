@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.proc import BrokerProc, BrokerSettings
+from shoal.broker.proc import BrokerProc, BrokerSettings
 
 
 @pytest.fixture

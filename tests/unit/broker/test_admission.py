@@ -8,10 +8,10 @@ import os
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from broker.models import Instance, ModelVersion
-from broker.proc import BrokerProc
-from ipc import messages as m
-from ipc.errors import Code, ServingError
+from shoal.broker.models import Instance, ModelVersion
+from shoal.broker.proc import BrokerProc
+from shoal.ipc import messages as m
+from shoal.ipc.errors import Code, ServingError
 
 
 def _capture_sends(broker: BrokerProc, monkeypatch: pytest.MonkeyPatch) -> list[list[bytes]]:

@@ -6,14 +6,14 @@ import itertools
 
 import pytest
 
-from broker.batcher import (
+from shoal.broker.batcher import (
     QUEUE_FULL,
     BatcherConfig,
     DynamicBatcher,
     QueuePolicy,
     Rejected,
 )
-from ipc import messages as m
+from shoal.ipc import messages as m
 
 _ids = itertools.count(1)
 

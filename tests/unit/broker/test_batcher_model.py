@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from broker.batcher import BatcherConfig, DynamicBatcher, QueuePolicy, Rejected
-from ipc import messages as m
+from shoal.broker.batcher import BatcherConfig, DynamicBatcher, QueuePolicy, Rejected
+from shoal.ipc import messages as m
 
 
 @dataclass

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.client_regions import ClientRegions
-from ipc import messages as m
+from shoal.broker.client_regions import ClientRegions
+from shoal.ipc import messages as m
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""broker/control.py: explicit model control over a real ModelTable and repository
+"""shoal/broker/control.py: explicit model control over a real ModelTable and repository
 directory, without sockets: what a load stages and starts, when it settles, what an
 unload retires, and what the index and readiness say."""
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.control import START_DEADLINE_S, ModelControl
-from broker.models import Instance, ModelTable
-from configs.model_config import parse_config_text
-from ipc import messages as m
-from ipc.errors import MODEL_CONTROL_DISABLED, Code
+from shoal.broker.control import START_DEADLINE_S, ModelControl
+from shoal.broker.models import Instance, ModelTable
+from shoal.configs.model_config import parse_config_text
+from shoal.ipc import messages as m
+from shoal.ipc.errors import MODEL_CONTROL_DISABLED, Code
 from tests.repos import SIMPLE_ENSEMBLE
 from tools import modelgen
 

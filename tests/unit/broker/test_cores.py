@@ -1,8 +1,8 @@
-"""broker.cores: idle CPU instances lend their cores to busy ones that can use them."""
+"""shoal.broker.cores: idle CPU instances lend their cores to busy ones that can use them."""
 
 from __future__ import annotations
 
-from broker.cores import CoreLender
+from shoal.broker.cores import CoreLender
 
 A, B, C = b"a", b"b", b"c"
 

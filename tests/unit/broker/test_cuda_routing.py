@@ -7,11 +7,11 @@ import itertools
 
 import pytest
 
-from broker.batcher import BatcherConfig, DynamicBatcher, QueuePolicy
-from broker.models import Instance, ModelTable, ModelVersion
-from broker.router import Router
-from ipc import messages as m
-from ipc.errors import Code
+from shoal.broker.batcher import BatcherConfig, DynamicBatcher, QueuePolicy
+from shoal.broker.models import Instance, ModelTable, ModelVersion
+from shoal.broker.router import Router
+from shoal.ipc import messages as m
+from shoal.ipc.errors import Code
 from tests.unit.broker.test_router import _config_with_batching
 
 _ids = itertools.count(1)

@@ -1,13 +1,13 @@
-"""The instances the broker ends itself (broker.endings), with a fake clock, a fake
+"""The instances the broker ends itself (shoal.broker.endings), with a fake clock, a fake
 memory reader and the kill and stop requests recorded: no processes, no signals."""
 
 from __future__ import annotations
 
-from broker.endings import STOP_GRACE_S, Endings
-from broker.memory import CHECK_EVERY_S, MIB
-from broker.models import Instance, ModelTable, ModelVersion
-from broker.router import Router
-from ipc import messages as m
+from shoal.broker.endings import STOP_GRACE_S, Endings
+from shoal.broker.memory import CHECK_EVERY_S, MIB
+from shoal.broker.models import Instance, ModelTable, ModelVersion
+from shoal.broker.router import Router
+from shoal.ipc import messages as m
 
 
 class Host:

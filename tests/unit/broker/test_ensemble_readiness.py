@@ -5,9 +5,9 @@ from __future__ import annotations
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from broker.ensemble_readiness import EnsembleReadiness
-from broker.models import ModelTable, ModelVersion
-from configs.ensemble import dependencies
+from shoal.broker.ensemble_readiness import EnsembleReadiness
+from shoal.broker.models import ModelTable, ModelVersion
+from shoal.configs.ensemble import dependencies
 
 STEP = """
 name: "a"

@@ -1,4 +1,4 @@
-"""broker.memory reads what a process holds of its own, and only that, and picks the
+"""shoal.broker.memory reads what a process holds of its own, and only that, and picks the
 instances over their limit."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from broker.memory import MIB, over_limit, private_memory, rss_anon, supported
-from broker.models import Instance
+from shoal.broker.memory import MIB, over_limit, private_memory, rss_anon, supported
+from shoal.broker.models import Instance
 
 
 def test_memory_a_process_writes_counts() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.ordering import OrderedRelease
+from shoal.broker.ordering import OrderedRelease
 
 
 def test_answers_leave_in_arrival_order() -> None:

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from broker import proc as broker_proc
-from broker.proc import BrokerProc
+from shoal.broker import proc as broker_proc
+from shoal.broker.proc import BrokerProc
 
 
 def test_a_peer_that_cannot_be_watched_yet_is_retried(

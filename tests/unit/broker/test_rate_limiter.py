@@ -7,12 +7,12 @@ from __future__ import annotations
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from broker.models import Instance, ModelTable, ModelVersion
-from broker.rate_limiter import RateLimiter
-from broker.router import Dispatch, Router
-from configs.flags.broker import parse_resource
-from configs.rate_limits import check
-from ipc import messages as m
+from shoal.broker.models import Instance, ModelTable, ModelVersion
+from shoal.broker.rate_limiter import RateLimiter
+from shoal.broker.router import Dispatch, Router
+from shoal.configs.flags.broker import parse_resource
+from shoal.configs.rate_limits import check
+from shoal.ipc import messages as m
 
 
 def _group(resources: str, priority: int = 0, count: int = 1) -> str:

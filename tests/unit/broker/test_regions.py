@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.regions import RegionTable
-from ipc.errors import Code, ServingError
+from shoal.broker.regions import RegionTable
+from shoal.ipc.errors import Code, ServingError
 
 
 @pytest.fixture

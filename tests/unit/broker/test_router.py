@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.batcher import Rejected
-from broker.models import Instance, ModelTable, ModelVersion
-from broker.router import Router
-from ipc import messages as m
+from shoal.broker.batcher import Rejected
+from shoal.broker.models import Instance, ModelTable, ModelVersion
+from shoal.broker.router import Router
+from shoal.ipc import messages as m
 
 
 def _table(

@@ -1,4 +1,4 @@
-"""Triton's scheduler-delay test hooks (broker/scheduler_hold.py): read from the
+"""Triton's scheduler-delay test hooks (shoal/broker/scheduler_hold.py): read from the
 environment as Triton reads them, and holding the dynamic and sequence batchers until
 their counts are reached, once."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.batcher import BatcherConfig, DynamicBatcher, QueuePolicy
-from broker.scheduler_hold import HoldCounts, SchedulerHold
-from broker.sequencer import SequenceBatcher, SequenceConfig
+from shoal.broker.batcher import BatcherConfig, DynamicBatcher, QueuePolicy
+from shoal.broker.scheduler_hold import HoldCounts, SchedulerHold
+from shoal.broker.sequencer import SequenceBatcher, SequenceConfig
 from tests.unit.broker.test_batcher import item
 from tests.unit.broker.test_sequencer import _corrids, _item, _run
 

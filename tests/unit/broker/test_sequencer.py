@@ -1,4 +1,4 @@
-"""Triton's sequence batcher (broker/sequencer.py) with a fake clock: slots, the backlog,
+"""Triton's sequence batcher (shoal/broker/sequencer.py) with a fake clock: slots, the backlog,
 idle sequences, Direct's rows and delays, Oldest's one request per sequence at a time,
 and the router that sends its batches."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from broker.models import Instance, ModelTable
-from broker.router import Router
-from broker.sequencer import SequenceBatcher, SequenceConfig, SequenceRefused
-from ipc import messages as m
-from ipc.errors import Code
+from shoal.broker.models import Instance, ModelTable
+from shoal.broker.router import Router
+from shoal.broker.sequencer import SequenceBatcher, SequenceConfig, SequenceRefused
+from shoal.ipc import messages as m
+from shoal.ipc.errors import Code
 
 W0, W1 = b"w0", b"w1"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from broker.stats import SUMMARY_WINDOW_S, _Window
+from shoal.broker.stats import SUMMARY_WINDOW_S, _Window
 
 
 def test_quantiles_are_nearest_rank_over_the_window() -> None:
@@ -33,7 +33,7 @@ def test_a_quantile_outside_zero_to_one_is_nan_not_an_error() -> None:
 
 
 def test_cache_hits_and_misses_count_as_tritons_and_feed_their_windows() -> None:
-    from broker.stats import VersionStats
+    from shoal.broker.stats import VersionStats
 
     stats = VersionStats("m", 1)
     stats.keep_windows()

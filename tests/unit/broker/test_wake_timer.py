@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.wake_timer import WakeTimer
+from shoal.broker.wake_timer import WakeTimer
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
-from configs.autocomplete import autocomplete, can_batch, check_against_model
-from configs.model_config import ConfigError, fill_defaults, parse_config_text, validate
-from configs.schema import IOSpec
+from shoal.configs.autocomplete import autocomplete, can_batch, check_against_model
+from shoal.configs.model_config import ConfigError, fill_defaults, parse_config_text, validate
+from shoal.configs.schema import IOSpec
 
 BATCH_IN = [IOSpec("INPUT0", "INT32", [-1, 16]), IOSpec("INPUT1", "INT32", [-1, 16])]
 BATCH_OUT = [IOSpec("OUTPUT0", "INT32", [-1, 16]), IOSpec("OUTPUT1", "INT32", [-1, 16])]

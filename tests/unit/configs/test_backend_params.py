@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from configs.backend_params import (
+from shoal.configs.backend_params import (
     OrtSessionParams,
     TorchThreadParams,
     instance_threads,
@@ -13,8 +13,8 @@ from configs.backend_params import (
     stoi,
     torch_thread_params,
 )
-from configs.model_config import ConfigError, ModelConfig, parse_config_text
-from ipc.errors import Code
+from shoal.configs.model_config import ConfigError, ModelConfig, parse_config_text
+from shoal.ipc.errors import Code
 
 
 def config(platform: str = "onnxruntime_onnx", **params: str) -> ModelConfig:

@@ -1,4 +1,4 @@
-"""An ensemble's checks (configs/ensemble.py), in Triton's words: the graph of its steps
+"""An ensemble's checks (shoal/configs/ensemble.py), in Triton's words: the graph of its steps
 at load, and how its steps fit the composing models' configs once they have loaded."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from configs.ensemble import (
+from shoal.configs.ensemble import (
     Dependency,
     check_composition,
     check_graph,
@@ -15,7 +15,7 @@ from configs.ensemble import (
     decoupled,
     dependencies,
 )
-from configs.schema import ConfigError
+from shoal.configs.schema import ConfigError
 
 
 def _step(model: str, ins: dict[str, str], outs: dict[str, str], version: int = -1) -> str:

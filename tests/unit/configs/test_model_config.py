@@ -7,7 +7,7 @@ import json
 import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
-from configs.model_config import (
+from shoal.configs.model_config import (
     DEFAULT_INSTANCE_COUNT,
     ConfigError,
     config_to_json,
@@ -18,7 +18,7 @@ from configs.model_config import (
     parse_config_text,
     validate,
 )
-from configs.schema import IOSpec
+from shoal.configs.schema import IOSpec
 
 DYNAMIC_CONFIG = """
 name: "simple"
@@ -285,7 +285,7 @@ def test_the_backends_found_cpu_only_are_those_whose_runtime_says_so() -> None:
     import onnxruntime
     import torch
 
-    from configs.devices import cpu_only_backends
+    from shoal.configs.devices import cpu_only_backends
 
     ort_gpu = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     assert ("onnxruntime" in cpu_only_backends()) == (not ort_gpu)

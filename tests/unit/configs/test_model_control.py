@@ -1,11 +1,11 @@
-"""Where a load request's ``file:<path>`` lands in the model's folder (configs.model_control
+"""Where a load request's ``file:<path>`` lands in the model's folder (shoal.configs.model_control
 .load_file_parts), as Triton's core joins and checks it."""
 
 from __future__ import annotations
 
 import pytest
 
-from configs.model_control import load_file_parts
+from shoal.configs.model_control import load_file_parts
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
-"""Model namespacing's names and config rewrites (configs/namespaces.py)."""
+"""Model namespacing's names and config rewrites (shoal/configs/namespaces.py)."""
 
 from __future__ import annotations
 
-from configs import namespaces
-from configs.model_config import parse_config_text
+from shoal.configs import namespaces
+from shoal.configs.model_config import parse_config_text
 
 ENSEMBLE = """
 name: "ens"

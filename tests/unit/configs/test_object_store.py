@@ -1,4 +1,4 @@
-"""Object storage clients (configs/object_store.py): the fsspec one (gs://, az://) over
+"""Object storage clients (shoal/configs/object_store.py): the fsspec one (gs://, az://) over
 fsspec's in-memory filesystem, standing in for gcsfs and adlfs; S3 is tested against a
 real S3 server in tests/integration/test_object_storage.py."""
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from configs import object_store
-from configs.object_store import FsspecStore, RemoteLocation, StorageError
-from configs.repository_view import RepositoryView
+from shoal.configs import object_store
+from shoal.configs.object_store import FsspecStore, RemoteLocation, StorageError
+from shoal.configs.repository_view import RepositoryView
 
 fsspec = pytest.importorskip("fsspec")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from configs.model_config import fill_defaults
-from configs.placement import passive_instances, plan_instances
+from shoal.configs.model_config import fill_defaults
+from shoal.configs.placement import passive_instances, plan_instances
 
 
 def _config(name: str, *groups: tuple[int, int, list[int]]) -> mc.ModelConfig:
@@ -50,7 +50,7 @@ def test_gpu_groups_place_count_instances_on_each_listed_gpu() -> None:
 
 def test_a_gpu_instance_sees_the_server_gpu_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
     """Server GPU ids index the CUDA_VISIBLE_DEVICES the server started with."""
-    from configs.devices import visible_device
+    from shoal.configs.devices import visible_device
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert visible_device(1) == "1"
@@ -94,7 +94,7 @@ def test_gpus_are_counted_as_cuda_counts_them(
 ) -> None:
     """The driver's /proc folder, else the /dev/nvidia<N> files (a sandbox that emulates
     only those); CUDA_VISIBLE_DEVICES read up to its first entry CUDA cannot read."""
-    from configs import devices
+    from shoal.configs import devices
 
     proc, dev = tmp_path / "gpus", tmp_path / "dev"
     dev.mkdir()

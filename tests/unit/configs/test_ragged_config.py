@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
-from configs.autocomplete import autocomplete, check_against_model
-from configs.model_config import ConfigError, fill_defaults, parse_config_text, validate
-from configs.schema import IOSpec
+from shoal.configs.autocomplete import autocomplete, check_against_model
+from shoal.configs.model_config import ConfigError, fill_defaults, parse_config_text, validate
+from shoal.configs.schema import IOSpec
+from shoal.workers.batch_io import BATCH_INPUT_KINDS
 from tools import modelgen
-from workers.batch_io import BATCH_INPUT_KINDS
 
 # What ONNX Runtime reports for modelgen.ragged_sum_model().
 RAGGED_IN = [

@@ -8,8 +8,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from configs.flags.broker import GivenResource, parse_rate_limit, parse_resource
-from configs.rate_limits import GLOBAL, InstanceNeeds, check, describe, needs_of
+from shoal.configs.flags.broker import GivenResource, parse_rate_limit, parse_resource
+from shoal.configs.rate_limits import GLOBAL, InstanceNeeds, check, describe, needs_of
 
 
 def _config(groups: str) -> Any:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
-from configs.model_config import ConfigError, parse_config_json
-from configs.repository import check_model_name, find, scan, select_versions
+from shoal.configs.model_config import ConfigError, parse_config_json
+from shoal.configs.repository import check_model_name, find, scan, select_versions
 
 from .conftest import MakeModel
 

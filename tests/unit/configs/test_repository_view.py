@@ -1,4 +1,4 @@
-"""The repository view (configs/repository_view.py) over local folders and a fake object
+"""The repository view (shoal/configs/repository_view.py) over local folders and a fake object
 store: what it links, what it fetches whole or in part, and what it refuses."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from configs import repository_view
-from configs.object_store import RemoteLocation, StorageError
-from configs.repository_view import RepositoryError, RepositoryView
 from shoal import repository_cache
+from shoal.configs import repository_view
+from shoal.configs.object_store import RemoteLocation, StorageError
+from shoal.configs.repository_view import RepositoryError, RepositoryView
 
 
 class FakeStore:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from configs.model_config import (
+from shoal.configs.model_config import (
     DEFAULT_INSTANCE_COUNT,
     ConfigError,
     fill_defaults,

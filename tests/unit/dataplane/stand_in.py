@@ -9,9 +9,9 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from dataplane.broker_client import BrokerClient
-from ipc import messages as m
-from ipc import sockets
+from shoal.dataplane.broker_client import BrokerClient
+from shoal.ipc import messages as m
+from shoal.ipc import sockets
 
 _KEEPALIVE = (m.KINDS[m.FrontendHello], m.KINDS[m.ServerQuery])
 

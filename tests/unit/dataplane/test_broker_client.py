@@ -9,8 +9,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from dataplane.broker_client import BrokerClient
-from ipc import messages as m
+from shoal.dataplane.broker_client import BrokerClient
+from shoal.ipc import messages as m
 from tests.unit.dataplane.stand_in import StandInBroker
 
 Scenario = Callable[[BrokerClient, StandInBroker], Awaitable[None]]

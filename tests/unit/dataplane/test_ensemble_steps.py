@@ -1,4 +1,4 @@
-"""The frontend's ensemble runner's pure parts (dataplane/ensemble_runner.py): which steps a
+"""The frontend's ensemble runner's pure parts (shoal/dataplane/ensemble_runner.py): which steps a
 request needs, and how a tensor's shape changes between models that batch and those
 that do not (Triton's ReshapeTensorDims)."""
 
@@ -13,9 +13,9 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from dataplane.ensemble_runner import EnsembleRun, Step, _reshaped, needed
-from dataplane.model_handle import ModelHandle
-from dataplane.types import (
+from shoal.dataplane.ensemble_runner import EnsembleRun, Step, _reshaped, needed
+from shoal.dataplane.model_handle import ModelHandle
+from shoal.dataplane.types import (
     EMPTY_FINAL,
     FINAL_FLAG,
     ClientRequest,

@@ -1,4 +1,4 @@
-"""dataplane.json_limits: the depth and size a control request's JSON may have."""
+"""shoal.dataplane.json_limits: the depth and size a control request's JSON may have."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from dataplane.json_limits import (
+from shoal.dataplane.json_limits import (
     MAX_CONFIG_JSON_BYTES,
     MAX_JSON_DEPTH,
     check_config_override,
     check_depth,
     json_depth,
 )
-from ipc.errors import Code, ServingError
+from shoal.ipc.errors import Code, ServingError
 
 _DEPTH_ERROR = "JSON nesting depth exceeds maximum allowed limit (100)"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from configs.flags.frontend import cache_bytes
-from dataplane.response_cache import ResponseCache
-from dataplane.types import ClientRequest, InputTensor, OutputTensor, RequestedOutput
+from shoal.configs.flags.frontend import cache_bytes
+from shoal.dataplane.response_cache import ResponseCache
+from shoal.dataplane.types import ClientRequest, InputTensor, OutputTensor, RequestedOutput
 
 
 def _req(

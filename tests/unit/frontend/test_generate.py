@@ -1,4 +1,4 @@
-"""The generate extension's request mapping (frontend/generate.py), without a server."""
+"""The generate extension's request mapping (shoal/frontend/generate.py), without a server."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from dataplane.model_handle import ModelHandle
-from dataplane.types import InferenceResult, OutputTensor
-from frontend import generate
-from ipc.errors import ServingError
+from shoal.dataplane.model_handle import ModelHandle
+from shoal.dataplane.types import InferenceResult, OutputTensor
+from shoal.frontend import generate
+from shoal.ipc.errors import ServingError
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from configs.flags.frontend import MetricsConfig
-from frontend.gpu_metrics import GpuSampler
-from frontend.metrics import render
-from ipc import messages as m
+from shoal.configs.flags.frontend import MetricsConfig
+from shoal.frontend.gpu_metrics import GpuSampler
+from shoal.frontend.metrics import render
+from shoal.ipc import messages as m
 
 
 class NVMLError(Exception):

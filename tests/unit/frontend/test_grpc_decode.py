@@ -9,8 +9,8 @@ import threading
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from frontend import grpc_codec
-from frontend.grpc_server import DECODE_ON_THREAD_ELEMENTS, decode_request
+from shoal.frontend import grpc_codec
+from shoal.frontend.grpc_server import DECODE_ON_THREAD_ELEMENTS, decode_request
 
 
 def _request(elements: int) -> pb.ModelInferRequest:

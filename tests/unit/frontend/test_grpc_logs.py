@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from grpc._cython import cygrpc
 
-import frontend.grpc_server  # noqa: F401  (installs the filter on grpcio's logger)
+import shoal.frontend.grpc_server  # noqa: F401  (installs the filter on grpcio's logger)
 
 GRPC_LOG = logging.getLogger("grpc._cython.cygrpc")
 METHOD = "/inference.GRPCInferenceService/ModelInfer"

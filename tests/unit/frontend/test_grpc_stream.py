@@ -18,11 +18,11 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import model_config_pb2 as pb
 
-from dataplane.broker_client import BrokerClient
-from dataplane.plane import DataPlane
-from frontend.grpc_server import build_server
-from ipc import messages as m
-from ipc.shm import SlabPool
+from shoal.dataplane.broker_client import BrokerClient
+from shoal.dataplane.plane import DataPlane
+from shoal.frontend.grpc_server import build_server
+from shoal.ipc import messages as m
+from shoal.ipc.shm import SlabPool
 from tests.serverctl import free_ports
 from tests.unit.dataplane.stand_in import StandInBroker
 

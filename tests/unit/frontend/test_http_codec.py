@@ -12,9 +12,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import serialize_byte_tensor
 
-from dataplane.json_tensors import float_to_bf16_bits
-from dataplane.types import InferenceResult, OutputTensor
-from frontend.http_codec import (
+from shoal.dataplane.json_tensors import float_to_bf16_bits
+from shoal.dataplane.types import InferenceResult, OutputTensor
+from shoal.frontend.http_codec import (
     OutputEncoding,
     RawInputMeta,
     ResponseOptions,
@@ -22,7 +22,7 @@ from frontend.http_codec import (
     encode_error,
     encode_infer_response,
 )
-from ipc.errors import Code, RequestError, ServingError
+from shoal.ipc.errors import Code, RequestError, ServingError
 
 Client = httpclient.InferenceServerClient
 
@@ -512,7 +512,7 @@ def test_binary_sizes_must_cover_the_body_exactly() -> None:
 def test_binary_bytes_input_is_validated_by_the_data_plane() -> None:
     # The codec only slices the bytes; the element count is checked once, for every
     # transport, by dataplane.model_handle.check_byte_size.
-    from dataplane.model_handle import check_byte_size
+    from shoal.dataplane.model_handle import check_byte_size
 
     arr = np.array([b"ab", b"cd"], dtype=object)
     inp = make_input("S", arr, "BYTES", True)

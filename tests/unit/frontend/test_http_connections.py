@@ -1,4 +1,4 @@
-"""frontend.http_connections: the connection budget, and a gate in front of a small
+"""shoal.frontend.http_connections: the connection budget, and a gate in front of a small
 aiohttp application on uvloop, driven over loopback sockets in the same process. These
 tests also pin the aiohttp RequestHandler state the gate reads (``_idle_since``)."""
 
@@ -12,7 +12,7 @@ import pytest
 import uvloop
 from aiohttp import web
 
-from frontend.http_connections import (
+from shoal.frontend.http_connections import (
     DEFAULT_GRPC_CONNECTIONS,
     DEFAULT_HTTP_CONNECTIONS,
     FD_RESERVE,

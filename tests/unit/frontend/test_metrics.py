@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from configs.flags.frontend import MetricsConfig, metrics_config, metrics_port_clash
-from dataplane.response_cache import ResponseCache
-from dataplane.types import OutputTensor
-from frontend.http_connections import ConnectionCounts
-from frontend.metrics import HostSampler, render
-from ipc import messages as m
+from shoal.configs.flags.frontend import MetricsConfig, metrics_config, metrics_port_clash
+from shoal.dataplane.response_cache import ResponseCache
+from shoal.dataplane.types import OutputTensor
+from shoal.frontend.http_connections import ConnectionCounts
+from shoal.frontend.metrics import HostSampler, render
+from shoal.ipc import messages as m
 
 
 def _version(name: str = "mlp", **tags: str) -> m.VersionMetrics:

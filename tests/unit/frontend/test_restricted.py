@@ -11,9 +11,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
-from configs.flags.frontend import restrictions
-from frontend import restricted
-from frontend.http_server import build_app
+from shoal.configs.flags.frontend import restrictions
+from shoal.frontend import restricted
+from shoal.frontend.http_server import build_app
 
 
 def test_groups_parse_and_refuse_as_triton() -> None:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from ipc import bytes_tensors
+from shoal.ipc import bytes_tensors
 
 _ITEMS = st.lists(
     st.sampled_from([b"", b"a", b"\x00", b"ab\x00", b"\x00\x00x"]) | st.binary(max_size=30),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ipc import shm
-from ipc.messages import ClientRegion
+from shoal.ipc import shm
+from shoal.ipc.messages import ClientRegion
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipc.bytes_tensors import unpack
-from ipc.datatypes import BytesLayoutError, check_bytes_layout, serialize_bytes
+from shoal.ipc.bytes_tensors import unpack
+from shoal.ipc.datatypes import BytesLayoutError, check_bytes_layout, serialize_bytes
 
 WHAT = "for inference input 'IN' for model 'm'"
 

@@ -1,4 +1,4 @@
-"""ipc.lifecycle: set_cpu_scheduling, settle_gc and the open-file limit, in a fresh
+"""shoal.ipc.lifecycle: set_cpu_scheduling, settle_gc and the open-file limit, in a fresh
 interpreter each (they change the process)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 _PROBE = """
 import os, threading
-from ipc.lifecycle import set_cpu_scheduling
+from shoal.ipc.lifecycle import set_cpu_scheduling
 print(set_cpu_scheduling())
 seen = []
 t = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))
@@ -60,7 +60,7 @@ def test_an_unknown_value_is_named_and_batch_is_used() -> None:
 
 _GC_PROBE = """
 import gc
-from ipc.lifecycle import settle_gc
+from shoal.ipc.lifecycle import settle_gc
 class Node:
     pass
 kept = [Node() for _ in range(1000)]
@@ -83,7 +83,7 @@ def test_settle_gc_freezes_what_exists_and_still_collects_later_cycles() -> None
 _NOFILE_PROBE = """
 import logging, resource
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-from ipc.lifecycle import raise_open_file_limit
+from shoal.ipc.lifecycle import raise_open_file_limit
 print(raise_open_file_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))
 """
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ipc import logs
-from ipc.messages import LogSettings
+from shoal.ipc import logs
+from shoal.ipc.messages import LogSettings
 
 
 @pytest.fixture

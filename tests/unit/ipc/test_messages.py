@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ipc import messages as m
+from shoal.ipc import messages as m
 
 
 def test_round_trip_of_every_kind() -> None:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ipc import shm
+from shoal.ipc import shm
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ipc.sockets import ensure_runtime_dir, sweep_runtime_dirs, sweep_stale_results
+from shoal.ipc.sockets import ensure_runtime_dir, sweep_runtime_dirs, sweep_stale_results
 
 
 def test_a_killed_launcher_s_runtime_dir_goes_at_the_next_start() -> None:

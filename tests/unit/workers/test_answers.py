@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from ipc import messages as m
-from ipc import sockets
+from shoal.ipc import messages as m
+from shoal.ipc import sockets
+from shoal.workers.proc import WorkerProc, WorkerSettings
 from tests.repos import write_identity
-from workers.proc import WorkerProc, WorkerSettings
 
 
 def _item(frontend: bytes, req_id: int, value: float) -> m.WorkItem:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import zmq
 
-from workers.proc import WorkerProc, WorkerSettings
+from shoal.workers.proc import WorkerProc, WorkerSettings
 
 
 def test_a_broker_gone_before_it_is_watched_makes_the_next_hello_a_rejoin(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Triton's top-K classification of an output (workers.classification), as its
+"""Triton's top-K classification of an output (shoal.workers.classification), as its
 TopkClassifications writes it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from configs.model_config import parse_config_text
-from workers import classification
+from shoal.configs.model_config import parse_config_text
+from shoal.workers import classification
 
 
 def _strings(arr: np.ndarray) -> list[object]:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipc.messages import ClientRegion
-from workers import cuda_regions
+from shoal.ipc.messages import ClientRegion
+from shoal.workers import cuda_regions
 
 
 class FakeDevice:

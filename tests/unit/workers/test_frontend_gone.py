@@ -9,7 +9,7 @@ from pathlib import Path
 
 import zmq
 
-from workers.proc import WorkerProc, WorkerSettings
+from shoal.workers.proc import WorkerProc, WorkerSettings
 
 
 def test_the_result_socket_of_an_exited_frontend_is_closed(tmp_path: Path) -> None:

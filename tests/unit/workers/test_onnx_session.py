@@ -10,10 +10,10 @@ import onnxruntime as ort
 import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
-from configs.model_config import parse_config_text
-from configs.schema import ConfigError
+from shoal.configs.model_config import parse_config_text
+from shoal.configs.schema import ConfigError
+from shoal.workers.onnx_backend import OnnxRuntimeBackend, _session_options, execution_providers
 from tools import modelgen
-from workers.onnx_backend import OnnxRuntimeBackend, _session_options, execution_providers
 
 
 def test_graph_level_memory_switches_and_session_entries_reach_onnx_runtime() -> None:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
-from ipc import shm
-from ipc.messages import INLINE_MAX_BYTES, OutputSpec
+from shoal.ipc import shm
+from shoal.ipc.messages import INLINE_MAX_BYTES, OutputSpec
+from shoal.workers.onnx_backend import OnnxRuntimeBackend
+from shoal.workers.tensors import output_destination, output_ref
 from tools import modelgen
-from workers.onnx_backend import OnnxRuntimeBackend
-from workers.tensors import output_destination, output_ref
 
 N = 8192  # 32 KiB of FP32: above the inline limit
 assert N * 4 > INLINE_MAX_BYTES

@@ -1,4 +1,4 @@
-"""pb_utils.ModelConfig (workers/pb_model_config.py), what a Python model's
+"""pb_utils.ModelConfig (shoal/workers/pb_model_config.py), what a Python model's
 auto_complete_config gets: its setters, and their refusals in Triton's words."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from workers.pb_model_config import ModelConfig
+from shoal.workers.pb_model_config import ModelConfig
 
 
 def _config(**doc: Any) -> ModelConfig:

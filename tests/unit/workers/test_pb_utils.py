@@ -1,4 +1,4 @@
-"""shoal's triton_python_backend_utils (workers/pb_utils.py): what Python models call."""
+"""shoal's triton_python_backend_utils (shoal/workers/pb_utils.py): what Python models call."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
-from workers import pb_utils
-from workers.python_backend import PythonBackend
+from shoal.workers import pb_utils
+from shoal.workers.python_backend import PythonBackend
 
 
 def test_a_model_imports_it_under_tritons_name_and_finalize_errors_are_logged(

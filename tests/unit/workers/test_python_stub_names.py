@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
-from configs.schema import ConfigError
-from workers.python_backend import PythonBackend
+from shoal.configs.schema import ConfigError
+from shoal.workers.python_backend import PythonBackend
 
 MODEL = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
 

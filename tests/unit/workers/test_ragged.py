@@ -1,5 +1,5 @@
 """Ragged inputs, batch inputs and batch outputs as a worker feeds them to the model and
-splits its results (workers.batch_io), with no sockets: Triton's ONNX Runtime backend and
+splits its results (shoal.workers.batch_io), with no sockets: Triton's ONNX Runtime backend and
 backend_input_collector / backend_output_responder are the reference."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from configs.model_config import parse_config_text
-from ipc.errors import Code, ServingError
+from shoal.configs.model_config import parse_config_text
+from shoal.ipc.errors import Code, ServingError
+from shoal.workers.batch_io import BatchAssembler, BatchInputKind, batch_input_value
 from tools import modelgen
-from workers.batch_io import BatchAssembler, BatchInputKind, batch_input_value
 
 I32 = np.dtype("<i4")
 F32 = np.dtype("<f4")
@@ -212,8 +212,8 @@ def test_the_ragged_sum_model_answers_each_request(lengths: tuple[int, ...]) -> 
 def test_torchscript_gets_batch_inputs_as_arguments(tmp_path: Path) -> None:
     # Triton's PyTorch backend maps batch input targets like inputs (here by argument name).
     pytest.importorskip("torch")
+    from shoal.workers.torch_backend import TorchBackend
     from tools import torchgen
-    from workers.torch_backend import TorchBackend
 
     config = parse_config_text(
         'platform: "pytorch_libtorch" max_batch_size: 4 input [ { name: "INPUT0" '

@@ -1,4 +1,4 @@
-"""A worker's side of the sequence batcher (workers/sequence_io.py): the control tensors
+"""A worker's side of the sequence batcher (shoal/workers/sequence_io.py): the control tensors
 it feeds, Direct's null rows, and the implicit state it keeps per slot."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from configs.schema import ConfigError
-from ipc import messages as m
-from workers.sequence_io import SequenceIO
+from shoal.configs.schema import ConfigError
+from shoal.ipc import messages as m
+from shoal.workers.sequence_io import SequenceIO
 
 _STATE = 'state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_INT32 dims: [ 2 ] } ]'
 

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from configs.model_config import ConfigError, ModelConfig, parse_config_text
-from workers.proc import _thread_count
+from shoal.configs.model_config import ConfigError, ModelConfig, parse_config_text
+from shoal.workers.proc import _thread_count
 
 CORES = [2, 3]
 

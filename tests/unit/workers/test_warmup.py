@@ -1,4 +1,4 @@
-"""Triton's model_warmup as a worker builds and runs it (workers.warmup), without a
+"""Triton's model_warmup as a worker builds and runs it (shoal.workers.warmup), without a
 server: the samples' data, Triton's rules and messages, and the batches it runs."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from configs.model_config import parse_config_text
-from configs.schema import ConfigError
-from ipc import datatypes
-from workers import warmup
-from workers.batch_io import BatchAssembler
+from shoal.configs.model_config import parse_config_text
+from shoal.configs.schema import ConfigError
+from shoal.ipc import datatypes
+from shoal.workers import warmup
+from shoal.workers.batch_io import BatchAssembler
 
 SIMPLE = """
 max_batch_size: 8

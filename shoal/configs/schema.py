@@ -1,0 +1,76 @@
+"""Shared vocabulary of the model-config package: the error type, tensor specs, and the
+platform/backend tables.
+
+Kept apart from `model_config` so that validation, auto-complete and the repository
+scanner can all import it without import cycles. Everything here is immutable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from shoal.ipc.errors import Code, ServingError
+
+
+class ConfigError(ServingError):
+    """A model configuration that cannot be parsed, completed or accepted.
+
+    `model` is the model name the config belongs to and `message` the full text, worded
+    like Triton's own message so clients matching on substrings keep working. The code is
+    always INVALID_ARG (HTTP 400 / gRPC INVALID_ARGUMENT).
+    """
+
+    def __init__(self, model: str, message: str) -> None:
+        super().__init__(Code.INVALID_ARG, message)
+        self.model = model
+
+
+@dataclass(frozen=True, slots=True)
+class IOSpec:
+    """One tensor as a model file declares it.
+
+    `datatype` is the v2 name ("FP32", "BYTES"); `shape` is the full model shape,
+    batch dimension included, with -1 for every dynamic dimension.
+    """
+
+    name: str
+    datatype: str
+    shape: list[int] = field(default_factory=list)
+
+
+ENSEMBLE_PLATFORM: Final = "ensemble"
+PYTHON_BACKEND: Final = "python"
+
+# Triton's platform names and the backend each one implies.
+PLATFORM_TO_BACKEND: Final[dict[str, str]] = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+}
+# The platform Triton fills in when only the backend is given. The python backend has
+# no platform: Triton leaves `platform` empty for it.
+BACKEND_TO_PLATFORM: Final[dict[str, str]] = {b: p for p, b in PLATFORM_TO_BACKEND.items()}
+
+DEFAULT_MODEL_FILENAME: Final[dict[str, str]] = {
+    "onnxruntime": "model.onnx",
+    "pytorch": "model.pt",
+    "tensorrt": "model.plan",
+    PYTHON_BACKEND: "model.py",
+}
+FILENAME_TO_BACKEND: Final[dict[str, str]] = {f: b for b, f in DEFAULT_MODEL_FILENAME.items()}
+
+# Backends shoal can run. Callers with a plug-in registry pass their own set.
+KNOWN_BACKENDS: Final[frozenset[str]] = frozenset(DEFAULT_MODEL_FILENAME)
+KNOWN_PLATFORMS: Final[frozenset[str]] = frozenset([*PLATFORM_TO_BACKEND, ENSEMBLE_PLATFORM])
+
+# Folders inside a model directory that are never version folders.
+NON_VERSION_DIRS: Final[frozenset[str]] = frozenset({"warmup", "initial_state", "configs"})
+
+# What Triton reports as the minimum CUDA compute capability in its gpu-id message.
+MIN_COMPUTE_CAPABILITY: Final = 6.0
+
+
+def shape_str(shape: list[int]) -> str:
+    """Triton's ShapeToString: "[-1,16]"."""
+    return "[" + ",".join(str(d) for d in shape) + "]"

@@ -1,0 +1,729 @@
+"""The one data plane behind every transport (HTTP now, gRPC next).
+
+It validates a request against the model's config, places input bytes in this
+process's shared-memory slab (small tensors ride inline in the message), reserves slots
+for outputs of known size, sends one typed message to the broker, and returns views of
+the outputs. The caller releases those views (``InferenceResult.release``) once it has
+written the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import msgspec
+
+from shoal.dataplane import client_shm, ensemble_runner
+from shoal.dataplane.broker_client import BrokerClient
+from shoal.dataplane.json_limits import check_config_override
+from shoal.dataplane.model_handle import ModelHandle, check_byte_size
+from shoal.dataplane.response_cache import ResponseCache
+from shoal.dataplane.types import (
+    EMPTY_FINAL,
+    FINAL_FLAG,
+    ClientRequest,
+    InferenceResult,
+    OutputTensor,
+    ResponseError,
+)
+from shoal.ipc import messages as m
+from shoal.ipc.errors import (
+    MODEL_CONTROL_DISABLED,
+    UNKNOWN_MODEL,
+    AnswerError,
+    Code,
+    RequestError,
+    ServingError,
+    invalid_arg,
+    named,
+    unknown_model,
+)
+from shoal.ipc.shm import ShmFull, SlabPool, Slot
+
+log = logging.getLogger("shoal.frontend")
+
+SERVER_VERSION = "2.73.0"
+EXTENSIONS = [
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "logging",
+]
+
+
+_INT64_MAX = 2**63 - 1
+_HASH_IN_THREAD_BYTES = 1 << 20  # about 1 ms of hashing: more goes to a thread
+
+
+# How long a load or unload may take before its client is answered UNAVAILABLE (a model
+# that loads for longer is still loaded; the index shows when).
+_MODEL_CONTROL_TIMEOUT_S = 600.0
+
+
+def parse_version(version: str) -> int:
+    """A request's version string as an int64 (-1 for ""). ASCII digits only: Python's
+    isdigit also takes "²" and other scripts' digits, and int() of thousands of digits
+    raises; Triton refuses them all with the same message."""
+    if version == "":
+        return -1
+    if version.startswith("-") and version[1:].isascii() and version[1:].isdigit():
+        raise invalid_arg(
+            f"invalid model version specified '{version}' , version should be an integral value > 0"
+        )
+    if (
+        not (version.isascii() and version.isdigit())
+        or len(version) > 19
+        or int(version) > _INT64_MAX
+    ):
+        raise invalid_arg(
+            f"failed to get model version from specified version string '{version}' "
+            "(details: stol), version should be an integral value > 0"
+        )
+    return int(version)
+
+
+def _uint_param(req: ClientRequest, key: str) -> int:
+    value = req.parameters.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**64:
+        raise invalid_arg(f"parameter '{key}' must be a 64-bit integer, got {value!r}")
+    # Triton stores a gRPC int64_param in a uint64: a negative priority becomes a level
+    # that does not exist (the default one), a negative timeout one too long to matter.
+    return value % 2**64
+
+
+#: Request parameters Triton reads itself: a Python model's request.parameters() has the rest.
+_READ_BY_TRITON = frozenset(
+    ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
+     "binary_data_output")
+)  # fmt: skip
+
+
+def _version_state(s: m.ModelState) -> dict[str, Any]:
+    out = {
+        "version": s.version,
+        "state": s.state,
+        "reason": s.reason,
+        "queued": s.queued,
+        "memory_limit_mb": s.memory_limit_mb,
+        "instances": msgspec.to_builtins(s.instances),
+    }
+    if s.sequences is not None:
+        out["sequence_batcher"] = msgspec.to_builtins(s.sequences)
+    return out
+
+
+def _sequence_id(req: ClientRequest) -> int | str:
+    """The request's correlation ID (0 or "": none), a uint64 or a string, as Triton
+    keeps it (a negative gRPC int64_param is stored in a uint64)."""
+    value = req.parameters.get("sequence_id", 0)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**64:
+        raise invalid_arg(
+            f"parameter 'sequence_id' must be a 64-bit integer or a string, got {value!r}"
+        )
+    return value % 2**64
+
+
+class DataPlane:
+    def __init__(
+        self,
+        broker: BrokerClient,
+        pool: SlabPool,
+        server_id: str = "triton",
+        allow_client_shm: bool = False,
+        cache: ResponseCache | None = None,
+    ) -> None:
+        self.allow_client_shm = allow_client_shm
+        self.cache = cache  # for models whose config enables it (response_cache.py)
+        self.broker = broker
+        self.pool = pool
+        self.server_id = server_id
+        self._models: dict[tuple[str, int], ModelHandle] = {}
+        self._models_epoch = 0  # models loaded or unloaded so far (model control)
+        # ensembles' steps, and their max_inflight_requests
+        self._plans: dict[
+            tuple[str, int], tuple[list[ensemble_runner.Step], dict[int, asyncio.Semaphore] | None]
+        ] = {}
+        self.requests_handled = 0
+        broker.on_broker_lost.append(self._broker_lost)
+        broker.on_models_changed.append(self._models_changed)
+
+    def _broker_lost(self) -> None:
+        """Workers may still write into slots of requests that were just failed: those
+        slots must never be handed out again. The whole pool is replaced; the old slabs
+        are unlinked and their pages go once nothing maps them."""
+        old, self.pool = self.pool, self.pool.fresh()
+        old.close()
+        self._models.clear()
+        self._plans.clear()
+        if self.cache is not None:  # a new broker may serve other model files
+            self.cache.clear()
+
+    def _models_changed(self, names: list[str]) -> None:
+        """Models were loaded, reloaded or unloaded: what this frontend kept of them goes
+        (their configs; the ensemble plans, which may use them; cached answers)."""
+        changed = set(names)
+        self._models_epoch += 1
+        for key in [k for k in self._models if k[0] in changed]:
+            del self._models[key]
+        self._plans.clear()
+        if self.cache is not None:
+            self.cache.clear()
+
+    # -- control plane ---------------------------------------------------------------
+
+    def frontend_status(self) -> dict[str, object]:
+        """Which frontend process this is, how many inferences it has served (shoal's
+        extension: with several frontends, shows how the kernel spreads load), how many
+        wait for an answer, the shared memory its pool holds and how much of it is taken."""
+        status: dict[str, object] = {
+            "index": self.broker.index,
+            "pid": os.getpid(),
+            "inference_requests": self.requests_handled,
+            "requests_waiting": self.broker.waiting,
+            "shm_pool_bytes": self.pool.total_bytes,
+            "shm_pool_used_bytes": self.pool.used_bytes,
+        }
+        if self.broker.hop_timing:  # (SHOAL_HOP_TIMING=1) per leg: [requests, total ns]
+            status["hops_ns"] = {leg: list(t) for leg, t in self.broker.hops.items()}
+        if self.cache is not None:
+            c = self.cache
+            status |= {
+                "response_cache_bytes": c.capacity,
+                "response_cache_used_bytes": c.used,
+                "response_cache_entries": len(c),
+                "response_cache_hits": c.hits,
+                "response_cache_misses": c.misses,
+            }
+        return status
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+
+    async def _server_state(self, memory_of: str = "") -> m.ServerState | None:
+        try:
+            return await self.broker.query(
+                m.ServerQuery(self.broker.next_id(), memory_of), m.ServerState, timeout=2.0
+            )
+        except ServingError:
+            return None
+
+    async def model_instances(self, name: str) -> dict[str, Any]:
+        """shoal's extension: each version's state and where its instances run."""
+        state = await self._server_state(memory_of=name)
+        if state is None:
+            raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
+        versions = [s for s in state.models if s.name == name]
+        if not versions:
+            raise unknown_model(name)
+        return {"name": name, "versions": [_version_state(s) for s in versions]}
+
+    async def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
+        """Triton's repository index: each model version's state (and why, when it is
+        not ready); a model whose config failed is listed by name, without a version."""
+        state = await self._server_state()
+        if state is None:
+            raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
+        out: list[dict[str, str]] = []
+        for s in state.models:  # by name, then version
+            if ready_only and s.state != "READY":
+                continue
+            entry = {"name": s.name}
+            if s.version >= 0:
+                entry["version"] = str(s.version)
+            if s.state:  # none for a model never loaded: listed by name alone
+                entry["state"] = s.state
+            if s.reason:
+                entry["reason"] = s.reason
+            out.append(entry)
+        return out
+
+    async def log_settings(self, changes: dict[str, bool | int | str]) -> m.LogSettings:
+        """The server's log settings, after ``changes`` (checked) if any: the broker
+        applies them and sends them to every process."""
+        query = m.LogQuery(self.broker.next_id(), changes)
+        return (await self.broker.query(query, m.LogReply)).settings
+
+    @staticmethod
+    def refuse_named_repository() -> ServingError:
+        """Load, unload (and, over gRPC, the index) naming a repository: Triton 2.51's."""
+        return ServingError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
+
+    def refuse_model_control(self) -> ServingError | None:
+        """Outside explicit model control mode (none, poll), load and unload are refused
+        here: an HTTP unload before its body is read, a load after its body's checks, as
+        Triton 2.51 does. (A frontend not yet welcomed by a broker refuses them too.)"""
+        if self.broker.model_control:
+            return None
+        return ServingError(Code.UNAVAILABLE, MODEL_CONTROL_DISABLED)
+
+    async def model_control(
+        self,
+        action: str,
+        model: str,
+        config: str = "",
+        files: dict[str, bytes] | None = None,
+        unload_dependents: bool = False,
+    ) -> None:
+        """The repository extension's load or unload: answered once the model is loaded
+        (READY) or unloaded, or with why not (the broker refuses both outside explicit
+        model control mode, in Triton's words). A ``config`` too large or nested too deep
+        is refused here, before the broker parses it."""
+        if config:
+            check_config_override(config)
+        msg = m.ModelControl(
+            self.broker.next_id(), action, model, config, files or {}, unload_dependents
+        )
+        reply = await self.broker.query(msg, m.ControlReply, timeout=_MODEL_CONTROL_TIMEOUT_S)
+        if reply.error is not None:
+            raise ServingError(Code(reply.error.code), reply.error.message)
+
+    async def server_live(self) -> bool:
+        state = await self._server_state()
+        return state is not None and state.live
+
+    async def server_ready(self) -> bool:
+        state = await self._server_state()
+        return state is not None and state.ready
+
+    async def _info(self, name: str, version: int) -> m.ModelInfo:
+        info = await self.broker.query(
+            m.ModelQuery(self.broker.next_id(), name, version), m.ModelInfo
+        )
+        if info.error is not None:
+            raise ServingError(Code(info.error.code), info.error.message)
+        return info
+
+    async def model(self, name: str, version: str) -> ModelHandle:
+        v = parse_version(version)
+        handle = self._models.get((name, v))
+        if handle is not None:
+            return handle
+        epoch = self._models_epoch
+        info = await self._info(name, v)  # answers only for a READY version
+        handle = ModelHandle(name, info.version, list(info.versions), info.config)
+        if epoch == self._models_epoch:  # else a load or unload came in between: not kept
+            self._models[(name, v)] = handle
+        return handle
+
+    def cached_model(self, name: str, version: str) -> ModelHandle:
+        """The handle ``model()`` fetched earlier (call that first)."""
+        return self._models[(name, parse_version(version))]
+
+    async def statistics(self, name: str, version: str) -> list[m.ModelStats]:
+        """Triton's statistics of every version of ``name`` (of every model when "")."""
+        reply = await self.broker.query(
+            m.StatsQuery(self.broker.next_id(), name, parse_version(version)), m.StatsReply
+        )
+        if reply.error is not None:
+            raise ServingError(Code(reply.error.code), reply.error.message)
+        return reply.model_stats
+
+    async def metrics(self, quantiles: list[float]) -> list[m.VersionMetrics]:
+        """The figures of the Prometheus metrics, with ``quantiles`` of each latency."""
+        q = m.MetricsQuery(self.broker.next_id(), quantiles)
+        return (await self.broker.query(q, m.MetricsReply)).versions
+
+    async def shared_memory(
+        self, op: str, kind: str, name: str = "", **fields: int | str | bytes
+    ) -> list[m.RegionStatus]:
+        """The shared-memory extension (register / unregister / status), one region table
+        for every frontend process (it lives in the broker)."""
+        if op != "status" and not self.allow_client_shm:
+            raise client_shm.disabled()
+        msg = m.ShmRequest(self.broker.next_id(), op, kind, name, **fields)  # type: ignore[arg-type]
+        reply = await self.broker.query(msg, m.ShmReply)
+        if reply.error is not None:
+            raise ServingError(Code(reply.error.code), reply.error.message)
+        return reply.regions
+
+    async def model_ready(self, name: str, version: str) -> bool:
+        """Whether that version (or the model, for "") is ready: an unknown one is not.
+        A version string that is no version is refused, as Triton refuses it."""
+        number = parse_version(version)
+        try:
+            info = await self._info(name, number)
+        except ServingError:
+            return False
+        return info.ready
+
+    # -- inference -------------------------------------------------------------------
+
+    async def infer(self, req: ClientRequest) -> InferenceResult:
+        model = await self.model(req.model, req.version)
+        if model.decoupled:  # (the protocols refuse it first, in Triton's words)
+            raise ServingError(
+                Code.UNSUPPORTED,
+                f"model '{model.name}' is decoupled: it answers through ModelStreamInfer and "
+                "the generate extension only",
+            )
+        if model.is_ensemble:
+            return await self._infer_ensemble(model, req)
+        started = time.perf_counter_ns()
+        slots: list[Slot] = []
+        key: bytes | None = None
+        try:
+            batch = model.batch_size(req)
+            if self.cache is not None and model.response_cache:
+                epoch = self._models_epoch
+                lookup = time.perf_counter_ns()
+                key = await self._key(req, model)
+                if key is not None and (hit := self._cached(req, model, key, started, lookup)):
+                    return hit
+                lookup = time.perf_counter_ns() - lookup
+                self.cache.lookup_ns += lookup
+            msg = self._build(req, model, batch, slots)
+            if key is not None:
+                msg.cache_miss_ns = lookup
+        except ServingError as err:
+            raise await self._refused(req, err, slots) from None
+        except BaseException:
+            self._free(slots)
+            raise
+        pool = self.pool
+        try:
+            # Cancelled after sending: the slots stay reserved until the answer comes back.
+            resp = await self.broker.infer(msg, lambda: self._free(slots, pool))
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._free(slots, pool)
+            raise
+        try:
+            if resp.error is not None:
+                raise self._answer_error(resp.error, req)
+            outputs = self._outputs(resp, slots)
+        except BaseException:
+            self._free(slots, pool)
+            raise
+        if (
+            key is not None
+            and self.cache is not None
+            and resp.model_version in (0, model.version)
+            and epoch == self._models_epoch  # no load or unload since: not a stale answer
+        ):
+            t0 = time.perf_counter_ns()
+            self.cache.put(key, outputs)  # (an answer of another version is not this key's)
+            self.cache.insertion_ns += time.perf_counter_ns() - t0
+        self.requests_handled += 1
+        return InferenceResult(
+            model_name=model.name,
+            model_version=str(resp.model_version or model.version),
+            id=req.id,
+            outputs=outputs,
+            release=lambda: self._free(slots, pool),
+        )
+
+    async def infer_stream(
+        self, req: ClientRequest
+    ) -> AsyncGenerator[InferenceResult | ResponseError, None]:
+        """The responses to ``req`` as they come, each an answer of its own: outputs, or
+        an error that ends nothing but itself (raised: what refused the request before
+        it ran). A decoupled model may send any number; the last is the one with the
+        final flag, and the final flag alone yields nothing unless the request asked for
+        it (``triton_enable_empty_final_response``), as an empty response. Each response
+        says whether it is the final one (``triton_final_response``), as Triton's do.
+        Another model's one answer (``infer``'s) is the final one. An ensemble with
+        decoupled steps answers once per pass through its steps (``EnsembleRun.stream``)."""
+        model = await self.model(req.model, req.version)
+        if not model.decoupled:
+            try:
+                result = await self.infer(req)
+            except AnswerError as err:  # the model's (or its instance's) answer
+                yield ResponseError(err.message, True, err.code)
+                return
+            result.parameters[FINAL_FLAG] = True
+            yield result
+            return
+        if model.is_ensemble:  # one with decoupled steps
+            async with contextlib.aclosing(self._stream_ensemble(model, req)) as responses:
+                async for r in responses:
+                    yield r
+            return
+        slots: list[Slot] = []  # its inputs' (its outputs travel in its answers)
+        try:
+            msg = self._build(req, model, model.batch_size(req), slots)
+        except ServingError as err:
+            raise await self._refused(req, err, slots) from None
+        except BaseException:
+            self._free(slots)
+            raise
+        pool = self.pool
+        try:
+            stream = self.broker.open_stream(msg)
+        except BaseException:
+            self._free(slots, pool)
+            raise
+        empty_final = req.parameters.get(EMPTY_FINAL) is True
+        try:
+            while True:
+                resp = await stream.queue.get()
+                if isinstance(resp, BaseException):
+                    raise resp
+                # The model has its own copy of the inputs once it answers (the Python
+                # backend copies them before execute): a long stream pins no slot.
+                self._free(slots, pool)
+                if resp.error is not None:
+                    failed = self._answer_error(resp.error, req)
+                    yield ResponseError(failed.message, resp.final, failed.code)
+                elif not resp.empty or empty_final:
+                    yield InferenceResult(
+                        model_name=model.name,
+                        # (the final flag alone names no version, as in Triton 2.51)
+                        model_version=""
+                        if resp.empty
+                        else str(resp.model_version or model.version),
+                        id=req.id,
+                        outputs=self._outputs(resp, []),
+                        parameters={FINAL_FLAG: resp.final},
+                    )
+                if resp.final:
+                    self.requests_handled += 1
+                    return
+        finally:
+            self.broker.close_stream(msg.req_id, stream, lambda: self._free(slots, pool))
+            if stream.done():
+                self._free(slots, pool)
+
+    def _answer_error(self, error: m.ErrorInfo, req: ClientRequest) -> AnswerError:
+        """An answer's error as raised; a model unknown by now is no longer cached."""
+        if error.message.startswith(UNKNOWN_MODEL):
+            self._models.pop((req.model, parse_version(req.version)), None)
+        message = named(error.message, req.id) if error.names_request else error.message
+        return AnswerError(Code(error.code), message)
+
+    async def _refused(
+        self, req: ClientRequest, err: ServingError, slots: list[Slot]
+    ) -> ServingError:
+        """The error a request refused before it was sent gets (its slots freed)."""
+        self._free(slots)
+        await self._region_errors_first(req, err)
+        if isinstance(err, RequestError):
+            return ServingError(err.code, named(err.message, req.id))
+        return err
+
+    async def _infer_ensemble(self, model: ModelHandle, req: ClientRequest) -> InferenceResult:
+        """Run an ensemble's steps (shoal/dataplane/ensemble_runner.py)."""
+        started = time.perf_counter_ns()
+        run, todo, batch = self._ensemble_run(model, req)
+        try:
+            result = await run.run(todo)
+        except ServingError:
+            self.broker.notify(ensemble_runner.done_note(model, started, False, batch))
+            raise
+        self.broker.notify(ensemble_runner.done_note(model, started, True, batch))
+        self.requests_handled += 1
+        return result
+
+    async def _stream_ensemble(
+        self, model: ModelHandle, req: ClientRequest
+    ) -> AsyncGenerator[InferenceResult | ResponseError, None]:
+        """Run the steps of an ensemble with decoupled ones: its responses as they come.
+        A request its client leaves before the end is not counted."""
+        started = time.perf_counter_ns()
+        run, todo, batch = self._ensemble_run(model, req)
+        async with contextlib.aclosing(run.stream(todo)) as responses:
+            async for r in responses:
+                yield r
+        self.broker.notify(ensemble_runner.done_note(model, started, not run.failed, batch))
+        self.requests_handled += 1
+
+    def _ensemble_run(
+        self, model: ModelHandle, req: ClientRequest
+    ) -> tuple[ensemble_runner.EnsembleRun, list[ensemble_runner.Step], int]:
+        """A request to an ensemble, once it passed the checks any request to the
+        ensemble's own config passes: the run, the steps it needs, its batch size."""
+        key = (model.name, model.version)
+        plan = self._plans.get(key)
+        if plan is None:
+            config = model.config
+            plan = self._plans[key] = (
+                ensemble_runner.plan(config),
+                ensemble_runner.inflight_limits(config),
+            )
+        steps, inflight = plan
+        run = ensemble_runner.EnsembleRun(
+            model, req, self.infer, self.model, inflight, self.infer_stream
+        )
+        try:
+            batch = model.batch_size(req)
+            in_region = any(t.data is None for t in req.inputs) or any(
+                client_shm.output_spec(o) is not None for o in req.outputs
+            )
+            if in_region and not self.allow_client_shm:
+                raise client_shm.disabled()
+            for t in req.inputs[::-1]:
+                if t.data is not None:
+                    check_byte_size(t, model.name)
+            todo = run.check(steps)
+        except RequestError as err:
+            raise ServingError(err.code, named(err.message, req.id)) from None
+        return run, todo, batch
+
+    def _cached(
+        self, req: ClientRequest, model: ModelHandle, key: bytes, started: int, lookup: int
+    ) -> InferenceResult | None:
+        """The answer kept for ``key``, counted as Triton counts a cache hit (a success,
+        no inference, no execution), or None. ``started``, ``lookup``: when the request
+        and its lookup began (perf_counter_ns)."""
+        assert self.cache is not None
+        outputs = self.cache.get(key)
+        if outputs is None:
+            return None
+        # A request kept was checked whole (_build) before its answer was kept; its key
+        # covers all those checks read, but for these parameters.
+        _uint_param(req, "priority")
+        _uint_param(req, "timeout")
+        now = time.perf_counter_ns()
+        self.cache.lookup_ns += now - lookup
+        self.broker.notify(m.CacheHit(model.name, model.version, now - started, now - lookup))
+        self.requests_handled += 1
+        return InferenceResult(model.name, str(model.version), req.id, outputs)
+
+    async def _key(self, req: ClientRequest, model: ModelHandle) -> bytes | None:
+        """The request's cache key; large inputs are hashed off the event loop (hashlib
+        lets go of the GIL), as a large body is inflated."""
+        assert self.cache is not None
+        size = sum(t.data.nbytes for t in req.inputs if t.data is not None)
+        if size < _HASH_IN_THREAD_BYTES:
+            return self.cache.key(req, model.name, model.version)
+        return await asyncio.to_thread(self.cache.key, req, model.name, model.version)
+
+    async def _region_errors_first(self, req: ClientRequest, err: ServingError) -> None:
+        """Triton looks up every shared-memory reference while it parses a request, before
+        any check against the model: a request that fails such a check (a shape, a byte
+        size) but also names a region that does not resolve gets the region's error. The
+        regions live in the broker, so only a failing request pays this round trip."""
+        if not self.allow_client_shm or err.code == Code.UNSUPPORTED:
+            return
+        refs = client_shm.references(req.inputs, req.outputs)
+        if not refs:
+            return
+        check = m.ShmRequest(self.broker.next_id(), "check", "system", refs=refs)
+        try:
+            reply = await self.broker.query(check, m.ShmReply)
+        except ServingError:
+            return  # no broker: the request's own error stands
+        if reply.error is not None:
+            raise ServingError(Code(reply.error.code), reply.error.message) from None
+
+    def _build(
+        self, req: ClientRequest, model: ModelHandle, batch: int, slots: list[Slot]
+    ) -> m.InferRequest:
+        if not self.allow_client_shm and any(t.data is None for t in req.inputs):
+            raise client_shm.disabled()
+        for t in req.inputs[::-1]:  # Triton checks sizes walking its inputs newest first
+            if t.data is not None:
+                check_byte_size(t, model.name)
+        refs: list[m.TensorRef] = []
+        for t in req.inputs:
+            shape = model.model_shape(t, batch)
+            if t.data is None:
+                refs.append(client_shm.input_ref(t, shape, model.name))
+                continue
+            n = len(t.data)
+            if t.location is not None:  # an earlier step's output, where its answer left it
+                region, offset = t.location
+                refs.append(m.TensorRef(t.name, t.datatype, shape, n, region, offset))
+                continue
+            if n <= m.INLINE_MAX_BYTES:
+                refs.append(m.TensorRef(t.name, t.datatype, shape, n, data=bytes(t.data)))
+                continue
+            slot = self._alloc(n)
+            slots.append(slot)
+            slot.view[:] = t.data
+            refs.append(m.TensorRef(t.name, t.datatype, shape, n, slot.region, slot.offset))
+        in_client_shm: dict[str, m.OutputSpec] = {}
+        classification: dict[str, int] = {}  # top K asked of an output (K > 0)
+        for o in req.outputs:
+            if type(k := o.parameters.get("classification", 0)) is int and k > 0:
+                classification[o.name] = k
+            spec = client_shm.output_spec(o)
+            if spec is not None:
+                if not self.allow_client_shm:
+                    raise client_shm.disabled()
+                in_client_shm[o.name] = spec
+        specs: list[m.OutputSpec] = []
+        for name in [o.name for o in req.outputs] or list(model.outputs):
+            if name in in_client_shm:
+                specs.append(in_client_shm[name])
+                continue
+            if classes := classification.get(name, 0):  # a few strings: inline
+                specs.append(m.OutputSpec(name, classification=classes))
+                continue
+            # (a decoupled model's answers carry their outputs: it may send many)
+            size = None if model.decoupled else model.output_nbytes(name, batch)
+            if size is not None and size > m.INLINE_MAX_BYTES:
+                slot = self._alloc(size)
+                slots.append(slot)
+                specs.append(m.OutputSpec(name, slot.region, slot.offset, size))
+            else:
+                specs.append(m.OutputSpec(name))
+        msg = m.InferRequest(
+            req_id=self.broker.next_id(),
+            model=model.name,
+            version=model.version,
+            inputs=refs,
+            outputs=specs,
+            batch_size=batch,
+        )
+        params = req.parameters
+        if params:  # (most requests carry none: nothing to look up)
+            msg.priority = _uint_param(req, "priority")
+            msg.timeout_us = _uint_param(req, "timeout")
+            msg.sequence_id = _sequence_id(req)
+            msg.sequence_start = params.get("sequence_start") is True
+            msg.sequence_end = params.get("sequence_end") is True
+        if model.is_python:
+            msg.request_id = req.id
+            msg.parameters = {
+                k: v
+                for k, v in req.parameters.items()
+                if k not in _READ_BY_TRITON and not k.startswith("triton_")
+            }
+        return msg
+
+    def _outputs(self, resp: m.InferResponse, slots: list[Slot]) -> list[OutputTensor]:
+        by_place = {(s.region, s.offset): s for s in slots}
+        out: list[OutputTensor] = []
+        for ref in resp.outputs:
+            data: memoryview | None
+            location = None
+            if ref.data is not None:
+                data = memoryview(ref.data)
+            elif ref.region.startswith(m.CLIENT_REGION):
+                data = None  # written into the client's region: the response carries no data
+            else:
+                slot = by_place.get((ref.region, ref.offset))
+                if slot is None or ref.nbytes > slot.capacity:
+                    raise ServingError(Code.INTERNAL, f"output '{ref.name}' came back misplaced")
+                data = slot.view[: ref.nbytes]
+                location = (ref.region, ref.offset)
+            out.append(OutputTensor(ref.name, ref.datatype, list(ref.shape), data, {}, location))
+        return out
+
+    def _alloc(self, nbytes: int) -> Slot:
+        try:
+            return self.pool.alloc(nbytes)
+        except ShmFull as exc:
+            raise ServingError(Code.UNAVAILABLE, str(exc)) from None
+
+    def _free(self, slots: list[Slot], pool: SlabPool | None = None) -> None:
+        target = pool or self.pool
+        for s in slots:
+            target.free(s)
+        slots.clear()

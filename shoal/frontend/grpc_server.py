@@ -1,0 +1,600 @@
+"""Triton's ``inference.GRPCInferenceService`` (and ``grpc.health.v1.Health``) on
+grpcio's asyncio server: a thin adapter over the same DataPlane as HTTP.
+
+Errors map to gRPC status codes with Triton's table (ipc.errors.GRPC_STATUS). A stream
+(ModelStreamInfer) runs its requests concurrently; as Triton's, it answers the requests to
+models that are not decoupled in the order it read them, and a decoupled model's
+responses as they come; an error is an ``error_message`` on the stream and the stream
+goes on.
+
+A message that is not the protobuf its method takes is refused as Triton's C++ server
+refuses it, INTERNAL "Unable to parse request", with one log line: grpcio would answer
+UNKNOWN and log a traceback for each, a flood any client could cause. On a stream the
+requests before it are answered, then the stream ends with that status (Triton ends it
+with OK, which hides that the rest of the stream was dropped). An RPC shoal does not
+implement answers UNIMPLEMENTED without grpcio's traceback too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from shoal.configs.flags.frontend import GrpcTls
+from shoal.dataplane.plane import DataPlane
+from shoal.dataplane.types import FINAL_FLAG, ClientRequest, InferenceResult, ResponseError
+from shoal.frontend import grpc_codec, log_settings, restricted
+from shoal.ipc import logs
+from shoal.ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
+
+log = logging.getLogger("shoal.frontend.grpc")
+
+MAX_MESSAGE_BYTES: Final[int] = 2**31 - 1  # Triton's INT32_MAX
+STREAM_WINDOW: Final[int] = 1024  # requests in flight on one stream before reading pauses
+R = TypeVar("R")
+UNPARSABLE_MESSAGE: Final[str] = "Unable to parse request"
+#: A request whose inputs carry more BYTES elements than this in typed contents
+#: (``bytes_contents``) is decoded on a worker thread: packing millions of protobuf strings
+#: takes long enough (seconds for 10 Mi) to stall every other client of the event loop.
+DECODE_ON_THREAD_ELEMENTS: Final[int] = 64 * 1024
+_STREAM_METHOD: Final[str] = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+class _Unparsable:
+    """What a guarded deserializer gives for bytes it cannot parse."""
+
+    __slots__ = ("method", "reason")
+
+    def __init__(self, method: str, reason: str) -> None:
+        self.method = method
+        self.reason = reason
+
+    def log(self) -> None:
+        log.warning("%s: %s (%s)", self.method, UNPARSABLE_MESSAGE, self.reason)
+
+
+def _parse_guarded(method: str, parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def guarded(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # DecodeError, or whatever else the parser raises
+            return _Unparsable(method, f"{type(exc).__name__}: {exc}"[:200])
+
+    return guarded
+
+
+def _refusing(behavior: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Any]:
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Unparsable):
+            request.log()
+            await context.abort(grpc.StatusCode.INTERNAL, UNPARSABLE_MESSAGE)
+        return await behavior(request, context)
+
+    return unary
+
+
+def _unimplemented(method: str) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented")
+
+    return unary
+
+
+def _unimplemented_stream(method: str) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    refuse = _refusing(_unimplemented(method))
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await refuse(request, context)  # aborts
+        yield None  # never reached: makes this the async generator grpcio expects
+
+    return stream
+
+
+class _GuardedRegistration:
+    """Stands in for the server while generated code registers a service: each method's
+    deserializer is guarded (unary methods refuse the unparsable themselves; the stream
+    handler checks each message) before the handlers reach the real server. A method
+    the servicer leaves to the generated base class (a plain function that raises
+    NotImplementedError, which grpcio logs with a traceback per call) answers
+    UNIMPLEMENTED itself."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self.server = server
+        self.services: list[str] = []
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # the same handlers come again, by name, in add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        guarded = {}
+        for name, h in handlers.items():
+            method = f"/{service}/{name}"
+            behavior = h.unary_unary or h.unary_stream or h.stream_unary or h.stream_stream
+            ours = inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)
+            if not ours and h.unary_unary is not None:
+                h = h._replace(unary_unary=_unimplemented(method))
+            elif not ours and h.unary_stream is not None:
+                h = h._replace(
+                    request_deserializer=_parse_guarded(method, h.request_deserializer),
+                    unary_stream=_unimplemented_stream(method),
+                )
+            if h.unary_unary is not None and h.request_deserializer is not None:
+                h = h._replace(
+                    request_deserializer=_parse_guarded(method, h.request_deserializer),
+                    unary_unary=_refusing(h.unary_unary),
+                )
+            elif method == _STREAM_METHOD:  # its handler checks each message itself
+                h = h._replace(request_deserializer=_parse_guarded(method, h.request_deserializer))
+            guarded[name] = h
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, guarded),)
+        )
+        self.server.add_registered_method_handlers(service, guarded)
+        self.services.append(service)
+
+
+async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[R]]) -> R:
+    """Run an RPC: a ServingError becomes its gRPC status; anything else unexpected is
+    logged once and answered INTERNAL, as the HTTP side answers 500."""
+    try:
+        return await call()
+    except ServingError as exc:
+        await context.abort(getattr(grpc.StatusCode, GRPC_STATUS[exc.code]), exc.message)
+        raise  # abort raises; this keeps type checkers honest
+    except grpc.aio.AbortError:
+        raise
+    except Exception as exc:
+        log.exception("unhandled error in an RPC")
+        await context.abort(grpc.StatusCode.INTERNAL, _internal(exc))
+        raise
+
+
+class LateAnswerLogFilter(logging.Filter):
+    """grpcio logs at ERROR, with a traceback, an answer it could not send because the
+    call had already ended: the client cancelled it or its deadline passed in the instant
+    between the handler's last await and the send (before that instant the handler is
+    cancelled quietly). The client already has its CANCELLED or DEADLINE_EXCEEDED, and
+    an operator alerting on errors would be paged for a client's timeout. Such a record
+    becomes one DEBUG line (shown with ``--log-verbose``); any other record of that
+    logger, a failure to start a batch included, passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if type(exc).__name__ != "ExecuteBatchError" or not str(exc).startswith(
+            'Failed "execute_batch"'
+        ):
+            return True
+        method = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        logs.rewrite(
+            record,
+            logging.DEBUG,
+            "%s: the call ended (cancelled, or past its deadline) before its answer was sent",
+            method,
+        )
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+logging.getLogger("grpc._cython.cygrpc").addFilter(LateAnswerLogFilter())
+
+
+#: A stream's answer: a response to send (or None), and whether it is its request's last.
+_Answer = tuple[pb.ModelStreamInferResponse | None, bool]
+
+
+async def decode_request(request: pb.ModelInferRequest) -> ClientRequest:
+    """``grpc_codec.decode_infer_request``, on a worker thread for a request with many
+    BYTES elements (DECODE_ON_THREAD_ELEMENTS), so the event loop serves others
+    meanwhile; the protobuf message is only read there, and nothing else touches it."""
+    elements = sum(len(t.contents.bytes_contents) for t in request.inputs)
+    if elements <= DECODE_ON_THREAD_ELEMENTS:
+        return grpc_codec.decode_infer_request(request)
+    return await asyncio.to_thread(grpc_codec.decode_infer_request, request)
+
+
+def _stream_error(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
+    """A stream request's error as its answer. The id rides along so a client with many
+    requests in flight can match it; nothing else, as Triton 2.51 answers (triton-peer)."""
+    if isinstance(exc, ServingError):
+        message = exc.message
+    else:
+        log.exception("unhandled error in a stream request", exc_info=exc)
+        message = _internal(exc)
+    return pb.ModelStreamInferResponse(
+        error_message=message, infer_response=pb.ModelInferResponse(id=request.id)
+    )
+
+
+def _stream_answer(
+    request: pb.ModelInferRequest, r: InferenceResult | ResponseError
+) -> pb.ModelStreamInferResponse:
+    """One response of a decoupled model on a stream. A model's error response names
+    the model and says whether it is the last, as Triton 2.51's does."""
+    if isinstance(r, ResponseError):
+        failed = pb.ModelInferResponse(id=request.id, model_name=request.model_name)
+        grpc_codec.set_param(failed.parameters[FINAL_FLAG], r.final)
+        return pb.ModelStreamInferResponse(error_message=r.message, infer_response=failed)
+    try:
+        return pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(r))
+    finally:
+        r.release()
+
+
+def _internal(exc: Exception) -> str:
+    return f"internal error: {type(exc).__name__}: {exc}"
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=await self.dp.server_live())
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=await self.dp.server_ready())
+
+    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        async def call() -> pb.ModelReadyResponse:
+            return pb.ModelReadyResponse(
+                ready=await self.dp.model_ready(request.name, request.version)
+            )
+
+        return await _guard(context, call)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        status = self.dp.frontend_status()
+        context.set_trailing_metadata(
+            (
+                ("shoal-frontend", str(status["index"])),
+                ("shoal-frontend-requests", str(status["inference_requests"])),
+            )
+        )
+        return pb.ServerMetadataResponse(**self.dp.server_metadata())
+
+    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        async def call() -> pb.ModelMetadataResponse:
+            handle = await self.dp.model(request.name, request.version)
+            return grpc_codec.model_metadata(handle.metadata)
+
+        return await _guard(context, call)
+
+    async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        async def call() -> pb.ModelConfigResponse:
+            handle = await self.dp.model(request.name, request.version)
+            return pb.ModelConfigResponse(config=handle.config)
+
+        return await _guard(context, call)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
+        async def call() -> pb.ModelStatisticsResponse:
+            stats = await self.dp.statistics(request.name, request.version)
+            return grpc_codec.model_statistics(stats)
+
+        return await _guard(context, call)
+
+    async def LogSettings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
+        async def call() -> pb.LogSettingsResponse:
+            changes = log_settings.grpc_changes(request.settings)
+            settings = await self.dp.log_settings(changes)
+            return log_settings.grpc_settings(settings, pb.LogSettingsResponse())
+
+        return await _guard(context, call)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        async def call() -> pb.RepositoryIndexResponse:
+            if request.repository_name:
+                raise self.dp.refuse_named_repository()
+            entries = await self.dp.repository_index(request.ready)
+            models = [pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries]
+            return pb.RepositoryIndexResponse(models=models)
+
+        return await _guard(context, call)
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            if request.repository_name:
+                raise self.dp.refuse_named_repository()
+            grpc_codec.check_load_parameters(request.parameters)
+            if (refusal := self.dp.refuse_model_control()) is not None:
+                raise refusal  # (mode none or poll)
+            params = request.parameters
+            config = params["config"].string_param if "config" in params else ""
+            files = {k: v.bytes_param for k, v in params.items() if k.startswith("file:")}
+            await self.dp.model_control("load", request.model_name, config, files)
+            return pb.RepositoryModelLoadResponse()
+
+        return await _guard(context, call)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            if request.repository_name:
+                raise self.dp.refuse_named_repository()
+            grpc_codec.check_unload_parameters(request.parameters)
+            if (refusal := self.dp.refuse_model_control()) is not None:
+                raise refusal  # (mode none or poll)
+            params = request.parameters
+            dependents = "unload_dependents" in params and params["unload_dependents"].bool_param
+            await self.dp.model_control("unload", request.model_name, "", {}, dependents)
+            return pb.RepositoryModelUnloadResponse()
+
+        return await _guard(context, call)
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            resp = pb.SystemSharedMemoryStatusResponse()
+            for r in await self.dp.shared_memory("status", "system", request.name):
+                resp.regions[r.name].CopyFrom(
+                    pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                        name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+                    )
+                )
+            return resp
+
+        return await _guard(context, call)
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            await self.dp.shared_memory(
+                "register",
+                "system",
+                request.name,
+                key=request.key,
+                offset=request.offset,
+                byte_size=request.byte_size,
+            )
+            return pb.SystemSharedMemoryRegisterResponse()
+
+        return await _guard(context, call)
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            await self.dp.shared_memory("unregister", "system", request.name)
+            return pb.SystemSharedMemoryUnregisterResponse()
+
+        return await _guard(context, call)
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            resp = pb.CudaSharedMemoryStatusResponse()
+            for r in await self.dp.shared_memory("status", "cuda", request.name):
+                resp.regions[r.name].CopyFrom(
+                    pb.CudaSharedMemoryStatusResponse.RegionStatus(
+                        name=r.name, device_id=r.device_id, byte_size=r.byte_size
+                    )
+                )
+            return resp
+
+        return await _guard(context, call)
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            await self.dp.shared_memory(
+                "register",
+                "cuda",
+                request.name,
+                raw_handle=request.raw_handle,
+                device_id=request.device_id,
+                byte_size=request.byte_size,
+            )
+            return pb.CudaSharedMemoryRegisterResponse()
+
+        return await _guard(context, call)
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            await self.dp.shared_memory("unregister", "cuda", request.name)
+            return pb.CudaSharedMemoryUnregisterResponse()
+
+        return await _guard(context, call)
+
+    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        return await _guard(context, lambda: self._infer(request))
+
+    async def _infer(
+        self, request: pb.ModelInferRequest, decoded: ClientRequest | None = None
+    ) -> pb.ModelInferResponse:
+        """``decoded``: the request's tensors, read already (a stream's)."""
+        # The model first, as Triton looks it up before reading the request's tensors.
+        model = await self.dp.model(request.model_name, request.model_version)
+        if model.decoupled:
+            raise ServingError(Code.UNSUPPORTED, DECOUPLED_UNARY)
+        result = await self.dp.infer(
+            decoded if decoded is not None else await decode_request(request)
+        )
+        try:
+            return grpc_codec.encode_infer_response(result)
+        finally:
+            result.release()
+
+    async def _stream_one(
+        self, request: pb.ModelInferRequest, decoded: ClientRequest
+    ) -> pb.ModelStreamInferResponse:
+        """One request of a stream: its error is its own answer, never the stream's end."""
+        try:
+            answer = await self._infer(request, decoded)
+        except Exception as exc:
+            return _stream_error(request, exc)
+        grpc_codec.set_param(answer.parameters[FINAL_FLAG], True)  # as Triton 2.51's
+        return pb.ModelStreamInferResponse(infer_response=answer)
+
+    async def _stream_decoupled(
+        self,
+        request: pb.ModelInferRequest,
+        decoded: ClientRequest,
+        answers: asyncio.Queue[_Answer | None],
+    ) -> None:
+        """One request of a stream to a decoupled model: each of its responses goes out
+        as it comes (an error among them too); the last one releases its window place."""
+        try:
+            responses = self.dp.infer_stream(decoded)
+            async with contextlib.aclosing(responses) as answered:  # (its end cancels)
+                async for r in answered:
+                    answers.put_nowait((_stream_answer(request, r), False))
+        except Exception as exc:
+            answers.put_nowait((_stream_error(request, exc), True))
+            return
+        answers.put_nowait((None, True))
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests run concurrently. As Triton's stream handler writes them, the answers
+        of requests to models that are not decoupled (and the errors of requests that
+        failed before reaching one) go out in the order the stream brought the requests,
+        each once those before it went; a decoupled model's responses go out as they
+        come. At most STREAM_WINDOW requests are running or answered but not yet sent;
+        past that, reading pauses."""
+        # (a response to send, or None; whether its request is done with) ... None: the end
+        answers: asyncio.Queue[_Answer | None] = asyncio.Queue()
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        running: set[asyncio.Task[None]] = set()
+        unparsable: list[_Unparsable] = []
+        # the ordered answers' places, in stream order: each filled when ready
+        ordered: collections.deque[list[pb.ModelStreamInferResponse | None]] = collections.deque()
+
+        def give(place: list[pb.ModelStreamInferResponse | None], answer: Any) -> None:
+            """``answer`` takes its place; the ready answers at the front go out."""
+            place[0] = answer
+            while ordered and ordered[0][0] is not None:
+                answers.put_nowait((ordered.popleft()[0], True))
+
+        async def answer(
+            request: pb.ModelInferRequest, before: asyncio.Event | None, handed: asyncio.Event
+        ) -> None:
+            """The requests reach the broker in the order the stream brought them, as
+            Triton reads a stream into its scheduler (preserve_ordering then answers in
+            that order). A request's one wait before it leaves is the lookup of a model
+            this frontend has not cached yet; the lookups run at once (a silent broker
+            fails them together), then each request waits until the one before it has
+            been handed over (``before``), and says so (``handed``) just before its own
+            hand-over, which does not wait. A warm stream waits for nothing. A request
+            with many BYTES elements is decoded on a thread (decode_request) before it
+            waits for its turn, so that too keeps the order."""
+            failed: Exception | None = None
+            decoupled = False
+            decoded: ClientRequest | None = None
+            place: list[pb.ModelStreamInferResponse | None] = [None]
+            try:
+                try:
+                    model = await self.dp.model(request.model_name, request.model_version)
+                    decoupled = model.decoupled
+                    decoded = await decode_request(request)
+                except Exception as exc:  # the request's answer, in its turn
+                    failed = exc
+                if before is not None:
+                    await before.wait()
+                if failed is not None or not decoupled:
+                    ordered.append(place)  # in the stream's order: the turns are
+            finally:
+                handed.set()  # also when cancelled: the next ones must not wait for it
+            if failed is not None:
+                give(place, _stream_error(request, failed))
+                return
+            assert decoded is not None  # (read, as nothing failed)
+            if decoupled:
+                await self._stream_decoupled(request, decoded, answers)
+            else:
+                give(place, await self._stream_one(request, decoded))
+
+        async def read() -> None:
+            before: asyncio.Event | None = None
+            try:
+                async for request in request_iterator:
+                    if isinstance(request, _Unparsable):
+                        unparsable.append(request)
+                        return  # what came before is answered; then the stream ends
+                    await window.acquire()
+                    handed = asyncio.Event()
+                    task = asyncio.create_task(answer(request, before, handed))
+                    before = handed
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+            finally:
+                while running:  # the answers still to come go out before the end
+                    await asyncio.wait(set(running))
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (next_answer := await answers.get()) is not None:
+                response, last = next_answer
+                if response is not None:
+                    yield response
+                if last:
+                    window.release()
+            if unparsable:
+                unparsable[0].log()
+                await context.abort(grpc.StatusCode.INTERNAL, UNPARSABLE_MESSAGE)
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+
+class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+    """grpc.health.v1: SERVING when the server is ready (for Kubernetes gRPC probes)."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    async def Check(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
+        ready = await self.dp.server_ready()
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        return health_pb2.HealthCheckResponse(status=status)
+
+
+def build_server(
+    dataplane: DataPlane,
+    address: str,
+    reuse_port: bool,
+    restrictions: restricted.Rules | None = None,
+    options: list[tuple[str, int]] | None = None,
+    tls: GrpcTls | None = None,
+) -> grpc.aio.Server:
+    """``restrictions``: the restricted protocol groups (--grpc-restricted-protocol),
+    checked by an interceptor for every call, whatever its service; ``options``: channel
+    settings (keepalive...); ``tls``: serve TLS (mutual: clients must present a
+    certificate that chains to its root)."""
+    server = grpc.aio.server(
+        interceptors=[restricted.GrpcRestriction(restrictions)] if restrictions else None,
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
+            *(options or []),
+        ],
+    )
+    registration = _GuardedRegistration(server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane), registration)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthService(dataplane), registration)
+    if len(registration.services) != 2:  # generated code that registers some other way
+        raise RuntimeError(f"gRPC services not registered: {registration.services}")
+    try:
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(tls.key, tls.cert)], root_certificates=tls.root, require_client_auth=tls.mutual
+            )
+            bound = server.add_secure_port(address, credentials)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {address}: {exc}") from None
+    if bound == 0:
+        raise OSError(f"cannot listen on {address}")
+    return server

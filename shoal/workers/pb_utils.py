@@ -1,0 +1,411 @@
+"""``triton_python_backend_utils`` for Python models served by shoal
+(shoal/workers/python_backend.py).
+
+A Triton Python model does ``import triton_python_backend_utils as pb_utils``; the worker
+that runs it registers this module under that name first. It gives what such models use
+of Triton's: Tensor, InferenceRequest and InferenceResponse, TritonError and
+TritonModelException, the by-name getters, the type converters, the request flags, and
+Logger (into the worker's log), and ModelConfig for ``auto_complete_config``
+(shoal/workers/pb_model_config.py). Tensors live in the worker's memory as numpy arrays:
+BYTES as object arrays of ``bytes``, as Triton's Python backend gives them.
+
+A decoupled model's requests carry response senders (``get_response_sender()``): the
+worker gives each request one (``InferenceResponseSender``) that sends each response as it
+is given, from any thread. A model's own ``InferenceRequest(model_name=..., ...).exec()``
+(business logic scripting) goes through the worker's ``scripting`` (shoal/workers/bls.py). Not
+here: DLPack and GPU tensors; those raise TritonModelException saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from shoal.workers.pb_model_config import ModelConfig
+
+__all__ = ["ModelConfig"]  # (the rest is used by name, as Triton's module is)
+
+_log = logging.getLogger("shoal.worker.model")
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+_TYPES: dict[str, Any] = {
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+# model_config.proto's DataType numbers
+_TYPE_NUMBERS = {1: "TYPE_BOOL", 2: "TYPE_UINT8", 3: "TYPE_UINT16", 4: "TYPE_UINT32",
+                 5: "TYPE_UINT64", 6: "TYPE_INT8", 7: "TYPE_INT16", 8: "TYPE_INT32",
+                 9: "TYPE_INT64", 10: "TYPE_FP16", 11: "TYPE_FP32", 12: "TYPE_FP64",
+                 13: "TYPE_STRING"}  # fmt: skip
+
+
+class TritonModelException(Exception):
+    """What a Python model raises; the requests of its batch fail with the message."""
+
+    def message(self) -> str:
+        return str(self)
+
+
+class TritonError:
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+
+class Tensor:
+    def __init__(self, name: str, data: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise TritonModelException("Tensor name must be a non-empty string")
+        if isinstance(data, Tensor) or not isinstance(data, np.ndarray | list | tuple):
+            raise TritonModelException(
+                f"Tensor '{name}' data must be a numpy array, not {type(data).__name__}"
+            )
+        array = np.asarray(data)
+        if array.dtype.kind in "US":  # text or bytes: BYTES, as Triton keeps them
+            array = np.array([_as_bytes(v) for v in array.reshape(-1)], dtype=object).reshape(
+                array.shape
+            )
+        self._name = name
+        self._array = array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int | None:
+        return numpy_to_triton_type(self._array.dtype)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        raise TritonModelException("DLPack tensors are not supported by this server")
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        raise TritonModelException("DLPack tensors are not supported by this server")
+
+
+def _as_bytes(v: Any) -> bytes:
+    return v if isinstance(v, bytes) else str(v).encode()
+
+
+class InferenceRequest:
+    """A request as a Python model's ``execute`` receives it."""
+
+    def __init__(
+        self,
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        parameters: dict[str, Any] | str | None = None,
+        model_name: str = "",
+        sender: InferenceResponseSender | None = None,
+        model_version: int = -1,
+        timeout: int = 0,
+        **_: Any,
+    ) -> None:
+        if isinstance(parameters, str):  # Triton takes a JSON object's text too
+            parameters = json.loads(parameters) if parameters else {}
+            if not isinstance(parameters, dict):
+                raise TritonModelException("request parameters must be a JSON object")
+        self._sender = sender
+        self._model_version = model_version
+        self._timeout = timeout
+        self._inputs = list(inputs or [])
+        self._outputs = list(requested_output_names or [])
+        self._id = request_id
+        self._corrid = correlation_id
+        self._flags = flags
+        self._parameters = parameters or {}
+        self._model_name = model_name
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return self._outputs
+
+    def request_id(self) -> str:
+        return self._id
+
+    def correlation_id(self) -> int | str:
+        return self._corrid
+
+    def flags(self) -> int:
+        return self._flags
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def is_cancelled(self) -> bool:
+        return self._sender is not None and self._sender.is_cancelled()
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "Unable to get response sender: the model does not use the decoupled "
+                "transaction policy"
+            )
+        return self._sender
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on its model (business logic scripting, shoal/workers/bls.py): its
+        response, with its error if it failed; a decoupled model's responses, as an
+        iterator, with ``decoupled=True``."""
+        return _scripting().exec(self, decoupled)
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        client = _scripting()
+        if decoupled:
+            return client.exec(self, True)
+        return await asyncio.wrap_future(client.submit(self))
+
+    def bls_model_version(self) -> int:
+        return self._model_version
+
+    def bls_timeout(self) -> int:
+        return self._timeout
+
+    def bls_parameters(self) -> dict[str, Any]:
+        return self._parameters
+
+
+class InferenceResponse:
+    def __init__(
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        tensors = list(output_tensors or [])
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TritonModelException(
+                    f"InferenceResponse output_tensors must be pb_utils.Tensor objects, "
+                    f"not {type(t).__name__}"
+                )
+        if error is not None and not isinstance(error, TritonError):
+            what = type(error).__name__
+            raise TritonModelException(
+                f"InferenceResponse error must be a pb_utils.TritonError, not {what}"
+            )
+        self._outputs = tensors
+        self._error = error
+        self._parameters = parameters or {}
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+
+#: The worker's client for a model's own requests (shoal/workers/bls.py); None outside one.
+scripting: Any = None
+
+
+def _scripting() -> Any:
+    if scripting is None:
+        raise TritonModelException("business logic scripting is not available outside a worker")
+    return scripting
+
+
+class InferenceResponseSender:
+    """A decoupled model's way to answer one request: any number of responses, then the
+    final flag (with the last response or alone), from any thread, during ``execute`` or
+    after it returned. ``deliver(response, final)`` is the worker's; ``cancelled()``
+    whether the request's client gave up."""
+
+    def __init__(
+        self,
+        deliver: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._deliver = deliver
+        self._cancelled = cancelled
+        self._closed = False
+        self._lock = threading.Lock()  # two threads' final flags: one goes, one raises
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is not "
+                "equal to TRITONSERVER_RESPONSE_COMPLETE_FINAL"
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send expects an InferenceResponse, not {type(response).__name__}"
+            )
+        with self._lock:
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if final:
+                self._closed = True
+        self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+    @property
+    def closed(self) -> bool:
+        """The final flag went out."""
+        return self._closed
+
+    def close(self) -> None:
+        """The final flag, if it has not gone out yet (the worker's, not the model's)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._deliver(None, True)
+
+    def __del__(self) -> None:
+        # A request the model let go of without its final flag would keep its client
+        # waiting for ever: it ends here, with the flag alone.
+        if not self._closed:
+            _log.warning("a response sender was dropped before its final flag: request ended")
+            with contextlib.suppress(Exception):  # the worker is stopping: no one to tell
+                self.close()
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((t for t in model_config.get("input", []) if t.get("name") == name), None)
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((t for t in model_config.get("output", []) if t.get("name") == name), None)
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return _TYPES[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _TYPES[_TYPE_NUMBERS[data_type]]
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    dtype = np.dtype(data_type)
+    if dtype.kind in "OSU":
+        return 13  # TYPE_STRING
+    for number, name in _TYPE_NUMBERS.items():
+        if np.dtype(_TYPES[name]) == dtype:
+            return number
+    return None
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray:
+    """Triton's layout of a BYTES tensor (each element: a 4-byte little-endian length,
+    then its bytes), as a flat uint8 array."""
+    parts = []
+    for v in np.asarray(input_tensor, dtype=object).reshape(-1):
+        b = _as_bytes(v)
+        parts += [len(b).to_bytes(4, "little"), b]
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
+    """The elements of a serialized BYTES tensor, as an object array of bytes."""
+    raw, items, at = bytes(np.asarray(encoded_tensor, dtype=np.uint8)), [], 0
+    while at + 4 <= len(raw):
+        n = int.from_bytes(raw[at : at + 4], "little")
+        items.append(raw[at + 4 : at + 4 + n])
+        at += 4 + n
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+class Logger:
+    """Lines into the worker's log, at Triton's levels."""
+
+    INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug("%s", message)
+
+    @staticmethod
+    def log(message: str, level: int = 0) -> None:
+        _log.log(
+            {1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}.get(level, logging.INFO),
+            "%s",
+            message,
+        )

@@ -1,0 +1,295 @@
+"""Python backend: Triton's ``model.py`` models (backend ``python``), run in the worker.
+
+Triton runs a Python model in a stub process beside the server; shoal's worker already is
+one process per instance, so the model runs right there, with the same isolation: a model
+that crashes, hangs or leaks takes down its own worker alone.
+
+As Triton's Python backend:
+
+* ``model.py`` defines ``TritonPythonModel``. ``initialize(args)`` (if defined) gets
+  Triton's ``args``: ``model_config`` (the config as JSON text), ``model_instance_kind``,
+  ``model_instance_name``, ``model_instance_device_id``, ``model_repository`` (the
+  model's folder), ``model_version`` and ``model_name``. ``finalize()`` runs at unload.
+* ``execute(requests)`` gets the requests of a batch, each with its own tensors, and
+  returns one ``InferenceResponse`` per request, in order. A response with an error
+  fails its request alone; an exception, or a list of the wrong length, fails them all.
+* ``import triton_python_backend_utils as pb_utils`` is shoal's own (shoal/workers/pb_utils.py).
+* The config lists the model's inputs and outputs (there is no file to read them from).
+* A decoupled model (``model_transaction_policy { decoupled: true }``) answers through
+  each request's response sender, any number of times, and its ``execute`` returns None
+  (``execute_decoupled``). The worker gives the senders (shoal/workers/proc.py).
+
+* A model's own requests to other models (business logic scripting,
+  ``pb_utils.InferenceRequest(...).exec()``) go through shoal/workers/bls.py.
+
+* ``TritonPythonModel.auto_complete_config(pb_utils.ModelConfig)``, a static method, runs
+  before ``initialize`` when auto-complete is on (``auto_complete``): what it sets is the
+  model's config (shoal/workers/pb_model_config.py says what it may set).
+
+Not here: custom execution environments (the model runs in the server's Python).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shoal.configs.model_config import config_to_json, fill_preferred_batch_size, parse_config_json
+from shoal.configs.schema import ConfigError
+from shoal.ipc import messages as m
+from shoal.ipc.errors import Code, ServingError
+from shoal.workers import pb_utils
+from shoal.workers.tensors import on_host
+
+log = logging.getLogger("shoal.worker")
+
+_CODES = {
+    pb_utils.TritonError.UNKNOWN: Code.UNKNOWN,
+    pb_utils.TritonError.INTERNAL: Code.INTERNAL,
+    pb_utils.TritonError.NOT_FOUND: Code.NOT_FOUND,
+    pb_utils.TritonError.INVALID_ARG: Code.INVALID_ARG,
+    pb_utils.TritonError.UNAVAILABLE: Code.UNAVAILABLE,
+    pb_utils.TritonError.UNSUPPORTED: Code.UNSUPPORTED,
+    pb_utils.TritonError.ALREADY_EXISTS: Code.ALREADY_EXISTS,
+    pb_utils.TritonError.CANCELLED: Code.CANCELLED,
+}
+
+
+def error_code(code: int) -> Code:
+    """A pb_utils.TritonError's code as the server's."""
+    return _CODES.get(code, Code.INTERNAL)
+
+
+#: What Triton's Python backend refuses in a stub's name (the model's, for its
+#: auto-complete stub; the instance's): the characters a shell would act on.
+_INVALID_NAME_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
+def _check_stub_name(name: str) -> None:
+    """Triton's python_backend (StubLauncher::Launch) refuses a model or instance name with
+    those characters; so does shoal, though its models run in the worker itself."""
+    if not name or _INVALID_NAME_CHARS.intersection(name):
+        raise ConfigError(name, "Invalid stub name: contains invalid characters")
+
+
+def _flags(req: m.InferRequest) -> int:
+    flags = 0
+    if req.sequence_start:
+        flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    if req.sequence_end:
+        flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+    return flags
+
+
+class PythonBackend:
+    per_request = True  # the worker hands it requests, not a gathered batch
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.name = ""
+        self.instance_name = ""
+        self.decoupled = False  # its config's model_transaction_policy
+        self._cls: Any = None  # TritonPythonModel, once imported
+
+    def _model_class(self, model_file: Path) -> Any:
+        """``TritonPythonModel`` of ``model.py``, imported once."""
+        if self._cls is not None:
+            return self._cls
+        if not model_file.is_file():
+            raise FileNotFoundError(f"{model_file} not found")
+        # What a model imports, and where it finds its own files, as Triton's stub: the
+        # version folder and the model's folder on sys.path, the module as "<version>.model".
+        sys.modules["triton_python_backend_utils"] = pb_utils
+        for folder in (model_file.parent.parent, model_file.parent):
+            if str(folder) not in sys.path:
+                sys.path.insert(0, str(folder))
+        module_name = f"{model_file.parent.name}.{model_file.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, model_file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {model_file}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # (dataclasses and pickle look it up there)
+        spec.loader.exec_module(module)
+        cls = getattr(module, "TritonPythonModel", None)
+        if cls is None:
+            raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+        self._cls = cls
+        return cls
+
+    def auto_complete(self, model_file: Path, config: Any) -> Any:
+        """The config as the model's ``auto_complete_config`` completes it (the config
+        itself when it has none); its refusals (ValueError) fail the load."""
+        _check_stub_name(config.name)
+        cls = self._model_class(model_file)
+        complete = getattr(cls, "auto_complete_config", None)
+        if complete is None:
+            return config
+        given = pb_utils.ModelConfig(json.dumps(config_to_json(config)))
+        result = complete(given)
+        if not isinstance(result, pb_utils.ModelConfig):
+            raise ConfigError(
+                config.name,
+                f"auto_complete_config function in model '{config.name}' must return a "
+                "valid pb.ModelConfig object.",
+            )
+        completed = parse_config_json(json.dumps(result.as_dict()), config.name)
+        # Triton normalizes the config again after a backend's auto-complete
+        fill_preferred_batch_size(completed)
+        return completed
+
+    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
+        """Import ``model.py`` and run ``initialize(args)``. ``instance_name`` is set by
+        the worker first (Triton's <group>_<k>)."""
+        self.name = config.name
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
+        _check_stub_name(self.instance_name or config.name)
+        cls = self._model_class(model_file)
+        self.model = cls()
+        init = getattr(self.model, "initialize", None)
+        if init is not None:
+            init(
+                {
+                    "model_config": json.dumps(config_to_json(config)),
+                    "model_instance_kind": "GPU" if gpu else "CPU",
+                    "model_instance_name": self.instance_name or f"{config.name}_0",
+                    "model_instance_device_id": "0",
+                    "model_repository": str(model_file.parent.parent),
+                    "model_version": model_file.parent.name,
+                    "model_name": config.name,
+                }
+            )
+
+    def io_spec(self) -> None:
+        return None  # the config lists them
+
+    def execute(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: list[str],
+        destinations: Mapping[str, np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
+        """One request (warmup runs these): its outputs in order. A decoupled model's
+        responses are dropped (it answers when it will); only its failure counts."""
+        tensors = [pb_utils.Tensor(n, a) for n, a in inputs.items()]
+        if self.decoupled:
+            sender = pb_utils.InferenceResponseSender(lambda response, final: None)
+            failure = self.execute_decoupled(
+                [pb_utils.InferenceRequest(tensors, list(outputs), sender=sender)]
+            )
+            if failure is not None:
+                raise ServingError(Code.INTERNAL, failure)
+            return []
+        req = pb_utils.InferenceRequest(tensors, list(outputs))
+        (result,) = self.execute_requests([req])
+        if isinstance(result, ServingError):
+            raise result
+        return [result[name] for name in outputs]
+
+    def requests(
+        self,
+        items: list[tuple[m.InferRequest, dict[str, Any]]],
+        senders: list[pb_utils.InferenceResponseSender] | None = None,
+    ) -> list[Any]:
+        """pb_utils requests for a batch's (request, its tensors by name); a decoupled
+        model's with their response senders."""
+        # Each model gets its own copy of its inputs, as in Triton: they are views of
+        # shared memory (a client's region, the frontend's slab), or read-only bytes.
+        return [
+            pb_utils.InferenceRequest(
+                [pb_utils.Tensor(n, np.array(on_host(a), copy=True)) for n, a in tensors.items()],
+                [o.name for o in req.outputs],
+                request_id=req.request_id,
+                correlation_id=req.sequence_id,
+                flags=_flags(req),
+                parameters=dict(req.parameters),
+                model_name=req.model,
+                sender=senders[i] if senders is not None else None,
+            )
+            for i, (req, tensors) in enumerate(items)
+        ]
+
+    def execute_decoupled(self, requests: list[Any]) -> str | None:
+        """A decoupled model's ``execute``: its responses go through the requests'
+        senders. Returns why the whole batch failed (an exception, a return value other
+        than None), or None."""
+        try:
+            returned = self.model.execute(requests)
+            if inspect.iscoroutine(returned):
+                returned = asyncio.run(returned)
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+        else:
+            if returned is None:
+                return None
+            message = (
+                f"Python model '{self.instance_name}' is using the decoupled mode and the "
+                "execute function must return None."
+            )
+        # Triton 2.51's words (it names the instance as the model, here)
+        return (
+            f"Failed to process the request(s) for model '{self.instance_name}', message: {message}"
+        )
+
+    def execute_requests(self, requests: list[Any]) -> list[dict[str, np.ndarray] | ServingError]:
+        """``TritonPythonModel.execute``: each request's outputs by name, or its error."""
+        try:
+            responses = self.model.execute(requests)
+            if inspect.iscoroutine(responses):  # an async execute, as Triton runs it
+                responses = asyncio.run(responses)
+        except Exception as exc:
+            return self._all_fail(f"{type(exc).__name__}: {exc}", len(requests))
+        if not isinstance(responses, list):
+            found = type(responses).__name__
+            return self._all_fail(
+                f"Expected a list in the execute return, found type '{found}'.", len(requests)
+            )
+        if len(responses) != len(requests):
+            return self._all_fail(
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
+                f"InferenceResponse(s) size is:{len(responses)}",
+                len(requests),
+            )
+        for resp in responses:
+            if not isinstance(resp, pb_utils.InferenceResponse):
+                return self._all_fail(
+                    "Expected an 'InferenceResponse' object in the execute function return "
+                    f"list, found type '{type(resp).__name__}'.",
+                    len(requests),
+                )
+        out: list[dict[str, np.ndarray] | ServingError] = []
+        for resp in responses:
+            err = resp.error()
+            if err is not None:
+                out.append(ServingError(error_code(err.code()), err.message()))
+                continue
+            out.append({t.name(): t.as_numpy() for t in resp.output_tensors()})
+        return out
+
+    def _all_fail(self, message: str, count: int) -> list[dict[str, np.ndarray] | ServingError]:
+        error = ServingError(
+            Code.INTERNAL,
+            f"Failed to process the request(s) for model instance '{self.instance_name}', "
+            f"message: {message}",
+        )
+        return [error] * count
+
+    def unload(self) -> None:
+        """``finalize()``; an exception there is logged, as Triton does, and the worker
+        stops as it would have."""
+        finalize = getattr(self.model, "finalize", None)
+        try:
+            if finalize is not None:
+                finalize()
+        except Exception:
+            log.exception("model '%s': finalize failed", self.name)
+        self.model = None
