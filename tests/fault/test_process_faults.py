@@ -131,17 +131,28 @@ def test_worker_killed_mid_request_fails_that_request_only(fresh_server: ShoalSe
     assert metric(fresh_server, f"shoal_instance_exit_count{{{mlp}}}") == 0
 
 
-def test_a_stuck_model_holds_back_only_its_own_answers_on_a_grpc_stream(
+def test_a_stuck_model_holds_back_its_own_stream_and_no_other(
     fresh_server: ShoalServer,
 ) -> None:
     """One stream, a request to a model whose worker is stopped, then requests to
-    another model: theirs come back at once (Triton sends stream answers as they are
-    ready); the stuck one's comes once its worker runs again."""
+    another model: as Triton's stream handler does for models that are not decoupled,
+    their answers wait for the stuck one (a stream answers in request order), while
+    another stream and a unary call to the same model are answered at once. Once the
+    worker runs again, the first stream gets every answer, in order."""
     import queue
 
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{fresh_server.grpc_port}")
+    def simple_inputs(i: int) -> list[grpcclient.InferInput]:
+        ins = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        for t in ins:
+            t.set_data_from_numpy(np.full((1, 16), i, dtype=np.int32))
+        return ins
+
+    url = f"127.0.0.1:{fresh_server.grpc_port}"
+    client, other = grpcclient.InferenceServerClient(url), grpcclient.InferenceServerClient(url)
     answers: queue.Queue[object] = queue.Queue()
+    others: queue.Queue[object] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put(error or result))
+    other.start_stream(callback=lambda result, error: others.put(error or result))
     pid = fresh_server.worker_pid("mlp")
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -149,22 +160,24 @@ def test_a_stuck_model_holds_back_only_its_own_answers_on_a_grpc_stream(
         stuck.set_data_from_numpy(np.ones((1, 256), dtype=np.float32))
         client.async_stream_infer("mlp", [stuck], request_id="stuck")
         for i in range(3):
-            ins = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
-            for t in ins:
-                t.set_data_from_numpy(np.full((1, 16), i, dtype=np.int32))
-            client.async_stream_infer("simple", ins, request_id=f"simple{i}")
-        first = [answers.get(timeout=20) for _ in range(3)]
-        for result in first:
-            assert not isinstance(result, Exception), result
-        assert sorted(r.get_response().id for r in first) == ["simple0", "simple1", "simple2"]
-        assert answers.empty()  # mlp's worker is still stopped
+            client.async_stream_infer("simple", simple_inputs(i), request_id=f"simple{i}")
+        other.async_stream_infer("simple", simple_inputs(7), request_id="other")
+        answer = others.get(timeout=20)
+        assert not isinstance(answer, Exception), answer
+        assert answer.get_response().id == "other"
+        unary = grpcclient.InferenceServerClient(url).infer("simple", simple_inputs(8))
+        assert (unary.as_numpy("OUTPUT0") == 16).all()
+        assert answers.empty()  # mlp's worker is still stopped: its stream waits
         os.kill(pid, signal.SIGCONT)
-        last = answers.get(timeout=20)
-        assert not isinstance(last, Exception), last
-        assert last.get_response().id == "stuck" and last.as_numpy("OUTPUT0").shape == (1, 256)
+        got = [answers.get(timeout=20) for _ in range(4)]
+        for result in got:
+            assert not isinstance(result, Exception), result
+        assert [r.get_response().id for r in got] == ["stuck", "simple0", "simple1", "simple2"]
+        assert got[0].as_numpy("OUTPUT0").shape == (1, 256)
     finally:
         os.kill(pid, signal.SIGCONT)
         client.stop_stream()
+        other.stop_stream()
 
 
 def test_answers_lost_with_a_worker_killed_after_its_report_fail_not_hang(

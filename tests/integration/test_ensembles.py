@@ -102,7 +102,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     with served(
         repo, "--exit-on-error=false", "--strict-readiness=false", "--allow-client-shm=true"
     ) as srv:
-        srv.wait_settled(("ens", "ens_nested", "ens_missing", "ens_loop_a"))
+        srv.wait_settled(("ens", "ens_nested", "ens_missing", "ens_loop_a", "ens_big"))
         yield srv
 
 
