@@ -131,6 +131,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--backend-config", action="append", default=[])
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
+    p.add_argument(
+        "--broker-silence-timeout-secs",
+        default=30.0,
+        type=float,
+        help="shoal serve kills (and so restarts) a broker that has answered none of its "
+        "pings for this long: stuck (0: never)",
+    )
     p.add_argument("--http-max-input-size", default=64 * 1024 * 1024, type=int)
     p.add_argument("--frontend-processes", default=1, type=int)
     p.add_argument(
@@ -386,6 +393,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         repository_poll_secs=args.repository_poll_secs,
         default_max_batch_size=int(backend_cfg.get("default-max-batch-size", 4)),
         exit_timeout_secs=args.exit_timeout_secs,
+        broker_silence_secs=args.broker_silence_timeout_secs,
         http_max_input_size=args.http_max_input_size,
         frontend_processes=max(args.frontend_processes, 1),
         execution_timeout_secs=args.model_execution_timeout_secs,

@@ -80,6 +80,7 @@ class ServeSettings:
     repository_poll_secs: float = 15.0  # poll mode
     default_max_batch_size: int = 4
     exit_timeout_secs: float = 30.0
+    broker_silence_secs: float = 30.0  # a broker silent this long is stuck (0: never)
     http_max_input_size: int = 64 * 1024 * 1024
     frontend_processes: int = 1
     execution_timeout_secs: float = 300.0
@@ -117,7 +118,7 @@ class Launcher:
         self.managed = s.model_control_mode in ("explicit", "poll")
         self.ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self.sock: zmq.Socket[bytes] | None = None
-        self.broker_watch = BrokerWatch()
+        self.broker_watch = BrokerWatch(silent_s=s.broker_silence_secs or float("inf"))
         self.welcomed = False
         self.last_hello = 0.0
         self.gone_generations: set[int] = set()  # loads whose workers must not run again

@@ -356,10 +356,20 @@ def test_a_stopped_broker_fails_waiting_requests_and_is_rejoined_when_it_resumes
     )
 
 
-def test_a_stuck_broker_is_killed_and_restarted(fresh_server: ShoalServer) -> None:
+def test_a_stuck_broker_is_killed_and_restarted(small_repo: Path) -> None:
     """A broker that stops answering without exiting (SIGSTOP here; a deadlock, in life)
-    is killed by the launcher once it has been silent 30 s, then restarted as any dead
-    broker; the frontend and the workers rejoin the new one."""
+    is killed by the launcher once it has been silent --broker-silence-timeout-secs (30 s
+    by default; 3 here), then restarted as any dead broker; the frontend and the workers
+    rejoin the new one."""
+    fresh_server = ShoalServer(small_repo, "--broker-silence-timeout-secs=3")
+    try:
+        _stuck_broker_comes_back(fresh_server)
+    finally:
+        fresh_server.stop()
+        shutil.rmtree(fresh_server.runtime_dir, ignore_errors=True)
+
+
+def _stuck_broker_comes_back(fresh_server: ShoalServer) -> None:
     (broker,) = fresh_server.pids("broker")
     workers = sorted(fresh_server.pids("workers"))
     fresh_server.seen_pids.add(broker)
@@ -371,7 +381,7 @@ def test_a_stuck_broker_is_killed_and_restarted(fresh_server: ShoalServer) -> No
         time.sleep(0.1)
     assert sorted(fresh_server.pids("workers")) == workers  # rejoined, not restarted
     log = fresh_server.log()
-    assert f"E shoal.serve: broker (pid {broker}) did not answer for 30s: stuck; killing it" in log
+    assert f"E shoal.serve: broker (pid {broker}) did not answer for 3s: stuck; killing it" in log
     assert "E shoal.serve: broker was killed by SIGKILL; restarting in 0.1s" in log
     client = httpclient.InferenceServerClient(fresh_server.url)
     np.testing.assert_array_equal(
