@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import tritonclient.http as httpclient
 
-from tests.serverctl import SHM_DIR, ShoalServer, finish_logs, processes_with
+from tests.serverctl import RUN_PREFIX, SHM_DIR, ShoalServer, finish_logs, processes_with
 from tools import modelgen
 
 ALL_DATATYPES = [
@@ -118,7 +118,7 @@ def nothing_left_behind() -> Iterator[None]:
     # This checkout's (its interpreter's): a suite run from another checkout at the same
     # time has its own servers.
     venv = str(Path(sys.executable).parent.parent)
-    procs = {pid: cmd for pid, cmd in processes_with("shoal-test-run-").items() if venv in cmd}
+    procs = {pid: cmd for pid, cmd in processes_with(RUN_PREFIX).items() if venv in cmd}
     # Leaked: a new segment whose owner is dead (servers outside the suite may be running).
     segments = {
         p.name

@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 SHM_DIR = Path("/dev/shm")
+#: Each test process's servers' runtime folders (``tempfile`` prefix): the pytest-xdist
+#: worker's name in it, so that each worker checks for its own servers left behind.
+RUN_PREFIX = f"shoal-test-run-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"
 _log_dir: Path | None = None
 
 
@@ -114,7 +117,7 @@ class ShoalServer:
         no process of the server can raise it)."""
         self.repo = repo
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
-        self.runtime_dir = tempfile.mkdtemp(prefix="shoal-test-run-")
+        self.runtime_dir = tempfile.mkdtemp(prefix=RUN_PREFIX)
         self.log_path = log_dir() / f"{Path(self.runtime_dir).name}.log"
         self.args = args
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)

@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.serverctl import SHM_DIR, free_port, processes_with
+from tests.serverctl import RUN_PREFIX, SHM_DIR, free_port, processes_with
 from tools import modelgen
 
 
 class Roles:
     def __init__(self, repo: Path) -> None:
         self.repo = repo
-        self.runtime = tempfile.mkdtemp(prefix="shoal-test-run-")
+        self.runtime = tempfile.mkdtemp(prefix=RUN_PREFIX)
         self.port = free_port()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 

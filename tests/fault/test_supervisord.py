@@ -23,7 +23,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.serverctl import free_ports, processes_with, shm_segments_of
+from tests.serverctl import RUN_PREFIX, free_ports, processes_with, shm_segments_of
 from tools import modelgen
 
 BIN = Path(sys.executable).parent
@@ -37,7 +37,7 @@ class Supervised:
     files in one temporary folder (whose name every process's command line carries)."""
 
     def __init__(self, repo: Path) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="shoal-test-run-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
         (self.dir / "logs").mkdir()
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         generated = subprocess.run(
