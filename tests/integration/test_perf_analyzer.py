@@ -184,10 +184,12 @@ def test_request_rate_mode_is_answered(pa_server: ShoalServer, endpoint: str) ->
     """Request-rate mode sends asynchronously on a schedule, not one request after
     another: every request is answered."""
     before = inference_count(pa_server, "simple")
-    run = perf_analyzer(pa_server, endpoint, "simple", "--request-rate-range", "200")
+    # (a rate the server keeps on a loaded 2-core machine: one perf_analyzer cannot keep
+    # up with prints no summary line for it)
+    run = perf_analyzer(pa_server, endpoint, "simple", "--request-rate-range", "50")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "error" not in (run.stdout + run.stderr).lower()
-    assert any(ln.startswith("Request Rate: 200,") for ln in run.stdout.splitlines())
+    assert any(ln.startswith("Request Rate: 50,") for ln in run.stdout.splitlines()), run.stdout
     assert inference_count(pa_server, "simple") - before >= requests_counted(run) > 0
 
 
