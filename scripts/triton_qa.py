@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,6 +219,28 @@ class QA:
 
     def not_ready(self, suite: str, total: int, what: str) -> None:
         self.count(suite, 0, total, f"{what} (server not ready)")
+
+    def served_test(
+        self,
+        suite: str,
+        cwd: Path,
+        serve_args: Sequence[str],
+        file: str,
+        name: str,
+        *,
+        log: str,
+        what: str,
+        note: str | None = None,
+        serve_env: dict[str, str] | None = None,
+        test_env: dict[str, str] | None = None,
+    ) -> None:
+        """One test of ``file`` against a fresh server (``serve``): its count to
+        ``suite``, or one failure named ``what`` when the server never became ready."""
+        with self.serve(cwd, *serve_args, log=log, env=serve_env) as ready:
+            if ready:
+                self.test(suite, cwd, file, name, note=note, **(test_env or {}))
+            else:
+                self.not_ready(suite, 1, what)
 
 
 def _summary(output: str) -> tuple[int, int]:

@@ -105,14 +105,11 @@ def _shm_case(qa: QA, here: Path, models: Path, case: str, *extra: str, **env: s
             if case in _SHM_DURING
             else f"SharedMemoryTest.{case}"
         )
-        with qa.serve(here, *args, log=f"{case}.{client}") as ready:
-            if ready:
-                qa.test(
-                    "L0_shared_memory", here, "shared_memory_test.py", name,
-                    CLIENT_TYPE=client, **env,
-                )  # fmt: skip
-            else:
-                qa.not_ready("L0_shared_memory", 1, f"{case} {client}")
+        qa.served_test(
+            "L0_shared_memory", here, args, "shared_memory_test.py", name,
+            log=f"{case}.{client}", what=f"{case} {client}",
+            test_env={"CLIENT_TYPE": client, **env},
+        )  # fmt: skip
 
 
 @suite

@@ -111,15 +111,11 @@ def _repositories(qa: QA, here: Path, backends: list[str]) -> None:
 
 
 def _run(qa: QA, here: Path, models: str, test: str, env: dict[str, str]) -> None:
-    with qa.serve(
-        here, f"--model-repository={here / models}", log=f"{test}.{models}", env=env
-    ) as ready:
-        if ready:
-            qa.test(
-                "L0_batcher", here, "batcher_test.py", f"BatcherTest.{test}", note=models, **env
-            )
-        else:
-            qa.not_ready("L0_batcher", 1, f"{test} {models}")
+    qa.served_test(
+        "L0_batcher", here, [f"--model-repository={here / models}"], "batcher_test.py",
+        f"BatcherTest.{test}", log=f"{test}.{models}", what=f"{test} {models}", note=models,
+        serve_env=env, test_env=env,
+    )  # fmt: skip
 
 
 @suite

@@ -136,15 +136,11 @@ def _words(name: str, default: str) -> list[str]:
 
 
 def _run(qa: QA, here: Path, models: str, test: str, env: dict[str, str]) -> None:
-    args = (f"--model-repository={here / models}", "--log-verbose=1")
-    with qa.serve(here, *args, log=f"{test}.{models}", env=env) as ready:
-        if ready:
-            qa.test(
-                "L0_sequence_batcher", here, "sequence_batcher_test.py", test,
-                note=models, **env,
-            )  # fmt: skip
-        else:
-            qa.not_ready("L0_sequence_batcher", 1, f"{test} {models}")
+    qa.served_test(
+        "L0_sequence_batcher", here, [f"--model-repository={here / models}", "--log-verbose=1"],
+        "sequence_batcher_test.py", test, log=f"{test}.{models}", what=f"{test} {models}",
+        note=models, serve_env=env, test_env=env,
+    )  # fmt: skip
 
 
 @suite
@@ -247,16 +243,12 @@ def l0_sequence_corrid_batcher(qa: QA) -> None:
 
 
 def _corrid(qa: QA, here: Path, models: str, test: str, env: dict[str, str]) -> None:
-    args = (f"--model-repository={here / models}",)
     note = env.get("TRITONSERVER_CORRID_DATA_TYPE", models)
-    with qa.serve(here, *args, log=f"{test}.{note}", env=env) as ready:
-        if ready:
-            qa.test(
-                "L0_sequence_corrid_batcher", here, "sequence_corrid_batcher_test.py", test,
-                note=note, **env,
-            )  # fmt: skip
-        else:
-            qa.not_ready("L0_sequence_corrid_batcher", 1, f"{test} {note}")
+    qa.served_test(
+        "L0_sequence_corrid_batcher", here, [f"--model-repository={here / models}"],
+        "sequence_corrid_batcher_test.py", test, log=f"{test}.{note}", what=f"{test} {note}",
+        note=note, serve_env=env, test_env=env,
+    )  # fmt: skip
 
 
 _DYNA_FIRST = ("test_simple_sequence", "test_length1_sequence")
@@ -293,11 +285,8 @@ def l0_dyna_implicit_state(qa: QA) -> None:
 
 
 def _dyna(qa: QA, here: Path, test: str, env: dict[str, str]) -> None:
-    with qa.serve(here, f"--model-repository={here / 'models'}", log=test, env=env) as ready:
-        if ready:
-            qa.test(
-                "L0_dyna_implicit_state", here, "dyna_sequence_batcher_test.py",
-                f"DynaSequenceBatcherTest.{test}", note="", **env,
-            )  # fmt: skip
-        else:
-            qa.not_ready("L0_dyna_implicit_state", 1, test)
+    qa.served_test(
+        "L0_dyna_implicit_state", here, [f"--model-repository={here / 'models'}"],
+        "dyna_sequence_batcher_test.py", f"DynaSequenceBatcherTest.{test}", log=test,
+        what=test, note="", serve_env=env, test_env=env,
+    )  # fmt: skip

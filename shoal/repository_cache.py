@@ -17,6 +17,7 @@ from pathlib import Path
 
 from shoal.configs.object_store import is_remote
 from shoal.configs.repository_view import RepositoryView
+from shoal.ipc.lifecycle import pid_alive
 
 CACHE_PREFIX = "shoal-models-"
 
@@ -37,21 +38,11 @@ def sweep_stale() -> list[Path]:
     removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{CACHE_PREFIX}*"):
         pid = path.name.removeprefix(CACHE_PREFIX)
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def prepare(

@@ -145,9 +145,9 @@ class RoleArgv:
             gpu_count=gpus,
         )
         # The broker refuses the models the rate limiter cannot schedule: no workers.
-        limits = rate_limits.for_repository(entries, self.s.rate_limit, self.s.rate_limit_resources)
-        if limits is not None:  # and they take no cores from the others
-            entries = [e for e in entries if e.name not in limits.refused]
+        entries = rate_limits.without_refused(
+            entries, self.s.rate_limit, self.s.rate_limit_resources
+        )
         chosen = startup_models(entries, self.s.model_control_mode, self.s.load_models)
         entries = [e for e in entries if e.name in chosen]
         return plan_repository(entries, sorted(os.sched_getaffinity(0)) if cpus is None else cpus)

@@ -285,9 +285,7 @@ class BrokerProc:
             # (the ensembles that use them too: one may now be decoupled, or no longer)
             changed = effects.changed | self.readiness.changed(self.table, effects.changed)
             frames = m.encode(m.ModelsChanged(sorted(changed)))
-            frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]
-            for ident in [*self.frontend_fds, *frontends]:
-                self._send(self.fsock, [ident, *frames])
+            self._to_frontends(frames)
         # after the news: a frontend drops what it kept before its client hears the answer
         for frontend, reply in effects.replies:
             self._send(self.fsock, [frontend, *m.encode(reply)])
@@ -501,9 +499,7 @@ class BrokerProc:
             {f: getattr(settings, f) for f in settings.__struct_fields__},
         )
         frames = m.encode(settings)
-        frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]
-        for ident in [*self.frontend_fds, *frontends]:
-            self._send(self.fsock, [ident, *frames])
+        self._to_frontends(frames)
         for ident, inst in self.table.by_ident.items():
             if inst.state != "DEAD":
                 self._send(self.wsock, [ident, *frames])
@@ -653,15 +649,19 @@ class BrokerProc:
             log.warning("client shared-memory registration %s is lost", why)
         return restored
 
+    def _to_frontends(self, frames: list[bytes]) -> None:
+        """One message to every frontend this broker knows (watched or not yet)."""
+        frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]
+        for ident in [*self.frontend_fds, *frontends]:
+            self._send(self.fsock, [ident, *frames])
+
     def _tell_regions(self, frontend: bytes | None = None) -> None:
         """The table of client registrations, to ``frontend`` (None: to every one)."""
         frames = m.encode(m.ClientRegionsKnown(self.client_regions.known()))
         if frontend is not None:
             self._send(self.fsock, [frontend, *frames])
             return
-        frontends = [i for i, (_, role) in self._unwatched.items() if role == "frontend"]
-        for ident in [*self.frontend_fds, *frontends]:
-            self._send(self.fsock, [ident, *frames])
+        self._to_frontends(frames)
 
     def _model_info(self, q: m.ModelQuery) -> m.ModelInfo:
         try:

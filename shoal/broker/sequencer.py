@@ -322,6 +322,8 @@ class SequenceBatcher:
                 return False
             in_slots = sum(len(s.queue) for ss in self.slots.values() for s in ss if s is not None)
             return self._hold.holds(in_slots, sum(len(s.queue) for s in self.backlog))
+        if self._hold_counts.queued <= 0:  # no hook set: nothing to count or keep
+            return False
         hold = self._instance_holds.setdefault(ident, SchedulerHold(self._hold_counts))
         if hold.released:
             return False

@@ -102,6 +102,13 @@ def for_repository(entries: list[Any], mode: str, given: list[str]) -> RateLimit
     return check(loadable(entries), [parse_resource(g) for g in given])
 
 
+def without_refused(entries: list[Any], mode: str, given: list[str]) -> list[Any]:
+    """The entries less the models the rate limiter refuses (the broker starts no worker
+    for them, so they take no cores from the others): what placement plans over."""
+    limits = for_repository(entries, mode, given)
+    return entries if limits is None else [e for e in entries if e.name not in limits.refused]
+
+
 def _copies(wanted: dict[ResourceKey, int], given: list[GivenResource]) -> dict[ResourceKey, int]:
     """The copies of each resource ``wanted`` (resource -> most any instance needs), or
     ValueError with Triton's message: a name both global and per device, or fewer

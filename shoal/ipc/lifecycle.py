@@ -22,6 +22,18 @@ EXIT_FATAL = 3  # a role cannot run with its settings: restarting it cannot help
 EXIT_RETIRED = 4  # a worker whose model was unloaded or reloaded: not to be restarted
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists; one of another user (a pid taken over) counts as
+    alive: whatever it holds is left alone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def die_with_parent(expected_parent: int | None, sig: int = signal.SIGTERM) -> None:
     """Ask the kernel to send ``sig`` when the parent exits (Linux only)."""
     if expected_parent is None or not sys.platform.startswith("linux"):

@@ -21,6 +21,7 @@ from typing import Final
 import zmq
 from zmq.backend import Socket as _CSocket
 
+from shoal.ipc.lifecycle import pid_alive
 from shoal.ipc.shm import owner_gone
 
 FRONTEND_SOCKET: Final[str] = "frontends.sock"
@@ -116,14 +117,7 @@ def sweep_stale_results(runtime_dir: Path | str) -> list[Path]:
     removed: list[Path] = []
     for path in Path(runtime_dir).glob("results-f-*.sock"):
         pid = frontend_pid(path.name.removeprefix("results-").removesuffix(".sock").encode())
-        if pid is None:
-            continue
-        try:
-            os.kill(pid, 0)
-            continue  # alive (or another user's process took its pid: left alone)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+        if pid is None or pid_alive(pid):  # (another user's process with its pid: left)
             continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

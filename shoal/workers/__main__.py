@@ -92,9 +92,7 @@ def _place(args: argparse.Namespace) -> None:
     finally:
         repository.log.setLevel(level)
     # the models the broker refuses get no cores (as the launcher plans)
-    limits = rate_limits.for_repository(entries, args.rate_limit, args.rate_limit_resource)
-    if limits is not None:
-        entries = [e for e in entries if e.name not in limits.refused]
+    entries = rate_limits.without_refused(entries, args.rate_limit, args.rate_limit_resource)
     plans = plan_repository(entries, sorted(os.sched_getaffinity(0)))
     plan = find_plan(plans, args.model, args.version, args.instance)
     if plan is None:
