@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from shoal.configs.model_config import parse_config_text  # noqa: E402
 from shoal.ipc import messages as m  # noqa: E402
 from shoal.ipc import sockets  # noqa: E402
+from shoal.ipc.result_link import FrameReader, ResultSender, listen  # noqa: E402
 
 CONFIG = """name: "m"
 platform: "onnxruntime_onnx"
@@ -70,13 +71,16 @@ class Peers:
     def __init__(self, run: Path) -> None:
         self.ctx: zmq.Context = zmq.Context()
         self.fe_ident = sockets.frontend_identity(0)
-        self.results = sockets.pull(self.ctx, sockets.result_endpoint(run, self.fe_ident))
+        self.listener = listen(sockets.result_path(run, self.fe_ident))
         self.fe = sockets.dealer(
             self.ctx, sockets.endpoint(run, sockets.FRONTEND_SOCKET), self.fe_ident
         )
         worker = f"w-m-1-0-{os.getpid()}".encode()
         self.wk = sockets.dealer(self.ctx, sockets.endpoint(run, sockets.WORKER_SOCKET), worker)
-        self.to_fe = sockets.push(self.ctx, sockets.result_endpoint(run, self.fe_ident))
+        # the worker's link to the frontend, both ends in this process
+        self.to_fe = ResultSender(sockets.result_path(run, self.fe_ident))
+        self.results, _ = self.listener.accept()
+        self.reader = FrameReader()
 
     def join(self) -> None:
         config = parse_config_text(CONFIG, "m").SerializeToString()
@@ -104,7 +108,7 @@ class Peers:
         sent = answered = batches = 0
         poller = zmq.Poller()
         poller.register(self.wk, zmq.POLLIN)
-        poller.register(self.results, zmq.POLLIN)
+        poller.register(self.results.fileno(), zmq.POLLIN)
         while answered < requests:
             while sent < requests and sent - answered + group <= window:
                 reqs = [
@@ -114,9 +118,8 @@ class Peers:
                 sockets.send_frames(self.fe, [m.KINDS[m.InferRequest], *reqs])
                 sent += len(reqs)
             for sock, _ in poller.poll(5000):
-                if sock is self.results:
-                    while sockets.readable(self.results):
-                        answered += len(sockets.recv_frames(self.results))
+                if sock == self.results.fileno():
+                    answered += len(self.reader.feed(self.results.recv(1 << 20)))
                     continue
                 while sockets.readable(self.wk):
                     frames = sockets.recv_frames(self.wk)
@@ -124,14 +127,17 @@ class Peers:
                     if not isinstance(msg, m.ExecuteBatch):
                         continue
                     batches += 1
-                    sockets.send_frames(self.to_fe, [answer] * len(msg.items))
+                    self.to_fe.send([answer] * len(msg.items))
                     done = m.BatchDone(msg.batch_id, len(msg.items))
                     sockets.send_frames(self.wk, m.encode(done))
         return answered, batches
 
     def close(self) -> None:
-        for s in (self.results, self.fe, self.wk, self.to_fe):
+        for s in (self.fe, self.wk):
             s.close(0)
+        self.to_fe.close()
+        self.results.close()
+        self.listener.close()
         self.ctx.term()
 
 

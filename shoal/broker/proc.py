@@ -850,8 +850,7 @@ class BrokerProc:
             if pid is not None and (removed := shm.sweep_stale({pid})):
                 log.info("removed %d shared-memory slab(s) of the exited frontend", len(removed))
             with contextlib.suppress(OSError, ValueError):  # its result socket's file, too
-                endpoint = sockets.result_endpoint(self.s.runtime_dir, ident)
-                Path(endpoint.removeprefix("ipc://")).unlink()
+                Path(sockets.result_path(self.s.runtime_dir, ident)).unlink()
             gone = m.encode(m.FrontendGone(ident))
             for worker in list(self.table.by_ident):
                 self._send(self.wsock, [worker, *gone])

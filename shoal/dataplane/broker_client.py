@@ -1,14 +1,16 @@
 """The frontend's asyncio connection to the broker and the workers.
 
 One DEALER socket carries every request of this frontend process to the broker (and
-brings back control-plane answers and the errors the broker itself produces); one
-PULL socket, bound in the runtime directory under this frontend's identity, receives
-results straight from the workers. Answers are matched to waiting futures by id.
+brings back control-plane answers and the errors the broker itself produces); a unix
+socket, listening in the runtime directory under this frontend's identity, receives
+results straight from the workers, one connection per worker (shoal.ipc.result_link).
+Answers are matched to waiting futures by id.
 
-The sockets are plain (not zmq.asyncio): the event loop watches their ZMQ_FD and a
-callback drains them, which costs one callback per wake-up instead of a future per
+The DEALER is plain (not zmq.asyncio): the event loop watches its ZMQ_FD and a
+callback drains it, which costs one callback per wake-up instead of a future per
 message. ZMQ_FD is edge-triggered, so every drain reads until nothing is left, and a
-send on the DEALER re-checks for input it may have absorbed.
+send on the DEALER re-checks for input it may have absorbed. The result connections
+are read by the event loop directly, one read per wake-up.
 
 Requests leave in groups: those that reach ``infer`` in one turn of the event loop go
 in one message (``shoal.ipc.messages`` framing), sent at the end of the turn, and a worker
@@ -36,6 +38,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +50,7 @@ import zmq
 from shoal.ipc import logs, sockets
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
+from shoal.ipc.result_link import FrameReader, listen
 
 log = logging.getLogger("shoal.frontend.broker")
 
@@ -62,6 +66,8 @@ _SILENT_BROKER_S = 10.0
 _UNCONFIRMED_GRACE_S = 0.25
 #: How long closing waits for what was sent last to leave (a broker gone takes no more).
 _CLOSE_LINGER_MS = 200
+#: One read of a worker's result connection: a batch of answers at once.
+_RESULT_READ_BYTES = 256 * 1024
 T = TypeVar("T", bound=msgspec.Struct)
 #: The legs of a request's way (InferRequest.hops, InferResponse.hops), in order: three
 #: hops between processes and the time inside the broker and inside the worker.
@@ -117,7 +123,11 @@ class BrokerClient:
         self.index = index
         self.summaries = summaries  # it serves latency summaries: the broker keeps windows
         # Bound before the first hello, so a worker's first result always finds it.
-        self.results = sockets.pull(self.ctx, sockets.result_endpoint(runtime_dir, self.identity))
+        self._results_path = sockets.result_path(runtime_dir, self.identity)
+        self.results = listen(self._results_path)
+        # the workers' result connections (and what each has sent of an answer), by fd
+        self._links: dict[int, tuple[socket.socket, FrameReader]] = {}
+        self._read_buf = bytearray(_RESULT_READ_BYTES)
         self._broker_addr = sockets.endpoint(runtime_dir, sockets.FRONTEND_SOCKET)
         self.sock = sockets.dealer(self.ctx, self._broker_addr, self.identity)
         self.on_broker_lost: list[Callable[[], None]] = []
@@ -158,11 +168,10 @@ class BrokerClient:
     def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
         loop.add_reader(self.sock.FD, self._drain_broker)
-        loop.add_reader(self.results.FD, self._drain_results)
+        loop.add_reader(self.results.fileno(), self._accept_results)
         self._greeter = asyncio.create_task(self._greet(), name="broker-hello")
         # Anything that arrived before the readers were installed.
         loop.call_soon(self._drain_broker)
-        loop.call_soon(self._drain_results)
 
     async def wait_connected(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):
@@ -308,10 +317,48 @@ class BrokerClient:
                     self._send(m.encode(m.ServerQuery(self.next_id())))  # any answer will do
             await asyncio.sleep(_HELLO_RETRY_S)
 
+    def _accept_results(self) -> None:
+        """A worker connects to send its first answers to this frontend."""
+        while not self._closed:
+            try:
+                conn, _ = self.results.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # (out of descriptors: the worker tries again)
+                log.warning("a worker's result connection was refused: %s", exc)
+                return
+            conn.setblocking(False)
+            link = self._links[conn.fileno()] = (conn, FrameReader())
+            assert self._loop is not None
+            self._loop.add_reader(conn.fileno(), self._read_results, *link)
+
+    def _read_results(self, conn: socket.socket, reader: FrameReader) -> bool:
+        """One read of a worker's connection (its answers, or its end); False when
+        nothing was waiting."""
+        try:
+            n = conn.recv_into(self._read_buf)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            n = 0
+        if n == 0:  # the worker closed it (exited, or gave this frontend up)
+            self._drop_link(conn, reader)
+            return False
+        self._resolve_all(reader.feed(bytes(memoryview(self._read_buf)[:n])))
+        return True
+
+    def _drop_link(self, conn: socket.socket, reader: FrameReader) -> None:
+        if reader.partial:
+            log.error("a worker's connection ended inside an answer (%d bytes)", reader.partial)
+        if self._links.pop(conn.fileno(), None) is not None and self._loop is not None:
+            self._loop.remove_reader(conn.fileno())
+        conn.close()
+
     def _drain_results(self) -> None:
-        # (a drain scheduled with call_soon may run after close())
-        while not self._closed and sockets.readable(self.results):
-            self._resolve_all(sockets.recv_frames(self.results, sockets.NOBLOCK))  # one batch
+        """Read every answer the workers' connections hold now."""
+        for conn, reader in list(self._links.values()):
+            while not self._closed and self._read_results(conn, reader):
+                pass
 
     def _drain_broker(self) -> None:
         while not self._closed and sockets.readable(self.sock):
@@ -322,7 +369,7 @@ class BrokerClient:
             except Exception as exc:  # one bad message must not stall the edge-triggered fd
                 log.warning("dropped a malformed message from the broker: %s", exc)
 
-    def _resolve_all(self, payloads: list[bytes]) -> None:
+    def _resolve_all(self, payloads: list[bytes] | list[memoryview]) -> None:
         for payload in payloads:
             try:
                 resp = m.decode_response(payload)
@@ -449,7 +496,14 @@ class BrokerClient:
         self._unwatch()
         if self._loop is not None:
             self._loop.remove_reader(self.sock.FD)
-            self._loop.remove_reader(self.results.FD)
+            self._loop.remove_reader(self.results.fileno())
+            for fd in self._links:
+                self._loop.remove_reader(fd)
+        for conn, _ in self._links.values():
+            conn.close()
+        self._links.clear()
         self.sock.close(_CLOSE_LINGER_MS)  # what was sent last (FrontendLeaving) goes out
-        self.results.close(0)
+        self.results.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._results_path)
         self.ctx.term()

@@ -104,11 +104,12 @@ def frontend_pid(frontend: bytes) -> int | None:
     return int(frontend.rsplit(b"-", 1)[1])
 
 
-def result_endpoint(runtime_dir: Path | str, frontend: bytes) -> str:
-    """Where a frontend receives results straight from the workers (PULL, bound by it)."""
+def result_path(runtime_dir: Path | str, frontend: bytes) -> str:
+    """Where a frontend receives results straight from the workers: the unix socket it
+    listens on (shoal.ipc.result_link)."""
     if not _FRONTEND_IDENT.match(frontend):
         raise ValueError(f"not a frontend identity: {frontend!r}")
-    return endpoint(runtime_dir, f"results-{frontend.decode()}.sock")
+    return str(Path(runtime_dir) / f"results-{frontend.decode()}.sock")
 
 
 def sweep_stale_results(runtime_dir: Path | str) -> list[Path]:
@@ -123,24 +124,6 @@ def sweep_stale_results(runtime_dir: Path | str) -> list[Path]:
             path.unlink()
             removed.append(path)
     return removed
-
-
-def pull(ctx: zmq.Context, addr: str) -> zmq.Socket:
-    sock = ctx.socket(zmq.PULL)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.bind(addr)
-    return sock
-
-
-def push(ctx: zmq.Context, addr: str) -> zmq.Socket:
-    """A result sender. Unbounded: dropping a result would leave a request waiting; a
-    frontend that exits is announced by the broker and its socket closed."""
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.connect(addr)
-    return sock
 
 
 def router(ctx: zmq.Context, addr: str) -> zmq.Socket:

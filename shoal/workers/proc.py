@@ -47,6 +47,7 @@ from shoal.ipc import datatypes, logs, sockets
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
 from shoal.ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, raise_open_file_limit, settle_gc
+from shoal.ipc.result_link import ResultSender
 from shoal.ipc.shm import RegionMap
 from shoal.workers import backend as backends
 from shoal.workers import classification, pb_utils, warmup
@@ -129,7 +130,7 @@ class WorkerProc:
         self.output_dims: dict[str, list[int]] = {}
         self.broker_pidfd: int | None = None
         self.rejoin = False  # a broker it served under exited
-        self.result_socks: dict[bytes, zmq.Socket[bytes]] = {}
+        self.result_socks: dict[bytes, ResultSender] = {}
         self.cuda = CudaRegions(settings.gpu)
         self.retired = False  # told to stop for good: its model was unloaded or replaced
         # A decoupled model answers from its own threads too: what they touch (the result
@@ -440,7 +441,7 @@ class WorkerProc:
                 stream.cancelled = True
         dead = self.result_socks.pop(frontend, None)
         if dead is not None:
-            dead.close(0)
+            dead.close()
         pid = sockets.frontend_pid(frontend)
         if pid is not None:
             self.regions.forget_owner(pid)
@@ -918,18 +919,24 @@ class WorkerProc:
 
     def _answer_frontend(self, frontend: bytes, payloads: list[bytes]) -> None:
         """Answers straight to the frontend that asked, in one message."""
-        sock = self.result_socks.get(frontend)
-        if sock is None:
+        link = self.result_socks.get(frontend)
+        if link is None or link.closed:
+            if frontend in self._gone:  # (its answers were cancelled)
+                return
             try:
-                addr = sockets.result_endpoint(self.s.runtime_dir, frontend)
+                link = ResultSender(sockets.result_path(self.s.runtime_dir, frontend))
             except ValueError:
                 log.warning("result for an invalid frontend identity dropped")
                 return
-            sock = self.result_socks[frontend] = sockets.push(self.ctx, addr)
-        try:
-            sockets.send_frames(sock, payloads, sockets.NOBLOCK)
-        except zmq.Again:
-            log.warning("frontend %r is not reading; %d result(s) dropped", frontend, len(payloads))
+            except OSError as exc:
+                log.warning(
+                    "frontend %r cannot be reached (%s); %d result(s) dropped",
+                    frontend, exc.strerror or exc, len(payloads),
+                )  # fmt: skip
+                return
+            self.result_socks[frontend] = link
+        if not link.send(payloads):
+            log.warning("frontend %r is gone; %d result(s) dropped", frontend, len(payloads))
 
     def close(self) -> None:
         # finalize() first: a decoupled model's threads may still answer until it
@@ -944,8 +951,8 @@ class WorkerProc:
             self.cuda.close()
             # The last answers leave first (an instance stopped over its memory limit has
             # just answered its batch); a frontend gone takes at most this long to give up.
-            for sock in self.result_socks.values():
-                sock.close(_CLOSE_LINGER_MS)
+            for link in self.result_socks.values():
+                link.close(_CLOSE_LINGER_MS / 1000)
             self.result_socks.clear()
             self.regions.close()
             self.sock.close(_CLOSE_LINGER_MS)

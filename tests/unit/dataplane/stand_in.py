@@ -12,6 +12,7 @@ import zmq
 from shoal.dataplane.broker_client import BrokerClient
 from shoal.ipc import messages as m
 from shoal.ipc import sockets
+from shoal.ipc.result_link import ResultSender
 
 _KEEPALIVE = (m.KINDS[m.FrontendHello], m.KINDS[m.ServerQuery])
 
@@ -44,10 +45,10 @@ class StandInBroker:
 
     def answer(self, client: BrokerClient, req_ids: list[int]) -> None:
         """Answers as a worker sends them: one message on the client's result socket."""
-        push = sockets.push(self.ctx, sockets.result_endpoint(self.runtime_dir, client.identity))
+        link = ResultSender(sockets.result_path(self.runtime_dir, client.identity))
         payloads = [m.encode_payload(m.InferResponse(i, model_version=i)) for i in req_ids]
-        push.send_multipart(payloads)
-        push.close(linger=1000)
+        assert link.send(payloads)
+        link.close(linger_s=1.0)
 
     def close(self) -> None:
         self.sock.close(0)

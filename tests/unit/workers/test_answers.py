@@ -3,6 +3,7 @@ one frontend travel in one message, in the batch's order."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import zmq
 
 from shoal.ipc import messages as m
 from shoal.ipc import sockets
+from shoal.ipc.result_link import FrameReader, listen
 from shoal.workers.proc import WorkerProc, WorkerSettings
 from tests.repos import write_identity
 
@@ -28,7 +30,7 @@ def test_the_answers_of_a_batch_go_to_each_frontend_in_one_message(tmp_path: Pat
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     broker = sockets.router(ctx, sockets.endpoint(run, sockets.WORKER_SOCKET))
     fe_a, fe_b = (f"f-{i}-{os.getpid()}".encode() for i in (0, 1))
-    pulls = {fe: sockets.pull(ctx, sockets.result_endpoint(run, fe)) for fe in (fe_a, fe_b)}
+    listeners = {fe: listen(sockets.result_path(run, fe)) for fe in (fe_a, fe_b)}
     worker = WorkerProc(WorkerSettings(repo, "ident", 1, 0, run))
     try:
         assert isinstance(worker.load(), m.WorkerReady)
@@ -41,20 +43,28 @@ def test_the_answers_of_a_batch_go_to_each_frontend_in_one_message(tmp_path: Pat
         assert (done.batch_id, done.batch_size, done.failed) == (1, 3, [])
 
         def answers(fe: bytes) -> list[tuple[int, float]]:
-            assert pulls[fe].poll(2000)
-            out = []
-            for payload in pulls[fe].recv_multipart():  # one message for the batch
+            listeners[fe].settimeout(2)
+            conn, _ = listeners[fe].accept()  # the worker's link to this frontend
+            conn.settimeout(2)
+            reader, out = FrameReader(), []
+            data = conn.recv(1 << 20)  # one write for the batch
+            for payload in reader.feed(data):
                 resp = m.decode_response(payload)
                 (ref,) = resp.outputs
                 assert resp.error is None and ref.data is not None
                 out.append((resp.req_id, float(np.frombuffer(ref.data, np.float32)[0])))
-            assert not pulls[fe].poll(100)  # and nothing else
+            assert reader.partial == 0
+            conn.settimeout(0.1)
+            with contextlib.suppress(TimeoutError):  # nothing else: silence, or the end
+                assert conn.recv(1) == b""
+            conn.close()
             return out
 
         assert answers(fe_a) == [(7, 1.0), (8, 3.0)]
         assert answers(fe_b) == [(7, 2.0)]
     finally:
         worker.close()
-        for s in (broker, *pulls.values()):
-            s.close(0)
+        broker.close(0)
+        for listener in listeners.values():
+            listener.close()
         ctx.term()
