@@ -34,7 +34,14 @@ from perf_analyzer import (
     perf_analyzer_version,
     run_perf_analyzer,
 )
-from servers import REPO_ROOT, ServerProcess, shoal_server, triton_peer_server, wait_ready
+from servers import (
+    REPO_ROOT,
+    ServerProcess,
+    noop_server,
+    shoal_server,
+    triton_peer_server,
+    wait_ready,
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     peer.add_argument("--peer-url", help="a Triton already serving HTTP at HOST:PORT")
     peer.add_argument("--with-triton-peer", action="store_true", help="start triton-peer")
     ap.add_argument("--peer-grpc-url", help="the peer's gRPC address (default: HTTP port + 1)")
+    ap.add_argument(
+        "--with-noop",
+        action="store_true",
+        help="also a no-op server of shoal's stack (bench/noop_server.py): the floor",
+    )
     ap.add_argument("--ready-timeout", type=float, default=120.0)
     ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     args = ap.parse_args(argv)
@@ -325,6 +337,8 @@ def render(
                 f"| {fmt(ratio(m.p50_us, t.p50_us), '.2f')} "
                 f"| {fmt(ratio(m.p99_us, t.p99_us), '.2f')} |"
             )
+    if any(m.server == "noop" for m in served) and shoal:
+        lines += _over_noop(shoal, ix)
     lines += cpu.cpu_table(served)
     lines += [
         "",
@@ -333,6 +347,36 @@ def render(
         "stable percentile.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _over_noop(shoal: list[Measurement], ix: _Index) -> list[str]:
+    """shoal against the no-op server of its stack: what the broker, the worker, the model
+    and the frontend's own work add to parsing a request and writing an answer."""
+    lines = ["", "## shoal / no-op server of its stack (same protocol, model, c)", ""]
+    lines += [
+        "`noop` is bench/noop_server.py: aiohttp and grpc.aio on uvloop answering at once. "
+        "CPU columns: µs per request, shoal's frontend(s) and whole server beside the "
+        "no-op server's; `over` is shoal's server less the no-op's.",
+        "",
+        "| model | c | protocol | frontends | infer/s | p50 | noop CPU | shoal frontend "
+        "| shoal server | over |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in shoal:
+        n = ix.get("noop", m.protocol, None, m.model, m.concurrency)
+        if n is None:
+            continue
+        ncpu = n.cpu_us.get("server") if n.cpu_us else None
+        fe = m.cpu_us.get("frontend") if m.cpu_us else None
+        srv = m.cpu_us.get("server") if m.cpu_us else None
+        over = None if ncpu is None or srv is None else srv - ncpu
+        lines.append(
+            f"| {m.model} | {m.concurrency} | {m.protocol} | {_fe(m)} "
+            f"| {fmt(ratio(m.throughput, n.throughput), '.2f')} "
+            f"| {fmt(ratio(m.p50_us, n.p50_us), '.2f')} | {fmt(ncpu, ',.0f')} "
+            f"| {fmt(fe, ',.0f')} | {fmt(srv, ',.0f')} | {fmt(over, ',.0f')} |"
+        )
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,8 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     load_at_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     points = len(args.models) * len(args.concurrency) * len(args.protocols)
-    servers = (0 if args.no_shoal else 1 if args.shoal_url else len(args.frontends)) + (
-        1 if args.peer_url or args.with_triton_peer else 0
+    servers = (
+        (0 if args.no_shoal else 1 if args.shoal_url else len(args.frontends))
+        + (1 if args.peer_url or args.with_triton_peer else 0)
+        + (1 if args.with_noop else 0)
     )
     est = points * servers * (3.4 * args.measurement_interval / 1e3 + 1)
     print(
@@ -374,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.with_triton_peer:
             peer = triton_peer_server(args.repo, raw_dir / "triton.log")
             results += _with_server(peer, "triton", pa, args, raw_dir, skipped)
+
+        if args.with_noop:
+            noop = noop_server(args.repo, raw_dir / "noop.log")
+            results += _with_server(noop, "noop", pa, args, raw_dir, skipped)
 
         print("[bench] in-process ONNX Runtime baseline", flush=True)
         results += ort_baseline.measure_repo(args.repo, args.models, seconds=args.ort_seconds)

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -214,6 +215,19 @@ def shoal_server(
         grpc_url=f"127.0.0.1:{base + 1}",
         frontends=frontends,
     )
+
+
+def noop_server(repo: Path, log_path: Path) -> ServerProcess:
+    """bench/noop_server.py (shoal's stack answering at once, nothing behind it) for the
+    models of ``repo``, on two free loopback ports."""
+    base = free_port_block(2)
+    argv = [
+        sys.executable,
+        str(REPO_ROOT / "bench" / "noop_server.py"),
+        *("--model-repository", str(repo)),
+        *("--http-port", str(base), "--grpc-port", str(base + 1)),
+    ]
+    return ServerProcess("noop", argv, f"127.0.0.1:{base}", log_path, f"127.0.0.1:{base + 1}")
 
 
 def ensure_triton_peer_installed() -> None:
