@@ -81,6 +81,7 @@ class ServeSettings:
     default_max_batch_size: int = 4
     exit_timeout_secs: float = 30.0
     broker_silence_secs: float = 30.0  # a broker silent this long is stuck (0: never)
+    frontend_silence_secs: float = 30.0  # the broker kills a frontend silent this long (0: never)
     http_max_input_size: int = 64 * 1024 * 1024
     frontend_processes: int = 1
     execution_timeout_secs: float = 300.0
