@@ -6,9 +6,10 @@ supervisord would run them, so the two deployments share every code path. Childr
 die with the launcher (PDEATHSIG). A child that exits is restarted after a backoff
 (shoal/restart_policy.py), the broker too: the frontends and workers that keep running
 rejoin the new one; a broker that stops answering without exiting is killed first
-(shoal/broker_watch.py). A broker or frontend that keeps dying soon after each start
-stops the server (a crash loop); so does one that exits saying it cannot run
-(EXIT_FATAL).
+(shoal/broker_watch.py), and a frontend that stops talking to the broker is killed by
+the broker (shoal/broker/frontend_watch.py), then restarted here as any dead frontend.
+A broker or frontend that keeps dying soon after each start stops the server (a crash
+loop); so does one that exits saying it cannot run (EXIT_FATAL).
 Stop order: frontends first (stop accepting, drain until the exit timeout), then the
 broker and the workers, then a sweep of any shared memory a killed child left in
 /dev/shm.
