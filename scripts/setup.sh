@@ -21,6 +21,24 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
+# Azurite, Azure Blob Storage's emulator, for the az:// repository tests: an npm package,
+# installed in the venv where Node.js is (those tests skip, saying why, where it is not).
+# 3.35.0: the last release that runs on Node.js 20 (3.36 asks for 21, 3.37 for 22).
+AZURITE=3.35.0
+if [ "$(cat .venv/azurite/.installed 2>/dev/null)" != "$AZURITE" ]; then
+  if command -v npm >/dev/null 2>&1; then
+    log=.venv/azurite-install.log
+    if ! npm install --prefix .venv/azurite --no-audit --no-fund --loglevel=error \
+         "azurite@$AZURITE" >"$log" 2>&1; then
+      tail -n 40 "$log" >&2
+      echo "set-up failed (azurite, from npm); full log in $log" >&2
+      exit 1
+    fi
+    echo "$AZURITE" >.venv/azurite/.installed
+  else
+    echo "note: no npm here: the az:// repository tests will skip (Azurite needs Node.js)" >&2
+  fi
+fi
 # On a host with an NVIDIA GPU (SHOAL_GPU=auto, the default; 1 forces, 0 skips) the GPU
 # extras too: onnxruntime-gpu in place of onnxruntime, cupy (scripts/gpu-extras.sh).
 gpu=${SHOAL_GPU:-auto}

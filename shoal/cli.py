@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from shoal.configs.devices import gpu_count
 from shoal.configs.flags.broker import (
     add_cpu_lending_flag,
+    add_frontend_silence_flag,
     add_instance_memory_flag,
     add_rate_limit_flags,
 )
@@ -138,6 +139,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="shoal serve kills (and so restarts) a broker that has answered none of its "
         "pings for this long: stuck (0: never)",
     )
+    add_frontend_silence_flag(p)
     p.add_argument("--http-max-input-size", default=64 * 1024 * 1024, type=int)
     p.add_argument("--frontend-processes", default=1, type=int)
     p.add_argument(
@@ -394,6 +396,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         default_max_batch_size=int(backend_cfg.get("default-max-batch-size", 4)),
         exit_timeout_secs=args.exit_timeout_secs,
         broker_silence_secs=args.broker_silence_timeout_secs,
+        frontend_silence_secs=args.frontend_silence_timeout_secs,
         http_max_input_size=args.http_max_input_size,
         frontend_processes=max(args.frontend_processes, 1),
         execution_timeout_secs=args.model_execution_timeout_secs,

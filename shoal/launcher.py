@@ -6,9 +6,10 @@ supervisord would run them, so the two deployments share every code path. Childr
 die with the launcher (PDEATHSIG). A child that exits is restarted after a backoff
 (shoal/restart_policy.py), the broker too: the frontends and workers that keep running
 rejoin the new one; a broker that stops answering without exiting is killed first
-(shoal/broker_watch.py). A broker or frontend that keeps dying soon after each start
-stops the server (a crash loop); so does one that exits saying it cannot run
-(EXIT_FATAL).
+(shoal/broker_watch.py), and a frontend that stops talking to the broker is killed by
+the broker (shoal/broker/frontend_watch.py), then restarted here as any dead frontend.
+A broker or frontend that keeps dying soon after each start stops the server (a crash
+loop); so does one that exits saying it cannot run (EXIT_FATAL).
 Stop order: frontends first (stop accepting, drain until the exit timeout), then the
 broker and the workers, then a sweep of any shared memory a killed child left in
 /dev/shm.
@@ -81,6 +82,7 @@ class ServeSettings:
     default_max_batch_size: int = 4
     exit_timeout_secs: float = 30.0
     broker_silence_secs: float = 30.0  # a broker silent this long is stuck (0: never)
+    frontend_silence_secs: float = 30.0  # the broker kills a frontend silent this long (0: never)
     http_max_input_size: int = 64 * 1024 * 1024
     frontend_processes: int = 1
     execution_timeout_secs: float = 300.0
@@ -123,6 +125,9 @@ class Launcher:
         self.last_hello = 0.0
         self.gone_generations: set[int] = set()  # loads whose workers must not run again
         self.ended_loads: set[int] = set()  # pids of workers of a lost broker's loads
+        # pids of start-up workers (no load of the API) running when a broker was lost: one
+        # of them may have been retired by it, and the next broker waits for it
+        self.outlived_broker: set[int] = set()
 
     # -- argv of each role (shoal.role_argv) -----------------------------------------
 
@@ -259,6 +264,11 @@ class Launcher:
                 continue
             if isinstance(msg, m.Welcome):
                 self.welcomed = True
+            elif isinstance(msg, m.StartWorkers | m.GenerationsGone) and not self.welcomed:
+                # a lost broker's last words, read after its death (no other broker asks
+                # before its welcome): its loads are over (_broker_lost), and the next
+                # broker numbers its own afresh
+                log.info("ignored the lost broker's %s", type(msg).__name__)
             elif isinstance(msg, m.StartWorkers) and not self.stop:
                 for spec in msg.workers:
                     name, argv = self.worker_argv(spec)
@@ -282,6 +292,8 @@ class Launcher:
         self.children.remove(child)
         os.close(child.pidfd)
         shm.sweep_stale({child.proc.pid})
+        outlived_broker = child.proc.pid in self.outlived_broker
+        self.outlived_broker.discard(child.proc.pid)
         if self.stop:
             return None
         if child.proc.pid in self.ended_loads:
@@ -291,7 +303,16 @@ class Launcher:
         # (first: a worker the broker retired says so by its exit code, whether or not the
         # news that its load is over reached this process before its exit did)
         if rc == EXIT_RETIRED and child.role.startswith("worker") and self.managed:
-            log.info("%s stopped: its model was unloaded or reloaded", child.role)
+            if not outlived_broker:
+                log.info("%s stopped: its model was unloaded or reloaded", child.role)
+                return None
+            # Retired, maybe by the broker that was lost: the next one serves the start-up
+            # models (this instance among them) and waits for it. (Retired by the next
+            # one, it is told again when it greets it, and stops before it loads.)
+            again = restart_policy.WORKER.backoff_s[0]
+            log.warning("%s stopped: retired while a broker was lost; starting it again for "
+                        "the new broker in %.1fs", child.role, again)  # fmt: skip
+            self.restarts.append((time.monotonic() + again, child.role, child.argv, 0))
             return None
         if child.generation in self.gone_generations:
             log.info("%s stopped: its load is over", child.role)
@@ -329,7 +350,8 @@ class Launcher:
         requests failed with the broker; a SIGTERM would let one finish its batch and
         greet the next broker, whose own loads are numbered afresh: it could pass for one
         of them), none is restarted, and the next broker serves the start-up models, as
-        at start."""
+        at start: a start-up worker the lost broker was retiring (an unload, a reload)
+        and that stops only now is started again (_reap)."""
         self.welcomed = False  # the next broker hears this launcher's hello
         self.gone_generations.clear()
         self.restarts = [r for r in self.restarts if _generation(r[2]) == 0]
@@ -337,6 +359,8 @@ class Launcher:
             if c.generation:
                 self.ended_loads.add(c.proc.pid)
                 c.proc.kill()  # (not reaped yet: its pid is still its own)
+            elif c.role.startswith("worker"):
+                self.outlived_broker.add(c.proc.pid)
 
     def _start_missing_workers(self) -> None:
         """A new broker waits for every start-up instance: those not running (their load

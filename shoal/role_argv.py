@@ -71,6 +71,7 @@ class RoleArgv:
             str(s.execution_timeout_secs),
             f"--instance-memory-limit-mb={s.instance_memory_limit_mb}",
             f"--cpu-lending={_flag(s.cpu_lending)}",
+            f"--frontend-silence-timeout-secs={s.frontend_silence_secs}",
             *rate_limit_flags(s.rate_limit, s.rate_limit_resources),
             f"--model-control-mode={s.model_control_mode}",
             f"--repository-poll-secs={s.repository_poll_secs}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
@@ -14,6 +15,13 @@ import tritonclient.http as httpclient
 
 from tests.serverctl import RUN_PREFIX, SHM_DIR, ShoalServer, finish_logs, processes_with
 from tools import modelgen
+
+# The tests reach nothing off this machine: google-auth (gcsfs's, in this process and in
+# the servers, which inherit this environment) does not probe a cloud metadata server,
+# and gcsfs does not ask Google's control API a bucket's type. Both read these once, when
+# first imported: set before any test module is.
+os.environ["NO_GCE_CHECK"] = "true"
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 ALL_DATATYPES = [
     "BOOL",

@@ -96,6 +96,46 @@ def processes_with(marker: str) -> dict[int, str]:
     return found
 
 
+def _socket_inodes(pid: int) -> set[int]:
+    inodes: set[int] = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _established() -> list[tuple[int, int, int]]:
+    """(local port, remote port, inode) of every established TCP socket of this host's
+    network namespace (/proc/net/tcp and tcp6)."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "01":  # ESTABLISHED
+                    local, remote = (int(a.rsplit(":", 1)[1], 16) for a in f[1:3])
+                    out.append((local, remote, int(f[9])))
+    return out
+
+
+def served_by(port: int, servers: list[int]) -> dict[int, int]:
+    """This process's connections to ``port``: each one's local port -> the pid among
+    ``servers`` holding its other end (which frontend a client landed on, for the tests
+    that stop one of several frontends sharing a port)."""
+    sockets = _established()
+    mine = _socket_inodes(os.getpid())
+    held = {inode: pid for pid in servers for inode in _socket_inodes(pid)}
+    clients = {local for local, remote, inode in sockets if remote == port and inode in mine}
+    return {
+        remote: held[inode]
+        for local, remote, inode in sockets
+        if local == port and remote in clients and inode in held
+    }
+
+
 def shm_segments_of(pids: set[int]) -> list[str]:
     return [
         p.name

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from shoal.configs.flags.broker import (
     add_cpu_lending_flag,
+    add_frontend_silence_flag,
     add_instance_memory_flag,
     add_rate_limit_flags,
 )
@@ -44,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repository-location", action="append", default=[])
     p.add_argument("--model-namespacing", type=bool_flag, default=False)
     add_instance_memory_flag(p)
+    add_frontend_silence_flag(p)
     add_cpu_lending_flag(p)
     add_rate_limit_flags(p)
     add_process_flags(p)
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             model_namespacing=args.model_namespacing,
             expect_launcher=args.parent_pid is not None,
             cpu_lending=args.cpu_lending,
+            frontend_silence_s=args.frontend_silence_timeout_secs,
             scheduler_hold=HoldCounts.from_env(os.environ),
         )
     )

@@ -34,6 +34,7 @@ from shoal.broker.control import Effects, ModelControl
 from shoal.broker.cores import CoreLender
 from shoal.broker.endings import Endings
 from shoal.broker.ensemble_readiness import EnsembleReadiness
+from shoal.broker.frontend_watch import FrontendWatch
 from shoal.broker.models import Instance, ModelTable, ModelVersion
 from shoal.broker.ordering import OrderedRelease
 from shoal.broker.rate_limiter import RateLimiter
@@ -81,6 +82,7 @@ class BrokerSettings:
     model_namespacing: bool = False  # qualified names (shoal/configs/namespaces.py) are served
     expect_launcher: bool = False  # started by shoal serve (explicit/poll: it starts workers)
     cpu_lending: bool = True  # idle CPU instances lend their cores to busy ones
+    frontend_silence_s: float = 30.0  # a frontend silent this long is stuck (0: never)
     # Triton's test hooks TRITONSERVER_(BACKLOG_)DELAY_SCHEDULER, read from the environment
     scheduler_hold: HoldCounts = field(default_factory=HoldCounts)
 
@@ -122,6 +124,7 @@ class BrokerProc:
         self.pidfds: dict[int, tuple[str, bytes]] = {}  # fd -> (role, ident)
         self._unwatched: dict[bytes, tuple[int, str]] = {}  # pidfd_open failed: retry
         self.frontend_fds: dict[bytes, int] = {}
+        self.frontend_watch = FrontendWatch(settings.frontend_silence_s)
         self.startup_reported = False
         self.readiness = EnsembleReadiness()  # ensembles waiting for their models
         self.control = ModelControl(
@@ -211,6 +214,11 @@ class BrokerProc:
         if stale_files := [*sockets.sweep_stale_results(self.s.runtime_dir),
                            *self.control.sweep_files()]:  # fmt: skip
             log.info("removed %d stale file(s) of the runtime directory", len(stale_files))
+        # ...and the frontends running already, each judged from now: one stuck before
+        # this broker started would never greet it, nor be seen stuck otherwise
+        for ident, pid in sockets.running_frontends(self.s.runtime_dir):
+            self._watch(ident, pid, "frontend")
+            self.frontend_watch.expect(ident, time.monotonic())
         self.load_repository()
         settle_gc()
         while not self.stop:
@@ -307,6 +315,9 @@ class BrokerProc:
             del self._unwatched[ident]
             self._watch(ident, pid, role)  # back in _unwatched if it fails again
         self.endings.tick(now, self._unwatched)
+        if not self.stop:
+            for frontend in self.frontend_watch.stuck(now):
+                self._kill_frontend(frontend)
         if self.control.poll_secs > 0:
             self._apply(self.control.poll(now))
         dispatches, failures = self.router.tick(now)
@@ -357,6 +368,20 @@ class BrokerProc:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
             else:
                 os.kill(inst.pid, signal.SIGKILL)
+
+    def _kill_frontend(self, ident: bytes) -> None:
+        """SIGKILL a frontend silent too long (shoal/broker/frontend_watch.py): stuck, it
+        holds its ports and its clients. Its death, seen through its pidfd, is then that
+        of any frontend: its requests fail here, and whoever runs it starts another."""
+        pid = sockets.frontend_pid(ident)
+        log.error("frontend %r (pid %s) sent nothing for %.0fs: stuck; killing it",
+                  ident, pid, self.frontend_watch.silent_s)  # fmt: skip
+        fd = self.frontend_fds.get(ident)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if fd is not None:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            elif pid is not None and ident in self._unwatched:  # (no pidfd yet: its pid)
+                os.kill(pid, signal.SIGKILL)
 
     def _ask_to_stop(self, inst: Instance) -> None:
         self._send(self.wsock, [inst.ident, *m.encode(m.Shutdown("over its memory limit"))])
@@ -410,6 +435,7 @@ class BrokerProc:
 
     def _on_frontend(self, frames: list[bytes]) -> None:
         ident, kind, payload = frames[0], frames[1], frames[2]
+        self.frontend_watch.heard(ident, time.monotonic())
         if kind == _INFER:  # [ident, I, request, request, ...]: one turn of its loop
             # All of them are queued before any batch is formed: they arrived together,
             # and the first must not leave alone while the others wait for its batch.
@@ -477,6 +503,7 @@ class BrokerProc:
                 self._send(self.fsock, [ident, *m.encode(self._welcome())])
         elif isinstance(msg, m.FrontendHello):
             self._watch(ident, msg.pid, "frontend")
+            self.frontend_watch.expect(ident, time.monotonic())
             if msg.summaries:
                 self.table.keep_summaries()
             restored = self._restore_regions(ident, msg.regions)
@@ -837,6 +864,7 @@ class BrokerProc:
         """A peer exited: drop its queued work, answer what it held, tell the others."""
         if role == "frontend":
             self.frontend_fds.pop(ident, None)
+            self.frontend_watch.forget(ident)
             for item in self.router.forget_frontend(ident, time.monotonic()):
                 self._finished(item)  # queued: no place in any order yet
             if ident in self._leaving:  # it said it was stopping (SIGTERM)

@@ -17,6 +17,7 @@ has them. Blocking I/O: callers keep it off an event loop or a broker's turn.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,12 @@ class FsspecStore:
                 f"pip install fsspec {package}"
             ) from None
         self.loc = loc
+        if loc.scheme in ("az", "as"):
+            # The Azure SDK logs every request and response, headers and all, at INFO:
+            # a poll mode's rescans would fill the server's log. Its warnings still show.
+            logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(
+                logging.WARNING
+            )
 
     def _path(self, key: str) -> str:
         return "/".join(p for p in (self.loc.bucket, key) if p)

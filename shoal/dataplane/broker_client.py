@@ -28,7 +28,9 @@ The broker's pid (from its Welcome) is watched through a pidfd: when the broker 
 every waiting request fails at once with UNAVAILABLE, and the client greets whichever
 broker binds the endpoint next. The broker tells every frontend its table of client
 shared-memory registrations whenever it changes; the hello to a new broker carries the
-last one, so registrations outlive a broker restart.
+last one, so registrations outlive a broker restart. The other way, this frontend says
+something at least every second or so (a ping when idle), from its event loop: a
+frontend that falls silent is stuck, and the broker kills it.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ from shoal.ipc.result_link import FrameReader, listen
 log = logging.getLogger("shoal.frontend.broker")
 
 _HELLO_RETRY_S = 0.5
-#: A connected broker is pinged when it has said nothing for this long...
+#: A connected broker is pinged when it has said nothing for this long, or when this
+#: frontend has said nothing for this long: the broker kills a frontend that stays silent
+#: (shoal/broker/frontend_watch.py), and the ping, sent from the event loop, says it runs...
 _PING_AFTER_S = 1.0
 #: ...and given up on (as if it had exited) when it stays silent this long: stopped or
 #: stuck, it would otherwise keep every request waiting. Its loop answers in
@@ -143,6 +147,7 @@ class BrokerClient:
         self._greeter: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_heard = 0.0  # monotonic time of the broker's last message
+        self._last_sent = 0.0  # monotonic time of this frontend's last message to it
         self._closed = False
         self._leaving = False  # stopping on request (leaving)
         self.silent_broker_s = _SILENT_BROKER_S
@@ -297,6 +302,7 @@ class BrokerClient:
     def _send_now(self, frames: list[bytes]) -> None:
         # The DEALER has no high-water mark, so a non-blocking send never fails with EAGAIN.
         sockets.send_frames(self.sock, frames, sockets.NOBLOCK)
+        self._last_sent = time.monotonic()
         if sockets.readable(self.sock) and self._loop is not None:
             self._loop.call_soon(self._drain_broker)
 
@@ -310,10 +316,11 @@ class BrokerClient:
                 )
                 self._send(m.encode(hello))
             else:
-                silent = time.monotonic() - self._last_heard
+                now = time.monotonic()
+                silent = now - self._last_heard
                 if silent > self.silent_broker_s:
                     self._broker_lost(f"the server's broker did not answer for {silent:.0f}s")
-                elif silent > _PING_AFTER_S:
+                elif now - min(self._last_heard, self._last_sent) > _PING_AFTER_S:
                     self._send(m.encode(m.ServerQuery(self.next_id())))  # any answer will do
             await asyncio.sleep(_HELLO_RETRY_S)
 

@@ -126,6 +126,35 @@ def sweep_stale_results(runtime_dir: Path | str) -> list[Path]:
     return removed
 
 
+def running_frontends(runtime_dir: Path | str) -> list[tuple[bytes, int]]:
+    """(identity, pid) of the frontends of this runtime directory that are running, found
+    by their result sockets' files: a process with the pid that runs ``shoal.frontend``
+    on this directory (not one that took a dead frontend's pid over)."""
+    found: list[tuple[bytes, int]] = []
+    for path in Path(runtime_dir).glob("results-f-*.sock"):
+        ident = path.name.removeprefix("results-").removesuffix(".sock").encode()
+        pid = frontend_pid(ident)
+        if pid is None:
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # gone
+            continue
+        if "shoal.frontend" in argv and _runtime_dir_of(argv) == Path(runtime_dir):
+            found.append((ident, pid))
+    return found
+
+
+def _runtime_dir_of(argv: list[str]) -> Path | None:
+    """A role's ``--runtime-dir`` (shoal.ipc.lifecycle.add_process_flags) from its argv."""
+    for i, arg in enumerate(argv):
+        if arg == "--runtime-dir" and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if arg.startswith("--runtime-dir="):
+            return Path(arg.removeprefix("--runtime-dir="))
+    return None
+
+
 def router(ctx: zmq.Context, addr: str) -> zmq.Socket:
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)

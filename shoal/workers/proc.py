@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -414,6 +415,12 @@ class WorkerProc:
                 if stream is not None:
                     stream.cancelled = True
             elif isinstance(msg, m.Shutdown):
+                if msg.retire and not self._broker_alive():
+                    # Retired by a broker that has exited since (a message read after
+                    # its death): the next one serves the start-up models again, and
+                    # says what becomes of this instance once it is greeted.
+                    log.info("not stopping: the broker that retired this instance exited")
+                    continue
                 log.info("stopping: %s", msg.reason or "asked to")
                 self.retired = msg.retire
                 return "shutdown"
@@ -459,6 +466,12 @@ class WorkerProc:
             # waits for every instance of the version, even those that died meanwhile.
             self.broker_pidfd = None
             self.rejoin = True
+
+    def _broker_alive(self) -> bool:
+        """Whether the broker that last welcomed this worker still runs (what it sent
+        comes before what any later broker sends)."""
+        fd = self.broker_pidfd
+        return fd is not None and not select.select([fd], [], [], 0)[0]
 
     def _broker_lost(self, poller: zmq.Poller) -> None:
         log.warning("broker exited; waiting for a new one")

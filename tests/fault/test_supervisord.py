@@ -51,6 +51,7 @@ class Supervised:
                 f"--grpc-port={self.grpc_port}",
                 f"--metrics-port={self.metrics_port}",
                 "--exit-timeout-secs=5",
+                "--frontend-silence-timeout-secs=3",
             ],
             capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
@@ -205,6 +206,28 @@ def test_a_killed_worker_frontend_and_broker_each_come_back(
             "\nrecovery under supervisord (SIGKILL to the first request answered again): "
             + ", ".join(f"{role} {seconds:.2f} s" for role, seconds in times.items())
         )
+
+
+def test_a_stuck_frontend_is_killed_by_the_broker_and_started_again(
+    supervised: Supervised, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As under shoal serve (tests/fault/test_stuck_frontend.py): the broker kills a
+    frontend that has sent it nothing for --frontend-silence-timeout-secs (3 s here),
+    and supervisord starts another (a SIGKILL is an unexpected exit)."""
+    process = "shoal-frontend:shoal-frontend_0"
+    pid = supervised.pid(process)
+    supervised.note_pids()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        back = _recovery(supervised)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert supervised.pid(process) != pid
+    broker_log = "".join(p.read_text(errors="replace") for p in (supervised.dir / "logs").iterdir())
+    assert f"(pid {pid}) sent nothing for 3s: stuck; killing it" in broker_log, supervised.logs()
+    with capsys.disabled():
+        print(f"\nstuck frontend under supervisord (SIGSTOP): answering again after {back:.2f} s")
 
 
 def test_one_models_workers_stop_and_start_while_another_model_serves(

@@ -1,5 +1,6 @@
 """The broker's settings (tritonserver's spellings where Triton has them): the rate limiter,
-the memory limit on instances, and lending cores between instances."""
+the memory limit on instances, lending cores between instances, and how long a frontend
+may stay silent."""
 
 from __future__ import annotations
 
@@ -18,6 +19,35 @@ def add_instance_memory_flag(p: argparse.ArgumentParser) -> None:
         help="stop after its batch (and so restart) a model instance holding more memory of "
         "its own (MiB) than this, unless its config sets shoal_instance_memory_limit_mb; "
         "0: no limit",
+    )
+
+
+#: The shortest silence a frontend may be judged stuck after: frontends ping every
+#: second or so (shoal/broker/frontend_watch.py), so less would kill healthy ones.
+MIN_FRONTEND_SILENCE_S: Final = 2.0
+
+
+def frontend_silence_flag(value: str) -> float:
+    """Seconds, 0 (never) or at least MIN_FRONTEND_SILENCE_S."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if number != 0 and not number >= MIN_FRONTEND_SILENCE_S:
+        raise argparse.ArgumentTypeError(
+            f"expected 0 (never) or at least {MIN_FRONTEND_SILENCE_S:g} seconds, got '{value}'"
+        )
+    return number
+
+
+def add_frontend_silence_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--frontend-silence-timeout-secs",
+        default=30.0,
+        type=frontend_silence_flag,
+        help="the broker kills (and so shoal serve or supervisord restarts) a frontend that "
+        "has sent it nothing for this long: stuck, its event loop blocked or the process "
+        "stopped (0: never)",
     )
 
 

@@ -1,6 +1,7 @@
 """Object storage clients (shoal/configs/object_store.py): the fsspec one (gs://, az://) over
-fsspec's in-memory filesystem, standing in for gcsfs and adlfs; S3 is tested against a
-real S3 server in tests/integration/test_object_storage.py."""
+fsspec's in-memory filesystem, standing in for gcsfs and adlfs. Against real servers: S3
+in tests/integration/test_object_storage.py, GCS and Azure (with gcsfs and adlfs) in
+tests/integration/test_object_storage_emulators.py."""
 
 from __future__ import annotations
 

@@ -153,3 +153,20 @@ async def _regions_handed_on(client: BrokerClient, broker: StandInBroker) -> Non
     assert frames is not None
     hello = m.decode(frames[0], frames[1])
     assert isinstance(hello, m.FrontendHello) and hello.regions == [region]
+
+
+def test_a_frontend_with_nothing_to_send_pings_a_broker_that_talks(tmp_path: Path) -> None:
+    """The broker kills a frontend it has heard nothing from for long (a stuck one): an
+    idle frontend pings even while the broker keeps talking to it."""
+    _run(tmp_path, _pings_while_told)
+
+
+async def _pings_while_told(client: BrokerClient, broker: StandInBroker) -> None:
+    pings = 0
+    for _ in range(20):  # 4 s of news from the broker every 0.2 s, nothing from the client
+        broker.reply(client, m.ModelsChanged([]))
+        await asyncio.sleep(0.2)
+        while (frames := broker.recv(timeout_ms=0, keepalive=True)) is not None:
+            assert frames[0] == m.KINDS[m.ServerQuery], frames
+            pings += 1
+    assert pings >= 2

@@ -10,7 +10,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from shoal.ipc.sockets import ensure_runtime_dir, sweep_runtime_dirs, sweep_stale_results
+from shoal.ipc.sockets import (
+    ensure_runtime_dir,
+    running_frontends,
+    sweep_runtime_dirs,
+    sweep_stale_results,
+)
 
 
 def test_a_killed_launcher_s_runtime_dir_goes_at_the_next_start() -> None:
@@ -56,3 +61,28 @@ def test_result_sockets_of_frontends_that_are_gone_are_swept(tmp_path: Path) -> 
         path.touch()
     assert sweep_stale_results(tmp_path) == [dead]
     assert not dead.exists() and alive.exists() and other.exists()
+
+
+def test_the_running_frontends_of_a_runtime_dir_are_found_by_their_result_sockets(
+    tmp_path: Path,
+) -> None:
+    """A broker that starts judges the frontends already running (one stuck before it
+    started would never greet it); a process that took a dead frontend's pid is none."""
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    code = "import sys, time; time.sleep(60)"
+    frontend = subprocess.Popen(
+        [sys.executable, "-c", code, "shoal.frontend", "--runtime-dir", str(runtime)]
+    )
+    elsewhere = subprocess.Popen(
+        [sys.executable, "-c", code, "shoal.frontend", f"--runtime-dir={tmp_path}"]
+    )
+    try:
+        for pid in (frontend.pid, elsewhere.pid, os.getpid()):
+            (runtime / f"results-f-0-{pid}.sock").touch()
+        assert running_frontends(runtime) == [(f"f-0-{frontend.pid}".encode(), frontend.pid)]
+    finally:
+        for p in (frontend, elsewhere):
+            p.kill()
+            p.wait()
+    assert running_frontends(runtime) == []
