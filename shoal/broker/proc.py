@@ -29,7 +29,7 @@ import zmq
 
 from shoal.broker import memory
 from shoal.broker.batcher import Rejected, cuda_devices
-from shoal.broker.client_regions import ClientRegions
+from shoal.broker.client_shm_requests import ClientRegions
 from shoal.broker.control import Effects, ModelControl
 from shoal.broker.cores import CoreLender
 from shoal.broker.endings import Endings

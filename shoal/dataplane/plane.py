@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from shoal.dataplane import client_shm, ensemble_runner
+from shoal.dataplane import client_shm_refs, ensemble_runner
 from shoal.dataplane.broker_client import BrokerClient
 from shoal.dataplane.json_limits import check_config_override
 from shoal.dataplane.model_handle import ModelHandle, check_byte_size
@@ -344,7 +344,7 @@ class DataPlane:
         """The shared-memory extension (register / unregister / status), one region table
         for every frontend process (it lives in the broker)."""
         if op != "status" and not self.allow_client_shm:
-            raise client_shm.disabled()
+            raise client_shm_refs.disabled()
         msg = m.ShmRequest(self.broker.next_id(), op, kind, name, **fields)  # type: ignore[arg-type]
         reply = await self.broker.query(msg, m.ShmReply)
         if reply.error is not None:
@@ -562,10 +562,10 @@ class DataPlane:
         try:
             batch = model.batch_size(req)
             in_region = any(t.data is None for t in req.inputs) or any(
-                client_shm.output_spec(o) is not None for o in req.outputs
+                client_shm_refs.output_spec(o) is not None for o in req.outputs
             )
             if in_region and not self.allow_client_shm:
-                raise client_shm.disabled()
+                raise client_shm_refs.disabled()
             for t in req.inputs[::-1]:
                 if t.data is not None:
                     check_byte_size(t, model.name)
@@ -610,7 +610,7 @@ class DataPlane:
         regions live in the broker, so only a failing request pays this round trip."""
         if not self.allow_client_shm or err.code == Code.UNSUPPORTED:
             return
-        refs = client_shm.references(req.inputs, req.outputs)
+        refs = client_shm_refs.references(req.inputs, req.outputs)
         if not refs:
             return
         check = m.ShmRequest(self.broker.next_id(), "check", "system", refs=refs)
@@ -625,7 +625,7 @@ class DataPlane:
         self, req: ClientRequest, model: ModelHandle, batch: int, slots: list[Slot]
     ) -> m.InferRequest:
         if not self.allow_client_shm and any(t.data is None for t in req.inputs):
-            raise client_shm.disabled()
+            raise client_shm_refs.disabled()
         for t in req.inputs[::-1]:  # Triton checks sizes walking its inputs newest first
             if t.data is not None:
                 check_byte_size(t, model.name)
@@ -633,7 +633,7 @@ class DataPlane:
         for t in req.inputs:
             shape = model.model_shape(t, batch)
             if t.data is None:
-                refs.append(client_shm.input_ref(t, shape, model.name))
+                refs.append(client_shm_refs.input_ref(t, shape, model.name))
                 continue
             n = len(t.data)
             if t.location is not None:  # an earlier step's output, where its answer left it
@@ -652,10 +652,10 @@ class DataPlane:
         for o in req.outputs:
             if type(k := o.parameters.get("classification", 0)) is int and k > 0:
                 classification[o.name] = k
-            spec = client_shm.output_spec(o)
+            spec = client_shm_refs.output_spec(o)
             if spec is not None:
                 if not self.allow_client_shm:
-                    raise client_shm.disabled()
+                    raise client_shm_refs.disabled()
                 in_client_shm[o.name] = spec
         specs: list[m.OutputSpec] = []
         for name in [o.name for o in req.outputs] or list(model.outputs):

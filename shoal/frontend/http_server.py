@@ -23,7 +23,14 @@ from aiohttp.typedefs import Middleware
 from shoal.dataplane.json_limits import MAX_JSON_DEPTH, check_depth
 from shoal.dataplane.plane import DataPlane
 from shoal.dataplane.types import ClientRequest, InferenceResult, ResponseError
-from shoal.frontend import generate, http_codec, http_shm, json_members, log_settings, restricted
+from shoal.frontend import (
+    generate,
+    http_client_shm,
+    http_codec,
+    json_members,
+    log_settings,
+    restricted,
+)
 from shoal.frontend.http_body import (
     BODY_DEADLINE,
     MAX_INPUT,
@@ -460,7 +467,7 @@ def build_app(
         r.add_post(repo + "/index", repository_index)
         r.add_post(repo + "/models/{model:[^/]+}/load", repository_load)
         r.add_post(repo + "/models/{model:[^/]+}/unload", repository_unload)
-    app.add_routes(http_shm.routes(_dp))
+    app.add_routes(http_client_shm.routes(_dp))
     # aiohttp tries a prefix's dynamic routes in the order added, one regex each: infer
     # (the hot path) and ready (the probes) first.
     for base in (model, versioned):

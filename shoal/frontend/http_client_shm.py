@@ -1,6 +1,6 @@
-"""Triton's system and CUDA shared-memory extensions over HTTP (register, unregister,
-status): thin handlers over DataPlane.shared_memory. Body errors are those of Triton's
-HandleSystemSharedMemory and HandleCudaSharedMemory (src/http_server.cc)."""
+"""The HTTP endpoints of Triton's system and CUDA shared-memory extensions (register,
+unregister, status): thin handlers over DataPlane.shared_memory. Body errors are those of
+Triton's HandleSystemSharedMemory and HandleCudaSharedMemory (src/http_server.cc)."""
 
 from __future__ import annotations
 
