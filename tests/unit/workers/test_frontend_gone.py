@@ -9,7 +9,8 @@ from pathlib import Path
 
 import zmq
 
-from shoal.workers.proc import WorkerProc, WorkerSettings
+from shoal.workers.loading import WorkerSettings
+from shoal.workers.proc import WorkerProc
 
 
 def test_the_result_socket_of_an_exited_frontend_is_closed(tmp_path: Path) -> None:
