@@ -1,4 +1,6 @@
-"""The broker process: the I/O shell around ModelTable and Router.
+"""The broker process: the I/O shell around ModelTable and Router, and the other pure cores
+(queries.py, endings.py, control.py, startup.py, worker_hello.py, ...); its sends go
+through outbox.py, its peers' lives through peers.py.
 
 It binds two ROUTER sockets in the runtime directory (frontends, workers), reads the
 model repository to know which model versions and how many instances to expect, and

@@ -1,4 +1,7 @@
-"""A model-instance worker process: one model version, one instance, one backend.
+"""A model-instance worker process: one model version, one instance, one backend. The I/O
+shell (its sockets, loop and signals) around the pure core that runs its batches
+(shoal/workers/instance.py), the model's load (shoal/workers/loading.py) and a decoupled
+model's open requests (shoal/workers/streams.py).
 
 Lifecycle: settings -> logging -> signal flag -> connect and say hello -> load the model
 and complete its config -> READY (or FAILED, then exit) -> execute batches until told
