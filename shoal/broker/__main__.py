@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(args.parent_pid, signal.SIGKILL)
     setup_logging("broker", log_settings(args))
     set_cpu_scheduling()
-    from shoal.broker.proc import BrokerProc, BrokerSettings
+    from shoal.broker.proc import BrokerProc
     from shoal.broker.scheduler_hold import HoldCounts
+    from shoal.broker.startup import BrokerSettings
     from shoal.ipc.sockets import ensure_runtime_dir
 
     proc = BrokerProc(

@@ -7,20 +7,23 @@
   read again while it stops.
 
 Each ending is remembered until the instance's death is seen (``pop``), whose error
-then names it. A pure core like the router: no sockets, no signals; the shell passes in
-how to kill an instance and how to ask one to stop, the clock, and the memory reader.
+then names it, and ``lost`` answers the requests of any instance that exited. A pure
+core like the router: no sockets, no signals; the shell passes in how to kill an
+instance and how to ask one to stop, the clock, and the memory reader.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Container
-from typing import Final
+from typing import Final, NamedTuple
 
 from shoal.broker import memory
 from shoal.broker.models import Instance, ModelTable, ModelVersion
-from shoal.broker.router import Router
+from shoal.broker.ordering import OrderedRelease
+from shoal.broker.router import Dispatch, Router
 from shoal.ipc import messages as m
+from shoal.ipc.errors import Code, ServingError
 
 log = logging.getLogger("shoal.broker")
 
@@ -74,6 +77,45 @@ class Endings:
         self._stopping.pop(ident, None)
         self._retiring.pop(ident, None)
         return self._ended.pop(ident, ("crash", "exited"))
+
+    def lost(self, inst: Instance, stopping: bool, now: float) -> Loss:
+        """``inst``'s worker exited (taken out of the table's instances already;
+        ``stopping``: the broker stops, and its workers with it). Its version forgets it
+        and counts the exit, unless it was told to stop or had reported its load failed
+        (such an instance is not restarted); one still loading fails its version's load.
+        Its requests fail: those it ran, and those queued that no instance left can run."""
+        why, ended = self.pop(inst.ident)
+        if inst.retiring:  # told to stop for good (unloaded, or replaced by a reload)
+            ended = "stopped: its model was unloaded or reloaded"
+        counted = (why != "crash" or inst.state != "DEAD") and not inst.retiring
+        # When the broker is stopping (SIGTERM), the workers are being stopped with it
+        # (the launcher signals them together): an exit is the stop, not a fault.
+        log.log(
+            logging.INFO if stopping or inst.retiring else logging.ERROR,
+            "instance %d of %s/%d (pid %d) %s", inst.index, inst.model, inst.version, inst.pid,
+            "stopped" if stopping else ended,
+        )  # fmt: skip
+        was_loading = inst.state == "LOADING"
+        ran = {id(item) for item in inst.in_flight.items} if inst.in_flight else set()
+        ran |= {id(item) for item in inst.streams.values()}  # a decoupled model's, open
+        failed, dispatches = self.router.instance_lost(inst, now)
+        version = self.table.owner(inst)
+        if version is not None:
+            if counted and not stopping:
+                version.exits[why] = version.exits.get(why, 0) + 1
+            version.instances.pop(inst.ident, None)
+            if was_loading:
+                version.load_failed(inst, f"instance {inst.index} {ended} while loading")
+        err, orphaned, sequence_lost = _lost_errors(inst, ended)
+        siblings = (
+            version is not None and version.sequencer is not None and bool(version.schedulable())
+        )
+        answers = [
+            (item, err if id(item) in ran else sequence_lost if siblings else orphaned)
+            for item in failed
+        ]
+        ordering = version.ordering if version is not None else None
+        return Loss(answers, ordering, err, dispatches)
 
     def tick(self, now: float, unwatched: Container[bytes] = ()) -> None:
         """Hung instances, stops that ran out of time, and (each ``CHECK_EVERY_S``) the
@@ -149,3 +191,39 @@ class Endings:
                 self._stopping[inst.ident] = (now + STOP_GRACE_S, reason)
                 self.router.retire(inst)
                 self._ask_to_stop(inst)
+
+
+class Loss(NamedTuple):
+    """What an instance's exit leaves to answer (``Endings.lost``)."""
+
+    answers: list[tuple[m.WorkItem, ServingError]]  # each request it held or left queued
+    ordering: OrderedRelease | None  # its version's order of answers (preserve_ordering)
+    error: ServingError  # what its requests that ran got: its unconfirmed answers' error
+    dispatches: list[Dispatch]  # batches its siblings were given meanwhile
+
+
+def _lost_errors(inst: Instance, ended: str) -> tuple[ServingError, ServingError, ServingError]:
+    """The errors of the requests ``inst`` ran, of those queued that no instance left can
+    run, and of those queued for a sequence whose state it held, in Triton's words."""
+    ran = ServingError(
+        Code.UNAVAILABLE,
+        f"Failed to process the request(s) for model instance '{inst.name}', "
+        f"message: the instance's worker process (pid {inst.pid}) {ended}",
+    )
+    # (those still queued that no instance left can run: it was the model's last, or the
+    # last on the GPU their CUDA memory is on; no instance ever saw them)
+    orphaned = ServingError(
+        Code.UNAVAILABLE,
+        f"Failed to process the request(s) for model '{inst.model}' version "
+        f"{inst.version}, message: instance '{inst.name}' (pid {inst.pid}) {ended} "
+        "and no instance left can run them",
+    )
+    # (those queued for a sequence that ran on it, shoal/broker/sequencer.py: its state
+    # is gone)
+    sequence_lost = ServingError(
+        Code.UNAVAILABLE,
+        f"Failed to process the request(s) for model '{inst.model}' version "
+        f"{inst.version}, message: instance '{inst.name}' (pid {inst.pid}) {ended}, and "
+        "with it the state of the sequence they belong to",
+    )
+    return ran, orphaned, sequence_lost

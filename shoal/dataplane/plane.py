@@ -1,10 +1,13 @@
-"""The one data plane behind every transport (HTTP now, gRPC next).
+"""The one data plane behind every transport (HTTP, gRPC, a Python model's scripting).
 
 It validates a request against the model's config, places input bytes in this
 process's shared-memory slab (small tensors ride inline in the message), reserves slots
-for outputs of known size, sends one typed message to the broker, and returns views of
-the outputs. The caller releases those views (``InferenceResult.release``) once it has
-written the response.
+for outputs of known size (shoal/dataplane/request_message.py), sends one typed message to
+the broker, and returns views of the outputs. The caller releases those views
+(``InferenceResult.release``) once it has written the response. The server's and models'
+metadata, statistics and shared-memory registrations go through the broker too; the
+repository extension (index, load, unload) is ``repository``
+(shoal/dataplane/repository_extension.py).
 """
 
 from __future__ import annotations
@@ -17,12 +20,11 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import msgspec
-
-from shoal.dataplane import client_shm, ensemble_runner
+from shoal.dataplane import client_shm_refs, ensemble_runner
 from shoal.dataplane.broker_client import BrokerClient
-from shoal.dataplane.json_limits import check_config_override
 from shoal.dataplane.model_handle import ModelHandle, check_byte_size
+from shoal.dataplane.repository_extension import RepositoryExtension, server_state
+from shoal.dataplane.request_message import outputs, parse_version, request_message, uint_param
 from shoal.dataplane.response_cache import ResponseCache
 from shoal.dataplane.types import (
     EMPTY_FINAL,
@@ -34,15 +36,12 @@ from shoal.dataplane.types import (
 )
 from shoal.ipc import messages as m
 from shoal.ipc.errors import (
-    MODEL_CONTROL_DISABLED,
     UNKNOWN_MODEL,
     AnswerError,
     Code,
     RequestError,
     ServingError,
-    invalid_arg,
     named,
-    unknown_model,
 )
 from shoal.ipc.shm import ShmFull, SlabPool, Slot
 
@@ -64,78 +63,7 @@ EXTENSIONS = [
 ]
 
 
-_INT64_MAX = 2**63 - 1
 _HASH_IN_THREAD_BYTES = 1 << 20  # about 1 ms of hashing: more goes to a thread
-
-
-# How long a load or unload may take before its client is answered UNAVAILABLE (a model
-# that loads for longer is still loaded; the index shows when).
-_MODEL_CONTROL_TIMEOUT_S = 600.0
-
-
-def parse_version(version: str) -> int:
-    """A request's version string as an int64 (-1 for ""). ASCII digits only: Python's
-    isdigit also takes "²" and other scripts' digits, and int() of thousands of digits
-    raises; Triton refuses them all with the same message."""
-    if version == "":
-        return -1
-    if version.startswith("-") and version[1:].isascii() and version[1:].isdigit():
-        raise invalid_arg(
-            f"invalid model version specified '{version}' , version should be an integral value > 0"
-        )
-    if (
-        not (version.isascii() and version.isdigit())
-        or len(version) > 19
-        or int(version) > _INT64_MAX
-    ):
-        raise invalid_arg(
-            f"failed to get model version from specified version string '{version}' "
-            "(details: stol), version should be an integral value > 0"
-        )
-    return int(version)
-
-
-def _uint_param(req: ClientRequest, key: str) -> int:
-    value = req.parameters.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**64:
-        raise invalid_arg(f"parameter '{key}' must be a 64-bit integer, got {value!r}")
-    # Triton stores a gRPC int64_param in a uint64: a negative priority becomes a level
-    # that does not exist (the default one), a negative timeout one too long to matter.
-    return value % 2**64
-
-
-#: Request parameters Triton reads itself: a Python model's request.parameters() has the rest.
-_READ_BY_TRITON = frozenset(
-    ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
-     "binary_data_output")
-)  # fmt: skip
-
-
-def _version_state(s: m.ModelState) -> dict[str, Any]:
-    out = {
-        "version": s.version,
-        "state": s.state,
-        "reason": s.reason,
-        "queued": s.queued,
-        "memory_limit_mb": s.memory_limit_mb,
-        "instances": msgspec.to_builtins(s.instances),
-    }
-    if s.sequences is not None:
-        out["sequence_batcher"] = msgspec.to_builtins(s.sequences)
-    return out
-
-
-def _sequence_id(req: ClientRequest) -> int | str:
-    """The request's correlation ID (0 or "": none), a uint64 or a string, as Triton
-    keeps it (a negative gRPC int64_param is stored in a uint64)."""
-    value = req.parameters.get("sequence_id", 0)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**64:
-        raise invalid_arg(
-            f"parameter 'sequence_id' must be a 64-bit integer or a string, got {value!r}"
-        )
-    return value % 2**64
 
 
 class DataPlane:
@@ -159,6 +87,9 @@ class DataPlane:
             tuple[str, int], tuple[list[ensemble_runner.Step], dict[int, asyncio.Semaphore] | None]
         ] = {}
         self.requests_handled = 0
+        self.repository = RepositoryExtension(broker)  # the index, load and unload
+        # (bound once, not per request: what request_message calls)
+        self._alloc_slot, self._next_id = self._alloc, broker.next_id
         broker.on_broker_lost.append(self._broker_lost)
         broker.on_models_changed.append(self._models_changed)
 
@@ -214,90 +145,18 @@ class DataPlane:
     def server_metadata(self) -> dict[str, Any]:
         return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
 
-    async def _server_state(self, memory_of: str = "") -> m.ServerState | None:
-        try:
-            return await self.broker.query(
-                m.ServerQuery(self.broker.next_id(), memory_of), m.ServerState, timeout=2.0
-            )
-        except ServingError:
-            return None
-
-    async def model_instances(self, name: str) -> dict[str, Any]:
-        """shoal's extension: each version's state and where its instances run."""
-        state = await self._server_state(memory_of=name)
-        if state is None:
-            raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
-        versions = [s for s in state.models if s.name == name]
-        if not versions:
-            raise unknown_model(name)
-        return {"name": name, "versions": [_version_state(s) for s in versions]}
-
-    async def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
-        """Triton's repository index: each model version's state (and why, when it is
-        not ready); a model whose config failed is listed by name, without a version."""
-        state = await self._server_state()
-        if state is None:
-            raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
-        out: list[dict[str, str]] = []
-        for s in state.models:  # by name, then version
-            if ready_only and s.state != "READY":
-                continue
-            entry = {"name": s.name}
-            if s.version >= 0:
-                entry["version"] = str(s.version)
-            if s.state:  # none for a model never loaded: listed by name alone
-                entry["state"] = s.state
-            if s.reason:
-                entry["reason"] = s.reason
-            out.append(entry)
-        return out
-
     async def log_settings(self, changes: dict[str, bool | int | str]) -> m.LogSettings:
         """The server's log settings, after ``changes`` (checked) if any: the broker
         applies them and sends them to every process."""
         query = m.LogQuery(self.broker.next_id(), changes)
         return (await self.broker.query(query, m.LogReply)).settings
 
-    @staticmethod
-    def refuse_named_repository() -> ServingError:
-        """Load, unload (and, over gRPC, the index) naming a repository: Triton 2.51's."""
-        return ServingError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
-
-    def refuse_model_control(self) -> ServingError | None:
-        """Outside explicit model control mode (none, poll), load and unload are refused
-        here: an HTTP unload before its body is read, a load after its body's checks, as
-        Triton 2.51 does. (A frontend not yet welcomed by a broker refuses them too.)"""
-        if self.broker.model_control:
-            return None
-        return ServingError(Code.UNAVAILABLE, MODEL_CONTROL_DISABLED)
-
-    async def model_control(
-        self,
-        action: str,
-        model: str,
-        config: str = "",
-        files: dict[str, bytes] | None = None,
-        unload_dependents: bool = False,
-    ) -> None:
-        """The repository extension's load or unload: answered once the model is loaded
-        (READY) or unloaded, or with why not (the broker refuses both outside explicit
-        model control mode, in Triton's words). A ``config`` too large or nested too deep
-        is refused here, before the broker parses it."""
-        if config:
-            check_config_override(config)
-        msg = m.ModelControl(
-            self.broker.next_id(), action, model, config, files or {}, unload_dependents
-        )
-        reply = await self.broker.query(msg, m.ControlReply, timeout=_MODEL_CONTROL_TIMEOUT_S)
-        if reply.error is not None:
-            raise ServingError(Code(reply.error.code), reply.error.message)
-
     async def server_live(self) -> bool:
-        state = await self._server_state()
+        state = await server_state(self.broker)
         return state is not None and state.live
 
     async def server_ready(self) -> bool:
-        state = await self._server_state()
+        state = await server_state(self.broker)
         return state is not None and state.ready
 
     async def _info(self, name: str, version: int) -> m.ModelInfo:
@@ -344,7 +203,7 @@ class DataPlane:
         """The shared-memory extension (register / unregister / status), one region table
         for every frontend process (it lives in the broker)."""
         if op != "status" and not self.allow_client_shm:
-            raise client_shm.disabled()
+            raise client_shm_refs.disabled()
         msg = m.ShmRequest(self.broker.next_id(), op, kind, name, **fields)  # type: ignore[arg-type]
         reply = await self.broker.query(msg, m.ShmReply)
         if reply.error is not None:
@@ -386,7 +245,9 @@ class DataPlane:
                     return hit
                 lookup = time.perf_counter_ns() - lookup
                 self.cache.lookup_ns += lookup
-            msg = self._build(req, model, batch, slots)
+            msg = request_message(
+                req, model, batch, slots, self._alloc_slot, self._next_id, self.allow_client_shm
+            )
             if key is not None:
                 msg.cache_miss_ns = lookup
         except ServingError as err:
@@ -406,25 +267,18 @@ class DataPlane:
         try:
             if resp.error is not None:
                 raise self._answer_error(resp.error, req)
-            outputs = self._outputs(resp, slots)
+            answer = outputs(resp, slots)
         except BaseException:
             self._free(slots, pool)
             raise
-        if (
-            key is not None
-            and self.cache is not None
-            and resp.model_version in (0, model.version)
-            and epoch == self._models_epoch  # no load or unload since: not a stale answer
-        ):
-            t0 = time.perf_counter_ns()
-            self.cache.put(key, outputs)  # (an answer of another version is not this key's)
-            self.cache.insertion_ns += time.perf_counter_ns() - t0
+        if key is not None:
+            self._keep(key, epoch, resp, model, answer)
         self.requests_handled += 1
         return InferenceResult(
             model_name=model.name,
             model_version=str(resp.model_version or model.version),
             id=req.id,
-            outputs=outputs,
+            outputs=answer,
             release=lambda: self._free(slots, pool),
         )
 
@@ -456,7 +310,10 @@ class DataPlane:
             return
         slots: list[Slot] = []  # its inputs' (its outputs travel in its answers)
         try:
-            msg = self._build(req, model, model.batch_size(req), slots)
+            batch = model.batch_size(req)
+            msg = request_message(
+                req, model, batch, slots, self._alloc_slot, self._next_id, self.allow_client_shm
+            )
         except ServingError as err:
             raise await self._refused(req, err, slots) from None
         except BaseException:
@@ -477,20 +334,9 @@ class DataPlane:
                 # The model has its own copy of the inputs once it answers (the Python
                 # backend copies them before execute): a long stream pins no slot.
                 self._free(slots, pool)
-                if resp.error is not None:
-                    failed = self._answer_error(resp.error, req)
-                    yield ResponseError(failed.message, resp.final, failed.code)
-                elif not resp.empty or empty_final:
-                    yield InferenceResult(
-                        model_name=model.name,
-                        # (the final flag alone names no version, as in Triton 2.51)
-                        model_version=""
-                        if resp.empty
-                        else str(resp.model_version or model.version),
-                        id=req.id,
-                        outputs=self._outputs(resp, []),
-                        parameters={FINAL_FLAG: resp.final},
-                    )
+                answer = self._stream_answer(resp, req, model, empty_final)
+                if answer is not None:
+                    yield answer
                 if resp.final:
                     self.requests_handled += 1
                     return
@@ -498,6 +344,42 @@ class DataPlane:
             self.broker.close_stream(msg.req_id, stream, lambda: self._free(slots, pool))
             if stream.done():
                 self._free(slots, pool)
+
+    def _stream_answer(
+        self, resp: m.InferResponse, req: ClientRequest, model: ModelHandle, empty_final: bool
+    ) -> InferenceResult | ResponseError | None:
+        """A decoupled model's response as its client gets it: an error, its outputs, or
+        the final flag alone (None unless the request asked for it, ``empty_final``)."""
+        if resp.error is not None:
+            failed = self._answer_error(resp.error, req)
+            return ResponseError(failed.message, resp.final, failed.code)
+        if resp.empty and not empty_final:
+            return None
+        return InferenceResult(
+            model_name=model.name,
+            # (the final flag alone names no version, as in Triton 2.51)
+            model_version="" if resp.empty else str(resp.model_version or model.version),
+            id=req.id,
+            outputs=outputs(resp, []),
+            parameters={FINAL_FLAG: resp.final},
+        )
+
+    def _keep(
+        self,
+        key: bytes,
+        epoch: int,
+        resp: m.InferResponse,
+        model: ModelHandle,
+        answer: list[OutputTensor],
+    ) -> None:
+        """Keep a cacheable answer under its request's ``key``, unless a load or unload
+        came since its request began (``epoch``: a stale answer) or another version
+        answered (not this key's)."""
+        assert self.cache is not None
+        if resp.model_version in (0, model.version) and epoch == self._models_epoch:
+            t0 = time.perf_counter_ns()
+            self.cache.put(key, answer)
+            self.cache.insertion_ns += time.perf_counter_ns() - t0
 
     def _answer_error(self, error: m.ErrorInfo, req: ClientRequest) -> AnswerError:
         """An answer's error as raised; a model unknown by now is no longer cached."""
@@ -562,10 +444,10 @@ class DataPlane:
         try:
             batch = model.batch_size(req)
             in_region = any(t.data is None for t in req.inputs) or any(
-                client_shm.output_spec(o) is not None for o in req.outputs
+                client_shm_refs.output_spec(o) is not None for o in req.outputs
             )
             if in_region and not self.allow_client_shm:
-                raise client_shm.disabled()
+                raise client_shm_refs.disabled()
             for t in req.inputs[::-1]:
                 if t.data is not None:
                     check_byte_size(t, model.name)
@@ -584,10 +466,10 @@ class DataPlane:
         outputs = self.cache.get(key)
         if outputs is None:
             return None
-        # A request kept was checked whole (_build) before its answer was kept; its key
+        # A request kept was checked whole (request_message) before its answer was kept; its key
         # covers all those checks read, but for these parameters.
-        _uint_param(req, "priority")
-        _uint_param(req, "timeout")
+        uint_param(req, "priority")
+        uint_param(req, "timeout")
         now = time.perf_counter_ns()
         self.cache.lookup_ns += now - lookup
         self.broker.notify(m.CacheHit(model.name, model.version, now - started, now - lookup))
@@ -610,7 +492,7 @@ class DataPlane:
         regions live in the broker, so only a failing request pays this round trip."""
         if not self.allow_client_shm or err.code == Code.UNSUPPORTED:
             return
-        refs = client_shm.references(req.inputs, req.outputs)
+        refs = client_shm_refs.references(req.inputs, req.outputs)
         if not refs:
             return
         check = m.ShmRequest(self.broker.next_id(), "check", "system", refs=refs)
@@ -620,101 +502,6 @@ class DataPlane:
             return  # no broker: the request's own error stands
         if reply.error is not None:
             raise ServingError(Code(reply.error.code), reply.error.message) from None
-
-    def _build(
-        self, req: ClientRequest, model: ModelHandle, batch: int, slots: list[Slot]
-    ) -> m.InferRequest:
-        if not self.allow_client_shm and any(t.data is None for t in req.inputs):
-            raise client_shm.disabled()
-        for t in req.inputs[::-1]:  # Triton checks sizes walking its inputs newest first
-            if t.data is not None:
-                check_byte_size(t, model.name)
-        refs: list[m.TensorRef] = []
-        for t in req.inputs:
-            shape = model.model_shape(t, batch)
-            if t.data is None:
-                refs.append(client_shm.input_ref(t, shape, model.name))
-                continue
-            n = len(t.data)
-            if t.location is not None:  # an earlier step's output, where its answer left it
-                region, offset = t.location
-                refs.append(m.TensorRef(t.name, t.datatype, shape, n, region, offset))
-                continue
-            if n <= m.INLINE_MAX_BYTES:
-                refs.append(m.TensorRef(t.name, t.datatype, shape, n, data=bytes(t.data)))
-                continue
-            slot = self._alloc(n)
-            slots.append(slot)
-            slot.view[:] = t.data
-            refs.append(m.TensorRef(t.name, t.datatype, shape, n, slot.region, slot.offset))
-        in_client_shm: dict[str, m.OutputSpec] = {}
-        classification: dict[str, int] = {}  # top K asked of an output (K > 0)
-        for o in req.outputs:
-            if type(k := o.parameters.get("classification", 0)) is int and k > 0:
-                classification[o.name] = k
-            spec = client_shm.output_spec(o)
-            if spec is not None:
-                if not self.allow_client_shm:
-                    raise client_shm.disabled()
-                in_client_shm[o.name] = spec
-        specs: list[m.OutputSpec] = []
-        for name in [o.name for o in req.outputs] or list(model.outputs):
-            if name in in_client_shm:
-                specs.append(in_client_shm[name])
-                continue
-            if classes := classification.get(name, 0):  # a few strings: inline
-                specs.append(m.OutputSpec(name, classification=classes))
-                continue
-            # (a decoupled model's answers carry their outputs: it may send many)
-            size = None if model.decoupled else model.output_nbytes(name, batch)
-            if size is not None and size > m.INLINE_MAX_BYTES:
-                slot = self._alloc(size)
-                slots.append(slot)
-                specs.append(m.OutputSpec(name, slot.region, slot.offset, size))
-            else:
-                specs.append(m.OutputSpec(name))
-        msg = m.InferRequest(
-            req_id=self.broker.next_id(),
-            model=model.name,
-            version=model.version,
-            inputs=refs,
-            outputs=specs,
-            batch_size=batch,
-        )
-        params = req.parameters
-        if params:  # (most requests carry none: nothing to look up)
-            msg.priority = _uint_param(req, "priority")
-            msg.timeout_us = _uint_param(req, "timeout")
-            msg.sequence_id = _sequence_id(req)
-            msg.sequence_start = params.get("sequence_start") is True
-            msg.sequence_end = params.get("sequence_end") is True
-        if model.is_python:
-            msg.request_id = req.id
-            msg.parameters = {
-                k: v
-                for k, v in req.parameters.items()
-                if k not in _READ_BY_TRITON and not k.startswith("triton_")
-            }
-        return msg
-
-    def _outputs(self, resp: m.InferResponse, slots: list[Slot]) -> list[OutputTensor]:
-        by_place = {(s.region, s.offset): s for s in slots}
-        out: list[OutputTensor] = []
-        for ref in resp.outputs:
-            data: memoryview | None
-            location = None
-            if ref.data is not None:
-                data = memoryview(ref.data)
-            elif ref.region.startswith(m.CLIENT_REGION):
-                data = None  # written into the client's region: the response carries no data
-            else:
-                slot = by_place.get((ref.region, ref.offset))
-                if slot is None or ref.nbytes > slot.capacity:
-                    raise ServingError(Code.INTERNAL, f"output '{ref.name}' came back misplaced")
-                data = slot.view[: ref.nbytes]
-                location = (ref.region, ref.offset)
-            out.append(OutputTensor(ref.name, ref.datatype, list(ref.shape), data, {}, location))
-        return out
 
     def _alloc(self, nbytes: int) -> Slot:
         try:

@@ -293,8 +293,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         async def call() -> pb.RepositoryIndexResponse:
             if request.repository_name:
-                raise self.dp.refuse_named_repository()
-            entries = await self.dp.repository_index(request.ready)
+                raise self.dp.repository.refuse_named_repository()
+            entries = await self.dp.repository.index(request.ready)
             models = [pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries]
             return pb.RepositoryIndexResponse(models=models)
 
@@ -303,14 +303,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             if request.repository_name:
-                raise self.dp.refuse_named_repository()
+                raise self.dp.repository.refuse_named_repository()
             grpc_codec.check_load_parameters(request.parameters)
-            if (refusal := self.dp.refuse_model_control()) is not None:
+            if (refusal := self.dp.repository.refuse_model_control()) is not None:
                 raise refusal  # (mode none or poll)
             params = request.parameters
             config = params["config"].string_param if "config" in params else ""
             files = {k: v.bytes_param for k, v in params.items() if k.startswith("file:")}
-            await self.dp.model_control("load", request.model_name, config, files)
+            await self.dp.repository.model_control("load", request.model_name, config, files)
             return pb.RepositoryModelLoadResponse()
 
         return await _guard(context, call)
@@ -318,13 +318,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             if request.repository_name:
-                raise self.dp.refuse_named_repository()
+                raise self.dp.repository.refuse_named_repository()
             grpc_codec.check_unload_parameters(request.parameters)
-            if (refusal := self.dp.refuse_model_control()) is not None:
+            if (refusal := self.dp.repository.refuse_model_control()) is not None:
                 raise refusal  # (mode none or poll)
             params = request.parameters
             dependents = "unload_dependents" in params and params["unload_dependents"].bool_param
-            await self.dp.model_control("unload", request.model_name, "", {}, dependents)
+            await self.dp.repository.model_control("unload", request.model_name, "", {}, dependents)
             return pb.RepositoryModelUnloadResponse()
 
         return await _guard(context, call)

@@ -23,7 +23,14 @@ from aiohttp.typedefs import Middleware
 from shoal.dataplane.json_limits import MAX_JSON_DEPTH, check_depth
 from shoal.dataplane.plane import DataPlane
 from shoal.dataplane.types import ClientRequest, InferenceResult, ResponseError
-from shoal.frontend import generate, http_codec, http_shm, json_members, log_settings, restricted
+from shoal.frontend import (
+    generate,
+    http_client_shm,
+    http_codec,
+    json_members,
+    log_settings,
+    restricted,
+)
 from shoal.frontend.http_body import (
     BODY_DEADLINE,
     MAX_INPUT,
@@ -283,7 +290,7 @@ async def repository_index(request: web.Request) -> web.Response:
             if not isinstance(doc["ready"], bool):  # the current Triton's (2.51: INTERNAL)
                 raise invalid_arg("Invalid value for 'ready': expected a boolean")
             ready = doc["ready"]
-    return _json(await _dp(request).repository_index(ready))
+    return _json(await _dp(request).repository.index(ready))
 
 
 async def repository_load(request: web.Request) -> web.Response:
@@ -291,7 +298,7 @@ async def repository_load(request: web.Request) -> web.Response:
     Triton 2.51's order and words: every parameter a string, named ``config`` (a JSON
     ModelConfig that replaces config.pbtxt) or ``file:<version>/<path>`` (base64)."""
     if "repository" in request.match_info:
-        raise _dp(request).refuse_named_repository()
+        raise _dp(request).repository.refuse_named_repository()
     body = await request.read()
     config = ""
     files: dict[str, bytes] = {}
@@ -312,7 +319,7 @@ async def repository_load(request: web.Request) -> web.Response:
                     config = value
                 else:
                     files[key] = value.encode()
-    if (refusal := _dp(request).refuse_model_control()) is not None:
+    if (refusal := _dp(request).repository.refuse_model_control()) is not None:
         raise refusal  # (mode none or poll: after the body's checks, as Triton)
     model = request.match_info["model"]
     for key, value in files.items():
@@ -324,7 +331,7 @@ async def repository_load(request: web.Request) -> web.Response:
                 f"failed to load '{model}', failed to poll from model repository: "
                 f"'{key}' is not base64",
             ) from None
-    await _dp(request).model_control("load", model, config, files)
+    await _dp(request).repository.model_control("load", model, config, files)
     return _empty(True)
 
 
@@ -332,8 +339,8 @@ async def repository_unload(request: web.Request) -> web.Response:
     """Unload a model (with ``unload_dependents``: an ensemble's composing models that
     only it uses)."""
     if "repository" in request.match_info:
-        raise _dp(request).refuse_named_repository()
-    if (refusal := _dp(request).refuse_model_control()) is not None:
+        raise _dp(request).repository.refuse_named_repository()
+    if (refusal := _dp(request).repository.refuse_model_control()) is not None:
         raise refusal  # Triton reads no body first
     body = await request.read()
     dependents = False
@@ -343,7 +350,9 @@ async def repository_unload(request: web.Request) -> web.Response:
         doc = _control_json(body) if body else {}
         params = doc.get("parameters", {}) if isinstance(doc, dict) else {}
         dependents = isinstance(params, dict) and params.get("unload_dependents") is True
-    await _dp(request).model_control("unload", request.match_info["model"], "", {}, dependents)
+    await _dp(request).repository.model_control(
+        "unload", request.match_info["model"], "", {}, dependents
+    )
     return _empty(True)
 
 
@@ -358,7 +367,7 @@ async def logging_update(request: web.Request) -> web.Response:
 
 
 async def model_instances(request: web.Request) -> web.Response:
-    return _json(await _dp(request).model_instances(request.match_info["model"]))
+    return _json(await _dp(request).repository.model_instances(request.match_info["model"]))
 
 
 async def frontend_status(request: web.Request) -> web.Response:
@@ -460,7 +469,7 @@ def build_app(
         r.add_post(repo + "/index", repository_index)
         r.add_post(repo + "/models/{model:[^/]+}/load", repository_load)
         r.add_post(repo + "/models/{model:[^/]+}/unload", repository_unload)
-    app.add_routes(http_shm.routes(_dp))
+    app.add_routes(http_client_shm.routes(_dp))
     # aiohttp tries a prefix's dynamic routes in the order added, one regex each: infer
     # (the hot path) and ready (the probes) first.
     for base in (model, versioned):

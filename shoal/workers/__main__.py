@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         # is still checked against the server's GPUs (counted before the narrowing).
         gpus = gpu_count()
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_device(args.gpu)
-    from shoal.workers.proc import WorkerProc, WorkerSettings
+    from shoal.workers.loading import WorkerSettings
+    from shoal.workers.proc import WorkerProc
 
     proc = WorkerProc(
         WorkerSettings(

@@ -17,7 +17,7 @@ As Triton's Python backend:
 * The config lists the model's inputs and outputs (there is no file to read them from).
 * A decoupled model (``model_transaction_policy { decoupled: true }``) answers through
   each request's response sender, any number of times, and its ``execute`` returns None
-  (``execute_decoupled``). The worker gives the senders (shoal/workers/proc.py).
+  (``execute_decoupled``). The worker gives the senders (shoal/workers/streams.py).
 
 * A model's own requests to other models (business logic scripting,
   ``pb_utils.InferenceRequest(...).exec()``) go through shoal/workers/bls.py.

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.proc import BrokerProc, BrokerSettings
+from shoal.broker.proc import BrokerProc
+from shoal.broker.startup import BrokerSettings
 
 
 @pytest.fixture

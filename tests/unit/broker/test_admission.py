@@ -1,5 +1,5 @@
 """The broker's admission of a request, on a broker whose table is filled by hand (no
-workers): what it sends is captured at its one send call."""
+workers): what it sends is captured at its one send call (its outbox's)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from shoal.ipc.errors import Code, ServingError
 
 def _capture_sends(broker: BrokerProc, monkeypatch: pytest.MonkeyPatch) -> list[list[bytes]]:
     sent: list[list[bytes]] = []
-    monkeypatch.setattr(broker, "_send", lambda sock, frames: sent.append(frames))
+    monkeypatch.setattr(broker.out, "send", lambda sock, frames: sent.append(frames))
     return sent
 
 
@@ -51,7 +51,7 @@ def test_an_ordered_request_for_the_latest_version_gets_its_answer(
     assert inst.in_flight is not None
     (item,) = inst.in_flight.items
     assert item.seq == 1 and item.request.version == 3
-    broker._fail_item(item, ServingError(Code.INTERNAL, "boom"))
+    broker.out.fail_item(item, ServingError(Code.INTERNAL, "boom"))
     (answer,) = [f for f in sent if f[1] == m.RESULT]
     assert answer[0] == b"fe"
     resp = m.decode_response(answer[2])

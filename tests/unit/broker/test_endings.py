@@ -126,3 +126,44 @@ def test_memory_is_read_only_where_it_can_be_trusted() -> None:
     host.memory = {1000: 900 * MIB}
     endings.tick(0.0)
     assert host.reads == []  # no limit: nothing to read
+
+
+def test_a_lost_instance_s_batch_fails_and_its_queue_goes_to_its_sibling() -> None:
+    mv, router, (a, b), _, endings = _setup(limit_mb=0)
+    router.submit(mv, _item(1), 0.0)  # a runs it
+    router.submit(mv, _item(2), 0.0)  # b runs it
+    assert a.in_flight is not None and b.in_flight is not None
+    del endings.table.by_ident[a.ident]  # (the shell takes it out of the table first)
+    loss = endings.lost(a, stopping=False, now=1.0)
+    ((item, err),) = loss.answers
+    assert item.request.req_id == 1 and err is loss.error
+    assert err.message == (
+        "Failed to process the request(s) for model instance '', message: the instance's "
+        "worker process (pid 1000) exited"
+    )
+    assert loss.dispatches == [] and a.ident not in mv.instances
+    assert mv.exits == {"crash": 1} and mv.state == "READY"  # b still serves
+
+
+def test_requests_no_instance_left_can_run_are_answered_as_orphans() -> None:
+    mv, router, (a, b), _, endings = _setup(limit_mb=0)
+    for inst in (a, b):
+        router.submit(mv, _item(inst.index), 0.0)
+    router.submit(mv, _item(9), 0.0)  # queued: both are busy
+    for inst in (b, a):  # b first: a is then the last
+        del endings.table.by_ident[inst.ident]
+        loss = endings.lost(inst, stopping=True, now=1.0)
+    assert [(i.request.req_id, "no instance left" in e.message) for i, e in loss.answers] == [
+        (0, False), (9, True)
+    ]  # fmt: skip
+    assert mv.exits == {} and mv.state == "UNAVAILABLE"  # (a stop is not counted)
+
+
+def test_a_killed_instance_s_requests_say_why() -> None:
+    mv, router, (a, _), _, endings = _setup(limit_mb=0)
+    router.submit(mv, _item(1), 0.0)
+    endings.kill(a, "execution_timeout", "it hung")
+    del endings.table.by_ident[a.ident]
+    loss = endings.lost(a, stopping=False, now=1.0)
+    assert loss.error.message.endswith("(pid 1000) was killed (it hung)")
+    assert mv.exits == {"execution_timeout": 1}

@@ -13,7 +13,8 @@ import zmq
 from shoal.ipc import messages as m
 from shoal.ipc import sockets
 from shoal.ipc.result_link import FrameReader, listen
-from shoal.workers.proc import WorkerProc, WorkerSettings
+from shoal.workers.loading import WorkerSettings
+from shoal.workers.proc import WorkerProc
 from tests.repos import write_identity
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import zmq
 
-from shoal.workers.proc import WorkerProc, WorkerSettings
+from shoal.workers.loading import WorkerSettings
+from shoal.workers.proc import WorkerProc
 
 
 def test_a_broker_gone_before_it_is_watched_makes_the_next_hello_a_rejoin(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from shoal.ipc import sockets
 from shoal.ipc.result_link import ResultSender, listen
-from shoal.workers.proc import WorkerProc, WorkerSettings
+from shoal.workers.loading import WorkerSettings
+from shoal.workers.proc import WorkerProc
 
 
 def test_the_result_link_of_an_exited_frontend_is_closed(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from shoal.configs.model_config import ConfigError, ModelConfig, parse_config_text
-from shoal.workers.proc import _thread_count
+from shoal.workers.loading import thread_count
 
 CORES = [2, 3]
 
@@ -38,7 +38,7 @@ def config(platform: str, **params: str) -> ModelConfig:
 def test_each_backend_reads_its_own_keys(
     backend: str, platform: str, params: dict[str, str], cores: list[int], expected: int
 ) -> None:
-    assert _thread_count(config(platform, **params), backend, cores) == expected
+    assert thread_count(config(platform, **params), backend, cores) == expected
 
 
 BIG = 64 << 20  # a model's files, bytes: past configs.backend_params.BORROW_MIN_MODEL_BYTES
@@ -59,12 +59,12 @@ def test_a_large_model_gets_threads_for_the_cores_it_may_borrow(
     params: dict[str, str], cores: list[int], may_use: int, model_bytes: int, expected: int
 ) -> None:
     cfg = config("onnxruntime_onnx", **params)
-    assert _thread_count(cfg, "onnxruntime", cores, may_use, model_bytes) == expected
+    assert thread_count(cfg, "onnxruntime", cores, may_use, model_bytes) == expected
 
 
 def test_torch_warns_about_a_lower_case_value_it_ignores(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="shoal.worker"):
-        threads = _thread_count(
+        threads = thread_count(
             config("pytorch_libtorch", intra_op_thread_count="auto"), "pytorch", CORES
         )
     assert threads == len(CORES)
@@ -93,5 +93,5 @@ def test_a_value_triton_rejects_fails_the_load(
     backend: str, platform: str, params: dict[str, str], message: str
 ) -> None:
     with pytest.raises(ConfigError) as info:
-        _thread_count(config(platform, **params), backend, CORES)
+        thread_count(config(platform, **params), backend, CORES)
     assert info.value.message == message

@@ -1,5 +1,6 @@
-"""The broker's side of client shared memory: the shared-memory extension's requests, and
-the references inference requests make into registered regions (pure: no sockets).
+"""The broker's answers about client shared memory: the shared-memory extension's requests
+(register, unregister, status), and the references inference requests make into registered
+regions, checked against the registry (shoal/broker/client_shm_registry.py). Pure: no sockets.
 
 Each method that can end a registration's life returns the registration ids that are now
 free everywhere; the caller tells the workers to unmap them.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from shoal.broker.regions import Kind, Region, RegionTable
+from shoal.broker.client_shm_registry import Kind, Region, RegionTable
 from shoal.configs.devices import gpu_count
 from shoal.ipc import messages as m
 from shoal.ipc.errors import ServingError

@@ -1,6 +1,6 @@
-"""Triton's system and CUDA shared-memory extensions over HTTP (register, unregister,
-status): thin handlers over DataPlane.shared_memory. Body errors are those of Triton's
-HandleSystemSharedMemory and HandleCudaSharedMemory (src/http_server.cc)."""
+"""The HTTP endpoints of Triton's system and CUDA shared-memory extensions (register,
+unregister, status): thin handlers over DataPlane.shared_memory. Body errors are those of
+Triton's HandleSystemSharedMemory and HandleCudaSharedMemory (src/http_server.cc)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,12 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
     def region(request: web.Request) -> str:
         return request.match_info.get("region", "")
 
+    async def registered(
+        request: web.Request, kind: str, **fields: int | str | bytes
+    ) -> web.Response:
+        await dp(request).shared_memory("register", kind, region(request), **fields)
+        return web.Response(status=200)
+
     async def system_status(request: web.Request) -> web.Response:
         regions = await dp(request).shared_memory("status", "system", region(request))
         body = [
@@ -98,15 +104,9 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
         key = _string(doc["key"])
         offset = _uint(doc, "offset", 0)
         _required(doc, "byte_size")
-        await dp(request).shared_memory(
-            "register",
-            "system",
-            region(request),
-            key=key,
-            offset=offset,
-            byte_size=_uint(doc, "byte_size"),
+        return await registered(
+            request, "system", key=key, offset=offset, byte_size=_uint(doc, "byte_size")
         )
-        return web.Response(status=200)
 
     async def cuda_status(request: web.Request) -> web.Response:
         regions = await dp(request).shared_memory("status", "cuda", region(request))
@@ -130,15 +130,9 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
         handle = _lenient_b64decode(b64)
         if len(handle) != CUDA_HANDLE_BYTES:  # checked here first, as Triton's HTTP does
             raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
-        await dp(request).shared_memory(
-            "register",
-            "cuda",
-            region(request),
-            raw_handle=handle,
-            device_id=device_id,
-            byte_size=byte_size,
+        return await registered(
+            request, "cuda", raw_handle=handle, device_id=device_id, byte_size=byte_size
         )
-        return web.Response(status=200)
 
     async def unnamed_register(request: web.Request) -> web.Response:
         kind = "cuda" if request.path.startswith("/v2/cuda") else "system"

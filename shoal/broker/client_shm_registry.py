@@ -1,4 +1,6 @@
-"""The server's table of client-registered shared-memory regions (one for every frontend).
+"""The registry of client shared-memory regions: what the broker keeps about each region a
+client registered (one table for every frontend). Its messages to and from the frontends go
+through shoal/broker/client_shm_requests.py.
 
 Triton's system (and CUDA) shared-memory extension: a client registers a region once
 (name -> key, offset, byte_size) and then sends references into it. Every reference is

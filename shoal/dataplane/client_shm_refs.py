@@ -1,4 +1,5 @@
-"""Tensors in client-registered shared memory, as the frontend sees them.
+"""A request's tensors in client-registered shared memory, turned into references: what a
+frontend (or a worker's scripting) sends the broker for them.
 
 The frontend never reads those bytes: it checks the request's own numbers (the byte
 size against datatype and shape) and sends a reference ``shm:<region>`` that the broker

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.regions import RegionTable
+from shoal.broker.client_shm_registry import RegionTable
 from shoal.ipc.errors import Code, ServingError
 
 

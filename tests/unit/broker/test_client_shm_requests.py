@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.client_regions import ClientRegions
+from shoal.broker.client_shm_requests import ClientRegions
 from shoal.ipc import messages as m
 
 
