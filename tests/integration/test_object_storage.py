@@ -21,6 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.object_store import caches_of, infer_simple, until
 from tests.serverctl import free_port, served
 from tools import modelgen
 
@@ -77,25 +78,6 @@ def _delete(s3: Any, prefix: str) -> None:
         s3.delete_object(Bucket=BUCKET, Key=obj["Key"])
 
 
-def _simple(client: Any, module: Any, model: str = "simple") -> np.ndarray:
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
-    for i in inputs:
-        i.set_data_from_numpy(a)
-    return client.infer(model, inputs).as_numpy("OUTPUT0")  # type: ignore[no-any-return]
-
-
-def _until(check: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
-
-
-def _caches_of(pid: int) -> list[Path]:
-    return list(Path(tempfile.gettempdir()).glob(f"shoal-models-{pid}"))
-
-
 def test_poll_mode_serves_from_s3_and_sees_the_bucket_change(
     s3: Any, endpoint: str, tmp_path: Path
 ) -> None:
@@ -106,15 +88,15 @@ def test_poll_mode_serves_from_s3_and_sees_the_bucket_change(
     args = ("--model-control-mode=poll", "--repository-poll-secs=0.3")
     with served(url, *args, env=CREDENTIALS) as srv:
         client = httpclient.InferenceServerClient(srv.url)
-        np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
+        np.testing.assert_array_equal(infer_simple(client, httpclient), 2 * np.arange(16)[None])
         grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
-        np.testing.assert_array_equal(_simple(grpc, grpcclient), 2 * np.arange(16)[None])
-        (cache,) = _caches_of(srv.proc.pid)
+        np.testing.assert_array_equal(infer_simple(grpc, grpcclient), 2 * np.arange(16)[None])
+        (cache,) = caches_of(srv.proc.pid)
         assert (cache / "simple" / "1" / "model.onnx").is_file()  # the workers' copy
         # a new model in the bucket loads
         modelgen.write_shipped_repository(local, ("mlp",))
         _upload(s3, local / "mlp", "repo/mlp")
-        _until(lambda: client.is_model_ready("mlp"))
+        until(lambda: client.is_model_ready("mlp"))
         # a changed config reloads
         config = (local / "simple" / "config.pbtxt").read_text()
         s3.put_object(
@@ -122,19 +104,19 @@ def test_poll_mode_serves_from_s3_and_sees_the_bucket_change(
             Key="repo/simple/config.pbtxt",
             Body=config.replace("max_batch_size: 8", "max_batch_size: 2").encode(),
         )
-        _until(lambda: client.get_model_config("simple")["max_batch_size"] == 2)
-        np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
+        until(lambda: client.get_model_config("simple")["max_batch_size"] == 2)
+        np.testing.assert_array_equal(infer_simple(client, httpclient), 2 * np.arange(16)[None])
         # a new version loads (the latest one serves)
         s3.upload_file(
             str(local / "simple" / "1" / "model.onnx"), BUCKET, "repo/simple/2/model.onnx"
         )
-        _until(lambda: client.is_model_ready("simple", "2"))
+        until(lambda: client.is_model_ready("simple", "2"))
         # a model removed from the bucket unloads
         _delete(s3, "repo/mlp/")
-        _until(lambda: not client.is_model_ready("mlp"))
+        until(lambda: not client.is_model_ready("mlp"))
         assert [e["name"] for e in client.get_model_repository_index()] == ["simple"]
         pid = srv.proc.pid
-    assert _caches_of(pid) == []  # the cache goes with the server
+    assert caches_of(pid) == []  # the cache goes with the server
 
 
 def test_explicit_mode_loads_what_the_bucket_holds_now(
@@ -148,8 +130,8 @@ def test_explicit_mode_loads_what_the_bucket_holds_now(
     args = ("--model-control-mode=explicit", "--load-model=simple")
     with served(url, *args, env=CREDENTIALS) as srv:
         client = httpclient.InferenceServerClient(srv.url)
-        np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
-        (cache,) = _caches_of(srv.proc.pid)
+        np.testing.assert_array_equal(infer_simple(client, httpclient), 2 * np.arange(16)[None])
+        (cache,) = caches_of(srv.proc.pid)
         # the model that did not load: its config only, not its files
         assert (cache / "mlp" / "config.pbtxt").is_file()
         assert not (cache / "mlp" / "1" / "model.onnx").exists()
@@ -164,8 +146,10 @@ def test_explicit_mode_loads_what_the_bucket_holds_now(
         )  # fmt: skip
         _upload(s3, local / "copy", "copy")
         client.load_model("copy")
-        np.testing.assert_array_equal(_simple(client, httpclient, "copy"), 2 * np.arange(16)[None])
-        _until(lambda: "copy" in {e["name"] for e in client.get_model_repository_index()})
+        np.testing.assert_array_equal(
+            infer_simple(client, httpclient, "copy"), 2 * np.arange(16)[None]
+        )
+        until(lambda: "copy" in {e["name"] for e in client.get_model_repository_index()})
         # a changed config takes effect at the next load
         config = (local / "simple" / "config.pbtxt").read_text()
         s3.put_object(
@@ -231,7 +215,7 @@ def test_a_folder_and_a_bucket_serve_together(s3: Any, endpoint: str, tmp_path: 
     url = f"s3://{endpoint}/{BUCKET}/repo"
     with served(folder, f"--model-repository={url}", env=CREDENTIALS) as srv:
         client = httpclient.InferenceServerClient(srv.url)
-        np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
+        np.testing.assert_array_equal(infer_simple(client, httpclient), 2 * np.arange(16)[None])
         assert client.is_model_ready("mlp")
         assert sorted(e["name"] for e in client.get_model_repository_index()) == ["mlp", "simple"]
 
@@ -261,7 +245,7 @@ def test_a_dead_endpoint_later_fails_loads_in_seconds_and_the_server_serves_on(
             assert "failed to load 'mlp', failed to poll from model repository" in str(e.value)
             assert time.monotonic() - started < 30
             assert {e["name"] for e in client.get_model_repository_index()} == {"simple", "mlp"}
-            np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
+            np.testing.assert_array_equal(infer_simple(client, httpclient), 2 * np.arange(16)[None])
             assert client.is_server_ready()
     finally:
         own.stop()

@@ -29,6 +29,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.object_store import caches_of, infer_simple, until
 from tests.serverctl import free_port, log_dir, served
 from tools import modelgen
 
@@ -149,25 +150,6 @@ def bucket(request: pytest.FixtureRequest) -> Iterator[Bucket]:
     b.empty()
 
 
-def _simple(client: Any, module: Any, model: str = "simple") -> np.ndarray:
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
-    for i in inputs:
-        i.set_data_from_numpy(a)
-    return client.infer(model, inputs).as_numpy("OUTPUT0")  # type: ignore[no-any-return]
-
-
-def _until(check: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
-
-
-def _caches_of(pid: int) -> list[Path]:
-    return list(Path(tempfile.gettempdir()).glob(f"shoal-models-{pid}"))
-
-
 def test_poll_mode_serves_from_the_bucket_and_sees_it_change(
     bucket: Bucket, tmp_path: Path
 ) -> None:
@@ -177,29 +159,29 @@ def test_poll_mode_serves_from_the_bucket_and_sees_it_change(
     args = ("--model-control-mode=poll", "--repository-poll-secs=0.3")
     with served(bucket.url("repo"), *args, env=bucket.env) as srv:
         client = httpclient.InferenceServerClient(srv.url)
-        np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
+        np.testing.assert_array_equal(infer_simple(client, httpclient), 2 * np.arange(16)[None])
         grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
-        np.testing.assert_array_equal(_simple(grpc, grpcclient), 2 * np.arange(16)[None])
-        (cache,) = _caches_of(srv.proc.pid)
+        np.testing.assert_array_equal(infer_simple(grpc, grpcclient), 2 * np.arange(16)[None])
+        (cache,) = caches_of(srv.proc.pid)
         assert (cache / "simple" / "1" / "model.onnx").is_file()  # the workers' copy
         # a new model in the bucket loads
         modelgen.write_shipped_repository(local, ("mlp",))
         bucket.upload(local / "mlp", "repo/mlp")
-        _until(lambda: client.is_model_ready("mlp"))
+        until(lambda: client.is_model_ready("mlp"))
         # a changed config reloads
         config = (local / "simple" / "config.pbtxt").read_text()
         changed = config.replace("max_batch_size: 8", "max_batch_size: 2")
         bucket.put("repo/simple/config.pbtxt", changed.encode())
-        _until(lambda: client.get_model_config("simple")["max_batch_size"] == 2)
-        np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
+        until(lambda: client.get_model_config("simple")["max_batch_size"] == 2)
+        np.testing.assert_array_equal(infer_simple(client, httpclient), 2 * np.arange(16)[None])
         # a model removed from the bucket unloads
         bucket.delete("repo/mlp")
-        _until(lambda: not client.is_model_ready("mlp"))
+        until(lambda: not client.is_model_ready("mlp"))
         assert [e["name"] for e in client.get_model_repository_index()] == ["simple"]
         pid = srv.proc.pid
         # the storage client's own request log (Azure's logs each at INFO) stays out
         assert "Request URL" not in srv.log()
-    assert _caches_of(pid) == []  # the cache goes with the server
+    assert caches_of(pid) == []  # the cache goes with the server
 
 
 def test_explicit_mode_loads_what_the_bucket_holds_now(bucket: Bucket, tmp_path: Path) -> None:
@@ -210,8 +192,8 @@ def test_explicit_mode_loads_what_the_bucket_holds_now(bucket: Bucket, tmp_path:
     args = ("--model-control-mode=explicit", "--load-model=simple")
     with served(bucket.url(), *args, env=bucket.env) as srv:
         client = httpclient.InferenceServerClient(srv.url)
-        np.testing.assert_array_equal(_simple(client, httpclient), 2 * np.arange(16)[None])
-        (cache,) = _caches_of(srv.proc.pid)
+        np.testing.assert_array_equal(infer_simple(client, httpclient), 2 * np.arange(16)[None])
+        (cache,) = caches_of(srv.proc.pid)
         # the model that did not load: its config only, not its files
         assert (cache / "mlp" / "config.pbtxt").is_file()
         assert not (cache / "mlp" / "1" / "model.onnx").exists()
@@ -226,8 +208,10 @@ def test_explicit_mode_loads_what_the_bucket_holds_now(bucket: Bucket, tmp_path:
         )  # fmt: skip
         bucket.upload(local / "copy", "copy")
         client.load_model("copy")
-        np.testing.assert_array_equal(_simple(client, httpclient, "copy"), 2 * np.arange(16)[None])
-        _until(lambda: "copy" in {e["name"] for e in client.get_model_repository_index()})
+        np.testing.assert_array_equal(
+            infer_simple(client, httpclient, "copy"), 2 * np.arange(16)[None]
+        )
+        until(lambda: "copy" in {e["name"] for e in client.get_model_repository_index()})
         # a changed config takes effect at the next load
         config = (local / "simple" / "config.pbtxt").read_text()
         bucket.put(
