@@ -270,6 +270,9 @@ def supervisord_conf(args: argparse.Namespace, argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if settings.init_error:
+        print(f"error: {settings.init_error}", file=sys.stderr)
+        return 2
     if settings.repository_locations:
         print(
             "error: several model repositories and object storage need shoal serve, whose "
@@ -330,14 +333,21 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     from shoal.launcher import ServeSettings
 
     locations: list[str] = []
+    init_error = ""
     for location in args.model_repository:
         if is_remote(location):
             locations.append(location)
         elif not Path(location).is_dir():
-            raise ValueError(f"model repository '{location}' is not a directory")
+            message = f"model repository '{location}' is not a directory"
+            if args.exit_on_error:
+                raise ValueError(message)
+            # Triton's failed-to-initialize server: it runs, neither live nor ready
+            log.error("failed to initialize: %s (--exit-on-error=false: no models)", message)
+            init_error = init_error or message
+            locations.append(location)
         else:
             locations.append(str(Path(location).resolve()))
-    view = needs_view(locations)
+    view = needs_view(locations) and not init_error
     repo = cache_dir() if view else Path(locations[0])
     refusal = check_flags(args.model_control_mode, args.load_model)
     if refusal is None and args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
@@ -360,6 +370,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     backend_cfg = _backend_config(args.backend_config)
     return ServeSettings(
         model_repository=repo,
+        init_error=init_error,
         repository_locations=locations if view else [],
         model_namespacing=args.model_namespacing,
         http_address=args.http_address,

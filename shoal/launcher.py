@@ -45,6 +45,10 @@ log = logging.getLogger("shoal.serve")
 @dataclass
 class ServeSettings:
     model_repository: Path
+    # why the server cannot serve (a --model-repository that is no folder, with
+    # --exit-on-error=false): it runs, not live and not ready, with no models, as Triton's
+    # server that failed to initialize; "" when it serves
+    init_error: str = ""
     # what model_repository is a view of (several repositories, object storage): the
     # launcher fetches it before the other roles start, and removes it at exit
     repository_locations: list[str] = field(default_factory=list)

@@ -77,6 +77,7 @@ class RoleArgv:
             *(f"--load-model={name}" for name in s.load_models),
             *(f"--repository-location={loc}" for loc in s.repository_locations),
             *(["--model-namespacing=true"] if s.model_namespacing else []),
+            *([f"--init-error={s.init_error}"] if s.init_error else []),
         ]
 
     def frontend(self, index: int | str) -> list[str]:
@@ -154,6 +155,8 @@ class RoleArgv:
 
     def workers(self) -> list[tuple[str, list[str]]]:
         """(instance name, argv) of every worker the repository asks for at start."""
+        if self.s.init_error:  # (a server that failed to initialize reads no repository)
+            return []
         return [
             self.worker(
                 WorkerSpec(p.model, p.version, p.index, p.name, 0, list(p.cores), _gpu(p.gpu))

@@ -79,6 +79,9 @@ class BrokerSettings:
     # what model_repository is a view of (shoal/configs/repository_view.py); [] it is no view
     repository_locations: list[str] = field(default_factory=list)
     model_namespacing: bool = False  # qualified names (shoal/configs/namespaces.py) are served
+    # why the server failed to initialize: no repository is read, the server is neither
+    # live nor ready and model control is refused (Triton's FAILED_TO_INITIALIZE)
+    init_error: str = ""
     expect_launcher: bool = False  # started by shoal serve (explicit/poll: it starts workers)
     cpu_lending: bool = True  # idle CPU instances lend their cores to busy ones
     # Triton's test hooks TRITONSERVER_(BACKLOG_)DELAY_SCHEDULER, read from the environment
@@ -211,7 +214,10 @@ class BrokerProc:
         if stale_files := [*sockets.sweep_stale_results(self.s.runtime_dir),
                            *self.control.sweep_files()]:  # fmt: skip
             log.info("removed %d stale file(s) of the runtime directory", len(stale_files))
-        self.load_repository()
+        if self.s.init_error:
+            self.startup_reported = True  # (nothing loads)
+        else:
+            self.load_repository()
         settle_gc()
         while not self.stop:
             if self.control.busy:
@@ -446,7 +452,8 @@ class BrokerProc:
                 states = sorted([*states, *self.control.index()], key=lambda s: (s.name, s.version))
             if msg.memory_of:
                 self._add_details(states, msg.memory_of)
-            state = m.ServerState(msg.query_id, True, ready, states)
+            live = not self.s.init_error
+            state = m.ServerState(msg.query_id, live, ready and live, states)
             self._send(self.fsock, [ident, *m.encode(state)])
         elif isinstance(msg, m.CacheHit):
             if (hit := self.table.version(msg.model, msg.version)) is not None:
@@ -467,7 +474,12 @@ class BrokerProc:
             if ident in self.frontend_fds or ident in self._unwatched:  # one it watches
                 self._leaving.add(ident)
         elif isinstance(msg, m.ModelControl):
-            self._apply(self.control.request(ident, msg))
+            if self.s.init_error:
+                why = f"Server is not live: {self.s.init_error}"
+                error = m.ErrorInfo(int(Code.UNAVAILABLE), why)
+                self._send(self.fsock, [ident, *m.encode(m.ControlReply(msg.query_id, error))])
+            else:
+                self._apply(self.control.request(ident, msg))
         elif isinstance(msg, m.LauncherHello):
             if ident == sockets.LAUNCHER_IDENTITY and self.control.managed:
                 if self.launcher is None:
