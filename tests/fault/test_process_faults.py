@@ -584,7 +584,10 @@ def test_port_in_use_fails_fast(small_repo: Path) -> None:
             text=True,
         )
     assert proc.returncode != 0
-    assert "cannot listen" in proc.stderr
+    assert (
+        f"failed to start HTTP service: Unavailable - Socket '127.0.0.1:{port}' already in use"
+        in proc.stderr
+    )
     assert not processes_with(runtime)
     shutil.rmtree(runtime, ignore_errors=True)
 

@@ -66,3 +66,18 @@ def test_an_existing_repository_serves_as_before(tmp_path: Path) -> None:
         for client in _clients(srv):
             assert client.is_server_live()  # type: ignore[attr-defined]
             assert client.is_server_ready()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("service", ["HTTP", "GRPC", "Metrics"])
+def test_a_port_in_use_stops_the_start_with_tritons_error(tmp_path: Path, service: str) -> None:
+    """The line L0_lifecycle's port-collision checks grep for, once."""
+    with served(tmp_path) as first:
+        port = {"HTTP": first.http_port, "GRPC": first.grpc_port, "Metrics": first.metrics_port}
+        flag = {"HTTP": "--http-port", "GRPC": "--grpc-port", "Metrics": "--metrics-port"}
+        address = "0.0.0.0" if service == "GRPC" else "127.0.0.1"  # (metrics: HTTP's)
+        second = ShoalServer(tmp_path, f"{flag[service]}={port[service]}", wait_ready=False)
+        assert second.proc.wait(60) != 0
+        second.stop()
+        socket = f"{address}:{port[service]}"
+        line = f"failed to start {service} service: Unavailable - Socket '{socket}' already in use"
+        assert second.log().count(line) == 1, second.log()
