@@ -175,7 +175,7 @@ class BrokerProc:
                     name, f"failed to load '{name}', failed to poll from model repository"
                 )
         entries = [e for e in entries if e.name in chosen]
-        self.control.loaded = {e.name: e for e in entries if not e.error and e.config}
+        self.control.started_with(entries)
         if self.control.poll_secs > 0:
             self.control.start_polling(time.monotonic())
         for e in entries:
@@ -531,11 +531,11 @@ class BrokerProc:
             raise unknown_model(name)
         if version >= 0:
             mv = entry.versions.get(version)
-            if mv is None:
+            if mv is None and version not in self.control.gone_versions.get(name, ()):
                 raise ServingError(
                     Code.NOT_FOUND, f"{UNKNOWN_MODEL}'{name}' version {version} is not found"
                 )
-            if mv.state != "READY":
+            if mv is None or mv.state != "READY":  # (one a reload unloaded: Triton keeps it)
                 raise ServingError(
                     Code.UNAVAILABLE,
                     f"{UNKNOWN_MODEL}'{name}' version {version} is not at ready state",
@@ -740,8 +740,11 @@ class BrokerProc:
                         if inst.cores:
                             self._repin({ident: tuple(sorted(inst.cores))})
                 if mv is not None:
+                    was_ready = mv.ever_ready
                     mv.set_config(msg.config)
                     mv.refresh_state()
+                    if mv.generation == 0 and mv.ever_ready and not was_ready:
+                        self._loaded_at_start(mv.name)
                 log.info(
                     "instance %d of %s/%d ready (pid %d)",
                     inst.index,
@@ -755,6 +758,12 @@ class BrokerProc:
             mv = self.table.owner(inst)
             if mv is not None:
                 mv.load_failed(inst, msg.message)
+
+    def _loaded_at_start(self, name: str) -> None:
+        """Triton's line once every version of a model that loads at start is READY."""
+        entry = self.table.models.get(name)
+        if entry is not None and all(v.ever_ready for v in entry.versions.values()):
+            log.info("successfully loaded '%s'", name)
 
     def _on_ordered_result(self, ident: bytes, frames: list[bytes]) -> None:
         inst = self.table.by_ident.get(ident)

@@ -109,6 +109,15 @@ def _workers(server: ShoalServer, model: str) -> set[int]:
     }
 
 
+def _modify_version(server: ShoalServer, model: str, version: int = 1) -> None:
+    """A change to the version's files (newer than any before): a load reloads it (an
+    unmodified version serves on as it is, as in Triton)."""
+    changed = Path(server.repo) / model / str(version) / "changed"
+    changed.write_text("changed")
+    stamp = time.time() + 10
+    os.utime(changed, (stamp, stamp))
+
+
 def _until(check: object, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
@@ -510,6 +519,7 @@ def test_a_sequence_begun_before_a_reload_ends_on_the_copy_that_holds_it(
         return int(out.as_numpy("OUTPUT")[0, 0])
 
     assert step(10, 42, sequence_start=True) == 11  # OUTPUT = INPUT + START
+    _modify_version(server, "simple_sequence")
     client.load_model("simple_sequence")  # a new copy; sequence 42 is open on the old one
     assert step(20, 43, sequence_start=True) == 21  # a new sequence: the new copy
     assert step(30, 42) == 30  # not refused for want of a START: the old copy has it

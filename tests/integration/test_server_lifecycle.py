@@ -3,8 +3,12 @@ does, with tritonclient over HTTP and gRPC."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -81,3 +85,78 @@ def test_a_port_in_use_stops_the_start_with_tritons_error(tmp_path: Path, servic
         socket = f"{address}:{port[service]}"
         line = f"failed to start {service} service: Unavailable - Socket '{socket}' already in use"
         assert second.log().count(line) == 1, second.log()
+
+
+_LOGGING_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.Logger.log_info(f"[model] loading version {args['model_version']}")
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            data = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
+        return out
+"""
+_LOGGING_CONFIG = """
+name: "identity"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
+def _policy(model: Path, versions: str) -> None:
+    text = _LOGGING_CONFIG + f"version_policy: {{ specific: {{ versions: [{versions}] }} }}\n"
+    (model / "config.pbtxt").write_text(text)
+
+
+def test_a_reload_loads_again_only_the_versions_that_changed(tmp_path: Path) -> None:
+    """Triton's L0_lifecycle test_load_new_model_version: an unmodified version serves on
+    through a load, a changed one loads again, a new one loads; a change to what the
+    versions share loads every version again; one the policy drops is unloaded."""
+    model = tmp_path / "identity"
+    for version in ("1", "2", "3"):
+        (model / version).mkdir(parents=True)
+        (model / version / "model.py").write_text(_LOGGING_MODEL)
+    _policy(model, "1, 2")
+    args = ("--model-control-mode=explicit", "--load-model=*")
+    with served(tmp_path, *args) as srv:
+        client = grpcclient.InferenceServerClient(srv.client("grpc")[0])
+
+        def loads() -> list[int]:
+            log = srv.log()
+            return [log.count(f"[model] loading version {v}") for v in (1, 2, 3, 4)]
+
+        assert loads() == [1, 1, 0, 0]
+        assert srv.log().count("successfully loaded 'identity'") == 1
+        changed = model / "2" / "model.py"
+        stamp = time.time() + 10
+        os.utime(changed, (stamp, stamp))
+        shutil.copytree(model / "3", model / "4")
+        _policy(model, "1, 2, 3, 4")
+        client.load_model("identity")
+        assert all(client.is_model_ready("identity", v) for v in ("1", "2", "3", "4"))
+        assert loads() == [1, 2, 1, 1]
+        _policy(model, "4")
+        client.load_model("identity")
+        assert loads() == [1, 2, 1, 1]
+        assert [client.is_model_ready("identity", v) for v in ("1", "2", "3", "4")] == [
+            False, False, False, True,
+        ]  # fmt: skip
+        inp = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="version 1 is not at ready state"):
+            client.infer("identity", [inp], model_version="1")
+        (model / "shared.py").write_text("# what every version imports\n")
+        stamp = time.time() + 20
+        os.utime(model / "shared.py", (stamp, stamp))
+        client.load_model("identity")
+        assert loads() == [1, 2, 1, 2]
+        assert srv.log().count("successfully loaded 'identity'") == 4
