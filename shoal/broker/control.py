@@ -61,6 +61,11 @@ def poll_failed(name: str, why: str = "") -> ServingError:
     return ServingError(Code.INTERNAL, f"{head}: {detail}" if detail else head)
 
 
+def not_in_repository(name: str) -> str:
+    """Triton's error line for a model to load that no repository holds."""
+    return f"failed to poll model '{name}': model not found in any model repository."
+
+
 def load_failed(name: str, versions: list[ModelVersion]) -> ServingError:
     """Triton's answer when versions failed to load (400): "load failed for model '<m>':
     version <v> is at UNAVAILABLE state: <why>;" for each, each line ended by a newline."""
@@ -507,6 +512,7 @@ class ModelControl:
             config_override=override,
         )
         if entry is None:
+            log.error("%s", not_in_repository(name))
             raise poll_failed(name)
         if entry.error and "at least one version must be available" in entry.error:
             raise ServingError(Code.INVALID_ARG, f"load failed for model '{name}': {entry.error}")

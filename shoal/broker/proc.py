@@ -30,7 +30,7 @@ import zmq
 from shoal.broker import memory
 from shoal.broker.batcher import Rejected, cuda_devices
 from shoal.broker.client_regions import ClientRegions
-from shoal.broker.control import Effects, ModelControl
+from shoal.broker.control import Effects, ModelControl, not_in_repository
 from shoal.broker.cores import CoreLender
 from shoal.broker.endings import Endings
 from shoal.broker.ensemble_readiness import EnsembleReadiness
@@ -171,6 +171,7 @@ class BrokerProc:
         )
         for name in sorted(set(names) - {e.name for e in entries} - {ALL}):
             if mode == "explicit":  # Triton's: the model is not in the repository
+                log.error("%s", not_in_repository(name))
                 self.table.add_error(
                     name, f"failed to load '{name}', failed to poll from model repository"
                 )

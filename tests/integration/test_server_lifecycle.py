@@ -160,3 +160,14 @@ def test_a_reload_loads_again_only_the_versions_that_changed(tmp_path: Path) -> 
         client.load_model("identity")
         assert loads() == [1, 2, 1, 2]
         assert srv.log().count("successfully loaded 'identity'") == 4
+
+
+def test_a_start_up_model_no_repository_holds_stops_the_start_with_tritons_error(
+    tmp_path: Path,
+) -> None:
+    args = ("--model-control-mode=explicit", "--load-model=does-not-exist")
+    srv = ShoalServer(tmp_path, *args, wait_ready=False)
+    assert srv.proc.wait(60) != 0
+    srv.stop()
+    line = "failed to poll model 'does-not-exist': model not found in any model repository."
+    assert line in srv.log()
