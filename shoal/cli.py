@@ -347,6 +347,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
             locations.append(location)
         else:
             locations.append(str(Path(location).resolve()))
+    locations = list(dict.fromkeys(locations))  # one repository named twice is one (Triton's set)
     view = needs_view(locations) and not init_error
     repo = cache_dir() if view else Path(locations[0])
     refusal = check_flags(args.model_control_mode, args.load_model)
