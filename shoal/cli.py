@@ -33,7 +33,7 @@ from shoal.configs.model_control import check_flags
 from shoal.configs.object_store import is_remote
 from shoal.ipc.lifecycle import raise_open_file_limit, run_until_stopped
 from shoal.ipc.logs import setup_logging
-from shoal.no_effect_flags import add_no_effect_flags, no_effect
+from shoal.no_effect_flags import add_no_effect_flags, check_values, no_effect
 from shoal.repository_cache import cache_dir, needs_view
 
 if TYPE_CHECKING:
@@ -221,14 +221,41 @@ def cpu_list(value: str) -> tuple[int, ...]:
     return tuple(sorted(cores))
 
 
+def _dash_values(parsers: list[argparse.ArgumentParser], argv: list[str]) -> list[str]:
+    """getopt's reading of ``--flag -value``: tritonserver takes the word after a flag
+    that needs a value as its value, whatever it starts with (``--model-load-gpu-limit
+    -1:0.6``), where argparse would read it as a flag: such pairs are joined with '='."""
+    takes_value = {
+        flag
+        for p in parsers
+        for action in p._actions
+        if action.option_strings and action.nargs is None
+        for flag in action.option_strings
+    }
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word in takes_value:
+            value = next(words, None)
+            if value is not None and value.startswith("-") and value not in takes_value:
+                out.append(f"{word}={value}")
+                continue
+            out.append(word)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(word)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve_parser(sub)
-    supervisord_conf_parser(sub)
+    parsers = [serve_parser(sub), supervisord_conf_parser(sub)]
+    argv = _dash_values(parsers, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command == "supervisord-conf":
-        return supervisord_conf(args, sys.argv[1:] if argv is None else argv)
+        return supervisord_conf(args, argv)
     if args.log_file:
         args.log_file = str(Path(args.log_file).resolve())  # the same file for every role
         try:
@@ -350,7 +377,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     locations = list(dict.fromkeys(locations))  # one repository named twice is one (Triton's set)
     view = needs_view(locations) and not init_error
     repo = cache_dir() if view else Path(locations[0])
-    refusal = check_flags(args.model_control_mode, args.load_model)
+    refusal = check_flags(args.model_control_mode, args.load_model) or check_values(args)
     if refusal is None and args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
         refusal = "--repository-poll-secs must be more than 0 in poll mode"
     if refusal is not None:
