@@ -130,6 +130,12 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="explicit mode: a model to load at start (repeatable; '*': all of them)",
     )
     p.add_argument("--backend-config", action="append", default=[])
+    p.add_argument(
+        "--model-load-retry-count",
+        default=0,
+        type=int,
+        help="how many times an instance whose model fails to load tries again (Triton's)",
+    )
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
     p.add_argument(
         "--broker-silence-timeout-secs",
@@ -431,6 +437,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         load_models=args.load_model,
         repository_poll_secs=args.repository_poll_secs,
         default_max_batch_size=int(backend_cfg.get("default-max-batch-size", 4)),
+        load_retries=max(args.model_load_retry_count, 0),
         exit_timeout_secs=args.exit_timeout_secs,
         broker_silence_secs=args.broker_silence_timeout_secs,
         http_max_input_size=args.http_max_input_size,

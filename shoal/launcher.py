@@ -83,6 +83,7 @@ class ServeSettings:
     load_models: list[str] = field(default_factory=list)  # --load-model (explicit mode)
     repository_poll_secs: float = 15.0  # poll mode
     default_max_batch_size: int = 4
+    load_retries: int = 0  # --model-load-retry-count: more tries of a failed model load
     exit_timeout_secs: float = 30.0
     broker_silence_secs: float = 30.0  # a broker silent this long is stuck (0: never)
     http_max_input_size: int = 64 * 1024 * 1024

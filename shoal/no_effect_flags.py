@@ -17,7 +17,6 @@ NO_EFFECT_FLAGS: Final[dict[str, tuple[bool, str]]] = {
     "--http-thread-count": (False, _EVENT_LOOP),
     "--grpc-infer-thread-count": (False, _EVENT_LOOP),
     "--model-load-thread-count": (False, "each instance loads in its own process, all at once"),
-    "--model-load-retry-count": (False, "a failed load is not retried"),
     "--backend-directory": (False, "shoal's backends are built in"),
     "--repoagent-directory": (False, "shoal has no repository agents"),
     "--cache-directory": (False, "shoal's one cache, local, is built in"),

@@ -173,6 +173,8 @@ class RoleArgv:
             "--model", model, "--version", str(version), "--instance", str(instance),
             "--default-max-batch-size", str(self.s.default_max_batch_size),
         ]  # fmt: skip
+        if self.s.load_retries:
+            argv += ["--model-load-retry-count", str(self.s.load_retries)]
         if self.s.rate_limit != "off":  # to plan its place without the refused models
             argv += rate_limit_flags(self.s.rate_limit, self.s.rate_limit_resources)
         return argv

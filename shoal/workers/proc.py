@@ -89,6 +89,7 @@ class WorkerSettings:
     autocomplete: bool = True
     model_config_name: str = ""
     default_max_batch_size: int = 4
+    load_retries: int = 0  # more tries of a load that fails (--model-load-retry-count)
     cores: list[int] = field(default_factory=list)
     gpu: int | None = None
     gpu_count: int | None = None  # the server's GPUs (this process sees only its own)
@@ -327,6 +328,11 @@ class WorkerProc:
         # broker's log settings apply.
         raise_open_file_limit()
         outcome = self.load()
+        for attempt in range(self.s.load_retries):  # Triton's: the same load, again
+            if not isinstance(outcome, m.WorkerFailed):
+                break
+            log.info("load retry %d of %d", attempt + 1, self.s.load_retries)
+            outcome = self.load()
         self.sock.send_multipart(m.encode(outcome))
         if isinstance(outcome, m.WorkerFailed):
             if broker_pid is None:  # welcomed already: the broker reads what follows

@@ -171,3 +171,42 @@ def test_a_start_up_model_no_repository_holds_stops_the_start_with_tritons_error
     srv.stop()
     line = "failed to poll model 'does-not-exist': model not found in any model repository."
     assert line in srv.log()
+
+
+_FAILS_ONCE = """
+import os
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        marker = os.path.join(args["model_repository"], args["model_version"], "tried")
+        if not os.path.exists(marker):
+            open(marker, "x").close()
+            raise Exception("failing the first load")
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_failed_load_is_tried_again_as_often_as_model_load_retry_count_says(
+    tmp_path: Path, retries: int
+) -> None:
+    """Triton's L0_lifecycle test_load_retry: without retries the start fails (the
+    model fails its one load), with one the model is ready."""
+    model = tmp_path / "once"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(_FAILS_ONCE)
+    (model / "config.pbtxt").write_text(_LOGGING_CONFIG.replace('"identity"', '"once"'))
+    srv = ShoalServer(tmp_path, f"--model-load-retry-count={retries}", wait_ready=False)
+    try:
+        if retries == 0:
+            assert srv.proc.wait(60) != 0
+            assert "failing the first load" in srv.log()
+        else:
+            srv.wait_ready()
+            assert srv.http_status("/v2/models/once/ready") == 200
+            assert "load retry 1 of 1" in srv.log()
+    finally:
+        srv.stop()
