@@ -22,6 +22,7 @@ that it restarts none of their workers again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -185,9 +186,7 @@ class ModelControl:
         while serving) their directories' stamps."""
         self.loaded = {e.name: e for e in entries if not e.error and e.config}
         if self.managed:
-            self.stamps = {
-                n: ModelStamps.read(e.path, e.config_path) for n, e in self.loaded.items()
-            }
+            self.stamps = {n: self._stamps_of(e) for n, e in self.loaded.items()}
 
     # -- poll mode -------------------------------------------------------------------
 
@@ -390,6 +389,10 @@ class ModelControl:
         if op.model in self.refused:  # (a poll: the API refuses it before)
             op.error = ServingError(Code.INVALID_ARG, self.refused[op.model])
             return True
+        if self._unchanged(op):  # (Triton's: loading it again changes nothing)
+            self.named.add(op.model)
+            log.info("%s is unmodified: it serves on as it is", op.model)
+            return True
         self._generation += 1
         op.generation = self._generation
         self._live.add(op.generation)
@@ -532,7 +535,10 @@ class ModelControl:
         kept = self._unmodified(op, entry)
         op.kept[entry.name] = kept
         if not op.files:
-            op.stamps[entry.name] = ModelStamps.read(entry.path, entry.config_path)
+            stamps = self._stamps_of(entry)
+            if entry.name == op.model and op.config:  # (Triton's: the config is new now)
+                stamps = dataclasses.replace(stamps, config=time.time_ns())
+            op.stamps[entry.name] = stamps
         config_file = ""
         files_repo = ""
         if entry.name == op.model and op.config:  # the workers read it, not config.pbtxt
@@ -572,6 +578,24 @@ class ModelControl:
             if p.model == entry.name and p.version not in kept
         ]
 
+    def _stamps_of(self, entry: ModelEntry) -> ModelStamps:
+        """Its folder's stamps now (its config: the repository's file, even where a load
+        gave the config)."""
+        config = repository.config_file(entry.path, self.model_config_name)
+        return ModelStamps.read(entry.path, config)
+
+    def _unchanged(self, op: Operation) -> bool:
+        """A load of a loaded model, with no config or files of its own, none of whose
+        files (its config included) is newer than at its last load: Triton leaves the
+        model as it is, the config that load gave included."""
+        loaded = self.loaded.get(op.model)
+        stamps = self.stamps.get(op.model)
+        if op.config or op.files or loaded is None or stamps is None:
+            return False
+        if op.model not in self.table.models:
+            return False
+        return not stamps.modified(self._stamps_of(loaded))
+
     def _unmodified(self, op: Operation, entry: ModelEntry) -> set[int]:
         """The loaded versions of ``entry``'s model that this load keeps as they are, as
         Triton's reload keeps them: READY, their folder and what the versions share
@@ -586,7 +610,7 @@ class ModelControl:
             or is_ensemble(entry.config) or reload_needed(loaded.config, entry.config)
         ):  # fmt: skip
             return set()
-        now = ModelStamps.read(entry.path, entry.config_path)
+        now = self._stamps_of(entry)
         return {
             v
             for v in entry.versions

@@ -109,7 +109,7 @@ def _as_triton_reads(doc: dict[str, Any], desc: Descriptor) -> None:
         field = desc.fields_by_name.get(key) or _field_by_json_name(desc, key)
         if field is None:
             continue
-        repeated = field.label == FieldDescriptor.LABEL_REPEATED
+        repeated = field.is_repeated
         map_field = field.type == FieldDescriptor.TYPE_MESSAGE and (
             field.message_type.GetOptions().map_entry
         )

@@ -46,7 +46,8 @@ def _modify(model_dir: Path, part: str, later_s: float = 10.0) -> None:
     path = model_dir / part
     if path.is_dir():
         path = path / "changed"
-    path.write_text("changed")
+    if not path.is_file():  # (a file already there keeps its content)
+        path.write_text("changed")
     stamp = time.time() + later_s
     os.utime(path, (stamp, stamp))
 
@@ -421,23 +422,25 @@ def test_a_reload_keeps_the_versions_it_does_not_change_as_tritons_does(
     # version 2 changed: it alone loads again
     _modify(model, "2")
     (spec,) = _load_ready(control, 3, b"w3")
-    assert spec.version == 2 and _generations(control) == {1: 1, 2: 3}
+    assert spec.version == 2 and _generations(control) == {1: 1, 2: 2}
     # version 1 goes, version 3 comes
     (model / "3").mkdir()
     (model / "3" / "model.onnx").write_bytes((model / "2" / "model.onnx").read_bytes())
     for f in (model / "1").iterdir():
         f.unlink()
     (model / "1").rmdir()
+    _modify(model, "3", later_s=20)  # (newer than version 2's change, stamped ahead)
     (spec,) = _load_ready(control, 4, b"w4")
-    assert spec.version == 3 and _generations(control) == {2: 3, 3: 4}
+    assert spec.version == 3 and _generations(control) == {2: 2, 3: 3}
     assert control.gone_versions["simple"] == {1}
     assert m.ModelState("simple", 1, "UNAVAILABLE", "unloaded") in control.index()
     # the policy narrows to version 3: version 2 goes, 3 stays as it is
     config = (model / "config.pbtxt").read_text().replace("all { }", "specific { versions: [3] }")
     (model / "config.pbtxt").write_text(config)
+    _modify(model, "config.pbtxt", later_s=30)
     out = control.request(FE, m.ModelControl(5, "load", "simple"))
     assert out.replies == [(FE, m.ControlReply(5))] and out.start == []
-    assert _generations(control) == {3: 4} and control.gone_versions["simple"] == {1, 2}
+    assert _generations(control) == {3: 3} and control.gone_versions["simple"] == {1, 2}
 
 
 @pytest.mark.parametrize("change", ["shared file", "config"])
@@ -470,3 +473,20 @@ def test_an_unload_after_a_reload_lists_every_version_it_had(control: ModelContr
         m.ModelState("simple", 1, "UNAVAILABLE", "unloaded"),
         m.ModelState("simple", 2, "UNLOADING"),
     ]
+
+
+def test_a_load_without_a_config_keeps_the_one_an_earlier_load_gave_until_a_file_changes(
+    control: ModelControl,
+) -> None:
+    """Triton's L0_lifecycle test_config_override: a load's config counts as the model's
+    newest change; a later load that gives none, of a model none of whose files changed
+    since, leaves the model as it is."""
+    (spec,) = _load(control, "simple", '{"max_batch_size": 4}')
+    _ready(control, spec, b"w1")
+    control.tick()
+    out = control.request(FE, m.ModelControl(2, "load", "simple"))
+    assert out.replies == [(FE, m.ControlReply(2))] and out.start == [] and out.stop == []
+    assert control.loaded["simple"].config.max_batch_size == 4  # type: ignore[union-attr]
+    _modify(control.repo / "simple", "config.pbtxt")  # (its own config, changed since)
+    (spec,) = _load(control, "simple", qid=3)
+    assert spec.generation == 2 and spec.config_file == ""

@@ -62,3 +62,14 @@ def test_a_config_needs_a_reload_unless_only_its_version_policy_differs() -> Non
     assert not reload_needed(old, new)
     new.max_batch_size = 4
     assert reload_needed(old, new)
+
+
+def test_a_file_copied_in_with_an_older_modification_time_is_a_change(tmp_path: Path) -> None:
+    """Triton reads the later of the modification and inode change times (``cp -p``)."""
+    model = tmp_path / "m"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.onnx").write_text("x")
+    before = ModelStamps.read(model, model / "config.pbtxt")
+    time.sleep(0.05)  # (past the file system's clock tick)
+    os.utime(model / "1" / "model.onnx", (1000.0, 1000.0))  # an older file in its place
+    assert before.version_modified(ModelStamps.read(model, model / "config.pbtxt"), 1)
