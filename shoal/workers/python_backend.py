@@ -109,6 +109,9 @@ class PythonBackend:
         # What a model imports, and where it finds its own files, as Triton's stub: the
         # version folder and the model's folder on sys.path, the module as "<version>.model".
         sys.modules["triton_python_backend_utils"] = pb_utils
+        # Triton's stub embeds Python with no arguments: sys.argv is [""], not the
+        # worker's command line (a model that runs unittest.main() parses it)
+        sys.argv = [""]
         for folder in (model_file.parent.parent, model_file.parent):
             if str(folder) not in sys.path:
                 sys.path.insert(0, str(folder))
