@@ -30,10 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -44,7 +46,8 @@ DEPS_DIR = Path(os.environ.get("SHOAL_QA_DEPS", "deps"))
 #: Generated repositories: the folder test.sh finds under $DATADIR, and the generator
 #: call (``qa/common`` script, flags) that makes it.
 GENERATED: dict[str, tuple[str, ...]] = {
-    "qa_model_repository": ("gen_qa_models.py", "--onnx"),
+    "qa_model_repository": ("gen_qa_models.py", "--onnx", "--libtorch"),
+    "qa_ensemble_model_repository/qa_model_repository": ("gen_qa_models.py", "--ensemble"),
     "qa_variable_model_repository": ("gen_qa_models.py", "--onnx", "--variable"),
     "qa_identity_model_repository": ("gen_qa_identity_models.py", "--onnx"),
     "qa_sequence_model_repository": ("gen_qa_sequence_models.py", "--onnx"),
@@ -76,11 +79,28 @@ _SHM_MONITOR = """class SharedMemoryManager:
 
 @dataclass
 class Tally:
-    """passed/total of one suite, and what its lines were."""
+    """passed/total of one suite, what its lines were, and how many tests it left out."""
 
     passed: int = 0
     total: int = 0
+    not_run: int = 0
     lines: list[str] = field(default_factory=list)
+
+
+#: How a server start waits, as qa/common/util.sh's functions: ``ready`` (run_server:
+#: GET /v2/health/ready answers 200), ``started`` (run_server_nowait then test.sh's
+#: sleep: any HTTP answer on port 8000) or ``none`` (not at all).
+Wait = Literal["ready", "started", "none"]
+
+
+@dataclass
+class Server:
+    """A ``shoal serve`` started by QA.server: its process, its log, and whether it came
+    up as its start waited for."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+    up: bool
 
 
 class QA:
@@ -155,7 +175,22 @@ class QA:
         """A fresh ``shoal serve`` with tritonserver's flags (and test.sh's exports in
         ``env``), as util.sh's run_server: yields whether it became ready (GET
         /v2/health/ready) within two minutes."""
-        logfile = (cwd / f"{log}.shoal.log").open("w")
+        with self.server(cwd, *args, log=log, env=env) as server:
+            yield server.up
+
+    @contextlib.contextmanager
+    def server(
+        self,
+        cwd: Path,
+        *args: str,
+        log: str = "server",
+        env: dict[str, str] | None = None,
+        wait: Wait = "ready",
+    ) -> Iterator[Server]:
+        """A fresh ``shoal serve`` (as ``serve``), waited for as ``wait`` says; stopped
+        with SIGINT (and its exit waited for) when the block ends."""
+        path = cwd / f"{log}.shoal.log"
+        logfile = path.open("w")
         cmd = [str(PYTHON), "-m", "shoal", "serve", *args]
         proc = subprocess.Popen(
             cmd,
@@ -165,27 +200,17 @@ class QA:
             env={**os.environ, **(env or {})},
         )
         try:
-            yield self._ready(proc)
+            up = True if wait == "none" else _answers(proc, wait == "ready")
+            yield Server(proc, path, up)
         finally:
-            proc.send_signal(signal.SIGINT)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
             logfile.close()
-
-    @staticmethod
-    def _ready(proc: subprocess.Popen[bytes]) -> bool:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen("http://localhost:8000/v2/health/ready", timeout=2),
-            ):
-                return True
-            time.sleep(0.25)
-        return False
 
     def test(
         self, suite: str, cwd: Path, file: str, *names: str, note: str | None = None, **env: str
@@ -220,6 +245,13 @@ class QA:
     def not_ready(self, suite: str, total: int, what: str) -> None:
         self.count(suite, 0, total, f"{what} (server not ready)")
 
+    def not_run(self, suite: str, count: int, what: str, why: str) -> None:
+        """``count`` tests or checks of test.sh left out (counted apart), and why."""
+        t = self.tally.setdefault(suite, Tally())
+        t.not_run += count
+        t.lines.append(f"not run ({count}) {what}: {why}")
+        print(f"  {suite}: not run ({count}) {what}: {why}", flush=True)
+
     def served_test(
         self,
         suite: str,
@@ -241,6 +273,24 @@ class QA:
                 self.test(suite, cwd, file, name, note=note, **(test_env or {}))
             else:
                 self.not_ready(suite, 1, what)
+
+
+def _answers(proc: subprocess.Popen[bytes], ready: bool) -> bool:
+    """Whether port 8000 answers GET /v2/health/ready with 200 (``ready``), else any
+    HTTP status on /v2/health/live, within two minutes and while ``proc`` runs."""
+    url = f"http://localhost:8000/v2/health/{'ready' if ready else 'live'}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return True
+        except urllib.error.HTTPError:
+            if not ready:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.25)
+    return False
 
 
 def _summary(output: str) -> tuple[int, int]:
@@ -279,6 +329,7 @@ def main() -> int:
     import triton_qa_suites  # noqa: F401  (registers the suites)
     import triton_qa_suites_batcher  # noqa: F401
     import triton_qa_suites_config  # noqa: F401
+    import triton_qa_suites_lifecycle  # noqa: F401
     import triton_qa_suites_python  # noqa: F401
     import triton_qa_suites_sequence  # noqa: F401
 
@@ -298,10 +349,10 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print("\n| suite | passed/total |\n|---|---|")
+    print("\n| suite | passed/total | not run |\n|---|---|---|")
     for name in chosen:
         t = qa.tally.get(name, Tally())
-        print(f"| {name} | {t.passed}/{t.total} |")
+        print(f"| {name} | {t.passed}/{t.total} | {t.not_run} |")
     return 0 if all(t.passed == t.total for t in qa.tally.values()) else 1
 
 

@@ -34,7 +34,7 @@ from shoal.configs.model_control import check_flags
 from shoal.configs.object_store import is_remote
 from shoal.ipc.lifecycle import raise_open_file_limit, run_until_stopped
 from shoal.ipc.logs import setup_logging
-from shoal.no_effect_flags import add_no_effect_flags, no_effect
+from shoal.no_effect_flags import add_no_effect_flags, check_values, no_effect
 from shoal.repository_cache import cache_dir, needs_view
 
 if TYPE_CHECKING:
@@ -131,6 +131,12 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="explicit mode: a model to load at start (repeatable; '*': all of them)",
     )
     p.add_argument("--backend-config", action="append", default=[])
+    p.add_argument(
+        "--model-load-retry-count",
+        default=0,
+        type=int,
+        help="how many times an instance whose model fails to load tries again (Triton's)",
+    )
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
     p.add_argument(
         "--broker-silence-timeout-secs",
@@ -223,14 +229,41 @@ def cpu_list(value: str) -> tuple[int, ...]:
     return tuple(sorted(cores))
 
 
+def _dash_values(parsers: list[argparse.ArgumentParser], argv: list[str]) -> list[str]:
+    """getopt's reading of ``--flag -value``: tritonserver takes the word after a flag
+    that needs a value as its value, whatever it starts with (``--model-load-gpu-limit
+    -1:0.6``), where argparse would read it as a flag: such pairs are joined with '='."""
+    takes_value = {
+        flag
+        for p in parsers
+        for action in p._actions
+        if action.option_strings and action.nargs is None
+        for flag in action.option_strings
+    }
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word in takes_value:
+            value = next(words, None)
+            if value is not None and value.startswith("-") and value not in takes_value:
+                out.append(f"{word}={value}")
+                continue
+            out.append(word)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(word)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve_parser(sub)
-    supervisord_conf_parser(sub)
+    parsers = [serve_parser(sub), supervisord_conf_parser(sub)]
+    argv = _dash_values(parsers, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command == "supervisord-conf":
-        return supervisord_conf(args, sys.argv[1:] if argv is None else argv)
+        return supervisord_conf(args, argv)
     if args.log_file:
         args.log_file = str(Path(args.log_file).resolve())  # the same file for every role
         try:
@@ -271,6 +304,9 @@ def supervisord_conf(args: argparse.Namespace, argv: list[str]) -> int:
         settings = serve_settings(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if settings.init_error:
+        print(f"error: {settings.init_error}", file=sys.stderr)
         return 2
     if settings.repository_locations:
         print(
@@ -332,16 +368,24 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     from shoal.launcher import ServeSettings
 
     locations: list[str] = []
+    init_error = ""
     for location in args.model_repository:
         if is_remote(location):
             locations.append(location)
         elif not Path(location).is_dir():
-            raise ValueError(f"model repository '{location}' is not a directory")
+            message = f"model repository '{location}' is not a directory"
+            if args.exit_on_error:
+                raise ValueError(message)
+            # Triton's failed-to-initialize server: it runs, neither live nor ready
+            log.error("failed to initialize: %s (--exit-on-error=false: no models)", message)
+            init_error = init_error or message
+            locations.append(location)
         else:
             locations.append(str(Path(location).resolve()))
-    view = needs_view(locations)
+    locations = list(dict.fromkeys(locations))  # one repository named twice is one (Triton's set)
+    view = needs_view(locations) and not init_error
     repo = cache_dir() if view else Path(locations[0])
-    refusal = check_flags(args.model_control_mode, args.load_model)
+    refusal = check_flags(args.model_control_mode, args.load_model) or check_values(args)
     if refusal is None and args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
         refusal = "--repository-poll-secs must be more than 0 in poll mode"
     if refusal is not None:
@@ -362,6 +406,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     backend_cfg = _backend_config(args.backend_config)
     return ServeSettings(
         model_repository=repo,
+        init_error=init_error,
         repository_locations=locations if view else [],
         model_namespacing=args.model_namespacing,
         http_address=args.http_address,
@@ -394,6 +439,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         load_models=args.load_model,
         repository_poll_secs=args.repository_poll_secs,
         default_max_batch_size=int(backend_cfg.get("default-max-batch-size", 4)),
+        load_retries=max(args.model_load_retry_count, 0),
         exit_timeout_secs=args.exit_timeout_secs,
         broker_silence_secs=args.broker_silence_timeout_secs,
         frontend_silence_secs=args.frontend_silence_timeout_secs,

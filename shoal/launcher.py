@@ -46,6 +46,10 @@ log = logging.getLogger("shoal.serve")
 @dataclass
 class ServeSettings:
     model_repository: Path
+    # why the server cannot serve (a --model-repository that is no folder, with
+    # --exit-on-error=false): it runs, not live and not ready, with no models, as Triton's
+    # server that failed to initialize; "" when it serves
+    init_error: str = ""
     # what model_repository is a view of (several repositories, object storage): the
     # launcher fetches it before the other roles start, and removes it at exit
     repository_locations: list[str] = field(default_factory=list)
@@ -80,6 +84,7 @@ class ServeSettings:
     load_models: list[str] = field(default_factory=list)  # --load-model (explicit mode)
     repository_poll_secs: float = 15.0  # poll mode
     default_max_batch_size: int = 4
+    load_retries: int = 0  # --model-load-retry-count: more tries of a failed model load
     exit_timeout_secs: float = 30.0
     broker_silence_secs: float = 30.0  # a broker silent this long is stuck (0: never)
     frontend_silence_secs: float = 30.0  # the broker kills a frontend silent this long (0: never)

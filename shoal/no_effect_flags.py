@@ -17,7 +17,6 @@ NO_EFFECT_FLAGS: Final[dict[str, tuple[bool, str]]] = {
     "--http-thread-count": (False, _EVENT_LOOP),
     "--grpc-infer-thread-count": (False, _EVENT_LOOP),
     "--model-load-thread-count": (False, "each instance loads in its own process, all at once"),
-    "--model-load-retry-count": (False, "a failed load is not retried"),
     "--backend-directory": (False, "shoal's backends are built in"),
     "--repoagent-directory": (False, "shoal has no repository agents"),
     "--cache-directory": (False, "shoal's one cache, local, is built in"),
@@ -58,3 +57,29 @@ def no_effect(args: argparse.Namespace) -> list[str]:
             shown = ",".join(value) if isinstance(value, list) else value
             out.append(f"{flag}={shown} has no effect: {why}")
     return out
+
+
+def check_values(args: argparse.Namespace) -> str | None:
+    """Why a value of these flags is refused, as tritonserver refuses it (its server
+    options check them even where shoal then makes no use of them); None: all taken."""
+    for limit in getattr(args, dest("--model-load-gpu-limit")) or []:
+        device, sep, fraction = limit.partition(":")
+        try:
+            device_id, share = int(device), float(fraction)
+        except ValueError:
+            device_id, share = -1, -1.0
+            sep = ""
+        if not sep:
+            return (
+                'Bad option: "--model-load-gpu-limit". Cannot parse pair option due to '
+                "incorrect number of inputs.--<pair option> argument requires format "
+                f"<first>:<second>. Found: {limit}"
+            )
+        if device_id < 0:
+            return f"creating server: Invalid argument - expects device ID >= 0, got {device_id}"
+        if not 0.0 <= share <= 1.0:
+            return (
+                "creating server: Invalid argument - expects limit fraction to be in range "
+                f"[0.0, 1.0], got {share:f}"
+            )
+    return None

@@ -78,6 +78,7 @@ class RoleArgv:
             *(f"--load-model={name}" for name in s.load_models),
             *(f"--repository-location={loc}" for loc in s.repository_locations),
             *(["--model-namespacing=true"] if s.model_namespacing else []),
+            *([f"--init-error={s.init_error}"] if s.init_error else []),
         ]
 
     def frontend(self, index: int | str) -> list[str]:
@@ -155,6 +156,8 @@ class RoleArgv:
 
     def workers(self) -> list[tuple[str, list[str]]]:
         """(instance name, argv) of every worker the repository asks for at start."""
+        if self.s.init_error:  # (a server that failed to initialize reads no repository)
+            return []
         return [
             self.worker(
                 WorkerSpec(p.model, p.version, p.index, p.name, 0, list(p.cores), _gpu(p.gpu))
@@ -171,6 +174,8 @@ class RoleArgv:
             "--model", model, "--version", str(version), "--instance", str(instance),
             "--default-max-batch-size", str(self.s.default_max_batch_size),
         ]  # fmt: skip
+        if self.s.load_retries:
+            argv += ["--model-load-retry-count", str(self.s.load_retries)]
         if self.s.rate_limit != "off":  # to plan its place without the refused models
             argv += rate_limit_flags(self.s.rate_limit, self.s.rate_limit_resources)
         return argv

@@ -236,6 +236,17 @@ class ShoalServer:
             time.sleep(0.1)
         raise TimeoutError(f"shoal not ready after {timeout}s:\n{self.log()}")
 
+    def wait_answering(self, timeout: float = 60.0) -> None:
+        """Until the HTTP port answers at all (a server that is not live answers 400)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"shoal exited with {self.proc.returncode}:\n{self.log()}")
+            if self.http_status("/v2/health/live") != 0:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"shoal not answering after {timeout}s:\n{self.log()}")
+
     def model_version(self, model: str) -> dict[str, Any]:
         """shoal's extension: the model's (first) version, with its state, reason and
         instances."""

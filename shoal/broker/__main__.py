@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # the repositories a view (--model-repository) is made of: the broker keeps it in step
     p.add_argument("--repository-location", action="append", default=[])
     p.add_argument("--model-namespacing", type=bool_flag, default=False)
+    # shoal serve's: why the server failed to initialize (it then serves no models)
+    p.add_argument("--init-error", default="")
     add_instance_memory_flag(p)
     add_frontend_silence_flag(p)
     add_cpu_lending_flag(p)
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             repository_poll_secs=args.repository_poll_secs,
             repository_locations=args.repository_location,
             model_namespacing=args.model_namespacing,
+            init_error=args.init_error,
             expect_launcher=args.parent_pid is not None,
             cpu_lending=args.cpu_lending,
             frontend_silence_s=args.frontend_silence_timeout_secs,

@@ -22,6 +22,7 @@ that it restarts none of their workers again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -37,6 +38,7 @@ from shoal.configs.devices import gpu_count
 from shoal.configs.ensemble import Dependency, dependencies, is_ensemble
 from shoal.configs.model_config import parse_config_json
 from shoal.configs.model_control import load_file_parts
+from shoal.configs.model_stamps import ModelStamps, newest, reload_needed
 from shoal.configs.placement import instance_count, loadable, passive_instances, plan_instances
 from shoal.configs.repository import ModelEntry
 from shoal.configs.schema import ConfigError
@@ -58,6 +60,11 @@ def poll_failed(name: str, why: str = "") -> ServingError:
     head = f"failed to load '{name}', failed to poll from model repository"
     detail = why.removeprefix(f"failed to load '{name}': ").removeprefix(f"failed to load '{name}'")
     return ServingError(Code.INTERNAL, f"{head}: {detail}" if detail else head)
+
+
+def not_in_repository(name: str) -> str:
+    """Triton's error line for a model to load that no repository holds."""
+    return f"failed to poll model '{name}': model not found in any model repository."
 
 
 def load_failed(name: str, versions: list[ModelVersion]) -> ServingError:
@@ -87,6 +94,9 @@ class Operation:
     claims: set[str] = field(default_factory=set)  # the models it loads or unloads
     cancelled: bool = False  # a load an unload of its model overtook
     blocked_by: set[str] = field(default_factory=set)  # claimed by others when it tried
+    # model -> its loaded versions this load keeps serving as they are (unmodified)
+    kept: dict[str, set[int]] = field(default_factory=dict)
+    stamps: dict[str, ModelStamps] = field(default_factory=dict)  # its models' directories
 
 
 @dataclass
@@ -134,6 +144,11 @@ class ModelControl:
         self.model_config_name = model_config_name
         self.autocomplete = autocomplete
         self.loaded: dict[str, ModelEntry] = {}  # the entries of the loaded models
+        # when each loaded model's directory last changed, as its load read it (none for
+        # one loaded from a request's files): which versions a reload may keep
+        self.stamps: dict[str, ModelStamps] = {}
+        # the versions a reload of a loaded model unloaded (Triton keeps them, UNAVAILABLE)
+        self.gone_versions: dict[str, set[int]] = {}
         # The models of the repository that are not loaded, for the index: never loaded
         # ({}: listed by name alone), or each version it had, and why it has not now
         # ("unloaded", or why its load failed: that one keeps the server from being ready)
@@ -166,12 +181,19 @@ class ModelControl:
         launcher starts and stops their workers."""
         return self.explicit or self.poll_secs > 0
 
+    def started_with(self, entries: list[ModelEntry]) -> None:
+        """The models that load at start: their entries, and (models load and unload
+        while serving) their directories' stamps."""
+        self.loaded = {e.name: e for e in entries if not e.error and e.config}
+        if self.managed:
+            self.stamps = {n: self._stamps_of(e) for n, e in self.loaded.items()}
+
     # -- poll mode -------------------------------------------------------------------
 
     def start_polling(self, now: float) -> None:
         """Remember how the repository's models look at start (they load as in mode none)."""
         with contextlib.suppress(OSError):  # (unreadable: the first rescan finds all new)
-            self._stamps = {n: _stamp(self.repo / n) for n in repository.model_dirs(self.repo)}
+            self._stamps = {n: newest(self.repo / n) for n in repository.model_dirs(self.repo)}
         self._next_poll = now + self.poll_secs
 
     def poll(self, now: float) -> Effects:
@@ -191,7 +213,7 @@ class ModelControl:
             log.warning("poll: cannot read the model repository: %s", exc)
             return out
         # a directory that cannot be read now keeps the stamp it had (no reload for that)
-        stamps = {n: _stamp(self.repo / n) or self._stamps.get(n, 0) for n in names}
+        stamps = {n: newest(self.repo / n) or self._stamps.get(n, 0) for n in names}
         for name in sorted(set(self._stamps) - set(stamps)):
             log.info("poll: %s was removed from the repository: unloading it", name)
             self._enqueue(Operation("unload", name))
@@ -338,9 +360,11 @@ class ModelControl:
             for name in names:
                 gone = self.table.remove(name)
                 self.loaded.pop(name, None)
+                self.stamps.pop(name, None)
                 self.named.discard(name)
+                earlier = dict.fromkeys(self.gone_versions.pop(name, set()), "unloaded")
                 if gone:
-                    self.unloaded[name] = {v.version: "unloaded" for v in gone}
+                    self.unloaded[name] = {**earlier, **{v.version: "unloaded" for v in gone}}
                     out.changed.add(name)
                     log.info("unloading %s (%d version(s))", name, len(gone))
                 elif self.unloaded.get(name):  # a failed load's versions: unloaded now
@@ -364,6 +388,10 @@ class ModelControl:
             return True
         if op.model in self.refused:  # (a poll: the API refuses it before)
             op.error = ServingError(Code.INVALID_ARG, self.refused[op.model])
+            return True
+        if self._unchanged(op):  # (Triton's: loading it again changes nothing)
+            self.named.add(op.model)
+            log.info("%s is unmodified: it serves on as it is", op.model)
             return True
         self._generation += 1
         op.generation = self._generation
@@ -487,6 +515,7 @@ class ModelControl:
             config_override=override,
         )
         if entry is None:
+            log.error("%s", not_in_repository(name))
             raise poll_failed(name)
         if entry.error and "at least one version must be available" in entry.error:
             raise ServingError(Code.INVALID_ARG, f"load failed for model '{name}': {entry.error}")
@@ -503,6 +532,13 @@ class ModelControl:
             [*loadable(others), (entry.name, entry.versions, config)],
             sorted(os.sched_getaffinity(0)),
         )
+        kept = self._unmodified(op, entry)
+        op.kept[entry.name] = kept
+        if not op.files:
+            stamps = self._stamps_of(entry)
+            if entry.name == op.model and op.config:  # (Triton's: the config is new now)
+                stamps = dataclasses.replace(stamps, config=time.time_ns())
+            op.stamps[entry.name] = stamps
         config_file = ""
         files_repo = ""
         if entry.name == op.model and op.config:  # the workers read it, not config.pbtxt
@@ -513,16 +549,18 @@ class ModelControl:
         if entry.name == op.model and op.files:
             files_repo = str(self.runtime_dir / f"files-{op.generation}")
         count = instance_count(config)
+        versions = [v for v in entry.versions if v not in kept]
         self.table.add_model(
             entry.name,
-            {v: count for v in entry.versions},
+            {v: count for v in versions},
             config.platform or config.backend,
             passive_instances(config),
             generation=op.generation,
         )
         log.info(
-            "loading %s version(s) %s (generation %d)",
-            entry.name, ",".join(map(str, entry.versions)), op.generation,
+            "loading %s version(s) %s (generation %d)%s",
+            entry.name, ",".join(map(str, versions)) or "none", op.generation,
+            f"; version(s) {','.join(map(str, sorted(kept)))} unmodified" if kept else "",
         )  # fmt: skip
         return [
             m.WorkerSpec(
@@ -537,8 +575,49 @@ class ModelControl:
                 files_repo,
             )
             for p in plans
-            if p.model == entry.name
+            if p.model == entry.name and p.version not in kept
         ]
+
+    def _stamps_of(self, entry: ModelEntry) -> ModelStamps:
+        """Its folder's stamps now (its config: the repository's file, even where a load
+        gave the config)."""
+        config = repository.config_file(entry.path, self.model_config_name)
+        return ModelStamps.read(entry.path, config)
+
+    def _unchanged(self, op: Operation) -> bool:
+        """A load of a loaded model, with no config or files of its own, none of whose
+        files (its config included) is newer than at its last load: Triton leaves the
+        model as it is, the config that load gave included."""
+        loaded = self.loaded.get(op.model)
+        stamps = self.stamps.get(op.model)
+        if op.config or op.files or loaded is None or stamps is None:
+            return False
+        if op.model not in self.table.models:
+            return False
+        return not stamps.modified(self._stamps_of(loaded))
+
+    def _unmodified(self, op: Operation, entry: ModelEntry) -> set[int]:
+        """The loaded versions of ``entry``'s model that this load keeps as they are, as
+        Triton's reload keeps them: READY, their folder and what the versions share
+        unchanged since they loaded, and a config that differs in its version policy at
+        most. Never for an ensemble, nor a load from a request's files."""
+        loaded = self.loaded.get(entry.name)
+        state = self.table.models.get(entry.name)
+        stamps = self.stamps.get(entry.name)
+        if (
+            entry.name != op.model or op.files or loaded is None or loaded.config is None
+            or state is None or stamps is None or entry.config is None
+            or is_ensemble(entry.config) or reload_needed(loaded.config, entry.config)
+        ):  # fmt: skip
+            return set()
+        now = self._stamps_of(entry)
+        return {
+            v
+            for v in entry.versions
+            if (mv := state.versions.get(v)) is not None
+            and mv.state == "READY"
+            and not stamps.version_modified(now, v)
+        }
 
     def _settle(self, op: Operation, now: float, out: Effects) -> bool:
         """Whether ``op`` is over (its outcome in ``op.error``)."""
@@ -579,7 +658,7 @@ class ModelControl:
         if op.error is not None:
             self._discard(op, out)
             return True
-        lost = [n for n in op.parts if not self._staged_by(op, n)]
+        lost = [n for n in op.parts if not self._staged_by(op, n) and not op.kept.get(n)]
         if lost:  # (a bug: no one else touches what it claimed)
             op.error = ServingError(
                 Code.INTERNAL, f"failed to load '{op.model}': {', '.join(lost)} not staged"
@@ -587,7 +666,7 @@ class ModelControl:
             self._discard(op, out)
             return True
         for name in op.parts:
-            self._commit(name, op.entries[name], out)
+            self._commit(name, op.entries[name], out, op)
         if op.ensemble is not None:
             return self._settle_ensemble(op, out)
         return True
@@ -597,15 +676,22 @@ class ModelControl:
         staged = entry.staged.values() if entry is not None else []
         return any(v.generation == op.generation for v in staged)
 
-    def _commit(self, name: str, entry: ModelEntry, out: Effects) -> None:
+    def _commit(self, name: str, entry: ModelEntry, out: Effects, op: Operation) -> None:
+        kept = op.kept.get(name, set())
         entry_state = self.table.models.get(name)
-        if entry_state is None or not entry_state.staged:
+        if entry_state is None or not (entry_state.staged or kept):
             return
-        old = self.table.commit(name)
+        old = self.table.commit(name, kept)
         self.loaded[name] = entry
+        if name in op.stamps:
+            self.stamps[name] = op.stamps[name]
+        else:
+            self.stamps.pop(name, None)
+        gone = self.gone_versions.get(name, set()) | {mv.version for mv in old}
+        self.gone_versions[name] = gone - set(entry_state.versions)
         self.unloaded.pop(name, None)  # what failed or was unloaded before is forgotten
         out.changed.add(name)
-        log.info("%s loaded (%d version(s) retire)", name, len(old))
+        log.info("successfully loaded '%s' (%d version(s) retire)", name, len(old))
 
     def _settle_ensemble(self, op: Operation, out: Effects) -> bool:
         """Stage the ensemble once its composing models are in (``ensembles``: the broker
@@ -633,7 +719,7 @@ class ModelControl:
                 self.unloaded[entry.name] = {v.version: v.reason for v in bad}
             self._generation_gone(op.generation, out)
             return True
-        self._commit(entry.name, entry, out)
+        self._commit(entry.name, entry, out, op)
         return True
 
     def _discard(self, op: Operation, out: Effects) -> None:
@@ -700,6 +786,10 @@ class ModelControl:
             names = repository.model_dirs(self.repo)
         except OSError:
             names = []
+        for name, gone in sorted(self.gone_versions.items()):
+            entry = self.table.models.get(name)
+            shown = set(entry.versions) if entry is not None else set()
+            out += [m.ModelState(name, v, "UNAVAILABLE", "unloaded") for v in sorted(gone - shown)]
         for name in sorted({*names, *failed}):
             if name in self.table.models:
                 continue
@@ -712,18 +802,6 @@ class ModelControl:
                 else:
                     out.append(m.ModelState(name, v, "UNAVAILABLE", reason))
         return out
-
-
-def _stamp(path: Path) -> int:
-    """The newest modification time (ns) of ``path`` or anything under it (0: unreadable)."""
-    newest = 0
-    with contextlib.suppress(OSError):
-        newest = path.stat().st_mtime_ns
-        for root, dirs, files in os.walk(path):
-            for name in [*dirs, *files]:
-                with contextlib.suppress(OSError):
-                    newest = max(newest, os.stat(os.path.join(root, name)).st_mtime_ns)
-    return newest
 
 
 def _reply(query_id: int, err: ServingError | None) -> m.ControlReply:

@@ -260,15 +260,20 @@ class ModelTable:
     def add_error(self, name: str, error: str) -> None:
         self.models[name] = ModelEntryState(name, error=error)
 
-    def commit(self, name: str) -> list[ModelVersion]:
+    def commit(self, name: str, keep: set[int] | None = None) -> list[ModelVersion]:
         """A load's staged versions replace the loaded ones, which retire (returned): they
-        finish what they hold, then their instances stop. A version that kept answers in
-        order hands that order on, so answers still leave in arrival order across it; and
-        its statistics (and exit counts) go on counting, for both copies: a reload is not
-        a new version to a client (perf_analyzer reads the counts' growth across it, and
-        the Prometheus counters stay monotonic)."""
+        finish what they hold, then their instances stop; the loaded versions in ``keep``
+        (unmodified: the load did not stage them) go on serving as they are. A version
+        that kept answers in order hands that order on, so answers still leave in arrival
+        order across it; and its statistics (and exit counts) go on counting, for both
+        copies: a reload is not a new version to a client (perf_analyzer reads the counts'
+        growth across it, and the Prometheus counters stay monotonic)."""
         entry = self.models[name]
-        old, entry.versions, entry.staged = entry.versions, entry.staged, {}
+        keep = keep or set()
+        old = {v: mv for v, mv in entry.versions.items() if v not in keep}
+        kept = {v: mv for v, mv in entry.versions.items() if v in keep}
+        entry.versions = dict(sorted({**kept, **entry.staged}.items()))
+        entry.staged = {}
         entry.error = ""
         for v, mv in entry.versions.items():
             before = old.get(v)

@@ -125,7 +125,10 @@ class BrokerProc:
         for ident, pid in sockets.running_frontends(self.s.runtime_dir):
             self.peers.watch(ident, pid, "frontend")
             self.frontend_watch.expect(ident, time.monotonic())
-        self.load_repository()
+        if self.s.init_error:
+            self.startup_reported = True  # (nothing loads)
+        else:
+            self.load_repository()
         settle_gc()
         while not self.stop:
             if self.control.busy:
@@ -287,7 +290,12 @@ class BrokerProc:
             if self.peers.knows(ident):  # one it watches
                 self._leaving.add(ident)
         elif isinstance(msg, m.ModelControl):
-            self._apply(self.control.request(ident, msg))
+            if self.s.init_error:
+                why = f"Server is not live: {self.s.init_error}"
+                error = m.ErrorInfo(int(Code.UNAVAILABLE), why)
+                self.out.to_frontend(ident, m.ControlReply(msg.query_id, error))
+            else:
+                self._apply(self.control.request(ident, msg))
         elif isinstance(msg, m.LauncherHello):
             if ident == sockets.LAUNCHER_IDENTITY and self.control.managed:
                 if self.launcher is None:
@@ -321,7 +329,10 @@ class BrokerProc:
         if isinstance(msg, m.ShmRequest):
             return self._on_shm(msg)
         if isinstance(msg, m.ServerQuery):
-            return self.queries.server_state(msg, self.s.strict_readiness, self.s.expect_launcher)
+            state = self.queries.server_state(msg, self.s.strict_readiness, self.s.expect_launcher)
+            if self.s.init_error:  # neither live nor ready (Triton's FAILED_TO_INITIALIZE)
+                state.live = state.ready = False
+            return state
         return None
 
     def _welcome(self) -> m.Welcome:
@@ -469,10 +480,19 @@ class BrokerProc:
                 if inst.cores:
                     self._repin({inst.ident: tuple(sorted(inst.cores))})
         if mv is not None:
+            was_ready = mv.ever_ready
             mv.set_config(msg.config)
             mv.refresh_state()
+            if mv.generation == 0 and mv.ever_ready and not was_ready:
+                self._loaded_at_start(mv.name)
         log.info("instance %d of %s/%d ready (pid %d)",
                  inst.index, inst.model, inst.version, inst.pid)  # fmt: skip
+
+    def _loaded_at_start(self, name: str) -> None:
+        """Triton's line once every version of a model that loads at start is READY."""
+        entry = self.table.models.get(name)
+        if entry is not None and all(v.ever_ready for v in entry.versions.values()):
+            log.info("successfully loaded '%s'", name)
 
     def _on_ordered_result(self, ident: bytes, frames: list[bytes]) -> None:
         inst = self.table.by_ident.get(ident)

@@ -55,11 +55,11 @@ class Queries:
             raise unknown_model(name)
         if version >= 0:
             mv = entry.versions.get(version)
-            if mv is None:
+            if mv is None and version not in self.control.gone_versions.get(name, ()):
                 raise ServingError(
                     Code.NOT_FOUND, f"{UNKNOWN_MODEL}'{name}' version {version} is not found"
                 )
-            if mv.state != "READY":
+            if mv is None or mv.state != "READY":  # (one a reload unloaded: Triton keeps it)
                 raise ServingError(
                     Code.UNAVAILABLE,
                     f"{UNKNOWN_MODEL}'{name}' version {version} is not at ready state",

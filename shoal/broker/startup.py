@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shoal.broker.control import ModelControl
+from shoal.broker.control import ModelControl, not_in_repository
 from shoal.broker.ensemble_readiness import EnsembleReadiness
 from shoal.broker.models import ModelTable
 from shoal.broker.rate_limiter import RateLimiter
@@ -50,6 +50,9 @@ class BrokerSettings:
     # what model_repository is a view of (shoal/configs/repository_view.py); [] it is no view
     repository_locations: list[str] = field(default_factory=list)
     model_namespacing: bool = False  # qualified names (shoal/configs/namespaces.py) are served
+    # why the server failed to initialize: no repository is read, the server is neither
+    # live nor ready and model control is refused (Triton's FAILED_TO_INITIALIZE)
+    init_error: str = ""
     expect_launcher: bool = False  # started by shoal serve (explicit/poll: it starts workers)
     cpu_lending: bool = True  # idle CPU instances lend their cores to busy ones
     frontend_silence_s: float = 30.0  # a frontend silent this long is stuck (0: never)
@@ -88,9 +91,10 @@ def load_repository(
     control.named = {e.name for e in entries} if ALL in names or mode != "explicit" else set(names)
     for name in sorted(set(names) - {e.name for e in entries} - {ALL}):
         if mode == "explicit":  # Triton's: the model is not in the repository
+            log.error("%s", not_in_repository(name))
             table.add_error(name, f"failed to load '{name}', failed to poll from model repository")
     entries = [e for e in entries if e.name in chosen]
-    control.loaded = {e.name: e for e in entries if not e.error and e.config}
+    control.started_with(entries)
     if control.poll_secs > 0:
         control.start_polling(clock())
     for e in entries:

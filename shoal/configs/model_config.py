@@ -75,8 +75,10 @@ def parse_config_text(text: str, model_name: str) -> pb.ModelConfig:
 def parse_config_json(text: str, model_name: str) -> pb.ModelConfig:
     """Parse the JSON config of a load request (Triton's JsonToModelConfig).
 
-    The config may be partial; 64-bit integers may be JSON strings or numbers and enum
-    names are matched case-insensitively. Unknown fields are an error, as in Triton.
+    The config may be partial; 64-bit integers may be JSON strings or numbers, enum
+    names are matched case-insensitively and a repeated field may be given one element
+    in place of a list (protobuf's C++ parser, with its legacy syntax, as Triton calls
+    it). Unknown fields are an error, as in Triton.
     """
     try:
         doc = json.loads(text)
@@ -90,7 +92,7 @@ def parse_config_json(text: str, model_name: str) -> pb.ModelConfig:
         raise ConfigError(
             model_name, f"failed to load '{model_name}': model config JSON must be an object"
         )
-    _upper_enums(doc, pb.ModelConfig.DESCRIPTOR)
+    _as_triton_reads(doc, pb.ModelConfig.DESCRIPTOR)
     config = pb.ModelConfig()
     try:
         json_format.ParseDict(doc, config, ignore_unknown_fields=False)
@@ -99,12 +101,20 @@ def parse_config_json(text: str, model_name: str) -> pb.ModelConfig:
     return config
 
 
-def _upper_enums(doc: dict[str, Any], desc: Descriptor) -> None:
-    """Upper-case enum names in a JSON config, in place (case-insensitive enum parsing)."""
+def _as_triton_reads(doc: dict[str, Any], desc: Descriptor) -> None:
+    """Rewrite a JSON config, in place, into what Python's protobuf parser reads as
+    Triton's parser reads the original: enum names upper-cased (case-insensitive enum
+    parsing), one element given for a repeated field made a list of it."""
     for key, value in doc.items():
         field = desc.fields_by_name.get(key) or _field_by_json_name(desc, key)
         if field is None:
             continue
+        repeated = field.is_repeated
+        map_field = field.type == FieldDescriptor.TYPE_MESSAGE and (
+            field.message_type.GetOptions().map_entry
+        )
+        if repeated and not map_field and value is not None and not isinstance(value, list):
+            doc[key] = value = [value]
         if field.type == FieldDescriptor.TYPE_ENUM:
             if isinstance(value, str):
                 doc[key] = value.upper()
@@ -113,7 +123,7 @@ def _upper_enums(doc: dict[str, Any], desc: Descriptor) -> None:
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
             for child, child_desc in _children(field, value):
                 if isinstance(child, dict):
-                    _upper_enums(child, child_desc)
+                    _as_triton_reads(child, child_desc)
 
 
 def _field_by_json_name(desc: Descriptor, key: str) -> FieldDescriptor | None:

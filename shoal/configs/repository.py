@@ -254,15 +254,20 @@ def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
         )
 
 
+def config_file(model_dir: Path, model_config_name: str = "") -> Path:
+    """The file a model's config is read from (it may not exist: auto-complete)."""
+    if model_config_name:
+        custom = model_dir / "configs" / f"{model_config_name}.pbtxt"
+        if custom.is_file():
+            return custom
+    return model_dir / CONFIG_FILE
+
+
 def _read_config(
     model_dir: Path, model_config_name: str, autocomplete_enabled: bool
 ) -> tuple[pb.ModelConfig, Path | None]:
     name = model_dir.name
-    path = model_dir / CONFIG_FILE
-    if model_config_name:
-        custom = model_dir / "configs" / f"{model_config_name}.pbtxt"
-        if custom.is_file():
-            path = custom
+    path = config_file(model_dir, model_config_name)
     if not path.is_file():
         if not autocomplete_enabled:
             raise ConfigError(

@@ -238,7 +238,9 @@ class _Text:
         self.lines.append(f"# TYPE {name} {kind}")
 
     def sample(self, name: str, labels: Iterable[tuple[str, str]], value: float) -> None:
-        body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+        # (in label-name order, as Triton's Prometheus library writes them: clients that
+        # match a sample's line, Triton's own QA tests among them, expect that order)
+        body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels))
         self.lines.append(
             f"{name}{{{body}}} {_number(value)}" if body else f"{name} {_number(value)}"
         )

@@ -9,6 +9,7 @@ connection -> unlink the slabs.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -179,6 +180,16 @@ def _metrics_server(
     return MetricsServer(s.metrics, dataplane.metrics, dataplane.cache, limits, counts)
 
 
+def _listen_error(service: str, address: str, exc: Exception) -> str:
+    """Why a service cannot listen, in tritonserver's words where it has them: its
+    servers say "Unavailable - Socket '<address>' already in use" (gRPC's for any
+    failure to bind, which gRPC does not explain)."""
+    grpc_bind = service == "GRPC" and str(exc).startswith("cannot listen on")
+    if grpc_bind or getattr(exc, "errno", None) == errno.EADDRINUSE:
+        return f"Unavailable - Socket '{address}' already in use"
+    return f"Unavailable - cannot listen on {address}: {exc}"
+
+
 async def serve(s: FrontendSettings) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -203,17 +214,22 @@ async def serve(s: FrontendSettings) -> int:
     metrics: MetricsServer | None = None
     budget = _budget(s)
     try:
+        service, address = "", ""
         try:
             if s.allow_http:
+                service, address = "HTTP", f"{s.http_address}:{s.http_port}"
                 http = await _start_http(s, dataplane, budget.http)
             if s.allow_grpc:
+                service, address = "GRPC", f"{s.grpc_address}:{s.grpc_port}"
                 grpc_server = await _start_grpc(s, dataplane, budget.grpc)
             if s.allow_metrics:
+                service, address = "Metrics", f"{s.metrics.address}:{s.metrics.port}"
                 gates = [http.gate] if http is not None else []
                 metrics = _metrics_server(s, dataplane, gates)
                 await metrics.start()
         except (OSError, RuntimeError) as exc:
-            log.error("cannot listen: %s", exc)
+            why = _listen_error(service, address, exc)
+            log.error("failed to start %s service: %s", service, why)
             return EXIT_FATAL
         settle_gc()
         await stop.wait()

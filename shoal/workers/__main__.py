@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--model-config-name", default="")
     p.add_argument("--default-max-batch-size", default=4, type=int)
+    p.add_argument(
+        "--model-load-retry-count", default=0, type=int, help="more tries of a failed load"
+    )
     p.add_argument("--cores", default=None, help="comma-separated CPU cores to pin to")
     p.add_argument("--gpu", default=None, type=int, help="the one GPU this instance sees")
     p.add_argument(
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             autocomplete=not args.disable_auto_complete_config,
             model_config_name=args.model_config_name,
             default_max_batch_size=args.default_max_batch_size,
+            load_retries=args.model_load_retry_count,
             cores=cores,
             gpu=args.gpu,
             gpu_count=gpus,

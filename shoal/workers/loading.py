@@ -51,6 +51,7 @@ class WorkerSettings:
     autocomplete: bool = True
     model_config_name: str = ""
     default_max_batch_size: int = 4
+    load_retries: int = 0  # more tries of a load that fails (--model-load-retry-count)
     cores: list[int] = field(default_factory=list)
     gpu: int | None = None
     gpu_count: int | None = None  # the server's GPUs (this process sees only its own)

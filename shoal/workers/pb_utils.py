@@ -88,9 +88,18 @@ class TritonError:
         return self._code
 
 
+def _expect(where: str, arg: str, value: Any, types: type | tuple[type, ...]) -> None:
+    """An argument of the wrong type: TypeError, as Triton's bindings (pybind11) raise it."""
+    if not isinstance(value, types):
+        raise TypeError(f"{where}: '{arg}' cannot be {type(value).__name__}")
+
+
 class Tensor:
     def __init__(self, name: str, data: Any) -> None:
-        if not isinstance(name, str) or not name:
+        _expect("Tensor()", "name", name, str)
+        if data is None:
+            raise TypeError("Tensor(): 'data' cannot be NoneType")
+        if not name:
             raise TritonModelException("Tensor name must be a non-empty string")
         if isinstance(data, Tensor) or not isinstance(data, np.ndarray | list | tuple):
             raise TritonModelException(
@@ -148,6 +157,19 @@ class InferenceRequest:
         timeout: int = 0,
         **_: Any,
     ) -> None:
+        where = "InferenceRequest()"
+        _expect(where, "inputs", inputs, list)
+        _expect(where, "requested_output_names", requested_output_names, list)
+        for name in requested_output_names or []:
+            _expect(where, "requested_output_names", name, str)
+        if any(t is None for t in inputs or []):  # (Triton's check of its tensors)
+            raise TritonModelException("InferenceRequest inputs must be pb_utils.Tensor objects")
+        _expect(where, "request_id", request_id, str)
+        _expect(where, "correlation_id", correlation_id, (int, str))
+        _expect(where, "model_name", model_name, str)
+        _expect(where, "model_version", model_version, int)
+        _expect(where, "flags", flags, int)
+        _expect(where, "timeout", timeout, int)
         if isinstance(parameters, str):  # Triton takes a JSON object's text too
             parameters = json.loads(parameters) if parameters else {}
             if not isinstance(parameters, dict):
@@ -220,11 +242,12 @@ class InferenceRequest:
 class InferenceResponse:
     def __init__(
         self,
-        output_tensors: list[Tensor] | None = None,
+        output_tensors: list[Tensor] | tuple[()] = (),
         error: TritonError | None = None,
         parameters: dict[str, Any] | None = None,
     ) -> None:
-        tensors = list(output_tensors or [])
+        _expect("InferenceResponse()", "output_tensors", output_tensors, (list, tuple))
+        tensors = list(output_tensors)
         for t in tensors:
             if not isinstance(t, Tensor):
                 raise TritonModelException(
@@ -404,6 +427,8 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = 0) -> None:
+        _expect("Logger.log()", "message", message, str)
+        _expect("Logger.log()", "level", level, int)
         _log.log(
             {1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}.get(level, logging.INFO),
             "%s",

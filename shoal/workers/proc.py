@@ -196,6 +196,16 @@ class WorkerProc:
         # broker's log settings apply.
         raise_open_file_limit()
         outcome = self.load()
+        for attempt in range(self.s.load_retries):  # Triton's: the same load, again
+            if not isinstance(outcome, m.WorkerFailed):
+                break
+            log.info("load retry %d of %d", attempt + 1, self.s.load_retries)
+            outcome = self.load()
+        for attempt in range(self.s.load_retries):  # Triton's: the same load, again
+            if not isinstance(outcome, m.WorkerFailed):
+                break
+            log.info("load retry %d of %d", attempt + 1, self.s.load_retries)
+            outcome = self.load()
         self.sock.send_multipart(m.encode(outcome))
         if isinstance(outcome, m.WorkerFailed):
             if broker_pid is None:  # welcomed already: the broker reads what follows

@@ -32,11 +32,14 @@ Not here: custom execution environments (the model runs in the server's Python).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import inspect
 import json
 import logging
 import sys
+import threading
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -90,6 +93,22 @@ def _flags(req: m.InferRequest) -> int:
     return flags
 
 
+class _EventLoop:
+    """The instance's one event loop, on a daemon thread, as Triton's stub keeps one: an
+    async ``execute`` runs there (a decoupled model's in the background, so that the next
+    batch starts while it awaits; any other one waited for)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="async-execute", daemon=True).start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def background(self, coro: Any, done: Any) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self.loop).add_done_callback(done)
+
+
 class PythonBackend:
     per_request = True  # the worker hands it requests, not a gathered batch
 
@@ -98,6 +117,7 @@ class PythonBackend:
         self.name = ""
         self.instance_name = ""
         self.decoupled = False  # its config's model_transaction_policy
+        self._loop: _EventLoop | None = None  # made for the first async execute
         self._cls: Any = None  # TritonPythonModel, once imported
 
     def _model_class(self, model_file: Path) -> Any:
@@ -109,6 +129,9 @@ class PythonBackend:
         # What a model imports, and where it finds its own files, as Triton's stub: the
         # version folder and the model's folder on sys.path, the module as "<version>.model".
         sys.modules["triton_python_backend_utils"] = pb_utils
+        # Triton's stub embeds Python with no arguments: sys.argv is [""], not the
+        # worker's command line (a model that runs unittest.main() parses it)
+        sys.argv = [""]
         for folder in (model_file.parent.parent, model_file.parent):
             if str(folder) not in sys.path:
                 sys.path.insert(0, str(folder))
@@ -223,28 +246,67 @@ class PythonBackend:
         than None), or None."""
         try:
             returned = self.model.execute(requests)
-            if inspect.iscoroutine(returned):
-                returned = asyncio.run(returned)
+            if inspect.iscoroutine(returned):  # (it answers through the senders, later)
+                self._event_loop().background(returned, self._background_done(requests))
+                return None
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}"
         else:
             if returned is None:
                 return None
-            message = (
-                f"Python model '{self.instance_name}' is using the decoupled mode and the "
-                "execute function must return None."
-            )
+            message = self._not_none()
+        return self._failed(message)
+
+    def _failed(self, message: str) -> str:
         # Triton 2.51's words (it names the instance as the model, here)
         return (
             f"Failed to process the request(s) for model '{self.instance_name}', message: {message}"
         )
+
+    def _not_none(self) -> str:
+        return (
+            f"Python model '{self.instance_name}' is using the decoupled mode and the execute "
+            "function must return None."
+        )
+
+    def _background_done(self, requests: list[Any]) -> Any:
+        """What ends an async decoupled ``execute`` run in the background: its exception
+        (or a value other than None) is logged, as Triton's stub logs it, and ends each of
+        its requests still open with the error (a client never waits for ever)."""
+
+        def done(future: Any) -> None:
+            if future.cancelled():
+                return
+            exc = future.exception()
+            if exc is None and future.result() is None:
+                return
+            if exc is not None:
+                lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+                log.error("%s", "".join(lines).rstrip())
+                message = self._failed(f"{type(exc).__name__}: {exc}")
+            else:
+                message = self._failed(self._not_none())
+                log.error("%s", message)
+            error = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+            for request in requests:
+                sender = request.get_response_sender()
+                if not sender.closed:
+                    with contextlib.suppress(pb_utils.TritonModelException):
+                        sender.send(error, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+        return done
+
+    def _event_loop(self) -> _EventLoop:
+        if self._loop is None:
+            self._loop = _EventLoop()
+        return self._loop
 
     def execute_requests(self, requests: list[Any]) -> list[dict[str, np.ndarray] | ServingError]:
         """``TritonPythonModel.execute``: each request's outputs by name, or its error."""
         try:
             responses = self.model.execute(requests)
             if inspect.iscoroutine(responses):  # an async execute, as Triton runs it
-                responses = asyncio.run(responses)
+                responses = self._event_loop().run(responses)
         except Exception as exc:
             return self._all_fail(f"{type(exc).__name__}: {exc}", len(requests))
         if not isinstance(responses, list):

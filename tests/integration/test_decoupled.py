@@ -151,12 +151,43 @@ output [
 """
 
 
+# An async execute: it awaits DELAY_MS, then answers each element; it raises for none.
+ASYNC = """
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            delay = pb_utils.get_input_tensor_by_name(request, "DELAY_MS").as_numpy()[0]
+            await asyncio.sleep(delay / 1000)
+            if len(values) == 0:
+                raise ValueError("nothing to repeat")
+            sender = request.get_response_sender()
+            for i, v in enumerate(values):
+                sender.send(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUT", np.array([v], np.int32)),
+                    pb_utils.Tensor("IDX", np.array([i], np.uint32)),
+                ]))
+            sender.send(flags=FINAL)
+        return None
+"""
+
+
 def write_repository(repo: Path) -> None:
     for mode in MODES:
         name = f"repeat_{mode}"
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(REPEAT.format(mode=mode)))
         (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+    (repo / "repeat_async" / "1").mkdir(parents=True)
+    (repo / "repeat_async" / "1" / "model.py").write_text(ASYNC)
+    (repo / "repeat_async" / "config.pbtxt").write_text(CONFIG.format(name="repeat_async"))
     (repo / "text" / "1").mkdir(parents=True)
     (repo / "text" / "1" / "model.py").write_text(TEXT)
     (repo / "text" / "config.pbtxt").write_text(TEXT_CONFIG)
@@ -330,6 +361,25 @@ def test_a_failed_execute_ends_the_requests_it_left_open(
     assert isinstance(error, InferenceServerException)
     assert error.message() == (
         f"Failed to process the request(s) for model 'repeat_{mode}_0_0', message: {message}"
+    )
+
+
+def test_an_async_execute_runs_in_the_background_beside_the_next(stream: Stream) -> None:
+    """Triton's stub runs a decoupled model's async execute in the background: one
+    instance starts the next batch while the first awaits (L0_backend_python
+    async_execute); an exception it raises later ends its requests left open."""
+    stream.send("repeat_async", [1], delay_ms=3000, request_id="slow")
+    time.sleep(0.2)
+    stream.send("repeat_async", [2], delay_ms=0, request_id="fast")
+    first, second = stream.take(2)
+    assert (first.get_response().id, second.get_response().id) == ("fast", "slow")
+    assert _values([first, second]) == [(2, 0), (1, 0)]
+    stream.send("repeat_async", [], request_id="none")
+    (error,) = stream.take(1)
+    assert isinstance(error, InferenceServerException)
+    assert error.message() == (
+        "Failed to process the request(s) for model 'repeat_async_0_0', message: "
+        "ValueError: nothing to repeat"
     )
 
 

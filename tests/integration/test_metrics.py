@@ -150,7 +150,7 @@ def test_the_page_is_tritons_text_format_with_host_figures(server: ShoalServer) 
     content_type, text = _page(server.metrics_port)
     assert content_type == "text/plain; version=0.0.4; charset=utf-8"
     assert "# TYPE nv_inference_request_success counter\n" in text
-    assert 'nv_inference_count{model="pair",version="1",_team="vision"} ' in text
+    assert 'nv_inference_count{_team="vision",model="pair",version="1"} ' in text
     assert not re.search(r"_total[{ ]", text)  # no OpenMetrics suffix on a counter
     samples = _scrape(server.metrics_port)
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())

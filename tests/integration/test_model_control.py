@@ -87,6 +87,7 @@ def baseline(server: ShoalServer) -> Iterator[httpclient.InferenceServerClient]:
     yield client
     for name in OTHERS:
         client.unload_model(name)
+    _modify(server, "simple", "config.pbtxt")  # (else a load keeps a config a test gave)
     client.load_model("simple")  # from its config file again
     assert client.is_server_ready()
     # the instances it replaced have stopped
@@ -107,6 +108,17 @@ def _workers(server: ShoalServer, model: str) -> set[int]:
         for pid, cmd in processes_with(server.runtime_dir).items()
         if "-m shoal.workers " in cmd and f"--model {model} " in cmd
     }
+
+
+def _modify(server: ShoalServer, model: str, part: str) -> None:
+    """A change to ``part`` of the model's folder (a version, its config), newer than any
+    before: as in Triton, a load reloads what changed and leaves what did not (and keeps
+    the config a load gave while no file is newer)."""
+    path = Path(server.repo) / model / part
+    if path.is_dir():
+        (path / "changed").write_text("changed")
+    else:
+        os.utime(path)  # (now: later than the last load read it)
 
 
 def _until(check: object, timeout: float = 10.0) -> None:
@@ -165,9 +177,11 @@ def test_load_serves_and_unload_stops_its_workers(server: ShoalServer, protocol:
     assert pid not in processes_with(server.runtime_dir)
 
 
-def test_a_config_override_replaces_the_config_file_until_the_next_load(
-    baseline: httpclient.InferenceServerClient,
+def test_a_config_override_replaces_the_config_file_until_the_file_changes(
+    server: ShoalServer, baseline: httpclient.InferenceServerClient
 ) -> None:
+    """As in Triton (L0_lifecycle test_config_override): a load that gives no config
+    keeps the one an earlier load gave while none of the model's files is newer."""
     baseline.load_model("simple", config=json.dumps({"max_batch_size": "16"}))
     assert baseline.get_model_config("simple")["max_batch_size"] == 16
     # completed as at start: the inputs and outputs come from the model itself
@@ -176,6 +190,9 @@ def test_a_config_override_replaces_the_config_file_until_the_next_load(
         "INPUT1",
     ]
     np.testing.assert_array_equal(_infer_simple(baseline, httpclient), 2 * np.arange(16)[None])
+    baseline.load_model("simple")  # no file changed since: the model is left as it is
+    assert baseline.get_model_config("simple")["max_batch_size"] == 16
+    _modify(server, "simple", "config.pbtxt")
     baseline.load_model("simple")
     assert baseline.get_model_config("simple")["max_batch_size"] == 8
 
@@ -209,7 +226,8 @@ def test_a_reload_keeps_serving_every_request(
             config = {"max_batch_size": batch, "dynamic_batching": batching}
             baseline.load_model("simple", config=json.dumps(config))
             assert baseline.get_model_config("simple")["max_batch_size"] == batch
-        baseline.load_model("simple")
+        _modify(server, "simple", "config.pbtxt")
+        baseline.load_model("simple")  # from its file again
     finally:
         stop.set()
         for thread in threads:
@@ -510,6 +528,7 @@ def test_a_sequence_begun_before_a_reload_ends_on_the_copy_that_holds_it(
         return int(out.as_numpy("OUTPUT")[0, 0])
 
     assert step(10, 42, sequence_start=True) == 11  # OUTPUT = INPUT + START
+    _modify(server, "simple_sequence", "1")
     client.load_model("simple_sequence")  # a new copy; sequence 42 is open on the old one
     assert step(20, 43, sequence_start=True) == 21  # a new sequence: the new copy
     assert step(30, 42) == 30  # not refused for want of a START: the old copy has it

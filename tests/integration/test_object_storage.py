@@ -114,7 +114,12 @@ def test_poll_mode_serves_from_s3_and_sees_the_bucket_change(
         # a model removed from the bucket unloads
         _delete(s3, "repo/mlp/")
         until(lambda: not client.is_model_ready("mlp"))
-        assert [e["name"] for e in client.get_model_repository_index()] == ["simple"]
+        index = client.get_model_repository_index()
+        assert {e["name"] for e in index} == {"simple"}
+        # the version the new one replaced is listed as Triton lists it
+        assert {"name": "simple", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in (
+            index
+        )
         pid = srv.proc.pid
     assert caches_of(pid) == []  # the cache goes with the server
 

@@ -89,12 +89,13 @@ class TritonPythonModel:
 """,
     "args": """
 import json
+import sys
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.args = args
+        self.args = {**args, "sys.argv": sys.argv}
 
     def execute(self, requests):
         text = np.array([json.dumps(self.args).encode()], dtype=object)
@@ -339,6 +340,9 @@ def test_initialize_gets_tritons_args(server: ShoalServer) -> None:
     assert args["model_instance_device_id"] == "0"
     assert Path(args["model_repository"]).name == "args"  # the model's own folder
     assert json.loads(args["model_config"])["backend"] == "python"
+    # as in Triton's stub, an interpreter with no arguments (not the worker's: a model
+    # that runs unittest.main() would parse them; L0_backend_python argument_validation)
+    assert args["sys.argv"] == [""]
 
 
 def test_a_model_that_cannot_initialize_is_unavailable_saying_why(server: ShoalServer) -> None:

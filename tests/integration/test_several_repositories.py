@@ -108,3 +108,11 @@ def test_explicit_mode_loads_from_any_repository(tmp_path: Path) -> None:
         _until(lambda: "identity" in {e["name"] for e in client.get_model_repository_index()})
         client.unload_model("identity")
         assert not client.is_model_ready("identity")
+
+
+def test_one_repository_named_twice_is_one(tmp_path: Path) -> None:
+    """Triton keeps its repositories in a set (L0_lifecycle test_config_override)."""
+    modelgen.write_shipped_repository(tmp_path, ("simple",))
+    with served(tmp_path, f"--model-repository={tmp_path}/.") as srv:
+        client = httpclient.InferenceServerClient(srv.url)
+        assert client.is_model_ready("simple")

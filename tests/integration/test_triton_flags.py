@@ -104,6 +104,13 @@ def test_strict_model_config_is_deprecated_in_tritons_words(
             "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
             "'<resource_name>:<count>'. Got R1",
         ),
+        # (L0_lifecycle greps for these: taken without effect, but checked as Triton's)
+        (["--model-load-gpu-limit", "-1:0.6"], "expects device ID >= 0, got -1"),
+        (
+            ["--model-load-gpu-limit", "0:-0.4"],
+            "expects limit fraction to be in range [0.0, 1.0], got -0.400000",
+        ),
+        (["--model-load-gpu-limit=0.6"], "requires format <first>:<second>. Found: 0.6"),
     ],
 )
 def test_flags_shoal_cannot_honour_are_refused(repo: Path, flags: list[str], words: str) -> None:

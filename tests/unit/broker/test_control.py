@@ -4,6 +4,8 @@ unload retires, and what the index and readiness say."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,18 @@ def _load(c: ModelControl, name: str, config: str = "", qid: int = 1) -> list[m.
     out = c.request(FE, m.ModelControl(qid, "load", name, config))
     assert out.replies == []  # not settled before its instances report
     return out.start
+
+
+def _modify(model_dir: Path, part: str, later_s: float = 10.0) -> None:
+    """A change to ``part`` of a model's folder (a version, a shared file), newer than
+    anything there before."""
+    path = model_dir / part
+    if path.is_dir():
+        path = path / "changed"
+    if not path.is_file():  # (a file already there keeps its content)
+        path.write_text("changed")
+    stamp = time.time() + later_s
+    os.utime(path, (stamp, stamp))
 
 
 def _ready(c: ModelControl, spec: m.WorkerSpec, ident: bytes) -> Instance:
@@ -87,6 +101,7 @@ def test_a_failed_reload_keeps_the_loaded_version_and_its_instance_retires(
     (spec,) = _load(control, "simple")
     _ready(control, spec, b"w1")
     control.tick()
+    _modify(control.repo / "simple", "1")
     (spec2,) = _load(control, "simple", qid=2)
     mv = control.table.find("simple", 1, spec2.generation)
     assert mv is not None
@@ -267,6 +282,7 @@ def test_a_replaced_copy_keeps_its_open_sequences_until_they_end(tmp_path: Path)
     start = m.InferRequest(1, "simple_sequence", 1, [], [], sequence_id=7, sequence_start=True)
     old.sequencer.enqueue(m.WorkItem(FE, start), 0.0)
     old.sequencer.completed(first.ident, old.sequencer.take(first.ident, 0.0), 0.0)
+    _modify(repo / "simple_sequence", "1")
     (spec2,) = _load(c, "simple_sequence", qid=2)
     _ready(c, spec2, b"w2")
     c.table.find("simple_sequence", 1, spec2.generation).set_config(  # type: ignore[union-attr]
@@ -364,3 +380,113 @@ def test_a_load_waiting_for_a_claim_is_not_planned_again_on_every_turn(
     _ready(control, spec, b"w1")
     control.tick()
     assert reads == ["ens", "simple", "ens"]  # simple is loaded now: the ensemble is staged
+
+
+def _two_versions(control: ModelControl) -> Path:
+    """``simple`` with versions 1 and 2, both served (Triton's version policy ``all``)."""
+    model = control.repo / "simple"
+    (model / "2").mkdir()
+    (model / "2" / "model.onnx").write_bytes((model / "1" / "model.onnx").read_bytes())
+    with (model / "config.pbtxt").open("a") as f:
+        f.write("version_policy: { all { }}\n")
+    return model
+
+
+def _load_ready(control: ModelControl, qid: int, *idents: bytes) -> list[m.WorkerSpec]:
+    specs = _load(control, "simple", qid=qid)
+    for spec, ident in zip(specs, idents, strict=True):
+        _ready(control, spec, ident)
+    assert control.tick().replies == [(FE, m.ControlReply(qid))]
+    return specs
+
+
+def _generations(control: ModelControl) -> dict[int, int]:
+    entry = control.table.models["simple"]
+    return {v: mv.generation for v, mv in entry.versions.items()}
+
+
+def test_a_reload_keeps_the_versions_it_does_not_change_as_tritons_does(
+    control: ModelControl,
+) -> None:
+    """Triton's reload: a version whose folder (and what the versions share) did not
+    change, with a config that differs in its version policy at most, serves on as it
+    is; a changed one loads again, a new one loads, one the policy drops is unloaded
+    (UNAVAILABLE, "unloaded", in the index)."""
+    model = _two_versions(control)
+    _load_ready(control, 1, b"w1", b"w2")
+    assert _generations(control) == {1: 1, 2: 1}
+    # nothing changed: answered at once, nothing started or stopped
+    out = control.request(FE, m.ModelControl(2, "load", "simple"))
+    assert out.replies == [(FE, m.ControlReply(2))] and out.start == [] and out.stop == []
+    assert _generations(control) == {1: 1, 2: 1}
+    # version 2 changed: it alone loads again
+    _modify(model, "2")
+    (spec,) = _load_ready(control, 3, b"w3")
+    assert spec.version == 2 and _generations(control) == {1: 1, 2: 2}
+    # version 1 goes, version 3 comes
+    (model / "3").mkdir()
+    (model / "3" / "model.onnx").write_bytes((model / "2" / "model.onnx").read_bytes())
+    for f in (model / "1").iterdir():
+        f.unlink()
+    (model / "1").rmdir()
+    _modify(model, "3", later_s=20)  # (newer than version 2's change, stamped ahead)
+    (spec,) = _load_ready(control, 4, b"w4")
+    assert spec.version == 3 and _generations(control) == {2: 2, 3: 3}
+    assert control.gone_versions["simple"] == {1}
+    assert m.ModelState("simple", 1, "UNAVAILABLE", "unloaded") in control.index()
+    # the policy narrows to version 3: version 2 goes, 3 stays as it is
+    config = (model / "config.pbtxt").read_text().replace("all { }", "specific { versions: [3] }")
+    (model / "config.pbtxt").write_text(config)
+    _modify(model, "config.pbtxt", later_s=30)
+    out = control.request(FE, m.ModelControl(5, "load", "simple"))
+    assert out.replies == [(FE, m.ControlReply(5))] and out.start == []
+    assert _generations(control) == {3: 3} and control.gone_versions["simple"] == {1, 2}
+
+
+@pytest.mark.parametrize("change", ["shared file", "config"])
+def test_a_change_every_version_shares_loads_every_version_again(
+    control: ModelControl, change: str
+) -> None:
+    model = _two_versions(control)
+    _load_ready(control, 1, b"w1", b"w2")
+    if change == "shared file":  # a labels file, a Python model's dependency
+        _modify(model, "labels.txt")
+    else:
+        config = (model / "config.pbtxt").read_text().replace("max_batch_size: 8", "")
+        (model / "config.pbtxt").write_text(config + "max_batch_size: 4\n")
+    specs = _load_ready(control, 2, b"w3", b"w4")
+    assert sorted(s.version for s in specs) == [1, 2] and _generations(control) == {1: 2, 2: 2}
+
+
+def test_an_unload_after_a_reload_lists_every_version_it_had(control: ModelControl) -> None:
+    model = _two_versions(control)
+    _load_ready(control, 1, b"w1", b"w2")
+    config = (model / "config.pbtxt").read_text().replace("all { }", "specific { versions: [2] }")
+    (model / "config.pbtxt").write_text(config)
+    control.request(FE, m.ModelControl(2, "load", "simple"))
+    (gone,) = control.table.retiring
+    gone.instances.clear()  # its worker's exit (the broker's _lost)
+    control.tick()
+    control.request(FE, m.ModelControl(3, "unload", "simple"))
+    assert "simple" not in control.gone_versions
+    assert [s for s in control.index() if s.name == "simple"] == [
+        m.ModelState("simple", 1, "UNAVAILABLE", "unloaded"),
+        m.ModelState("simple", 2, "UNLOADING"),
+    ]
+
+
+def test_a_load_without_a_config_keeps_the_one_an_earlier_load_gave_until_a_file_changes(
+    control: ModelControl,
+) -> None:
+    """Triton's L0_lifecycle test_config_override: a load's config counts as the model's
+    newest change; a later load that gives none, of a model none of whose files changed
+    since, leaves the model as it is."""
+    (spec,) = _load(control, "simple", '{"max_batch_size": 4}')
+    _ready(control, spec, b"w1")
+    control.tick()
+    out = control.request(FE, m.ModelControl(2, "load", "simple"))
+    assert out.replies == [(FE, m.ControlReply(2))] and out.start == [] and out.stop == []
+    assert control.loaded["simple"].config.max_batch_size == 4  # type: ignore[union-attr]
+    _modify(control.repo / "simple", "config.pbtxt")  # (its own config, changed since)
+    (spec,) = _load(control, "simple", qid=3)
+    assert spec.generation == 2 and spec.config_file == ""

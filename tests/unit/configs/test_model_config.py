@@ -133,6 +133,25 @@ def test_json_config_accepts_string_int64_and_lowercase_enums() -> None:
     assert config.dynamic_batching.max_queue_delay_microseconds == 100
 
 
+def test_json_config_takes_one_element_for_a_repeated_field() -> None:
+    """Triton's parser (protobuf's legacy syntax) reads one element as a list of it
+    (L0_lifecycle test_concurrent_model_instance_load_sanity sends such a config)."""
+    text = json.dumps(
+        {
+            "instance_group": {"kind": "KIND_CPU", "count": 5},
+            "input": {"name": "x", "data_type": "TYPE_FP32", "dims": 4},
+            "sequence_batching": {"direct": {}, "max_sequence_idle_microseconds": 10},
+            "parameters": {"k": {"string_value": "v"}},
+        }
+    )
+    config = parse_config_json(text, "m")
+    assert [(g.kind, g.count) for g in config.instance_group] == [
+        (pb.ModelInstanceGroup.KIND_CPU, 5)
+    ]
+    assert config.input[0].name == "x" and list(config.input[0].dims) == [4]
+    assert config.parameters["k"].string_value == "v"  # (a map stays a map)
+
+
 @pytest.mark.parametrize(
     "text",
     [

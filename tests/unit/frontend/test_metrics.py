@@ -96,7 +96,7 @@ def test_instance_exits_by_reason_and_each_instances_memory() -> None:
         (mlp, 8 << 20)
     ]
     text = render([v], MetricsConfig(), None)
-    assert 'shoal_instance_exit_count{model="mlp",version="1",reason="memory_limit"} 2\n' in text
+    assert 'shoal_instance_exit_count{model="mlp",reason="memory_limit",version="1"} 2\n' in text
 
 
 def test_each_listeners_connections_and_what_its_limit_did() -> None:

@@ -103,3 +103,30 @@ def test_a_request_of_a_model_that_is_not_decoupled_has_no_sender() -> None:
     config = {"model_transaction_policy": {"decoupled": True}}
     assert pb_utils.using_decoupled_model_transaction_policy(config)
     assert not pb_utils.using_decoupled_model_transaction_policy({})
+
+
+def test_arguments_of_the_wrong_type_are_refused_as_tritons_bindings_refuse_them() -> None:
+    """TypeError where Triton's pybind11 bindings raise it, TritonModelException where its
+    own checks do (L0_backend_python argument_validation)."""
+    array = np.asarray([1, 2], dtype=np.int32)
+    tensors = [pb_utils.Tensor("INPUT0", array)]
+    for bad in (
+        lambda: pb_utils.Tensor(None, array),  # type: ignore[arg-type]
+        lambda: pb_utils.Tensor("OUTPUT0", None),
+        lambda: pb_utils.InferenceRequest(inputs=None, requested_output_names=[], model_name="m"),
+        lambda: pb_utils.InferenceRequest(inputs=tensors, requested_output_names=[None]),  # type: ignore[list-item]
+        lambda: pb_utils.InferenceRequest(tensors, ["o"], model_name=None),  # type: ignore[arg-type]
+        lambda: pb_utils.InferenceRequest(tensors, ["o"], model_name="m", correlation_id=None),  # type: ignore[arg-type]
+        lambda: pb_utils.InferenceRequest(tensors, ["o"], model_name="m", flags=None),  # type: ignore[arg-type]
+        lambda: pb_utils.InferenceResponse(output_tensors=None),  # type: ignore[arg-type]
+        lambda: pb_utils.Logger.log("message", None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError):
+            bad()
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceRequest(inputs=[None], requested_output_names=[], model_name="m")  # type: ignore[list-item]
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponse(output_tensors=[None])  # type: ignore[list-item]
+    request = pb_utils.InferenceRequest(tensors, ["o"], model_name="m", correlation_id="s-5")
+    assert request.correlation_id() == "s-5"
+    pb_utils.InferenceResponse(output_tensors=[])
