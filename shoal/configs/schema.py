@@ -59,9 +59,12 @@ DEFAULT_MODEL_FILENAME: Final[dict[str, str]] = {
     PYTHON_BACKEND: "model.py",
 }
 FILENAME_TO_BACKEND: Final[dict[str, str]] = {f: b for b, f in DEFAULT_MODEL_FILENAME.items()}
+#: Tree models (Triton's FIL backend): no platform, and no one default file name (the
+#: file's name follows its `model_type` parameter: shoal.configs.fil_params).
+FIL_BACKEND: Final = "fil"
 
 # Backends shoal can run. Callers with a plug-in registry pass their own set.
-KNOWN_BACKENDS: Final[frozenset[str]] = frozenset(DEFAULT_MODEL_FILENAME)
+KNOWN_BACKENDS: Final[frozenset[str]] = frozenset([*DEFAULT_MODEL_FILENAME, FIL_BACKEND])
 KNOWN_PLATFORMS: Final[frozenset[str]] = frozenset([*PLATFORM_TO_BACKEND, ENSEMBLE_PLATFORM])
 
 # Folders inside a model directory that are never version folders.

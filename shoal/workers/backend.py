@@ -49,6 +49,7 @@ _BACKENDS: dict[str, str] = {
     "onnxruntime": "shoal.workers.onnx_backend:OnnxRuntimeBackend",
     "pytorch": "shoal.workers.torch_backend:TorchBackend",
     "python": "shoal.workers.python_backend:PythonBackend",
+    "fil": "shoal.workers.fil_backend:FilBackend",
 }
 
 

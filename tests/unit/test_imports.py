@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-HEAVY = ("onnxruntime", "torch", "tensorrt", "cupy")
+HEAVY = ("onnxruntime", "torch", "tensorrt", "cupy", "xgboost", "lightgbm", "treelite")
 
 
 @pytest.mark.parametrize(
