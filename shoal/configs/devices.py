@@ -70,8 +70,8 @@ _GPU_BUILD_FILES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 #: Backends that shoal runs on the CPU whatever is installed (tree models: the CPU
-#: builds of XGBoost, LightGBM and Treelite).
-_CPU_BACKENDS: frozenset[str] = frozenset({"fil"})
+#: builds of XGBoost, LightGBM and Treelite; OpenVINO, as Triton's backend: KIND_CPU only).
+_CPU_BACKENDS: frozenset[str] = frozenset({"fil", "openvino"})
 
 
 @functools.cache

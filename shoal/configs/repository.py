@@ -38,6 +38,7 @@ CONFIG_FILE = "config.pbtxt"
 _MODEL_FILES: tuple[tuple[str, str, str], ...] = (
     ("model.plan", "tensorrt_plan", ""),
     ("model.onnx", "onnxruntime_onnx", ""),
+    ("model.xml", "", "openvino"),
     ("model.pt", "pytorch_libtorch", ""),
     ("model.py", "", PYTHON_BACKEND),
 )

@@ -57,6 +57,8 @@ DEFAULT_MODEL_FILENAME: Final[dict[str, str]] = {
     "pytorch": "model.pt",
     "tensorrt": "model.plan",
     PYTHON_BACKEND: "model.py",
+    # (no platform: Triton leaves it empty for OpenVINO models)
+    "openvino": "model.xml",
 }
 FILENAME_TO_BACKEND: Final[dict[str, str]] = {f: b for b, f in DEFAULT_MODEL_FILENAME.items()}
 #: Tree models (Triton's FIL backend): no platform, and no one default file name (the

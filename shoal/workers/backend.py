@@ -50,6 +50,7 @@ _BACKENDS: dict[str, str] = {
     "pytorch": "shoal.workers.torch_backend:TorchBackend",
     "python": "shoal.workers.python_backend:PythonBackend",
     "fil": "shoal.workers.fil_backend:FilBackend",
+    "openvino": "shoal.workers.openvino_backend:OpenVinoBackend",
 }
 
 

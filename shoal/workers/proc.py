@@ -193,6 +193,7 @@ class WorkerProc:
 
                 self.scripting = pb_utils.scripting = BlsClient(s.runtime_dir)
             backend.instance_name = s.instance_name  # type: ignore[attr-defined]  # (Python's)
+            backend.default_max_batch_size = s.default_max_batch_size  # type: ignore[attr-defined]
             model_file = entry.model_file(s.version)
             if s.autocomplete and hasattr(backend, "auto_complete"):  # a Python model's own
                 config = backend.auto_complete(model_file, config)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-HEAVY = ("onnxruntime", "torch", "tensorrt", "cupy", "xgboost", "lightgbm", "treelite")
+HEAVY = ("onnxruntime", "torch", "tensorrt", "cupy", "xgboost", "lightgbm", "treelite", "openvino")
 
 
 @pytest.mark.parametrize(
