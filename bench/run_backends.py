@@ -14,8 +14,9 @@ sample. A record, not a test.
 
 Cases: ``fil-xgboost`` (an XGBoost binary classifier, 32 features, 100 trees of depth 6,
 ``predict_proba``: XGBoost's ``inplace_predict``), ``fil-lightgbm`` (the same with
-LightGBM: ``Booster.predict``); ``onnx-mlp`` (the shipped ``mlp`` on ONNX Runtime, the
-reference: what serving costs on this machine in the same run).
+LightGBM: ``Booster.predict``), ``openvino-mlp`` (an IR of an MLP 256 -> 1024 -> 256:
+OpenVINO's ``InferRequest.infer`` with ``share_inputs``), ``onnx-mlp`` (the shipped ``mlp``
+on ONNX Runtime, the reference: what serving costs on this machine in the same run).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from perf_analyzer import Measurement, run_perf_analyzer
 from servers import REPO_ROOT, ServerProcess, shoal_server
 
 sys.path.insert(0, str(REPO_ROOT))
-from tools import treegen
+from tools import ovgen, treegen
 
 FEATURES = 32
 Runner = Callable[[np.ndarray], object]
@@ -113,9 +114,36 @@ def _onnx_mlp() -> Case:
     return Case(build, "mlp")
 
 
+def _openvino() -> Case:
+    """An MLP (256 -> 1024 -> ReLU -> 256) as an IR; OpenVINO's defaults but one
+    inference thread in both (its CPU plugin picks BF16 where the CPU has it, in both)."""
+
+    def build(repo: Path, name: str) -> Callable[[int], tuple[np.ndarray, Runner]]:
+        import openvino as ov
+
+        config = (
+            f'name: "{name}"\nbackend: "openvino"\nmax_batch_size: 64\n'
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 256 ] } ]\n'
+            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 256 ] } ]\n'
+            'parameters { key: "INFERENCE_NUM_THREADS" value { string_value: "1" } }\n'
+        )
+        xml = ovgen.write_ir(repo, name, ovgen.mlp_onnx(256, 256, hidden=1024), config)
+        compiled = ov.Core().compile_model(str(xml), "CPU", {"INFERENCE_NUM_THREADS": 1})
+        request = compiled.create_infer_request()
+
+        def runner(batch: int) -> tuple[np.ndarray, Runner]:
+            x = np.random.default_rng(5).standard_normal((batch, 256)).astype(np.float32)
+            return x, lambda a: request.infer({"X": a}, share_inputs=True)
+
+        return runner
+
+    return Case(build, "ov_mlp")
+
+
 CASES: dict[str, Case] = {
     "fil-xgboost": _fil("xgboost"),
     "fil-lightgbm": _fil("lightgbm"),
+    "openvino-mlp": _openvino(),
     "onnx-mlp": _onnx_mlp(),
 }
 
