@@ -40,6 +40,7 @@ _MODEL_FILES: tuple[tuple[str, str, str], ...] = (
     ("model.onnx", "onnxruntime_onnx", ""),
     ("model.xml", "", "openvino"),
     ("model.pt", "pytorch_libtorch", ""),
+    ("model.pt2", "torch_aoti", "pytorch"),
     ("model.py", "", PYTHON_BACKEND),
 )
 

@@ -47,10 +47,19 @@ PLATFORM_TO_BACKEND: Final[dict[str, str]] = {
     "onnxruntime_onnx": "onnxruntime",
     "pytorch_libtorch": "pytorch",
     "tensorrt_plan": "tensorrt",
+    # PyTorch 2 archives (model.pt2): Triton's name for its AOTInductor packages; shoal
+    # also runs an ExportedProgram saved by torch.export there (shoal/workers/torch_pt2.py)
+    "torch_aoti": "pytorch",
 }
-# The platform Triton fills in when only the backend is given. The python backend has
-# no platform: Triton leaves `platform` empty for it.
-BACKEND_TO_PLATFORM: Final[dict[str, str]] = {b: p for p, b in PLATFORM_TO_BACKEND.items()}
+# The platform Triton fills in when only the backend is given (pytorch: LibTorch, "until
+# it is deprecated"). The python backend has no platform: Triton leaves it empty.
+BACKEND_TO_PLATFORM: Final[dict[str, str]] = {
+    "onnxruntime": "onnxruntime_onnx",
+    "pytorch": "pytorch_libtorch",
+    "tensorrt": "tensorrt_plan",
+}
+#: A platform's own default model file, where it is not its backend's.
+PLATFORM_MODEL_FILENAME: Final[dict[str, str]] = {"torch_aoti": "model.pt2"}
 
 DEFAULT_MODEL_FILENAME: Final[dict[str, str]] = {
     "onnxruntime": "model.onnx",
@@ -60,7 +69,10 @@ DEFAULT_MODEL_FILENAME: Final[dict[str, str]] = {
     # (no platform: Triton leaves it empty for OpenVINO models)
     "openvino": "model.xml",
 }
-FILENAME_TO_BACKEND: Final[dict[str, str]] = {f: b for b, f in DEFAULT_MODEL_FILENAME.items()}
+FILENAME_TO_BACKEND: Final[dict[str, str]] = {
+    **{f: b for b, f in DEFAULT_MODEL_FILENAME.items()},
+    "model.pt2": "pytorch",
+}
 #: Tree models (Triton's FIL backend): no platform, and no one default file name (the
 #: file's name follows its `model_type` parameter: shoal.configs.fil_params).
 FIL_BACKEND: Final = "fil"
