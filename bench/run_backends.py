@@ -15,8 +15,11 @@ sample. A record, not a test.
 Cases: ``fil-xgboost`` (an XGBoost binary classifier, 32 features, 100 trees of depth 6,
 ``predict_proba``: XGBoost's ``inplace_predict``), ``fil-lightgbm`` (the same with
 LightGBM: ``Booster.predict``), ``openvino-mlp`` (an IR of an MLP 256 -> 1024 -> 256:
-OpenVINO's ``InferRequest.infer`` with ``share_inputs``), ``onnx-mlp`` (the shipped ``mlp``
-on ONNX Runtime, the reference: what serving costs on this machine in the same run).
+OpenVINO's ``InferRequest.infer`` with ``share_inputs``), ``pt2-exported`` and ``pt2-aoti``
+(the same MLP in torch, exported with a dynamic batch: an ExportedProgram's ``module()``,
+an AOTInductor package's runner; building the package takes a minute), ``onnx-mlp`` (the
+shipped ``mlp`` on ONNX Runtime, the reference: what serving costs on this machine in the
+same run).
 """
 
 from __future__ import annotations
@@ -140,10 +143,54 @@ def _openvino() -> Case:
     return Case(build, "ov_mlp")
 
 
+def _pt2(aoti: bool) -> Case:
+    """An MLP (256 -> 1024 -> ReLU -> 256) exported with a dynamic batch, as an
+    ExportedProgram archive or AOTInductor package; one intra-op thread in both."""
+
+    def build(repo: Path, name: str) -> Callable[[int], tuple[np.ndarray, Runner]]:
+        import torch
+
+        torch.set_num_threads(1)
+        mlp = torch.nn.Sequential(
+            torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)
+        ).eval()
+        batch = torch.export.Dim("batch", min=1, max=64)
+        program = torch.export.export(mlp, (torch.ones(2, 256),), dynamic_shapes=({0: batch},))
+        path = repo / name / "1" / "model.pt2"
+        path.parent.mkdir(parents=True)
+        if aoti:
+            torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+            fn = torch._inductor.aoti_load_package(str(path))
+        else:
+            torch.export.save(program, str(path))
+            fn = torch.export.load(str(path)).module()
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nplatform: "torch_aoti"\nmax_batch_size: 64\n'
+            'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 256 ] } ]\n'
+            'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 256 ] } ]\n'
+            'parameters { key: "INTRA_OP_THREAD_COUNT" value { string_value: "1" } }\n'
+        )
+
+        def runner(batch: int) -> tuple[np.ndarray, Runner]:
+            x = np.random.default_rng(5).standard_normal((batch, 256)).astype(np.float32)
+
+            def call(a: np.ndarray) -> object:
+                with torch.inference_mode():
+                    return fn(torch.from_numpy(a)).numpy()
+
+            return x, call
+
+        return runner
+
+    return Case(build, "pt2_aoti" if aoti else "pt2_exported")
+
+
 CASES: dict[str, Case] = {
     "fil-xgboost": _fil("xgboost"),
     "fil-lightgbm": _fil("lightgbm"),
     "openvino-mlp": _openvino(),
+    "pt2-exported": _pt2(aoti=False),
+    "pt2-aoti": _pt2(aoti=True),
     "onnx-mlp": _onnx_mlp(),
 }
 
