@@ -51,6 +51,7 @@ _BACKENDS: dict[str, str] = {
     "python": "shoal.workers.python_backend:PythonBackend",
     "fil": "shoal.workers.fil_backend:FilBackend",
     "openvino": "shoal.workers.openvino_backend:OpenVinoBackend",
+    "tensorflow": "shoal.workers.tf_backend:TensorFlowBackend",
 }
 
 
