@@ -17,7 +17,8 @@ Cases: ``fil-xgboost`` (an XGBoost binary classifier, 32 features, 100 trees of 
 LightGBM: ``Booster.predict``), ``openvino-mlp`` (an IR of an MLP 256 -> 1024 -> 256:
 OpenVINO's ``InferRequest.infer`` with ``share_inputs``), ``pt2-exported`` and ``pt2-aoti``
 (the same MLP in torch, exported with a dynamic batch: an ExportedProgram's ``module()``,
-an AOTInductor package's runner; building the package takes a minute), ``onnx-mlp`` (the
+an AOTInductor package's runner; building the package takes a minute), ``tf-savedmodel``
+(the MLP as a SavedModel: its serving signature called), ``onnx-mlp`` (the
 shipped ``mlp`` on ONNX Runtime, the reference: what serving costs on this machine in the
 same run).
 """
@@ -185,12 +186,38 @@ def _pt2(aoti: bool) -> Case:
     return Case(build, "pt2_aoti" if aoti else "pt2_exported")
 
 
+def _tf() -> Case:
+    """The MLP (256 -> 1024 -> ReLU -> 256) as a SavedModel; one intra-op thread in both."""
+
+    def build(repo: Path, name: str) -> Callable[[int], tuple[np.ndarray, Runner]]:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(1)  # (before TensorFlow's first op)
+        from tools import tfgen
+
+        saved = tfgen.save_mlp(repo / name / "1" / "model.savedmodel")
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nplatform: "tensorflow_savedmodel"\nmax_batch_size: 64\n'
+            'parameters { key: "TF_NUM_INTRA_THREADS" value { string_value: "1" } }\n'
+        )
+        fn = tf.saved_model.load(str(saved)).signatures["serving_default"]
+
+        def runner(batch: int) -> tuple[np.ndarray, Runner]:
+            x = np.random.default_rng(5).standard_normal((batch, 256)).astype(np.float32)
+            return x, lambda a: fn(X=tf.constant(a))["Y"].numpy()
+
+        return runner
+
+    return Case(build, "tf_mlp")
+
+
 CASES: dict[str, Case] = {
     "fil-xgboost": _fil("xgboost"),
     "fil-lightgbm": _fil("lightgbm"),
     "openvino-mlp": _openvino(),
     "pt2-exported": _pt2(aoti=False),
     "pt2-aoti": _pt2(aoti=True),
+    "tf-savedmodel": _tf(),
     "onnx-mlp": _onnx_mlp(),
 }
 
