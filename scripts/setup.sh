@@ -14,7 +14,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # CPU one is at hand (SHOAL_TORCH picks another, e.g. a CUDA build on a GPU host).
   if ! { .venv/bin/python -m pip install --upgrade pip &&
          .venv/bin/python -m pip install "${SHOAL_TORCH:-torch==2.13.0}" &&
-         .venv/bin/python -m pip install -e '.[dev]'; } >"$log" 2>&1; then
+         .venv/bin/python -m pip install -e '.[dev,fil,openvino,tensorflow]'; } >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     echo "set-up failed; full log in $log" >&2
     exit 1

@@ -310,10 +310,11 @@ class ShoalServer:
 
 
 @contextlib.contextmanager
-def settled_server(repo: Path, models: tuple[str, ...]) -> Iterator[ShoalServer]:
-    """A server that starts whatever loads (some models may fail on purpose), once every
-    model in ``models`` is READY or UNAVAILABLE; stopped cleanly and removed after."""
-    srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false")
+def settled_server(repo: Path, models: tuple[str, ...], *args: str) -> Iterator[ShoalServer]:
+    """A server (with the flags ``args``) that starts whatever loads (some models may fail
+    on purpose), once every model in ``models`` is READY or UNAVAILABLE; stopped cleanly
+    and removed after."""
+    srv = ShoalServer(repo, "--exit-on-error=false", "--strict-readiness=false", *args)
     try:
         srv.wait_settled(models)
     except BaseException:

@@ -8,13 +8,20 @@ any shape and dtype that torch adds. ``crash_model()``: ``forward(INPUT0) -> INP
 ``spin_model()``: ``forward(INPUT0) -> INPUT0``, but loops forever inside TorchScript (native
 code, where no Python signal handler runs) while any element is positive. Written as
 ``<repo>/<name>/<version>/model.pt`` with ``tools.modelgen.write_model(...,
-filename="model.pt")``.
+filename="model.pt")``. ``grad_model()``: ``forward(INPUT0) -> 1`` per element where it runs in
+inference mode, else 0.
+
+PyTorch 2 archives (``model.pt2``): ``exported_add_sub()`` and ``exported_nested()`` are
+ExportedPrograms saved by ``torch.export.save``; ``aoti_add_sub(folder)`` an AOTInductor
+package.
 """
 
 from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -87,3 +94,69 @@ def sum_rows_model() -> bytes:
 
 def spin_model() -> bytes:
     return _save(Spin())
+
+
+class Nested(torch.nn.Module):
+    """Positional, dict and keyword inputs; a dict of a tensor and a pair out: the pytrees
+    Triton's PT2 naming walks (ARGS[0], ARGS[1][k], KWARGS[scale]; RESULT[sum],
+    RESULT[pair][0], RESULT[pair][1])."""
+
+    def forward(
+        self, x: torch.Tensor, opts: dict[str, torch.Tensor], *, scale: torch.Tensor
+    ) -> dict[str, Any]:
+        return {"sum": x + opts["k"], "pair": (x * scale, opts["k"] - x)}
+
+
+class Grad(torch.nn.Module):
+    """Answers 1 where it runs in inference mode, else 0: which of Triton's INFERENCE_MODE
+    settings it ran under."""
+
+    def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+        made_here = INPUT0 * 0  # an inference tensor where inference mode is on
+        return made_here + (1.0 if made_here.is_inference() else 0.0)
+
+
+def grad_model() -> bytes:
+    return _save(Grad())
+
+
+def _export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+            dynamic: Any) -> Any:  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.export.export(module.eval(), args, kwargs, dynamic_shapes=dynamic)
+
+
+def exported_add_sub(dynamic_batch: bool = True) -> bytes:
+    """``AddSub`` as an ExportedProgram archive (``torch.export.save``): [batch, 4] inputs,
+    the batch dynamic (up to 64) or fixed at 2."""
+    batch = torch.export.Dim("batch", min=1, max=64)
+    dims = ({0: batch}, {0: batch}) if dynamic_batch else None
+    program = _export(AddSub(), (torch.ones(2, 4), torch.ones(2, 4)), {}, dims)
+    buf = io.BytesIO()
+    torch.export.save(program, buf)
+    return buf.getvalue()
+
+
+def exported_nested() -> bytes:
+    """``Nested`` as an ExportedProgram archive: [batch, 3] tensors, the batch dynamic."""
+    batch = torch.export.Dim("batch", min=1, max=64)
+    x, k, scale = (torch.ones(2, 3) for _ in range(3))  # (one tensor for all: one input)
+    program = _export(
+        Nested(), (x, {"k": k}), {"scale": scale},
+        {"x": {0: batch}, "opts": {"k": {0: batch}}, "scale": {0: batch}},
+    )  # fmt: skip
+    buf = io.BytesIO()
+    torch.export.save(program, buf)
+    return buf.getvalue()
+
+
+def aoti_add_sub(folder: Path) -> bytes:
+    """``AddSub`` compiled ahead of time by AOTInductor and packaged (Triton's
+    ``torch_aoti``), [batch, 4] with a dynamic batch: needs a C++ compiler, and takes from
+    seconds to a minute or more."""
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = _export(AddSub(), (torch.ones(2, 4), torch.ones(2, 4)), {}, ({0: batch}, {0: batch}))
+    path = folder / "aoti_add_sub.pt2"
+    torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    return path.read_bytes()

@@ -69,13 +69,19 @@ _GPU_BUILD_FILES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+#: Backends that shoal runs on the CPU whatever is installed (tree models: the CPU
+#: builds of XGBoost, LightGBM and Treelite; OpenVINO, as Triton's backend: KIND_CPU only;
+#: TensorFlow's CPU build).
+_CPU_BACKENDS: frozenset[str] = frozenset({"fil", "openvino", "tensorflow"})
+
+
 @functools.cache
 def cpu_only_backends() -> frozenset[str]:
     """The backends whose installed runtime cannot use a GPU (onnxruntime without its
-    CUDA execution provider, a CPU build of torch): for their models KIND_AUTO means
-    KIND_CPU, as in a Triton built without GPU support. Read from the installed files,
-    without importing the runtimes."""
-    out = set()
+    CUDA execution provider, a CPU build of torch) or that shoal runs on the CPU only:
+    for their models KIND_AUTO means KIND_CPU, as in a Triton built without GPU support.
+    Read from the installed files, without importing the runtimes."""
+    out = set(_CPU_BACKENDS)
     for backend, (package, parts) in _GPU_BUILD_FILES.items():
         try:
             spec = importlib.util.find_spec(package)

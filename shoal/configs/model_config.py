@@ -24,6 +24,8 @@ from shoal.configs.schema import (
     DEFAULT_MODEL_FILENAME,
     ENSEMBLE_PLATFORM,
     FILENAME_TO_BACKEND,
+    FILENAME_TO_PLATFORM,
+    PLATFORM_MODEL_FILENAME,
     PLATFORM_TO_BACKEND,
     ConfigError,
     IOSpec,
@@ -154,8 +156,10 @@ def fill_defaults(
 
     - `name` from the directory name when empty;
     - the platform <-> backend pair (onnxruntime_onnx <-> onnxruntime, pytorch_libtorch
-      <-> pytorch, tensorrt_plan <-> tensorrt; model.py -> python) and
-      `default_model_filename` (model.onnx, model.pt, model.plan, model.py);
+      <-> pytorch, torch_aoti -> pytorch, tensorrt_plan <-> tensorrt; model.py -> python)
+      and `default_model_filename` (model.onnx, model.pt, model.pt2 for torch_aoti,
+      model.plan, model.py, model.xml, model.savedmodel / model.graphdef, whose names also
+      give a tensorflow model its platform);
     - `version_policy` latest { num_versions: 1 };
     - `dynamic_batching.preferred_batch_size` (see `fill_preferred_batch_size`);
     - for every model but an ensemble (Triton rejects both fields on ensembles):
@@ -204,6 +208,12 @@ def _fill_backend_fields(config: pb.ModelConfig) -> None:
             config.backend = FILENAME_TO_BACKEND[config.default_model_filename]
     if not config.platform and config.backend in BACKEND_TO_PLATFORM:
         config.platform = BACKEND_TO_PLATFORM[config.backend]
+    if not config.platform and config.backend == PLATFORM_TO_BACKEND.get(
+        FILENAME_TO_PLATFORM.get(config.default_model_filename, "")
+    ):
+        config.platform = FILENAME_TO_PLATFORM[config.default_model_filename]
+    if not config.default_model_filename and config.platform in PLATFORM_MODEL_FILENAME:
+        config.default_model_filename = PLATFORM_MODEL_FILENAME[config.platform]
     if not config.default_model_filename and config.backend in DEFAULT_MODEL_FILENAME:
         config.default_model_filename = DEFAULT_MODEL_FILENAME[config.backend]
 

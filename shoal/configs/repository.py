@@ -36,9 +36,13 @@ CONFIG_FILE = "config.pbtxt"
 # Model files that identify a platform, in the order Triton's server-side autofill
 # checks them, with the (platform, backend) each implies.
 _MODEL_FILES: tuple[tuple[str, str, str], ...] = (
+    ("model.savedmodel", "tensorflow_savedmodel", "tensorflow"),
+    ("model.graphdef", "tensorflow_graphdef", "tensorflow"),
     ("model.plan", "tensorrt_plan", ""),
     ("model.onnx", "onnxruntime_onnx", ""),
+    ("model.xml", "", "openvino"),
     ("model.pt", "pytorch_libtorch", ""),
+    ("model.pt2", "torch_aoti", "pytorch"),
     ("model.py", "", PYTHON_BACKEND),
 )
 
@@ -289,8 +293,13 @@ def _detect_platform(config: pb.ModelConfig, model_dir: Path, versions: list[int
         version_dir = model_dir / str(version)
         for filename, platform, backend in _MODEL_FILES:
             candidate = version_dir / filename
-            # An ONNX model may be a directory (external data); the others are files.
-            if candidate.is_file() or (filename == "model.onnx" and candidate.is_dir()):
+            # An ONNX model may be a directory (external data), a SavedModel is one; the
+            # others are files.
+            if filename == "model.savedmodel":
+                found = candidate.is_dir()
+            else:
+                found = candidate.is_file() or (filename == "model.onnx" and candidate.is_dir())
+            if found:
                 config.platform, config.backend = platform, backend
                 return
 

@@ -47,21 +47,54 @@ PLATFORM_TO_BACKEND: Final[dict[str, str]] = {
     "onnxruntime_onnx": "onnxruntime",
     "pytorch_libtorch": "pytorch",
     "tensorrt_plan": "tensorrt",
+    # PyTorch 2 archives (model.pt2): Triton's name for its AOTInductor packages; shoal
+    # also runs an ExportedProgram saved by torch.export there (shoal/workers/torch_pt2.py)
+    "torch_aoti": "pytorch",
+    "tensorflow_savedmodel": "tensorflow",
+    "tensorflow_graphdef": "tensorflow",
 }
-# The platform Triton fills in when only the backend is given. The python backend has
-# no platform: Triton leaves `platform` empty for it.
-BACKEND_TO_PLATFORM: Final[dict[str, str]] = {b: p for p, b in PLATFORM_TO_BACKEND.items()}
+# The platform Triton fills in when only the backend is given (pytorch: LibTorch, "until
+# it is deprecated"). The python backend has no platform: Triton leaves it empty.
+BACKEND_TO_PLATFORM: Final[dict[str, str]] = {
+    "onnxruntime": "onnxruntime_onnx",
+    "pytorch": "pytorch_libtorch",
+    "tensorrt": "tensorrt_plan",
+}
+#: A platform's own default model file, where it is not its backend's.
+PLATFORM_MODEL_FILENAME: Final[dict[str, str]] = {
+    "torch_aoti": "model.pt2",
+    "tensorflow_savedmodel": "model.savedmodel",
+    "tensorflow_graphdef": "model.graphdef",
+}
+#: The platform a TensorFlow file name implies (Triton's core: the backend alone does not).
+FILENAME_TO_PLATFORM: Final[dict[str, str]] = {
+    "model.savedmodel": "tensorflow_savedmodel",
+    "model.graphdef": "tensorflow_graphdef",
+}
+TENSORFLOW_BACKEND: Final = "tensorflow"
 
 DEFAULT_MODEL_FILENAME: Final[dict[str, str]] = {
     "onnxruntime": "model.onnx",
     "pytorch": "model.pt",
     "tensorrt": "model.plan",
     PYTHON_BACKEND: "model.py",
+    # (no platform: Triton leaves it empty for OpenVINO models)
+    "openvino": "model.xml",
 }
-FILENAME_TO_BACKEND: Final[dict[str, str]] = {f: b for b, f in DEFAULT_MODEL_FILENAME.items()}
+FILENAME_TO_BACKEND: Final[dict[str, str]] = {
+    **{f: b for b, f in DEFAULT_MODEL_FILENAME.items()},
+    "model.pt2": "pytorch",
+    "model.savedmodel": "tensorflow",
+    "model.graphdef": "tensorflow",
+}
+#: Tree models (Triton's FIL backend): no platform, and no one default file name (the
+#: file's name follows its `model_type` parameter: shoal.configs.fil_params).
+FIL_BACKEND: Final = "fil"
 
 # Backends shoal can run. Callers with a plug-in registry pass their own set.
-KNOWN_BACKENDS: Final[frozenset[str]] = frozenset(DEFAULT_MODEL_FILENAME)
+KNOWN_BACKENDS: Final[frozenset[str]] = frozenset(
+    [*DEFAULT_MODEL_FILENAME, FIL_BACKEND, TENSORFLOW_BACKEND]
+)
 KNOWN_PLATFORMS: Final[frozenset[str]] = frozenset([*PLATFORM_TO_BACKEND, ENSEMBLE_PLATFORM])
 
 # Folders inside a model directory that are never version folders.

@@ -49,6 +49,9 @@ _BACKENDS: dict[str, str] = {
     "onnxruntime": "shoal.workers.onnx_backend:OnnxRuntimeBackend",
     "pytorch": "shoal.workers.torch_backend:TorchBackend",
     "python": "shoal.workers.python_backend:PythonBackend",
+    "fil": "shoal.workers.fil_backend:FilBackend",
+    "openvino": "shoal.workers.openvino_backend:OpenVinoBackend",
+    "tensorflow": "shoal.workers.tf_backend:TensorFlowBackend",
 }
 
 

@@ -1,4 +1,6 @@
-"""PyTorch backend: TorchScript models (platform ``pytorch_libtorch``, ``model.pt``).
+"""PyTorch backend: TorchScript models (platform ``pytorch_libtorch``, ``model.pt``) and
+PyTorch 2 archives (``model.pt2``, platform ``torch_aoti``: an ExportedProgram or an
+AOTInductor package, named as shoal.workers.torch_pt2 says).
 
 As Triton's PyTorch backend:
 
@@ -20,6 +22,11 @@ As Triton's PyTorch backend:
   with a warning). A KIND_CPU instance gets the intra-op count the worker works out
   (``configs.backend_params.instance_threads``: by default one thread per core it owns); a
   KIND_GPU instance keeps torch's default intra-op pool.
+* Triton's switches (shoal.configs.torch_params): ``INFERENCE_MODE`` (``torch.inference_mode``,
+  else ``no_grad``), ``DISABLE_OPTIMIZED_EXECUTION``, ``ENABLE_JIT_PROFILING``,
+  ``ENABLE_JIT_EXECUTOR``, ``ENABLE_TENSOR_FUSER`` (TorchScript's, process-wide: the process
+  serves one model), ``DISABLE_CUDNN``, ``ENABLE_CACHE_CLEANING`` (GPU instances). A
+  TorchScript switch set for a ``.pt2`` is logged as doing nothing there.
 
 Inputs are wrapped, not copied: numpy views over shared memory become CPU tensors with
 ``torch.from_numpy``, and device arrays (client CUDA shared memory) become CUDA tensors
@@ -40,7 +47,9 @@ import torch
 
 from shoal.configs.backend_params import torch_thread_params
 from shoal.configs.model_config import io_specs
+from shoal.configs.torch_params import TorchExecParams, torch_exec_params
 from shoal.ipc.errors import Code, ServingError, invalid_arg
+from shoal.workers.torch_pt2 import Pt2Model
 
 _TORCH_DTYPE: Final[dict[str, torch.dtype]] = {
     "BOOL": torch.bool, "UINT8": torch.uint8, "UINT16": torch.uint16,
@@ -67,6 +76,19 @@ def _set_interop_threads(count: int) -> None:
         log.warning("INTER_OP_THREAD_COUNT %d not applied: %s", count, exc)
 
 
+def _set_jit_switches(params: TorchExecParams) -> None:
+    """TorchScript's process-wide switches, as Triton sets them around each execution (the
+    worker's one model is the only user of this process's TorchScript)."""
+    torch._C._set_graph_executor_optimize(params.optimized_execution)
+    if params.jit_profiling is not None:
+        torch._C._jit_set_profiling_mode(params.jit_profiling)
+    if params.jit_executor is not None:
+        torch._C._jit_set_profiling_executor(params.jit_executor)
+    if params.tensor_fuser is not None:
+        torch._C._jit_set_texpr_fuser_enabled(params.tensor_fuser)
+    torch.backends.cudnn.enabled = params.cudnn
+
+
 def _indices(names: list[str]) -> list[int] | None:
     """Each name's ``__<index>``, or None when not all follow the convention (Triton's
     rule: what follows the first ``__`` is all digits)."""
@@ -85,6 +107,8 @@ class TorchBackend:
         self._out_index: dict[str, int] = {}  # config output -> position in the result
         self._out_dtype: dict[str, str] = {}  # config output -> its data type
         self._bf16: set[str] = set()
+        self._pt2: Pt2Model | None = None
+        self._exec = TorchExecParams()
 
     def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
         if model_file.is_dir():
@@ -100,11 +124,52 @@ class TorchBackend:
         elif threads > 0:
             torch.set_num_threads(threads)
         _set_interop_threads(torch_thread_params(config).inter_op_threads)
+        self._exec = torch_exec_params(config)
+        if model_file.suffix == ".pt2":
+            self._load_pt2(model_file, config)
+            return
+        _set_jit_switches(self._exec)
         module = torch.jit.load(str(model_file), map_location=self._device)
         module.eval()
         self._module = module
         self._map_inputs(config, module)
         self._map_outputs(config)
+
+    def _load_pt2(self, model_file: Path, config: Any) -> None:
+        exec_params = self._exec
+        jit = [
+            key
+            for key, value in (
+                ("DISABLE_OPTIMIZED_EXECUTION", not exec_params.optimized_execution),
+                ("ENABLE_TENSOR_FUSER", exec_params.tensor_fuser is not None),
+                ("ENABLE_JIT_PROFILING", exec_params.jit_profiling is not None),
+                ("ENABLE_JIT_EXECUTOR", exec_params.jit_executor is not None),
+            )
+            if value
+        ]
+        if jit:
+            log.warning(
+                "model '%s': %s tune(s) TorchScript, not a PyTorch 2 archive; nothing done",
+                config.name, ", ".join(jit),
+            )  # fmt: skip
+        torch.backends.cudnn.enabled = exec_params.cudnn
+        try:
+            program = Pt2Model(model_file, self._device)
+        except Exception as exc:
+            raise ValueError(
+                f"unable to load model '{config.name}': {model_file.name} is neither an "
+                f"ExportedProgram nor an AOTInductor package this torch can load "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+        names = [io.name for io in config.input]
+        names += [target for bi in config.batch_input for target in bi.target_name]
+        program.bind(config.name, names, [io.name for io in config.output])
+        log.info(
+            "model '%s': %s with inputs %s and outputs %s",
+            config.name, program.kind, ", ".join(program.inputs), ", ".join(program.outputs),
+        )  # fmt: skip
+        self._pt2 = program
+        self._module = program
 
     def _check_config(self, config: Any) -> None:
         name = config.name
@@ -172,9 +237,22 @@ class TorchBackend:
         destinations: Mapping[str, Any] | None = None,  # torch allocates its outputs
     ) -> list[Any]:
         assert self._module is not None
+        tensors = {name: self._tensor(name, arr) for name, arr in inputs.items()}
+        try:
+            with torch.inference_mode(self._exec.inference_mode), torch.no_grad():
+                result = self._run(tensors)
+        except Exception as exc:
+            raise ServingError(Code.INTERNAL, f"PyTorch execute failure: {exc}") from exc
+        finally:
+            if self._exec.cache_cleaning and self._device.type == "cuda":
+                torch.cuda.empty_cache()
+        return [self._array(name, self._pick(result, name)) for name in outputs]
+
+    def _run(self, tensors: dict[str, torch.Tensor]) -> Any:
+        if self._pt2 is not None:
+            return self._pt2(tensors)  # a dict: each bound output by its config name
         args: list[Any] = [None] * sum(1 for v in self._arg_of.values() if isinstance(v, int))
         kwargs: dict[str, Any] = {}
-        tensors = {name: self._tensor(name, arr) for name, arr in inputs.items()}
         if self._dict_input:
             args = [tensors]
         for name, tensor in tensors.items():
@@ -183,12 +261,7 @@ class TorchBackend:
                 kwargs[where] = tensor
             elif where is not None:
                 args[where] = tensor
-        try:
-            with torch.inference_mode():
-                result = self._module(*args, **kwargs)
-        except Exception as exc:
-            raise ServingError(Code.INTERNAL, f"PyTorch execute failure: {exc}") from exc
-        return [self._array(name, self._pick(result, name)) for name in outputs]
+        return self._module(*args, **kwargs)
 
     def _tensor(self, name: str, arr: Any) -> torch.Tensor:
         if name in self._bf16:

@@ -7,7 +7,10 @@ import sys
 
 import pytest
 
-HEAVY = ("onnxruntime", "torch", "tensorrt", "cupy")
+HEAVY = (
+    "onnxruntime", "torch", "tensorrt", "cupy", "xgboost", "lightgbm", "treelite", "openvino",
+    "tensorflow",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(

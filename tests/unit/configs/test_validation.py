@@ -45,7 +45,7 @@ def test_valid_minimal_config_passes() -> None:
             "'max_batch_size' must be non-negative value for m",
         ),
         ("", "must specify 'platform' or 'backend' for 'm'"),
-        ('platform: "tensorflow_savedmodel"', "unexpected platform type 'tensorflow_savedmodel'"),
+        ('platform: "caffe2_netdef"', "unexpected platform type 'caffe2_netdef'"),
         ('backend: "identity"', "unable to find backend library for backend 'identity'"),
         (
             'platform: "onnxruntime_onnx" backend: "pytorch"',
