@@ -56,6 +56,27 @@ def test_the_image_is_multi_stage_unprivileged_and_checked_on_readiness(dockerfi
     assert ("CMD", '["--model-repository=/models"]') in steps
 
 
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_where_pip_looks_is_a_build_arg_of_the_build_stage_only(dockerfile: Path) -> None:
+    """A build without PyPI (a mirror, local wheels, a proxy's CA) passes pip's variables
+    as build args; the Dockerfile names no host's paths, and the image that runs keeps
+    none of them."""
+    steps = _instructions(dockerfile)
+    last = max(i for i, (word, _) in enumerate(steps) if word == "FROM")
+    declared = {
+        args.split("=")[0] for word, args in steps[:last] if word == "ARG" and "PIP_" in args
+    }
+    assert declared == {
+        "PIP_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL",
+        "PIP_FIND_LINKS",
+        "PIP_CERT",
+        "PIP_CONSTRAINT",
+    }
+    assert not [args for word, args in steps[last:] if "PIP_" in args]
+    assert "file://" not in dockerfile.read_text()
+
+
 def _builder() -> tuple[str, str]:
     """(builder, runner) commands; skips where none is installed."""
     podman = shutil.which("podman")
