@@ -11,8 +11,12 @@ files), and ``AWS_ENDPOINT_URL``; Google Cloud Storage and Azure go through fssp
 (``pip install 'shoal[s3]'``), and a missing one is a clear error.
 
 Every call is bounded (connect and read timeouts, few retries): a dead endpoint is an
-error after seconds, never a hang. Errors are `StorageError`, in Triton's words where it
-has them. Blocking I/O: callers keep it off an event loop or a broker's turn.
+error after seconds, never a hang. Each client is given :data:`CONNECT_TIMEOUT_S` and
+:data:`READ_TIMEOUT_S` where it takes them: boto3 for every call (two tries); gcsfs for
+every request (it retries up to six times on its own); adlfs for downloads, its listings
+keeping the Azure SDK's own timeouts (20 s, 60 s; three retries), which it does not let a
+caller set. Errors are `StorageError`, in Triton's words where it has them. Blocking I/O:
+callers keep it off an event loop or a broker's turn.
 """
 
 from __future__ import annotations
@@ -171,7 +175,7 @@ class FsspecStore:
         try:
             import fsspec
 
-            self.fs: Any = fsspec.filesystem(protocol)
+            self.fs: Any = fsspec.filesystem(protocol, **self.client_options(loc.scheme))
         except (ImportError, ValueError):
             raise StorageError(
                 f"model repository '{loc.url}' needs fsspec and {package}: "
@@ -184,6 +188,21 @@ class FsspecStore:
             logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(
                 logging.WARNING
             )
+
+    @staticmethod
+    def client_options(scheme: str) -> dict[str, Any]:
+        """The filesystem's options that bound its calls in time. gcsfs hands its
+        ``requests_timeout`` to every aiohttp request (left None, aiohttp's own five-minute
+        total is off too: no bound at all); per socket operation, not a total, so that a
+        large file downloads however long it takes while data flows."""
+        if scheme == "gs":
+            import aiohttp
+
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S
+            )
+            return {"requests_timeout": timeout}
+        return {"connection_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S}
 
     def _path(self, key: str) -> str:
         return "/".join(p for p in (self.loc.bucket, key) if p)

@@ -5,6 +5,7 @@ tests/integration/test_object_storage_emulators.py."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ fsspec = pytest.importorskip("fsspec")
 def memory(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     fs = fsspec.filesystem("memory")
     fs.store.clear()
-    monkeypatch.setattr(fsspec, "filesystem", lambda protocol: fs)
+    monkeypatch.setattr(fsspec, "filesystem", lambda protocol, **options: fs)
     yield fs
     fs.store.clear()
 
@@ -51,9 +52,40 @@ def test_a_view_over_azure_storage_fetches_its_models(memory: Any, tmp_path: Pat
 
 
 def test_a_missing_client_package_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    def missing(protocol: str) -> None:
+    def missing(protocol: str, **options: Any) -> None:
         raise ImportError("no gcsfs")
 
     monkeypatch.setattr(fsspec, "filesystem", missing)
     with pytest.raises(StorageError, match="needs fsspec and gcsfs"):
         object_store.open_store(RemoteLocation.parse("gs://b/repo"))
+
+
+@pytest.mark.parametrize(
+    ("url", "protocol"), [("gs://b/repo", "gcs"), ("az://c/repo", "az"), ("as://acct/c/r", "az")]
+)
+def test_gcs_and_azure_clients_get_connect_and_read_timeouts(
+    monkeypatch: pytest.MonkeyPatch, url: str, protocol: str
+) -> None:
+    """As S3's: the timeouts reach gcsfs (every request) and adlfs (downloads) under the
+    names their constructors take (an unknown one would vanish into their **kwargs)."""
+    aiohttp = pytest.importorskip("aiohttp")
+    opened: dict[str, dict[str, Any]] = {}
+    memory = fsspec.filesystem("memory")
+
+    def filesystem(name: str, **options: Any) -> Any:
+        opened[name] = options
+        return memory
+
+    monkeypatch.setattr(fsspec, "filesystem", filesystem)
+    FsspecStore(RemoteLocation.parse(url))
+    (options,) = opened.values()
+    assert list(opened) == [protocol]
+    if protocol == "gcs":
+        client = pytest.importorskip("gcsfs").GCSFileSystem
+        timeout = options["requests_timeout"]
+        assert isinstance(timeout, aiohttp.ClientTimeout)
+        assert (timeout.sock_connect, timeout.sock_read, timeout.total) == (5.0, 30.0, None)
+    else:
+        client = pytest.importorskip("adlfs").AzureBlobFileSystem
+        assert options == {"connection_timeout": 5.0, "read_timeout": 30.0}
+    assert set(options) <= set(inspect.signature(client.__init__).parameters)
