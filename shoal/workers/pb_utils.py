@@ -226,8 +226,9 @@ class InferenceRequest:
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         client = _scripting()
-        if decoupled:
-            return client.exec(self, True)
+        if decoupled:  # (as Triton's: once its first response is in, off the event loop)
+            responses = client.exec(self, True)
+            return await asyncio.get_running_loop().run_in_executor(None, responses.first)
         return await asyncio.wrap_future(client.submit(self))
 
     def bls_model_version(self) -> int:
