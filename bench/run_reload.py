@@ -6,9 +6,11 @@ drives ``mlp`` twice, one run after the other:
 
 * ``steady``: nothing else happens;
 * ``reloading``: a client reloads ``mlp`` (``POST /v2/repository/models/mlp/load``) every
-  ``--reload-every`` seconds while perf_analyzer runs. Each reload starts a new worker
-  process beside the serving one, switches requests to it once it is READY, and stops the
-  old one once it has answered what it held.
+  ``--reload-every`` seconds while perf_analyzer runs, each time after writing a file in
+  its version folder (as in Triton, a load of a model none of whose files changed leaves
+  it as it is). Each reload starts a new worker process beside the serving one, switches
+  requests to it once it is READY, and stops the old one once it has answered what it
+  held.
 
 perf_analyzer stops at a failed request, so a ``reloading`` point that completes is a run
 in which no request failed across its reloads; the table gives the throughput and p99
@@ -57,9 +59,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 class Reloader(threading.Thread):
     """Reloads the model every ``every`` seconds until stopped; keeps each call's time."""
 
-    def __init__(self, http_url: str, every: float) -> None:
+    def __init__(self, http_url: str, every: float, version_dir: Path) -> None:
         super().__init__(daemon=True)
         self.url = f"http://{http_url}/v2/repository/models/{MODEL}/load"
+        self.marker = version_dir / "reloaded"  # (written before each load: a change)
         self.every = every
         self.stop_event = threading.Event()
         self.seconds: list[float] = []
@@ -69,6 +72,7 @@ class Reloader(threading.Thread):
         while not self.stop_event.wait(self.every):
             t0 = time.monotonic()
             try:
+                self.marker.write_text(str(t0))
                 req = urllib.request.Request(self.url, data=b"", method="POST")
                 with urllib.request.urlopen(req, timeout=120) as r:
                     r.read()
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                         for mode in ("steady", "reloading"):
                             what = f"{mode} {protocol} c={c}"
                             print(f"[bench] perf_analyzer {what}", flush=True)
-                            reloader = Reloader(srv.http_url, a.reload_every)
+                            reloader = Reloader(srv.http_url, a.reload_every, repo / MODEL / "1")
                             if mode == "reloading":
                                 reloads[(protocol, c)] = reloader
                                 reloader.start()

@@ -188,8 +188,10 @@ class QA:
         wait: Wait = "ready",
     ) -> Iterator[Server]:
         """A fresh ``shoal serve`` (as ``serve``), waited for as ``wait`` says; stopped
-        with SIGINT (and its exit waited for) when the block ends."""
-        path = cwd / f"{log}.shoal.log"
+        with SIGINT (and its exit waited for) when the block ends. Its log is
+        ``<log>.shoal.log``, or ``log`` itself where it names a ``.log`` file (a test
+        that reads test.sh's SERVER_LOG by its name)."""
+        path = cwd / (log if log.endswith(".log") else f"{log}.shoal.log")
         logfile = path.open("w")
         cmd = [str(PYTHON), "-m", "shoal", "serve", *args]
         proc = subprocess.Popen(
@@ -231,6 +233,25 @@ class QA:
         self.count(suite, passed, total, what)
         log = cwd / "client.log"
         with log.open("a") as f:
+            f.write(f"=== {what}\n{run.stdout}{run.stderr}")
+        if self.verbose and passed < total:
+            print(run.stdout + run.stderr, file=sys.stderr)
+
+    def pytest(self, suite: str, cwd: Path, target: str, *, note: str = "", **env: str) -> None:
+        """``python -m pytest <target>`` in ``cwd`` (``file`` or ``file::Class::test``), as
+        test.sh runs it; pytest's summary counts to ``suite``."""
+        run = subprocess.run(
+            [str(PYTHON), "-m", "pytest", "-p", "no:cacheprovider", target],
+            cwd=cwd,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        passed, total = _pytest_summary(run.stdout + run.stderr)
+        what = " ".join(w for w in (target, note) if w)
+        self.count(suite, passed, total, what)
+        with (cwd / "client.log").open("a") as f:
             f.write(f"=== {what}\n{run.stdout}{run.stderr}")
         if self.verbose and passed < total:
             print(run.stdout + run.stderr, file=sys.stderr)
@@ -309,6 +330,22 @@ def _summary(output: str) -> tuple[int, int]:
         bad = min(bad, len(failed) + unexpected)
     skipped = sum(int(n) for n in re.findall(r"skipped=(\d+)", tail))
     return max(total - bad - skipped, 0), total - skipped
+
+
+def _pytest_summary(output: str) -> tuple[int, int]:
+    """(passed, total) from pytest's last line ("2 failed, 5 passed, 1 skipped in 3s");
+    skipped tests count as neither, an error (setup, collection) as a failure."""
+    lines = [line for line in output.splitlines() if re.search(r" in [\d.]+s", line)]
+    if not lines:
+        return 0, 1
+    counts = {
+        k: int(n)
+        for n, k in re.findall(r"(\d+) (passed|failed|errors?|xfailed|xpassed)", lines[-1])
+    }
+    passed = counts.get("passed", 0) + counts.get("xfailed", 0)
+    bad = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    bad += counts.get("xpassed", 0)
+    return passed, passed + bad
 
 
 SUITES: dict[str, Callable[[QA], None]] = {}

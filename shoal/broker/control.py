@@ -22,7 +22,6 @@ that it restarts none of their workers again.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -33,12 +32,13 @@ from pathlib import Path
 
 from shoal.broker.models import Instance, ModelTable, ModelVersion
 from shoal.broker.repository_sync import RepositorySync
+from shoal.broker.reuse import LoadedStamps
 from shoal.configs import repository
 from shoal.configs.devices import gpu_count
 from shoal.configs.ensemble import Dependency, dependencies, is_ensemble
 from shoal.configs.model_config import parse_config_json
 from shoal.configs.model_control import load_file_parts
-from shoal.configs.model_stamps import ModelStamps, newest, reload_needed
+from shoal.configs.model_stamps import ModelStamps, newest
 from shoal.configs.placement import instance_count, loadable, passive_instances, plan_instances
 from shoal.configs.repository import ModelEntry
 from shoal.configs.schema import ConfigError
@@ -145,8 +145,8 @@ class ModelControl:
         self.autocomplete = autocomplete
         self.loaded: dict[str, ModelEntry] = {}  # the entries of the loaded models
         # when each loaded model's directory last changed, as its load read it (none for
-        # one loaded from a request's files): which versions a reload may keep
-        self.stamps: dict[str, ModelStamps] = {}
+        # one loaded from a request's files): what a load may leave as it is
+        self.stamps = LoadedStamps(model_config_name)
         # the versions a reload of a loaded model unloaded (Triton keeps them, UNAVAILABLE)
         self.gone_versions: dict[str, set[int]] = {}
         # The models of the repository that are not loaded, for the index: never loaded
@@ -186,7 +186,7 @@ class ModelControl:
         while serving) their directories' stamps."""
         self.loaded = {e.name: e for e in entries if not e.error and e.config}
         if self.managed:
-            self.stamps = {n: self._stamps_of(e) for n, e in self.loaded.items()}
+            self.stamps.of = {n: self.stamps.read(e) for n, e in self.loaded.items()}
 
     # -- poll mode -------------------------------------------------------------------
 
@@ -360,7 +360,7 @@ class ModelControl:
             for name in names:
                 gone = self.table.remove(name)
                 self.loaded.pop(name, None)
-                self.stamps.pop(name, None)
+                self.stamps.of.pop(name, None)
                 self.named.discard(name)
                 earlier = dict.fromkeys(self.gone_versions.pop(name, set()), "unloaded")
                 if gone:
@@ -389,7 +389,11 @@ class ModelControl:
         if op.model in self.refused:  # (a poll: the API refuses it before)
             op.error = ServingError(Code.INVALID_ARG, self.refused[op.model])
             return True
-        if self._unchanged(op):  # (Triton's: loading it again changes nothing)
+        # (Triton's: a load with no config or files of its own, of a loaded model none of
+        # whose files changed, leaves it as it is)
+        loaded = self.loaded.get(op.model)
+        plain = not op.config and not op.files and op.model in self.table.models
+        if plain and loaded is not None and self.stamps.unchanged(loaded):
             self.named.add(op.model)
             log.info("%s is unmodified: it serves on as it is", op.model)
             return True
@@ -532,13 +536,11 @@ class ModelControl:
             [*loadable(others), (entry.name, entry.versions, config)],
             sorted(os.sched_getaffinity(0)),
         )
-        kept = self._unmodified(op, entry)
+        kept = self._kept(op, entry)
         op.kept[entry.name] = kept
         if not op.files:
-            stamps = self._stamps_of(entry)
-            if entry.name == op.model and op.config:  # (Triton's: the config is new now)
-                stamps = dataclasses.replace(stamps, config=time.time_ns())
-            op.stamps[entry.name] = stamps
+            given = entry.name == op.model and bool(op.config)
+            op.stamps[entry.name] = self.stamps.read(entry, config_given=given)
         config_file = ""
         files_repo = ""
         if entry.name == op.model and op.config:  # the workers read it, not config.pbtxt
@@ -578,46 +580,16 @@ class ModelControl:
             if p.model == entry.name and p.version not in kept
         ]
 
-    def _stamps_of(self, entry: ModelEntry) -> ModelStamps:
-        """Its folder's stamps now (its config: the repository's file, even where a load
-        gave the config)."""
-        config = repository.config_file(entry.path, self.model_config_name)
-        return ModelStamps.read(entry.path, config)
-
-    def _unchanged(self, op: Operation) -> bool:
-        """A load of a loaded model, with no config or files of its own, none of whose
-        files (its config included) is newer than at its last load: Triton leaves the
-        model as it is, the config that load gave included."""
-        loaded = self.loaded.get(op.model)
-        stamps = self.stamps.get(op.model)
-        if op.config or op.files or loaded is None or stamps is None:
-            return False
-        if op.model not in self.table.models:
-            return False
-        return not stamps.modified(self._stamps_of(loaded))
-
-    def _unmodified(self, op: Operation, entry: ModelEntry) -> set[int]:
-        """The loaded versions of ``entry``'s model that this load keeps as they are, as
-        Triton's reload keeps them: READY, their folder and what the versions share
-        unchanged since they loaded, and a config that differs in its version policy at
-        most. Never for an ensemble, nor a load from a request's files."""
+    def _kept(self, op: Operation, entry: ModelEntry) -> set[int]:
+        """The loaded versions of ``entry``'s model this load leaves as they are
+        (shoal/broker/reuse.py); none for a load from a request's files, or of a model
+        this load only brings along (an ensemble's composing model)."""
         loaded = self.loaded.get(entry.name)
         state = self.table.models.get(entry.name)
-        stamps = self.stamps.get(entry.name)
-        if (
-            entry.name != op.model or op.files or loaded is None or loaded.config is None
-            or state is None or stamps is None or entry.config is None
-            or is_ensemble(entry.config) or reload_needed(loaded.config, entry.config)
-        ):  # fmt: skip
+        if entry.name != op.model or op.files or loaded is None or state is None:
             return set()
-        now = self._stamps_of(entry)
-        return {
-            v
-            for v in entry.versions
-            if (mv := state.versions.get(v)) is not None
-            and mv.state == "READY"
-            and not stamps.version_modified(now, v)
-        }
+        ready = {v for v, mv in state.versions.items() if mv.state == "READY"}
+        return self.stamps.kept_versions(loaded, entry, ready)
 
     def _settle(self, op: Operation, now: float, out: Effects) -> bool:
         """Whether ``op`` is over (its outcome in ``op.error``)."""
@@ -684,9 +656,9 @@ class ModelControl:
         old = self.table.commit(name, kept)
         self.loaded[name] = entry
         if name in op.stamps:
-            self.stamps[name] = op.stamps[name]
+            self.stamps.of[name] = op.stamps[name]
         else:
-            self.stamps.pop(name, None)
+            self.stamps.of.pop(name, None)
         gone = self.gone_versions.get(name, set()) | {mv.version for mv in old}
         self.gone_versions[name] = gone - set(entry_state.versions)
         self.unloaded.pop(name, None)  # what failed or was unloaded before is forgotten

@@ -178,6 +178,7 @@ class Responses:
 
     def __init__(self, client: BlsClient, req: pb_utils.InferenceRequest) -> None:
         self._answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._head: Any = None  # an answer taken by ``first``, not yet iterated
         self._done = False
         self._call: concurrent.futures.Future[None] | None = None
         try:
@@ -192,10 +193,20 @@ class Responses:
     def __iter__(self) -> Responses:
         return self
 
+    def first(self) -> Responses:
+        """Wait for the first answer (what Triton's ``async_exec`` awaits, on a thread of
+        the event loop's executor); the iteration still starts with it."""
+        if self._head is None and not self._done:
+            self._head = self._answers.get()
+        return self
+
     def __next__(self) -> pb_utils.InferenceResponse:
         if self._done:
             raise StopIteration
-        answer = self._answers.get()
+        if self._head is not None:
+            answer, self._head = self._head, None
+        else:
+            answer = self._answers.get()
         if answer is _END:
             self._done = True
             raise StopIteration

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import logging
 import threading
@@ -225,8 +226,9 @@ class InferenceRequest:
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         client = _scripting()
-        if decoupled:
-            return client.exec(self, True)
+        if decoupled:  # (as Triton's: once its first response is in, off the event loop)
+            responses = client.exec(self, True)
+            return await asyncio.get_running_loop().run_in_executor(None, responses.first)
         return await asyncio.wrap_future(client.submit(self))
 
     def bls_model_version(self) -> int:
@@ -404,33 +406,48 @@ def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
     return out
 
 
+class _Level(enum.Enum):
+    """Triton's ``pb_utils.Logger.LogLevel`` (an enum, not numbers: ``log`` refuses 1)."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_LEVELS = {
+    _Level.INFO: logging.INFO,
+    _Level.WARNING: logging.WARNING,
+    _Level.ERROR: logging.ERROR,
+    _Level.VERBOSE: logging.DEBUG,
+}
+
+
 class Logger:
     """Lines into the worker's log, at Triton's levels."""
 
-    INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
+    LogLevel = _Level  # (Triton's Logger.LogLevel)
+    INFO, WARNING = _Level.INFO, _Level.WARNING
+    ERROR, VERBOSE = _Level.ERROR, _Level.VERBOSE
 
     @staticmethod
     def log_info(message: str) -> None:
-        _log.info("%s", message)
+        Logger.log(message, _Level.INFO)
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _log.warning("%s", message)
+        Logger.log(message, _Level.WARNING)
 
     @staticmethod
     def log_error(message: str) -> None:
-        _log.error("%s", message)
+        Logger.log(message, _Level.ERROR)
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _log.debug("%s", message)
+        Logger.log(message, _Level.VERBOSE)
 
     @staticmethod
-    def log(message: str, level: int = 0) -> None:
+    def log(message: str, level: _Level = _Level.INFO) -> None:
         _expect("Logger.log()", "message", message, str)
-        _expect("Logger.log()", "level", level, int)
-        _log.log(
-            {1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}.get(level, logging.INFO),
-            "%s",
-            message,
-        )
+        _expect("Logger.log()", "level", level, _Level)
+        _log.log(_LEVELS[level], "%s", message)

@@ -96,6 +96,33 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
         return responses
 """
+# The same through async_exec(decoupled=True), two calls at once: each awaits its first
+# response off the event loop (Triton's), then iterates the rest.
+ASYNC_STREAM = """
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def call(self, values):
+        call = pb_utils.InferenceRequest(
+            model_name="repeat_inline", requested_output_names=["OUT"],
+            inputs=[pb_utils.Tensor("IN", values),
+                    pb_utils.Tensor("DELAY_MS", np.array([50], np.uint32))],
+        )
+        responses = await call.async_exec(decoupled=True)
+        return [r.output_tensors()[0].as_numpy()[0] for r in responses]
+
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "IN0").as_numpy()
+            first, second = await asyncio.gather(self.call(a), self.call(a * 10))
+            out = np.array(first + second, dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
+        return responses
+"""
 # Iterates a decoupled model's responses and lets go after the first two (the called
 # model, streaming 200 from its thread, must see its request cancelled).
 BREAK = """
@@ -142,6 +169,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         ("bls_sync", SYNC),
         ("bls_async", ASYNC),
         ("bls_stream", STREAM),
+        ("bls_async_stream", ASYNC_STREAM),
         ("bls_break", BREAK),
     )
     for name, code in models:
@@ -249,3 +277,8 @@ def test_a_killed_callers_connection_and_memory_go_with_it(tmp_path: Path) -> No
             assert time.monotonic() < deadline, shm_segments_of({pid})
             time.sleep(0.1)
         np.testing.assert_array_equal(_call(srv, "bls_sync", a), a + 1)
+
+
+def test_async_exec_of_a_decoupled_model_gives_its_responses_in_order(server: ShoalServer) -> None:
+    out = _call(server, "bls_async_stream", np.array([1, 2, 3], np.int32))
+    assert out.tolist() == [1, 2, 3, 10, 20, 30]

@@ -120,6 +120,8 @@ def test_arguments_of_the_wrong_type_are_refused_as_tritons_bindings_refuse_them
         lambda: pb_utils.InferenceRequest(tensors, ["o"], model_name="m", flags=None),  # type: ignore[arg-type]
         lambda: pb_utils.InferenceResponse(output_tensors=None),  # type: ignore[arg-type]
         lambda: pb_utils.Logger.log("message", None),  # type: ignore[arg-type]
+        lambda: pb_utils.Logger.log("message", 1),  # type: ignore[arg-type]  # (an enum, not 1)
+        lambda: pb_utils.Logger.log_info(None),  # type: ignore[arg-type]
     ):
         with pytest.raises(TypeError):
             bad()
@@ -130,3 +132,4 @@ def test_arguments_of_the_wrong_type_are_refused_as_tritons_bindings_refuse_them
     request = pb_utils.InferenceRequest(tensors, ["o"], model_name="m", correlation_id="s-5")
     assert request.correlation_id() == "s-5"
     pb_utils.InferenceResponse(output_tensors=[])
+    pb_utils.Logger.log("at a level", pb_utils.Logger.WARNING)
