@@ -54,7 +54,7 @@ def listen(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         sock.bind(path)
-        sock.listen(128)
+        sock.listen(socket.SOMAXCONN)  # every worker of a big host may connect at once
         sock.setblocking(False)
     except OSError:
         sock.close()
