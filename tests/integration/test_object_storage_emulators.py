@@ -29,7 +29,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.object_store import caches_of, infer_simple, until
+from tests.object_store import (
+    caches_of,
+    explicit_mode_serves_what_the_store_holds,
+    infer_simple,
+    until,
+)
 from tests.serverctl import free_port, log_dir, served
 from tools import modelgen
 
@@ -185,44 +190,12 @@ def test_poll_mode_serves_from_the_bucket_and_sees_it_change(
 
 
 def test_explicit_mode_loads_what_the_bucket_holds_now(bucket: Bucket, tmp_path: Path) -> None:
-    local = tmp_path / "repo"
-    modelgen.write_shipped_repository(local, ("simple", "mlp"))
-    bucket.upload(local / "simple", "simple")  # at the bucket's top
-    bucket.upload(local / "mlp", "mlp")
-    args = ("--model-control-mode=explicit", "--load-model=simple")
-    with served(bucket.url(), *args, env=bucket.env) as srv:
-        client = httpclient.InferenceServerClient(srv.url)
-        np.testing.assert_array_equal(infer_simple(client, httpclient), 2 * np.arange(16)[None])
-        (cache,) = caches_of(srv.proc.pid)
-        # the model that did not load: its config only, not its files
-        assert (cache / "mlp" / "config.pbtxt").is_file()
-        assert not (cache / "mlp" / "1" / "model.onnx").exists()
-        index = {e["name"]: e.get("state", "") for e in client.get_model_repository_index()}
-        assert index == {"simple": "READY", "mlp": ""}
-        client.load_model("mlp")
-        assert client.is_model_ready("mlp")
-        # a model uploaded after the start loads, and the index lists it
-        modelgen.write_model(
-            local, "copy", modelgen.simple_model(),
-            (local / "simple" / "config.pbtxt").read_text().replace('"simple"', '"copy"'),
-        )  # fmt: skip
-        bucket.upload(local / "copy", "copy")
-        client.load_model("copy")
-        np.testing.assert_array_equal(
-            infer_simple(client, httpclient, "copy"), 2 * np.arange(16)[None]
-        )
-        until(lambda: "copy" in {e["name"] for e in client.get_model_repository_index()})
-        # a changed config takes effect at the next load
-        config = (local / "simple" / "config.pbtxt").read_text()
-        bucket.put(
-            "simple/config.pbtxt", config.replace("max_batch_size: 8", "max_batch_size: 2").encode()
-        )
-        client.load_model("simple")
-        assert client.get_model_config("simple")["max_batch_size"] == 2
-        # a model not in the bucket fails as Triton's poll does
-        with pytest.raises(Exception, match="failed to poll from model repository"):
-            client.load_model("absent")
-        assert client.is_server_live()
+    explicit_mode_serves_what_the_store_holds(
+        tmp_path / "repo",
+        lambda *flags: served(bucket.url(), *flags, env=bucket.env),
+        bucket.upload,
+        bucket.put,
+    )
 
 
 def test_a_missing_bucket_or_path_stops_the_start(bucket: Bucket, tmp_path: Path) -> None:
