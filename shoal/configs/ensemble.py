@@ -14,8 +14,8 @@ Two stages, as in Triton 2.51:
 
 ``decoupled`` (with the configs ``check_composition`` reads) says whether the ensemble
 answers as a decoupled model, and refuses steps that would mix the responses of
-different decoupled models. ``dependencies`` and ``cycle`` give the broker what an
-ensemble waits for.
+different decoupled models; ``complete`` runs both on serialized configs, as the broker
+holds them. ``dependencies`` and ``cycle`` give the broker what an ensemble waits for.
 """
 
 from __future__ import annotations
@@ -260,3 +260,21 @@ def decoupled(config: pb.ModelConfig, composing: Mapping[tuple[str, int], pb.Mod
             "no response could carry them all",
         )
     return found
+
+
+def complete(config: bytes, composing: Mapping[tuple[str, int], bytes]) -> bytes:
+    """The ensemble's serialized config checked against its composing models' (by (model,
+    step's model_version), the serialized config of the version it runs) and completed:
+    ``model_transaction_policy.decoupled`` set as its steps make it (as Triton reports it,
+    and as the frontends run it; as Triton's, the policy is there when it is false too).
+    Raises ConfigError; returns ``config`` itself when nothing changed."""
+    cfg = pb.ModelConfig.FromString(config)
+    parts = {key: pb.ModelConfig.FromString(c) for key, c in composing.items()}
+    check_composition(cfg, parts)
+    is_decoupled = decoupled(cfg, parts)
+    policy = cfg.model_transaction_policy
+    if cfg.HasField("model_transaction_policy") and policy.decoupled == is_decoupled:
+        return config
+    policy.SetInParent()
+    policy.decoupled = is_decoupled
+    return cfg.SerializeToString()

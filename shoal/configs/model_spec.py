@@ -222,7 +222,8 @@ class WarmupInput:
 
 @dataclass(frozen=True, slots=True)
 class WarmupSample:
-    """One ``model_warmup`` entry; ``inputs`` in the config's order."""
+    """One ``model_warmup`` entry; ``inputs`` in the order the protobuf map gives them
+    (as Triton, the config's order is not kept)."""
 
     name: str
     batch_size: int = 0
