@@ -26,7 +26,12 @@ from shoal.configs.backend_params import (
     torch_thread_params,
 )
 from shoal.configs.devices import gpu_count
-from shoal.configs.model_config import ConfigError, parse_config_json, validate_io
+from shoal.configs.model_config import (
+    ConfigError,
+    config_to_json,
+    parse_config_json,
+    validate_io,
+)
 from shoal.configs.model_spec import ModelSpec
 from shoal.configs.placement import passive_instances
 from shoal.configs.spec_reader import read_spec
@@ -137,7 +142,9 @@ def load(s: WorkerSettings, start_scripting: Callable[[], object]) -> LoadedMode
         config = backend.auto_complete(model_file, config)
     weight = files_bytes(model_file) if s.may_use > len(s.cores) else 0
     threads = thread_count(config, backend_name, s.cores, s.may_use, weight)
-    backend.load(model_file, config, threads, s.gpu is not None)
+    if backend_name == "python":  # its model.py reads the config's JSON form
+        backend.model_config = config_to_json(config)  # type: ignore[attr-defined]
+    backend.load(model_file, read_spec(config), threads, s.gpu is not None)
     specs = backend.io_spec()
     model_ins: set[str] | None = None
     model_outs: set[str] | None = None

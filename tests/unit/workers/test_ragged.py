@@ -228,7 +228,7 @@ def test_torchscript_gets_batch_inputs_as_arguments(tmp_path: Path) -> None:
     model = tmp_path / "model.pt"
     model.write_bytes(torchgen.add_sub_model())
     backend = TorchBackend()
-    backend.load(model, config, 1, False)
+    backend.load(model, read_spec(config), 1, False)
     steps = BatchAssembler.from_config(read_spec(config))
     feeds = ragged(3)
     (out,) = backend.execute(steps.gather(feeds), ["OUTPUT0"])  # INPUT0 + its count
