@@ -148,7 +148,7 @@ class TensorFlowBackend:
             if tensor is None:
                 raise ConfigError(name, f"unexpected inference output '{out.name}'")
             fetches.append(tensor)
-            outputs.append(_spec(io.name, tensor.dtype, tensor.shape, "output", name))
+            outputs.append(_spec(out.name, tensor.dtype, tensor.shape, "output", name))
         # config names without ":0" are the Placeholders' names: the model's input names
         self._inputs = [
             IOSpec(name=_config_name(config, s.name), datatype=s.datatype, shape=s.shape)
@@ -156,7 +156,7 @@ class TensorFlowBackend:
         ]
         self._outputs = outputs
         self._feed_order = [io.name for io in config.inputs]
-        self._fetch_order = [io.name for io in config.outputs]
+        self._fetch_order = [out.name for out in config.outputs]
         self._fn = wrapped.prune(feeds=feeds, fetches=fetches)
 
     def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]]:
