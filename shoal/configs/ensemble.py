@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ENSEMBLE_PLATFORM, ConfigError
 
 
-def is_ensemble(config: pb.ModelConfig) -> bool:
+def is_ensemble(config: ModelSpec) -> bool:
     return config.platform == ENSEMBLE_PLATFORM
 
 
@@ -38,11 +39,12 @@ class Dependency:
     version: int  # -1: the latest ready version
 
 
-def dependencies(config: pb.ModelConfig) -> list[Dependency]:
+def dependencies(config: ModelSpec) -> list[Dependency]:
     """The composing models of an ensemble, in step order, each once."""
     seen: dict[tuple[str, int], Dependency] = {}
-    for step in config.ensemble_scheduling.step:
-        key = (step.model_name, int(step.model_version))
+    steps = config.ensemble_scheduling.steps if config.ensemble_scheduling is not None else ()
+    for step in steps:
+        key = (step.model_name, step.model_version)
         seen.setdefault(key, Dependency(*key))
     return list(seen.values())
 
@@ -91,7 +93,7 @@ def check_graph(config: pb.ModelConfig) -> None:
             raise ConfigError(name, f"ensemble tensor '{t}' is unused in ensemble '{name}'")
 
 
-def cycle(configs: Mapping[str, pb.ModelConfig], start: str) -> list[str] | None:
+def cycle(configs: Mapping[str, ModelSpec], start: str) -> list[str] | None:
     """The ensembles on a circular dependency through ``start`` (the path, ``start``
     again at its end), or None."""
     path: list[str] = []

@@ -161,7 +161,7 @@ def load(s: WorkerSettings, start_scripting: Callable[[], object]) -> LoadedMode
     assembler = BatchAssembler.from_config(spec)
     sequence = SequenceIO.from_config(spec, entry.path, model_ins, model_outs)
     labels = classification.labels_of(spec, entry.path)
-    if s.instance not in passive_instances(config):  # Triton warms these alone
+    if s.instance not in passive_instances(spec):  # Triton warms these alone
         warm_up(s.instance, spec, entry.path, backend, assembler, sequence)
     config_bytes = config.SerializeToString()
     return LoadedModel.of(backend, spec, threads, assembler, sequence, labels, config_bytes)
