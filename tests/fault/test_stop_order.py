@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -131,9 +132,15 @@ def test_sigterm_fails_readiness_first_then_drains_in_flight_requests_then_exits
 def test_a_drain_ends_at_once_when_the_broker_is_lost(tmp_path: Path) -> None:
     """A frontend draining its requests after SIGTERM waits for their answers; once its
     broker is gone there is nothing left to wait for: the requests fail, naming the
-    broker, and the frontend exits long before its exit timeout (30s)."""
+    broker, and the frontend exits long before its exit timeout (30s), even with a client
+    still sending a request body, which would hold an HTTP drain for its whole length."""
     srv, worker = _held_server(tmp_path)
     flight = InFlight(srv)
+    slow = socket.create_connection(("127.0.0.1", srv.http_port))
+    slow.sendall(
+        b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    )
     time.sleep(1.0)  # both requests have reached the held worker
     broker, frontend = srv.pids("broker")[0], srv.pids("frontend")[0]
     srv.proc.send_signal(signal.SIGTERM)
@@ -144,6 +151,7 @@ def test_a_drain_ends_at_once_when_the_broker_is_lost(tmp_path: Path) -> None:
     while pid_alive(frontend) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not pid_alive(frontend), "the frontend still drained without a broker"
+    slow.close()
     flight.join()
     assert set(flight.answered) == {"http", "grpc"}
     for protocol, result in flight.results.items():
