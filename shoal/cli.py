@@ -338,7 +338,6 @@ def _without_workers(
 ) -> list[tuple[str, str]]:
     """(model, why) of the repository's models that get no worker."""
     from shoal.configs import repository
-    from shoal.configs.schema import ENSEMBLE_PLATFORM
 
     out = []
     entries = repository.scan(
@@ -352,7 +351,7 @@ def _without_workers(
             continue
         if e.error:
             why = f"it cannot load: {e.error}"
-        elif e.config is not None and e.config.platform == ENSEMBLE_PLATFORM:
+        elif (spec := e.spec) is not None and spec.is_ensemble:
             why = "an ensemble: its steps' workers run it"
         elif not e.versions:
             why = "no version to serve"

@@ -9,7 +9,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
 from shoal.configs.model_config import ConfigError, parse_config_json
-from shoal.configs.repository import check_model_name, find, scan, select_versions
+from shoal.configs.repository import ModelEntry, check_model_name, find, scan, select_versions
 
 from .conftest import MakeModel
 
@@ -28,6 +28,16 @@ def test_scan_reads_configs_and_defaults(repo: Path, make_model: MakeModel) -> N
     assert entry.available_versions == [1, 2, 3]
     assert entry.config_path == repo / "simple" / "config.pbtxt"
     assert entry.model_file(3) == repo / "simple" / "3" / "model.onnx"
+    # the roles' view of it, read from the completed config; and the bytes handed on
+    spec = entry.spec
+    assert spec is not None and spec.name == "simple" and spec.backend == "onnxruntime"
+    assert spec.version_policy.num_versions == 1 and spec.instance_groups[0].kind == "KIND_CPU"
+    assert pb.ModelConfig.FromString(entry.config_bytes()) == entry.config
+
+
+def test_an_entry_without_a_config_has_no_spec(repo: Path) -> None:
+    entry = ModelEntry("bare", repo / "bare", None, error="no config")
+    assert entry.spec is None and entry.config_bytes() == b""
 
 
 @pytest.mark.parametrize(
