@@ -11,6 +11,7 @@ from shoal.configs.ensemble import (
     Dependency,
     check_composition,
     check_graph,
+    complete,
     cycle,
     decoupled,
     dependencies,
@@ -169,6 +170,22 @@ def test_an_ensemble_is_decoupled_when_a_step_is_whatever_its_config_says() -> N
     three = _ensemble([*CHAIN[:1], _step("b", {"X": "MID"}, {"Y": "M2"}),
                        _step("c", {"X": "M2"}, {"Y": "OUT"})])  # fmt: skip
     assert decoupled(three, _models("ab"))
+
+
+def test_complete_sets_the_decoupled_policy_on_the_serialized_config() -> None:
+    chain = _ensemble(CHAIN)
+    parts = {key: c.SerializeToString() for key, c in _models("a").items()}
+    done = pb.ModelConfig.FromString(complete(chain.SerializeToString(), parts))
+    assert done.HasField("model_transaction_policy") and done.model_transaction_policy.decoupled
+    plain = {key: c.SerializeToString() for key, c in _models("").items()}
+    done = pb.ModelConfig.FromString(complete(chain.SerializeToString(), plain))
+    # (present when false too, as Triton's)
+    assert done.HasField("model_transaction_policy") and not done.model_transaction_policy.decoupled
+    settled = done.SerializeToString()
+    assert complete(settled, plain) is settled  # nothing to change: the same bytes
+    with pytest.raises(ConfigError, match="inconsistent shape"):
+        wide = {**plain, ("b", -1): _model("b", dims="5").SerializeToString()}
+        complete(chain.SerializeToString(), wide)
 
 
 def test_a_step_reads_tensors_of_one_origin() -> None:
