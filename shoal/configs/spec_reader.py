@@ -12,6 +12,7 @@ receives those bytes reads them once with `spec_from_bytes`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, cast
 
 from tritonclient.grpc import model_config_pb2 as pb
@@ -198,28 +199,26 @@ def _dynamic_batching(db: pb.ModelDynamicBatching) -> DynamicBatching:
 
 
 def _sequence_batching(sb: pb.ModelSequenceBatching) -> SequenceBatching:
-    oldest = sb.WhichOneof("strategy_choice") == "oldest"
-    common = {
-        "max_sequence_idle_us": sb.max_sequence_idle_microseconds,
-        "controls": tuple(_control(ci.name, c) for ci in sb.control_input for c in ci.control),
-        "states": tuple(_state(st) for st in sb.state),
-        "iterative_sequence": sb.iterative_sequence,
-    }
-    if oldest:
+    common = SequenceBatching(
+        max_sequence_idle_us=sb.max_sequence_idle_microseconds,
+        controls=tuple(_control(ci.name, c) for ci in sb.control_input for c in ci.control),
+        states=tuple(_state(st) for st in sb.state),
+        iterative_sequence=sb.iterative_sequence,
+    )
+    if sb.WhichOneof("strategy_choice") == "oldest":
         old = sb.oldest
-        return SequenceBatching(
+        return dataclasses.replace(
+            common,
             strategy="oldest",
             max_queue_delay_us=old.max_queue_delay_microseconds,
             max_candidate_sequences=old.max_candidate_sequences,
             preferred_batch_sizes=_dims(old.preferred_batch_size),
             preserve_ordering=old.preserve_ordering,
-            **common,  # type: ignore[arg-type]
         )
-    return SequenceBatching(
-        strategy="direct",
+    return dataclasses.replace(
+        common,
         max_queue_delay_us=sb.direct.max_queue_delay_microseconds,
         minimum_slot_utilization=sb.direct.minimum_slot_utilization,
-        **common,  # type: ignore[arg-type]
     )
 
 
