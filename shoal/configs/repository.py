@@ -67,10 +67,20 @@ class ModelEntry:
     available_versions: list[int] = field(default_factory=list)
     config_path: Path | None = None
 
+    # (config, its spec): read once per config object (the broker asks for it on every load)
+    _read: tuple[pb.ModelConfig, ModelSpec] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
     @property
     def spec(self) -> ModelSpec | None:
-        """The config as the roles read it (None without one), read anew at each call."""
-        return read_spec(self.config) if self.config is not None else None
+        """The config as the roles read it (None without one). Read once for each config
+        object ``config`` holds: complete that config before asking (``load_entry`` does)."""
+        if self.config is None:
+            return None
+        if self._read is None or self._read[0] is not self.config:
+            self._read = (self.config, read_spec(self.config))
+        return self._read[1]
 
     def config_bytes(self) -> bytes:
         """The config, serialized (b"" without one), as the broker hands it on."""

@@ -33,6 +33,9 @@ def test_scan_reads_configs_and_defaults(repo: Path, make_model: MakeModel) -> N
     assert spec is not None and spec.name == "simple" and spec.backend == "onnxruntime"
     assert spec.version_policy.num_versions == 1 and spec.instance_groups[0].kind == "KIND_CPU"
     assert pb.ModelConfig.FromString(entry.config_bytes()) == entry.config
+    assert entry.spec is spec  # read once for this config
+    entry.config = pb.ModelConfig(name="other")
+    assert entry.spec is not None and entry.spec.name == "other"  # a new config, read anew
 
 
 def test_an_entry_without_a_config_has_no_spec(repo: Path) -> None:
