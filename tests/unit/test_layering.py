@@ -91,7 +91,6 @@ PROTOBUF_HOMES: frozenset[str] = frozenset(
         "shoal/configs/model_config.py",
         "shoal/configs/model_stamps.py",
         "shoal/configs/openvino_config.py",
-        "shoal/configs/placement.py",
         "shoal/configs/repository.py",
         "shoal/configs/sequence_rules.py",
         "shoal/configs/spec_reader.py",
