@@ -5,7 +5,10 @@ Errors map to gRPC status codes with Triton's table (ipc.errors.GRPC_STATUS). A 
 (ModelStreamInfer) runs its requests concurrently; as Triton's, it answers the requests to
 models that are not decoupled in the order it read them, and a decoupled model's
 responses as they come; an error is an ``error_message`` on the stream and the stream
-goes on.
+goes on, unless the stream was opened with Triton's ``triton_grpc_error: true`` header:
+then a model's error response (not a refusal of a request before it ran, which stays
+on the stream, as in Triton) ends the stream with the error's gRPC status, and the
+stream's other requests are cancelled.
 
 A message that is not the protobuf its method takes is refused as Triton's C++ server
 refuses it, INTERNAL "Unable to parse request", with one log line: grpcio would answer
@@ -35,7 +38,7 @@ from shoal.dataplane.plane import DataPlane
 from shoal.dataplane.types import FINAL_FLAG, ClientRequest, InferenceResult, ResponseError
 from shoal.frontend import grpc_codec, log_settings, restricted
 from shoal.ipc import logs
-from shoal.ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
+from shoal.ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, AnswerError, Code, ServingError
 
 log = logging.getLogger("shoal.frontend.grpc")
 
@@ -187,8 +190,19 @@ class LateAnswerLogFilter(logging.Filter):
 logging.getLogger("grpc._cython.cygrpc").addFilter(LateAnswerLogFilter())
 
 
-#: A stream's answer: a response to send (or None), and whether it is its request's last.
-_Answer = tuple[pb.ModelStreamInferResponse | None, bool]
+#: A stream's answer: a response to send (or None), whether it is its request's last, and
+#: the code of the error it carries, where it is a model's error response.
+_Answer = tuple[pb.ModelStreamInferResponse | None, bool, Code | None]
+#: A request's answer to a model that is not decoupled, and its error response's code.
+_Ordered = tuple[pb.ModelStreamInferResponse, Code | None]
+#: The header that asks a stream to end with a model's first error response.
+GRPC_ERROR_HEADER: Final[str] = "triton_grpc_error"
+
+
+def ends_on_error(metadata: Any) -> bool:
+    """Whether a stream's client asked, with ``triton_grpc_error: true``, that a model's
+    error response end it with its gRPC status (Triton's exact value, "true")."""
+    return any(k == GRPC_ERROR_HEADER and v == "true" for k, v in metadata or ())
 
 
 async def decode_request(request: pb.ModelInferRequest) -> ClientRequest:
@@ -416,16 +430,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         finally:
             result.release()
 
-    async def _stream_one(
-        self, request: pb.ModelInferRequest, decoded: ClientRequest
-    ) -> pb.ModelStreamInferResponse:
-        """One request of a stream: its error is its own answer, never the stream's end."""
+    async def _stream_one(self, request: pb.ModelInferRequest, decoded: ClientRequest) -> _Ordered:
+        """One request of a stream: its error is its own answer (with its code where the
+        model's answer carried it)."""
         try:
             answer = await self._infer(request, decoded)
+        except AnswerError as exc:
+            return _stream_error(request, exc), exc.code
         except Exception as exc:
-            return _stream_error(request, exc)
+            return _stream_error(request, exc), None
         grpc_codec.set_param(answer.parameters[FINAL_FLAG], True)  # as Triton 2.51's
-        return pb.ModelStreamInferResponse(infer_response=answer)
+        return pb.ModelStreamInferResponse(infer_response=answer), None
 
     async def _stream_decoupled(
         self,
@@ -439,11 +454,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             responses = self.dp.infer_stream(decoded)
             async with contextlib.aclosing(responses) as answered:  # (its end cancels)
                 async for r in answered:
-                    answers.put_nowait((_stream_answer(request, r), False))
+                    code = r.code if isinstance(r, ResponseError) else None
+                    answers.put_nowait((_stream_answer(request, r), False, code))
         except Exception as exc:
-            answers.put_nowait((_stream_error(request, exc), True))
+            answers.put_nowait((_stream_error(request, exc), True, None))
             return
-        answers.put_nowait((None, True))
+        answers.put_nowait((None, True, None))
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
@@ -460,13 +476,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         running: set[asyncio.Task[None]] = set()
         unparsable: list[_Unparsable] = []
         # the ordered answers' places, in stream order: each filled when ready
-        ordered: collections.deque[list[pb.ModelStreamInferResponse | None]] = collections.deque()
+        ordered: collections.deque[list[_Ordered | None]] = collections.deque()
+        end_on_error = ends_on_error(context.invocation_metadata())
 
-        def give(place: list[pb.ModelStreamInferResponse | None], answer: Any) -> None:
+        def give(place: list[_Ordered | None], answer: _Ordered) -> None:
             """``answer`` takes its place; the ready answers at the front go out."""
             place[0] = answer
-            while ordered and ordered[0][0] is not None:
-                answers.put_nowait((ordered.popleft()[0], True))
+            while ordered and (ready := ordered[0][0]) is not None:
+                ordered.popleft()
+                answers.put_nowait((ready[0], True, ready[1]))
 
         async def answer(
             request: pb.ModelInferRequest, before: asyncio.Event | None, handed: asyncio.Event
@@ -483,7 +501,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             failed: Exception | None = None
             decoupled = False
             decoded: ClientRequest | None = None
-            place: list[pb.ModelStreamInferResponse | None] = [None]
+            place: list[_Ordered | None] = [None]
             try:
                 try:
                     model = await self.dp.model(request.model_name, request.model_version)
@@ -498,7 +516,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             finally:
                 handed.set()  # also when cancelled: the next ones must not wait for it
             if failed is not None:
-                give(place, _stream_error(request, failed))
+                give(place, (_stream_error(request, failed), None))
                 return
             assert decoded is not None  # (read, as nothing failed)
             if decoupled:
@@ -527,7 +545,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         reader = asyncio.create_task(read())
         try:
             while (next_answer := await answers.get()) is not None:
-                response, last = next_answer
+                response, last, failure = next_answer
+                if failure is not None and end_on_error and response is not None:
+                    status = getattr(grpc.StatusCode, GRPC_STATUS[failure])
+                    await context.abort(status, response.error_message)
                 if response is not None:
                     yield response
                 if last:

@@ -12,12 +12,14 @@ import json
 import shutil
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -164,6 +166,26 @@ class TritonPythonModel:
         bad = np.array([["a"] * 4], dtype=object)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", bad)]) for _ in requests]
 """,
+    "waiter": """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):  # INPUT0: how long to wait for a cancel (s)
+        out = []
+        for r in requests:
+            limit = float(pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()[0])
+            pb_utils.Logger.log_info(f"waiter: waiting {limit} s")
+            end = time.monotonic() + limit
+            while not r.is_cancelled() and time.monotonic() < end:
+                time.sleep(0.01)
+            said = "cancelled" if r.is_cancelled() else "not cancelled"
+            pb_utils.Logger.log_info(f"waiter: {said}")
+            text = np.array([said.encode()], dtype=object)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("ARGS", text)]))
+        return out
+""",
     "broken": """
 class TritonPythonModel:
     def initialize(self, args):
@@ -216,6 +238,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         _config("params", _io("INPUT0"), _io("ARGS", "TYPE_STRING", "1"), mbs=0),
     )
     _write(repo, "sloppy", MODELS["sloppy"], _config("sloppy", _io("INPUT0"), _io("OUTPUT0")))
+    waits = _config("waiter", _io("INPUT0", dims="1"), _io("ARGS", "TYPE_STRING", "1"), mbs=0)
+    _write(repo, "waiter", MODELS["waiter"], waits)
     decoupled = "model_transaction_policy { decoupled: true }\n" + (
         "dynamic_batching { preserve_ordering: true }"
     )
@@ -235,7 +259,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         )
     )
     with served(repo, "--exit-on-error=false", "--strict-readiness=false") as srv:
-        srv.wait_settled(("add_sub", "ort_mlp", "broken", "args", "inplace", "decoupled"))
+        srv.wait_settled(("add_sub", "ort_mlp", "broken", "args", "inplace", "decoupled", "waiter"))
         yield srv
 
 
@@ -384,6 +408,37 @@ def test_a_model_sees_the_request_id_and_its_own_parameters(server: ShoalServer)
     )
     seen = json.loads(result.as_numpy("ARGS")[0])
     assert seen == {"id": "r-7", "params": {"max_tokens": 5, "mode": "fast"}}
+
+
+def _logged(server: ShoalServer, line: str, count: int, timeout: float = 20.0) -> int:
+    """How often ``line`` is in the server's log once it is there ``count`` times (or
+    ``timeout`` passed)."""
+    deadline = time.monotonic() + timeout
+    while server.log().count(line) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return server.log().count(line)
+
+
+def test_a_cancelled_grpc_request_reaches_a_model_that_is_not_decoupled(
+    server: ShoalServer,
+) -> None:
+    """The client cancels while execute runs: ``request.is_cancelled()`` says so (as in
+    Triton's Python backend), the model returns early, and the instance serves on."""
+    cancels = server.log().count("waiter: cancelled")
+    waits = server.log().count("waiter: waiting 30.0 s")
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        x = grpcclient.InferInput("INPUT0", [1], "FP32")
+        x.set_data_from_numpy(np.array([30.0], np.float32))
+        answers: list[Any] = []
+        call = client.async_infer("waiter", [x], lambda result, error: answers.append(error))
+        assert _logged(server, "waiter: waiting 30.0 s", waits + 1) == waits + 1
+        started = time.monotonic()
+        call.cancel()
+        assert _logged(server, "waiter: cancelled", cancels + 1) == cancels + 1
+        assert time.monotonic() - started < 10  # (not the 30 s the model would wait)
+        x.set_data_from_numpy(np.array([0.0], np.float32))
+        assert client.infer("waiter", [x]).as_numpy("ARGS")[0] == b"not cancelled"
+    assert len(answers) == 1 and answers[0].status() == "StatusCode.CANCELLED"
 
 
 @pytest.mark.parametrize(

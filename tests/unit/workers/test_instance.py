@@ -54,7 +54,9 @@ class PerRequest:
     def __init__(self, answer: Any) -> None:
         self.answer = answer
 
-    def requests(self, pairs: list[tuple[m.InferRequest, dict[str, Any]]]) -> list[Any]:
+    def requests(
+        self, pairs: list[tuple[m.InferRequest, dict[str, Any]]], cancelled: Any = None
+    ) -> list[Any]:
         return pairs
 
     def execute_requests(self, requests: list[Any]) -> list[Any]:
