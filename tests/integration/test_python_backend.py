@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import textwrap
 import threading
 import time
@@ -439,6 +440,29 @@ def test_a_cancelled_grpc_request_reaches_a_model_that_is_not_decoupled(
         x.set_data_from_numpy(np.array([0.0], np.float32))
         assert client.infer("waiter", [x]).as_numpy("ARGS")[0] == b"not cancelled"
     assert len(answers) == 1 and answers[0].status() == "StatusCode.CANCELLED"
+
+
+def test_an_http_client_that_hangs_up_cancels_its_request(server: ShoalServer) -> None:
+    """Its connection closed while the model runs: the model sees the request cancelled
+    (Triton's HTTP side does not tell; shoal's does), and the instance serves on."""
+    cancels = server.log().count("waiter: cancelled")
+    waits = server.log().count("waiter: waiting 30.0 s")
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [30.0]}]}
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.http_port)) as conn:
+        conn.sendall(
+            b"POST /v2/models/waiter/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assert _logged(server, "waiter: waiting 30.0 s", waits + 1) == waits + 1
+    assert _logged(server, "waiter: cancelled", cancels + 1) == cancels + 1
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.array([0.0], np.float32))
+    assert client.infer("waiter", [x]).as_numpy("ARGS")[0] == b"not cancelled"
 
 
 @pytest.mark.parametrize(
