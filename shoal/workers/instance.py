@@ -231,7 +231,7 @@ class ModelInstance:
                 failed.append(pos)
                 answers.append((it, error(it, result.code, result.message)))
                 continue
-            resp = self.result(it, result)
+            resp = self.result(it, result, _given(it, result))
             if resp.error is not None:
                 failed.append(pos)
             elif params := getattr(result, "parameters", None):  # (python_backend.Answered)
@@ -283,15 +283,14 @@ class ModelInstance:
         self, item: m.WorkItem, outs: dict[str, Any], specs: list[m.OutputSpec] | None = None
     ) -> dict[str, Any] | ServingError:
         """A Python model's outputs for ``item`` (``specs`` of them, if not all it asked
-        for), checked before they are written: each one there, as an array of its config's
-        data type or one that casts to it within its kind (FP64 to FP32, say); otherwise
-        the model's fault (INTERNAL)."""
+        for), checked before they are written: each one it gave, as an array of its
+        config's data type or one that casts to it within its kind (FP64 to FP32, say);
+        otherwise the model's fault (INTERNAL). One it asked for that the model did not
+        give is left out of the answer, as Triton's Python backend leaves it out."""
         for spec in item.request.outputs if specs is None else specs:
             arr = outs.get(spec.name)
             if arr is None:
-                return ServingError(
-                    Code.INTERNAL, f"output '{spec.name}' was not produced by the model"
-                )
+                continue
             dt = datatypes.datatype(self.output_types.get(spec.name, ""))
             if dt is None or dt.numpy is None:  # BYTES: any elements, written as bytes
                 continue
@@ -403,6 +402,14 @@ def error(
     """``item``'s answer that it failed."""
     info = m.ErrorInfo(int(code), message, names_request)
     return m.InferResponse(item.request.req_id, [], info, final=final)
+
+
+def _given(item: m.WorkItem, outs: dict[str, Any]) -> list[m.OutputSpec] | None:
+    """The outputs ``item`` asked for that a Python model gave (None: all of them)."""
+    asked = item.request.outputs
+    if all(s.name in outs for s in asked):
+        return None
+    return [s for s in asked if s.name in outs]
 
 
 def _inline(spec: m.OutputSpec) -> m.OutputSpec:
