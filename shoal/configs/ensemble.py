@@ -223,7 +223,8 @@ def decoupled(config: pb.ModelConfig, composing: Mapping[tuple[str, int], pb.Mod
     of one is such a model), whatever its own ``model_transaction_policy`` says, as in
     Triton 2.51. Each response of a decoupled step runs the steps after it once more, so
     a step must read tensors of one origin only: the request's, or one decoupled step's
-    (raises ConfigError, in Triton's words, naming the ensemble twice as it does). The
+    (raises ConfigError, in the current Triton's words, which name the step's model;
+    Triton 2.51 named the ensemble twice). The
     ensemble's outputs must be of one origin too, or no response could carry them all
     (shoal's check, in its own words)."""
     name = config.name
@@ -237,8 +238,8 @@ def decoupled(config: pb.ModelConfig, composing: Mapping[tuple[str, int], pb.Mod
             if len(sources) > 1:
                 raise ConfigError(
                     name,
-                    f"in ensemble {name}, step of model '{name}' receives inputs originated "
-                    "from different decoupled models",
+                    f"in ensemble {name}, step of model '{step.model_name}' receives inputs "
+                    "originated from different decoupled models",
                 )
             source = sources.pop() if sources else _REQUEST
             if composing[

@@ -445,8 +445,8 @@ def test_steps_that_mix_origins_fail_the_ensembles_load(server: ShoalServer) -> 
     index = _index(server)
     assert index["ens_mixed"]["state"] == "UNAVAILABLE"
     assert index["ens_mixed"]["reason"] == (
-        "in ensemble ens_mixed, step of model 'ens_mixed' receives inputs originated from "
-        "different decoupled models"
+        "in ensemble ens_mixed, step of model 'repeat_last_final' receives inputs originated "
+        "from different decoupled models"
     )
     assert index["ens_split"]["state"] == "UNAVAILABLE"
     assert index["ens_split"]["reason"] == (

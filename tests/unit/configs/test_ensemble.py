@@ -154,9 +154,13 @@ def _models(decoupled_ones: str) -> dict[tuple[str, int], pb.ModelConfig]:
 
 
 # IN -> a -> MID -> b -> OUT
-_MIXED = (
-    "in ensemble e, step of model 'e' receives inputs originated from different decoupled models"
-)
+def _mixed(model: str) -> str:
+    """The refusal of a step of ``model`` that reads tensors of two origins (the current
+    Triton's words; Triton 2.51 named the ensemble in the model's place)."""
+    return (
+        f"in ensemble e, step of model '{model}' receives inputs originated from different "
+        "decoupled models"
+    )
 
 
 def test_an_ensemble_is_decoupled_when_a_step_is_whatever_its_config_says() -> None:
@@ -182,7 +186,7 @@ def test_a_step_reads_tensors_of_one_origin() -> None:
     for which in ("b", "c", "bc"):  # two decoupled origins, or one and a's
         with pytest.raises(ConfigError) as err:
             decoupled(diamond, _models(which))
-        assert err.value.message == _MIXED
+        assert err.value.message == _mixed("d")
     # a response of a beside the request's own tensor
     beside = _ensemble([
         _step("a", {"X": "IN"}, {"Y": "MID"}),
@@ -191,7 +195,7 @@ def test_a_step_reads_tensors_of_one_origin() -> None:
     assert not decoupled(beside, _models(""))
     with pytest.raises(ConfigError) as err:
         decoupled(beside, _models("a"))
-    assert err.value.message == _MIXED
+    assert err.value.message == _mixed("b")
     assert decoupled(beside, _models("b"))  # b reads the request's tensors only
 
 
