@@ -130,6 +130,8 @@ def l0_shared_memory(qa: QA) -> None:
     (add_sub / "1").mkdir(exist_ok=True)
     shutil.move(add_sub / "model.py", add_sub / "1" / "model.py")
     qa.sed(add_sub / "config.pbtxt", "TYPE_FP32", "TYPE_INT32")
+    with (add_sub / "config.pbtxt").open("a") as f:
+        f.write("max_batch_size: 8\n")  # (test.sh's echo)
     qa.copy(
         qa.generated("qa_model_repository") / "onnx_int32_int32_int32",
         models / "onnx_int32_int32_int32",
