@@ -13,6 +13,7 @@ those models).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from triton_qa import QA, suite
@@ -157,16 +158,16 @@ def _models(qa: QA, here: Path) -> Path:
     return models
 
 
-@suite
-def l0_decoupled(qa: QA) -> None:
-    here = qa.qa / SUITE
-    models = _models(qa, here)
+def _plain(qa: QA, here: Path, models: Path) -> None:
     with qa.serve(here, f"--model-repository={models}", log="decoupled") as ready:
         for name in _TESTS:
             if ready:
                 qa.test(SUITE, here, "decoupled_test.py", f"DecoupledTest.{name}", note="")
             else:
                 qa.not_ready(SUITE, 1, name)
+
+
+def _delayed(qa: QA, here: Path, models: Path) -> None:
     delayed = {"TRITONSERVER_DELAY_GRPC_RESPONSE": "2000"}
     with qa.serve(here, f"--model-repository={models}", log="delayed", env=delayed) as ready:
         if ready:
@@ -174,6 +175,9 @@ def l0_decoupled(qa: QA) -> None:
                     **delayed)  # fmt: skip
         else:
             qa.not_ready(SUITE, 1, "test_one_to_multi_many")
+
+
+def _pool(qa: QA, here: Path, models: Path) -> None:
     args = (f"--model-repository={models}", "--grpc-max-response-pool-size=1")
     with qa.serve(here, *args, log="pool_size_1") as ready:
         for name in _TESTS:
@@ -182,6 +186,9 @@ def l0_decoupled(qa: QA) -> None:
                         note="--grpc-max-response-pool-size=1")  # fmt: skip
             else:
                 qa.not_ready(SUITE, 1, f"{name} --grpc-max-response-pool-size=1")
+
+
+def _non_decoupled(qa: QA, here: Path, models: Path) -> None:
     plain = qa.fresh(here / "non_decoupled_models")
     qa.copy(models / "repeat_int32", plain / "repeat_int32")
     QA.sed(plain / "repeat_int32" / "config.pbtxt", "decoupled: True", "decoupled: False")
@@ -190,3 +197,16 @@ def l0_decoupled(qa: QA) -> None:
             qa.test(SUITE, here, "decoupled_test.py", "NonDecoupledTest", note="")
         else:
             qa.not_ready(SUITE, 4, "NonDecoupledTest")
+
+
+_RUNS = {"plain": _plain, "delayed": _delayed, "pool": _pool, "non_decoupled": _non_decoupled}
+
+
+@suite
+def l0_decoupled(qa: QA) -> None:
+    """test.sh's servers in its order; ``DECOUPLED_RUNS`` (the runner's own, not test.sh's;
+    default all) names some of them: ``plain delayed pool non_decoupled``."""
+    here = qa.qa / SUITE
+    models = _models(qa, here)
+    for run in os.environ.get("DECOUPLED_RUNS", " ".join(_RUNS)).split():
+        _RUNS[run](qa, here, models)
