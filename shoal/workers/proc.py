@@ -128,7 +128,7 @@ class WorkerProc:
             )
         elif instance.per_request:  # a Python model: its requests' is_cancelled()
             instance.cancels = self.cancels = RunningCancels(self._read_cancels)
-        self.config_bytes = loaded.config.SerializeToString()
+        self.config_bytes = loaded.config_bytes
         threads = loaded.threads
         log.info(
             "loaded '%s' version %d instance %d (%s) on %s",
