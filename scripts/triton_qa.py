@@ -366,6 +366,7 @@ def main() -> int:
     import triton_qa_suites  # noqa: F401  (registers the suites)
     import triton_qa_suites_batcher  # noqa: F401
     import triton_qa_suites_config  # noqa: F401
+    import triton_qa_suites_decoupled  # noqa: F401
     import triton_qa_suites_lifecycle  # noqa: F401
     import triton_qa_suites_python  # noqa: F401
     import triton_qa_suites_sequence  # noqa: F401

@@ -130,10 +130,13 @@ def l0_shared_memory(qa: QA) -> None:
     (add_sub / "1").mkdir(exist_ok=True)
     shutil.move(add_sub / "model.py", add_sub / "1" / "model.py")
     qa.sed(add_sub / "config.pbtxt", "TYPE_FP32", "TYPE_INT32")
-    qa.copy(
-        qa.generated("qa_model_repository") / "onnx_int32_int32_int32",
-        models / "onnx_int32_int32_int32",
-    )
+    with (add_sub / "config.pbtxt").open("a") as f:
+        f.write("max_batch_size: 8\n")  # (test.sh's echo)
+    # test.sh copies version 1 alone (versions 2 and 3 swap the sum and the difference)
+    onnx = qa.generated("qa_model_repository") / "onnx_int32_int32_int32"
+    qa.copy(onnx / "1", models / onnx.name / "1")
+    for name in ("config.pbtxt", "output0_labels.txt"):
+        shutil.copy(onnx / name, models / onnx.name)
     # (the backends whose models are there: test.sh's BACKENDS, which the test reads)
     case = "test_large_shm_register_offset"
     _shm_case(qa, here, models, case, "--allow-client-shm=true", BACKENDS="python onnx")

@@ -104,6 +104,7 @@ def _prepare(qa: QA, here: Path) -> None:
             for model in case.iterdir():
                 if (model / "config.pbtxt").exists():
                     (model / "1").mkdir(exist_ok=True)
+                    _as_python(model)
     cpu = here / "autofill_noplatform_success" / "onnx" / "cpu_instance" / "1"
     cpu.mkdir(parents=True, exist_ok=True)
     identity = qa.generated("qa_identity_model_repository") / "onnx_zero_1_float16" / "1"
@@ -122,6 +123,44 @@ def _prepare(qa: QA, here: Path) -> None:
     if not _has_gpu():  # what Triton completes on a host without one
         for expected in (here / "autofill_noplatform_success").glob("*/*/**/expected*"):
             QA.sed(expected, r"^(\s*)gpus: 0\n\s*kind: KIND_GPU", r"\1kind: KIND_CPU")
+
+
+# A Python stand-in for Triton's C++ ``identity`` backend (and, never run here, its
+# ``repeat``): each input, by position in the config, is the output of that position.
+IDENTITY = """
+import json
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        names = [[t["name"] for t in config.get(k, [])] for k in ("input", "output")]
+        self.pairs = list(zip(*names))
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([
+                pb_utils.Tensor(o, pb_utils.get_input_tensor_by_name(r, i).as_numpy())
+                for i, o in self.pairs
+            ])
+            for r in requests
+        ]
+"""
+
+
+def _as_python(model: Path) -> None:
+    """An ensemble step served by Triton's C++ ``identity`` or ``repeat`` backend becomes
+    a Python model of the same config (its inputs, outputs and policy), so that the
+    ensemble, not its missing backend, is what the case judges."""
+    config = model / "config.pbtxt"
+    text = config.read_text()
+    if not re.search(r'^backend:\s*"(identity|repeat)"', text, flags=re.M):
+        return
+    config.write_text(re.sub(r"^backend:.*$", 'backend: "python"', text, flags=re.M))
+    for version in model.iterdir():
+        if version.is_dir() and version.name.isdigit():
+            (version / "model.py").write_text(IDENTITY)
 
 
 def _python_case(case: Path, auto: Path) -> None:

@@ -37,6 +37,7 @@ NO_EFFECT_FLAGS: Final[dict[str, tuple[bool, str]]] = {
     "--trace-count": (False, _NO_TRACE),
     "--trace-log-frequency": (False, _NO_TRACE),
     "--grpc-infer-allocation-pool-size": (False, _EVENT_LOOP),
+    "--grpc-max-response-pool-size": (False, "a stream's responses are not pooled"),
     "--cuda-virtual-address-size": (True, _NO_GPU_POOLS),
 }
 
@@ -62,6 +63,9 @@ def no_effect(args: argparse.Namespace) -> list[str]:
 def check_values(args: argparse.Namespace) -> str | None:
     """Why a value of these flags is refused, as tritonserver refuses it (its server
     options check them even where shoal then makes no use of them); None: all taken."""
+    pool = getattr(args, dest("--grpc-max-response-pool-size"))
+    if pool is not None and not (pool.lstrip("-").isdigit() and int(pool) > 0):
+        return "Error: --grpc-max-response-pool-size must be greater than 0."
     for limit in getattr(args, dest("--model-load-gpu-limit")) or []:
         device, sep, fraction = limit.partition(":")
         try:

@@ -225,9 +225,10 @@ def decoupled(config: pb.ModelConfig, composing: Mapping[tuple[str, int], pb.Mod
     of one is such a model), whatever its own ``model_transaction_policy`` says, as in
     Triton 2.51. Each response of a decoupled step runs the steps after it once more, so
     a step must read tensors of one origin only: the request's, or one decoupled step's
-    (raises ConfigError, in Triton's words, naming the ensemble twice as it does). The
-    ensemble's outputs must be of one origin too, or no response could carry them all
-    (shoal's check, in its own words)."""
+    (raises ConfigError, in the current Triton's words, which name the step's model;
+    Triton 2.51 named the ensemble twice). The ensemble's outputs must be of one origin
+    too, or no response could carry them all: Triton refuses them as a step of the
+    ensemble's own model."""
     name = config.name
     origin = {t.name: _REQUEST for t in config.input}
     steps = list(enumerate(config.ensemble_scheduling.step))
@@ -239,8 +240,8 @@ def decoupled(config: pb.ModelConfig, composing: Mapping[tuple[str, int], pb.Mod
             if len(sources) > 1:
                 raise ConfigError(
                     name,
-                    f"in ensemble {name}, step of model '{name}' receives inputs originated "
-                    "from different decoupled models",
+                    f"in ensemble {name}, step of model '{step.model_name}' receives inputs "
+                    "originated from different decoupled models",
                 )
             source = sources.pop() if sources else _REQUEST
             if composing[
@@ -248,18 +249,12 @@ def decoupled(config: pb.ModelConfig, composing: Mapping[tuple[str, int], pb.Mod
             ].model_transaction_policy.decoupled:
                 found, source = True, i
             origin.update(dict.fromkeys(step.output_map.values(), source))
-    outputs = sorted({origin[t.name] for t in config.output if t.name in origin})
-    if len(outputs) > 1:
-        whose = " and ".join(
-            "the request"
-            if o == _REQUEST
-            else f"decoupled model '{config.ensemble_scheduling.step[o].model_name}' (step {o})"
-            for o in outputs
-        )
+    # Triton's check reads the ensemble's outputs as a step of the ensemble's own model
+    if len({origin[t.name] for t in config.output if t.name in origin}) > 1:
         raise ConfigError(
             name,
-            f"in ensemble {name}, the outputs originate from different sources ({whose}): "
-            "no response could carry them all",
+            f"in ensemble {name}, step of model '{name}' receives inputs originated from "
+            "different decoupled models",
         )
     return found
 

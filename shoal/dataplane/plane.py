@@ -271,7 +271,7 @@ class DataPlane:
         except BaseException:
             self._free(slots, pool)
             raise
-        if key is not None:
+        if key is not None and not resp.parameters:  # (the cache keeps outputs alone)
             self._keep(key, epoch, resp, model, answer)
         self.requests_handled += 1
         return InferenceResult(
@@ -279,6 +279,7 @@ class DataPlane:
             model_version=str(resp.model_version or model.version),
             id=req.id,
             outputs=answer,
+            parameters=dict(resp.parameters),
             release=lambda: self._free(slots, pool),
         )
 
@@ -361,7 +362,7 @@ class DataPlane:
             model_version="" if resp.empty else str(resp.model_version or model.version),
             id=req.id,
             outputs=outputs(resp, []),
-            parameters={FINAL_FLAG: resp.final},
+            parameters={**resp.parameters, FINAL_FLAG: resp.final},
         )
 
     def _keep(

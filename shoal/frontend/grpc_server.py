@@ -2,10 +2,7 @@
 grpcio's asyncio server: a thin adapter over the same DataPlane as HTTP.
 
 Errors map to gRPC status codes with Triton's table (ipc.errors.GRPC_STATUS). A stream
-(ModelStreamInfer) runs its requests concurrently; as Triton's, it answers the requests to
-models that are not decoupled in the order it read them, and a decoupled model's
-responses as they come; an error is an ``error_message`` on the stream and the stream
-goes on.
+(ModelStreamInfer) is shoal/frontend/grpc_stream.py's.
 
 A message that is not the protobuf its method takes is refused as Triton's C++ server
 refuses it, INTERNAL "Unable to parse request", with one log line: grpcio would answer
@@ -17,8 +14,6 @@ implement answers UNIMPLEMENTED without grpcio's traceback too.
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import contextlib
 import inspect
 import logging
@@ -32,35 +27,17 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from shoal.configs.flags.frontend import GrpcTls
 from shoal.dataplane.plane import DataPlane
-from shoal.dataplane.types import FINAL_FLAG, ClientRequest, InferenceResult, ResponseError
-from shoal.frontend import grpc_codec, log_settings, restricted
+from shoal.dataplane.types import ClientRequest
+from shoal.frontend import grpc_codec, grpc_stream, log_settings, restricted
+from shoal.frontend.grpc_stream import UNPARSABLE_MESSAGE, Unparsable, decode_request, internal
 from shoal.ipc import logs
 from shoal.ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
 
 log = logging.getLogger("shoal.frontend.grpc")
 
 MAX_MESSAGE_BYTES: Final[int] = 2**31 - 1  # Triton's INT32_MAX
-STREAM_WINDOW: Final[int] = 1024  # requests in flight on one stream before reading pauses
 R = TypeVar("R")
-UNPARSABLE_MESSAGE: Final[str] = "Unable to parse request"
-#: A request whose inputs carry more BYTES elements than this in typed contents
-#: (``bytes_contents``) is decoded on a worker thread: packing millions of protobuf strings
-#: takes long enough (seconds for 10 Mi) to stall every other client of the event loop.
-DECODE_ON_THREAD_ELEMENTS: Final[int] = 64 * 1024
 _STREAM_METHOD: Final[str] = "/inference.GRPCInferenceService/ModelStreamInfer"
-
-
-class _Unparsable:
-    """What a guarded deserializer gives for bytes it cannot parse."""
-
-    __slots__ = ("method", "reason")
-
-    def __init__(self, method: str, reason: str) -> None:
-        self.method = method
-        self.reason = reason
-
-    def log(self) -> None:
-        log.warning("%s: %s (%s)", self.method, UNPARSABLE_MESSAGE, self.reason)
 
 
 def _parse_guarded(method: str, parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
@@ -68,14 +45,14 @@ def _parse_guarded(method: str, parse: Callable[[bytes], Any]) -> Callable[[byte
         try:
             return parse(data)
         except Exception as exc:  # DecodeError, or whatever else the parser raises
-            return _Unparsable(method, f"{type(exc).__name__}: {exc}"[:200])
+            return Unparsable(method, f"{type(exc).__name__}: {exc}"[:200])
 
     return guarded
 
 
 def _refusing(behavior: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Any]:
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if isinstance(request, _Unparsable):
+        if isinstance(request, Unparsable):
             request.log()
             await context.abort(grpc.StatusCode.INTERNAL, UNPARSABLE_MESSAGE)
         return await behavior(request, context)
@@ -155,7 +132,7 @@ async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable
         raise
     except Exception as exc:
         log.exception("unhandled error in an RPC")
-        await context.abort(grpc.StatusCode.INTERNAL, _internal(exc))
+        await context.abort(grpc.StatusCode.INTERNAL, internal(exc))
         raise
 
 
@@ -185,52 +162,6 @@ class LateAnswerLogFilter(logging.Filter):
 
 
 logging.getLogger("grpc._cython.cygrpc").addFilter(LateAnswerLogFilter())
-
-
-#: A stream's answer: a response to send (or None), and whether it is its request's last.
-_Answer = tuple[pb.ModelStreamInferResponse | None, bool]
-
-
-async def decode_request(request: pb.ModelInferRequest) -> ClientRequest:
-    """``grpc_codec.decode_infer_request``, on a worker thread for a request with many
-    BYTES elements (DECODE_ON_THREAD_ELEMENTS), so the event loop serves others
-    meanwhile; the protobuf message is only read there, and nothing else touches it."""
-    elements = sum(len(t.contents.bytes_contents) for t in request.inputs)
-    if elements <= DECODE_ON_THREAD_ELEMENTS:
-        return grpc_codec.decode_infer_request(request)
-    return await asyncio.to_thread(grpc_codec.decode_infer_request, request)
-
-
-def _stream_error(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
-    """A stream request's error as its answer. The id rides along so a client with many
-    requests in flight can match it; nothing else, as Triton 2.51 answers (triton-peer)."""
-    if isinstance(exc, ServingError):
-        message = exc.message
-    else:
-        log.exception("unhandled error in a stream request", exc_info=exc)
-        message = _internal(exc)
-    return pb.ModelStreamInferResponse(
-        error_message=message, infer_response=pb.ModelInferResponse(id=request.id)
-    )
-
-
-def _stream_answer(
-    request: pb.ModelInferRequest, r: InferenceResult | ResponseError
-) -> pb.ModelStreamInferResponse:
-    """One response of a decoupled model on a stream. A model's error response names
-    the model and says whether it is the last, as Triton 2.51's does."""
-    if isinstance(r, ResponseError):
-        failed = pb.ModelInferResponse(id=request.id, model_name=request.model_name)
-        grpc_codec.set_param(failed.parameters[FINAL_FLAG], r.final)
-        return pb.ModelStreamInferResponse(error_message=r.message, infer_response=failed)
-    try:
-        return pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(r))
-    finally:
-        r.release()
-
-
-def _internal(exc: Exception) -> str:
-    return f"internal error: {type(exc).__name__}: {exc}"
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -416,131 +347,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         finally:
             result.release()
 
-    async def _stream_one(
-        self, request: pb.ModelInferRequest, decoded: ClientRequest
-    ) -> pb.ModelStreamInferResponse:
-        """One request of a stream: its error is its own answer, never the stream's end."""
-        try:
-            answer = await self._infer(request, decoded)
-        except Exception as exc:
-            return _stream_error(request, exc)
-        grpc_codec.set_param(answer.parameters[FINAL_FLAG], True)  # as Triton 2.51's
-        return pb.ModelStreamInferResponse(infer_response=answer)
-
-    async def _stream_decoupled(
-        self,
-        request: pb.ModelInferRequest,
-        decoded: ClientRequest,
-        answers: asyncio.Queue[_Answer | None],
-    ) -> None:
-        """One request of a stream to a decoupled model: each of its responses goes out
-        as it comes (an error among them too); the last one releases its window place."""
-        try:
-            responses = self.dp.infer_stream(decoded)
-            async with contextlib.aclosing(responses) as answered:  # (its end cancels)
-                async for r in answered:
-                    answers.put_nowait((_stream_answer(request, r), False))
-        except Exception as exc:
-            answers.put_nowait((_stream_error(request, exc), True))
-            return
-        answers.put_nowait((None, True))
-
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests run concurrently. As Triton's stream handler writes them, the answers
-        of requests to models that are not decoupled (and the errors of requests that
-        failed before reaching one) go out in the order the stream brought the requests,
-        each once those before it went; a decoupled model's responses go out as they
-        come. At most STREAM_WINDOW requests are running or answered but not yet sent;
-        past that, reading pauses."""
-        # (a response to send, or None; whether its request is done with) ... None: the end
-        answers: asyncio.Queue[_Answer | None] = asyncio.Queue()
-        window = asyncio.Semaphore(STREAM_WINDOW)
-        running: set[asyncio.Task[None]] = set()
-        unparsable: list[_Unparsable] = []
-        # the ordered answers' places, in stream order: each filled when ready
-        ordered: collections.deque[list[pb.ModelStreamInferResponse | None]] = collections.deque()
-
-        def give(place: list[pb.ModelStreamInferResponse | None], answer: Any) -> None:
-            """``answer`` takes its place; the ready answers at the front go out."""
-            place[0] = answer
-            while ordered and ordered[0][0] is not None:
-                answers.put_nowait((ordered.popleft()[0], True))
-
-        async def answer(
-            request: pb.ModelInferRequest, before: asyncio.Event | None, handed: asyncio.Event
-        ) -> None:
-            """The requests reach the broker in the order the stream brought them, as
-            Triton reads a stream into its scheduler (preserve_ordering then answers in
-            that order). A request's one wait before it leaves is the lookup of a model
-            this frontend has not cached yet; the lookups run at once (a silent broker
-            fails them together), then each request waits until the one before it has
-            been handed over (``before``), and says so (``handed``) just before its own
-            hand-over, which does not wait. A warm stream waits for nothing. A request
-            with many BYTES elements is decoded on a thread (decode_request) before it
-            waits for its turn, so that too keeps the order."""
-            failed: Exception | None = None
-            decoupled = False
-            decoded: ClientRequest | None = None
-            place: list[pb.ModelStreamInferResponse | None] = [None]
-            try:
-                try:
-                    model = await self.dp.model(request.model_name, request.model_version)
-                    decoupled = model.decoupled
-                    decoded = await decode_request(request)
-                except Exception as exc:  # the request's answer, in its turn
-                    failed = exc
-                if before is not None:
-                    await before.wait()
-                if failed is not None or not decoupled:
-                    ordered.append(place)  # in the stream's order: the turns are
-            finally:
-                handed.set()  # also when cancelled: the next ones must not wait for it
-            if failed is not None:
-                give(place, _stream_error(request, failed))
-                return
-            assert decoded is not None  # (read, as nothing failed)
-            if decoupled:
-                await self._stream_decoupled(request, decoded, answers)
-            else:
-                give(place, await self._stream_one(request, decoded))
-
-        async def read() -> None:
-            before: asyncio.Event | None = None
-            try:
-                async for request in request_iterator:
-                    if isinstance(request, _Unparsable):
-                        unparsable.append(request)
-                        return  # what came before is answered; then the stream ends
-                    await window.acquire()
-                    handed = asyncio.Event()
-                    task = asyncio.create_task(answer(request, before, handed))
-                    before = handed
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-            finally:
-                while running:  # the answers still to come go out before the end
-                    await asyncio.wait(set(running))
-                answers.put_nowait(None)
-
-        reader = asyncio.create_task(read())
-        try:
-            while (next_answer := await answers.get()) is not None:
-                response, last = next_answer
-                if response is not None:
-                    yield response
-                if last:
-                    window.release()
-            if unparsable:
-                unparsable[0].log()
-                await context.abort(grpc.StatusCode.INTERNAL, UNPARSABLE_MESSAGE)
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        """A stream's requests and their answers (shoal/frontend/grpc_stream.py)."""
+        answered = grpc_stream.serve(self.dp, self._infer, request_iterator, context)
+        async with contextlib.aclosing(answered) as answers:
+            async for answer in answers:
+                yield answer
 
 
 class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]

@@ -97,6 +97,9 @@ class InferResponse(msgspec.Struct, array_like=True):
     empty: bool = False  # the final flag alone: no response of the model's
     # the request's hops, then the worker's receipt of its batch and its send (measured)
     hops: list[int] = []
+    # the response's own parameters (a Python model's ``InferenceResponse(parameters=)``);
+    # none: one byte (an empty map) on the wire
+    parameters: dict[str, bool | int | str] = {}
 
 
 # A tensor in a client-registered region is referenced as "shm:<region name>" by the

@@ -31,6 +31,7 @@ import numpy as np
 from shoal.dataplane.broker_client import BrokerClient
 from shoal.dataplane.plane import DataPlane
 from shoal.dataplane.types import (
+    FINAL_FLAG,
     ClientRequest,
     InferenceResult,
     InputTensor,
@@ -321,4 +322,6 @@ def _response(result: InferenceResult) -> pb_utils.InferenceResponse:
         else:
             arr = np.frombuffer(o.data, dtype=dt.numpy).reshape(o.shape).copy()
         tensors.append(pb_utils.Tensor(o.name, arr))
-    return pb_utils.InferenceResponse(tensors)
+    # the model's own parameters (the final flag is the stream's, not the model's)
+    params = {k: v for k, v in result.parameters.items() if k != FINAL_FLAG}
+    return pb_utils.InferenceResponse(tensors, parameters=params)

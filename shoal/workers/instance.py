@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,6 +27,7 @@ from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
 from shoal.ipc.shm import RegionMap
 from shoal.workers import classification
+from shoal.workers.cancels import RunningCancels
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.loading import LoadedModel
 from shoal.workers.python_backend import error_code
@@ -79,6 +81,8 @@ class ModelInstance:
         self.writes_in_place = bool(getattr(self.backend, "writes_in_place", False))
         #: How a decoupled model's requests run (the worker's streams): set by the worker.
         self.streams: DecoupledRun | None = None
+        #: Which running requests were cancelled (a Python model's): set by the worker.
+        self.cancels: RunningCancels | None = None
 
     def run(self, batch: m.ExecuteBatch, t0: int) -> tuple[m.BatchDone, Answers]:
         """Run one batch; ``t0``: when the worker took it (perf_counter_ns). Returns its
@@ -201,13 +205,22 @@ class ModelInstance:
                     self.sequence.add(it, tensors)
                 if rows > len(live):
                     pairs, positions = self.null_requests(rows, live)
-            requests = backend.requests(pairs)
+            cancelled: list[Callable[[], bool] | None] | None = None
+            if self.cancels is not None:
+                cancelled = [None] * len(pairs)  # (a null request has no client)
+                watches = self.cancels.begin([it for _, it, _ in live])
+                for i, watch in zip(positions, watches, strict=True):
+                    cancelled[i] = watch
+            requests = backend.requests(pairs, cancelled=cancelled)
             t1 = time.perf_counter_ns()
             results = backend.execute_requests(requests)
             results = [results[i] for i in positions]
         except Exception as exc:  # the model's fault, never the worker's end
             log.exception("model '%s': requests could not be run", self.model)
             results = [ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")] * len(live)
+        finally:
+            if self.cancels is not None:
+                self.cancels.end()
         t2 = time.perf_counter_ns()
         for (pos, it, _), result in zip(live, results, strict=True):
             if not isinstance(result, ServingError):
@@ -218,9 +231,11 @@ class ModelInstance:
                 failed.append(pos)
                 answers.append((it, error(it, result.code, result.message)))
                 continue
-            resp = self.result(it, result)
+            resp = self.result(it, result, _given(it, result))
             if resp.error is not None:
                 failed.append(pos)
+            elif params := getattr(result, "parameters", None):  # (python_backend.Answered)
+                resp.parameters = params
             answers.append((it, resp))
         if rows > len(live):
             return t1, t2, rows
@@ -268,15 +283,14 @@ class ModelInstance:
         self, item: m.WorkItem, outs: dict[str, Any], specs: list[m.OutputSpec] | None = None
     ) -> dict[str, Any] | ServingError:
         """A Python model's outputs for ``item`` (``specs`` of them, if not all it asked
-        for), checked before they are written: each one there, as an array of its config's
-        data type or one that casts to it within its kind (FP64 to FP32, say); otherwise
-        the model's fault (INTERNAL)."""
+        for), checked before they are written: each one it gave, as an array of its
+        config's data type or one that casts to it within its kind (FP64 to FP32, say);
+        otherwise the model's fault (INTERNAL). One it asked for that the model did not
+        give is left out of the answer, as Triton's Python backend leaves it out."""
         for spec in item.request.outputs if specs is None else specs:
             arr = outs.get(spec.name)
             if arr is None:
-                return ServingError(
-                    Code.INTERNAL, f"output '{spec.name}' was not produced by the model"
-                )
+                continue
             dt = datatypes.datatype(self.output_types.get(spec.name, ""))
             if dt is None or dt.numpy is None:  # BYTES: any elements, written as bytes
                 continue
@@ -377,6 +391,8 @@ class ModelInstance:
         specs = [s if s.region.startswith(m.CLIENT_REGION) else _inline(s) for s in asked]
         resp = self.result(item, given, specs)
         resp.final = final
+        if resp.error is None:
+            resp.parameters = response.parameter_values()
         return resp
 
 
@@ -386,6 +402,14 @@ def error(
     """``item``'s answer that it failed."""
     info = m.ErrorInfo(int(code), message, names_request)
     return m.InferResponse(item.request.req_id, [], info, final=final)
+
+
+def _given(item: m.WorkItem, outs: dict[str, Any]) -> list[m.OutputSpec] | None:
+    """The outputs ``item`` asked for that a Python model gave (None: all of them)."""
+    asked = item.request.outputs
+    if all(s.name in outs for s in asked):
+        return None
+    return [s for s in asked if s.name in outs]
 
 
 def _inline(spec: m.OutputSpec) -> m.OutputSpec:

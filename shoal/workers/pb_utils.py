@@ -156,6 +156,7 @@ class InferenceRequest:
         sender: InferenceResponseSender | None = None,
         model_version: int = -1,
         timeout: int = 0,
+        cancelled: Callable[[], bool] | None = None,
         **_: Any,
     ) -> None:
         where = "InferenceRequest()"
@@ -176,6 +177,7 @@ class InferenceRequest:
             if not isinstance(parameters, dict):
                 raise TritonModelException("request parameters must be a JSON object")
         self._sender = sender
+        self._cancelled = cancelled  # (the worker's, for a model that is not decoupled)
         self._model_version = model_version
         self._timeout = timeout
         self._inputs = list(inputs or [])
@@ -208,7 +210,10 @@ class InferenceRequest:
         return self._model_name
 
     def is_cancelled(self) -> bool:
-        return self._sender is not None and self._sender.is_cancelled()
+        """Whether the request's client gave up (shoal/workers/cancels.py)."""
+        if self._sender is not None:
+            return self._sender.is_cancelled()
+        return self._cancelled is not None and self._cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
@@ -241,6 +246,26 @@ class InferenceRequest:
         return self._parameters
 
 
+def response_parameters(parameters: Any) -> dict[str, bool | int | str]:
+    """A response's ``parameters`` as Triton's Python backend checks them: None or a
+    dict, with str keys and bool, int or str values; TritonModelException otherwise, in
+    its words."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}"
+            )
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}"
+            )
+    return dict(parameters)
+
+
 class InferenceResponse:
     def __init__(
         self,
@@ -263,10 +288,18 @@ class InferenceResponse:
             )
         self._outputs = tensors
         self._error = error
-        self._parameters = parameters or {}
+        self._parameters = response_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
+
+    def parameters(self) -> str:
+        """The response's parameters as the JSON text of an object, as in Triton."""
+        return json.dumps(self._parameters)
+
+    def parameter_values(self) -> dict[str, bool | int | str]:
+        """The response's parameters (the worker's: they go to the client)."""
+        return self._parameters
 
     def has_error(self) -> bool:
         return self._error is not None

@@ -33,6 +33,7 @@ from shoal.ipc.result_link import ResultSender
 from shoal.ipc.shm import RegionMap
 from shoal.workers import backend as backends
 from shoal.workers import faults, loading, pb_utils
+from shoal.workers.cancels import RunningCancels
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.instance import Answers, ModelInstance
 from shoal.workers.loading import WorkerSettings
@@ -76,6 +77,7 @@ class WorkerProc:
         # report ended streams.
         self.io_lock = threading.RLock()
         self.streams: DecoupledStreams | None = None  # a decoupled model's open requests
+        self.cancels: RunningCancels | None = None  # another Python model's cancels
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._welcomed = False
         self._last_hello = self._last_sweep = 0.0
@@ -124,6 +126,8 @@ class WorkerProc:
                 self._read_cancels,
                 self._wake,
             )
+        elif instance.per_request:  # a Python model: its requests' is_cancelled()
+            instance.cancels = self.cancels = RunningCancels(self._read_cancels)
         self.config_bytes = loaded.config_bytes
         threads = loaded.threads
         log.info(
@@ -288,8 +292,7 @@ class WorkerProc:
             elif isinstance(msg, m.FrontendGone):
                 self._forget_frontend(msg.frontend)
             elif isinstance(msg, m.Cancel):
-                if self.streams is not None:
-                    self.streams.cancel(msg.frontend, msg.req_id)
+                self._cancel(msg)
             elif isinstance(msg, m.Shutdown):
                 if msg.retire and not self._broker_alive():
                     # Retired by a broker that has exited since (a message read after
@@ -321,6 +324,8 @@ class WorkerProc:
         self._gone.add(frontend)  # (identities carry the pid: never one again)
         if self.streams is not None:
             self.streams.frontend_gone(frontend)
+        if self.cancels is not None:
+            self.cancels.frontend_gone(frontend)
         dead = self.result_socks.pop(frontend, None)
         if dead is not None:
             dead.close()
@@ -417,10 +422,17 @@ class WorkerProc:
             except (ValueError, IndexError):
                 msg = None
             if isinstance(msg, m.Cancel):
-                if self.streams is not None:
-                    self.streams.cancel(msg.frontend, msg.req_id)
+                self._cancel(msg)
             else:
                 self._deferred.append(frames)
+
+    def _cancel(self, msg: m.Cancel) -> None:
+        """The client of a request the model runs (or a decoupled one still answers)
+        gave up: the model's ``is_cancelled()`` says so from now on."""
+        if self.streams is not None:
+            self.streams.cancel(msg.frontend, msg.req_id)
+        elif self.cancels is not None:
+            self.cancels.cancel(msg.frontend, msg.req_id)
 
     def _answer_ordered(self, item: m.WorkItem, resp: m.InferResponse) -> None:
         """Through the broker, for a model that preserves ordering (it releases answers

@@ -40,7 +40,7 @@ import logging
 import sys
 import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,14 @@ def _check_stub_name(name: str) -> None:
     those characters; so does shoal, though its models run in the worker itself."""
     if not name or _INVALID_NAME_CHARS.intersection(name):
         raise ConfigError(name, "Invalid stub name: contains invalid characters")
+
+
+class Answered(dict[str, np.ndarray]):
+    """A request's outputs by name, and the parameters its response gave."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], parameters: dict[str, bool | int | str]):
+        super().__init__(tensors)
+        self.parameters = parameters
 
 
 def _flags(req: m.InferRequest) -> int:
@@ -226,9 +234,11 @@ class PythonBackend:
         self,
         items: list[tuple[m.InferRequest, dict[str, Any]]],
         senders: list[pb_utils.InferenceResponseSender] | None = None,
+        cancelled: list[Callable[[], bool] | None] | None = None,
     ) -> list[Any]:
         """pb_utils requests for a batch's (request, its tensors by name); a decoupled
-        model's with their response senders."""
+        model's with their response senders, another's with what says whether its client
+        gave up (``cancelled``)."""
         # Each model gets its own copy of its inputs, as in Triton: they are views of
         # shared memory (a client's region, the frontend's slab), or read-only bytes.
         return [
@@ -241,6 +251,7 @@ class PythonBackend:
                 parameters=dict(req.parameters),
                 model_name=req.model,
                 sender=senders[i] if senders is not None else None,
+                cancelled=cancelled[i] if cancelled is not None else None,
             )
             for i, (req, tensors) in enumerate(items)
         ]
@@ -307,7 +318,8 @@ class PythonBackend:
         return self._loop
 
     def execute_requests(self, requests: list[Any]) -> list[dict[str, np.ndarray] | ServingError]:
-        """``TritonPythonModel.execute``: each request's outputs by name, or its error."""
+        """``TritonPythonModel.execute``: each request's outputs by name (``Answered``,
+        with them, where its response has parameters), or its error."""
         try:
             responses = self.model.execute(requests)
             if inspect.iscoroutine(responses):  # an async execute, as Triton runs it
@@ -339,7 +351,9 @@ class PythonBackend:
             if err is not None:
                 out.append(ServingError(error_code(err.code()), err.message()))
                 continue
-            out.append({t.name(): t.as_numpy() for t in resp.output_tensors()})
+            tensors = {t.name(): t.as_numpy() for t in resp.output_tensors()}
+            params = resp.parameter_values()
+            out.append(Answered(tensors, params) if params else tensors)
         return out
 
     def _all_fail(self, message: str, count: int) -> list[dict[str, np.ndarray] | ServingError]:

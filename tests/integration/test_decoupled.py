@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.serverctl import ShoalServer, served
@@ -61,10 +62,13 @@ class TritonPythonModel:
             out = np.array([v], np.int32)
             if MODE == "bad_output":
                 out = out + 0.5
+            params = None
+            if "respond_with_parameters" in request.parameters():
+                params = {{"index": i, "even": bool(v % 2 == 0), "of": "repeat"}}
             response = pb_utils.InferenceResponse([
                 pb_utils.Tensor("OUT", out),
                 pb_utils.Tensor("IDX", np.array([i], np.uint32)),
-            ])
+            ], parameters=params)
             last = i == len(values) - 1
             sender.send(response, FINAL if last and MODE == "last_final" else 0)
         if MODE == "dropped" or (MODE in ("raises", "returns_list") and len(values) == 0):
@@ -112,8 +116,9 @@ instance_group [{{ count: 1 kind: KIND_CPU }}]
 
 
 # A model that is not decoupled, for the generate extension: it echoes its text and the
-# request's parameters.
+# request's parameters; a text that is a JSON object is its response's parameters.
 TEXT = """
+import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -128,11 +133,16 @@ class TritonPythonModel:
             if text == "fail":
                 out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("gen failed")))
                 continue
-            out.append(pb_utils.InferenceResponse([
-                pb_utils.Tensor("text_output", np.array([("echo:" + text) * count], dtype=object)),
-                pb_utils.Tensor("params", np.array([r.parameters()], dtype=object)),
-                pb_utils.Tensor("score", np.array([0.5, 1.25], np.float32)),
-            ]))
+            echo = np.array([("echo:" + text) * count], dtype=object)
+            try:
+                out.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("text_output", echo),
+                    pb_utils.Tensor("params", np.array([r.parameters()], dtype=object)),
+                    pb_utils.Tensor("score", np.array([0.5, 1.25], np.float32)),
+                ], parameters=json.loads(text) if text.startswith("{") else None))
+            except pb_utils.TritonModelException as exc:
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                out.append(pb_utils.InferenceResponse(error=error))
         return out
 """
 TEXT_CONFIG = """
@@ -213,10 +223,12 @@ def _inputs(values: list[int], delay_ms: int = 0) -> list[grpcclient.InferInput]
 class Stream:
     """A tritonclient stream whose answers (results or errors) land in a queue."""
 
-    def __init__(self, server: ShoalServer) -> None:
+    def __init__(self, server: ShoalServer, headers: dict[str, str] | None = None) -> None:
         self.client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
         self.answers: queue.Queue[Any] = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.answers.put(error or result))
+        self.client.start_stream(
+            callback=lambda result, error: self.answers.put(error or result), headers=headers
+        )
 
     def send(self, model: str, values: list[int], delay_ms: int = 0, **kwargs: Any) -> None:
         self.client.async_stream_infer(model, _inputs(values, delay_ms), **kwargs)
@@ -304,6 +316,40 @@ def test_an_error_response_ends_nothing_but_itself(stream: Stream) -> None:
     assert _values(stream.take(1)) == [(4, 0)]
 
 
+def test_a_stream_asked_to_end_on_error_ends_with_the_models_first_error(
+    server: ShoalServer,
+) -> None:
+    """Triton's ``triton_grpc_error: true`` header: a model's error response ends the
+    stream with its gRPC status (nothing after it arrives); a request refused before it
+    ran is answered on the stream, which goes on."""
+    s = Stream(server, {"triton_grpc_error": "true"})
+    try:
+        s.send("no_such_model", [1])
+        (refused,) = s.take(1)
+        assert isinstance(refused, InferenceServerException)
+        assert "no_such_model" in refused.message()
+        s.send("repeat_errors", [1, -2, 3])
+        first, second = s.take(2)
+        assert _values([first]) == [(1, 0)]
+        assert isinstance(second, InferenceServerException)
+        assert (second.status(), second.message()) == (
+            "StatusCode.INTERNAL",
+            "negative value at 1",
+        )
+        assert s.quiet()  # the stream ended: not the third response
+    finally:
+        s.close()
+    s = Stream(server, {"triton_grpc_error": "true"})  # a model that is not decoupled
+    try:
+        x = grpcclient.InferInput("text_input", [1], "BYTES")
+        x.set_data_from_numpy(np.array([b"fail"], dtype=object))
+        s.client.async_stream_infer("text", [x])
+        (failed,) = s.take(1)
+        assert (failed.status(), failed.message()) == ("StatusCode.INTERNAL", "gen failed")
+    finally:
+        s.close()
+
+
 def test_an_output_of_the_wrong_type_is_the_models_error(stream: Stream) -> None:
     """Checked as a Python model's answer is: FP64 for an INT32 output is not truncated
     but refused, as that response's error; the request goes on to its end."""
@@ -328,6 +374,57 @@ def test_a_model_that_is_not_decoupled_answers_a_stream_once_and_finally(
     assert answer.as_numpy("text_output")[0] == b"echo:s"
     assert _final(answer)  # as Triton 2.51 marks it; no empty response follows
     assert stream.quiet()
+
+
+def test_each_response_carries_the_parameters_the_model_gave_it(stream: Stream) -> None:
+    """A decoupled model's response parameters reach the client with that response, the
+    stream's final flag beside them (L0_backend_python parameters)."""
+    stream.send("repeat_inline", [4, 7], parameters={"respond_with_parameters": True})
+    answers = stream.take(2)
+    assert _values(answers) == [(4, 0), (7, 1)]
+    got = [_parameters(a.get_response()) for a in answers]
+    assert got == [
+        {"index": 0, "even": True, "of": "repeat", "triton_final_response": False},
+        {"index": 1, "even": False, "of": "repeat", "triton_final_response": False},
+    ]
+    stream.send("repeat_inline", [4])  # and none where the model gives none
+    (answer,) = stream.take(1)
+    assert _parameters(answer.get_response()) == {"triton_final_response": False}
+
+
+def _parameters(response: Any) -> dict[str, Any]:
+    return {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in response.parameters.items()}
+
+
+def _text_request(text: str) -> tuple[list[Any], list[Any]]:
+    g = grpcclient.InferInput("text_input", [1], "BYTES")
+    g.set_data_from_numpy(np.array([text.encode()], dtype=object))
+    h = httpclient.InferInput("text_input", [1], "BYTES")
+    h.set_data_from_numpy(np.array([text.encode()], dtype=object))
+    return [g], [h]
+
+
+def test_a_response_carries_the_parameters_the_model_gave_it(server: ShoalServer) -> None:
+    """Over gRPC and HTTP, as Triton sends them; checked by pb_utils as Triton's Python
+    backend checks them, whose refusal is the model's to answer."""
+    given = {"bool": True, "str": "Hello World!", "int": 1024, "empty": ""}
+    grpc_in, http_in = _text_request(json.dumps(given))
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as g:
+        result = g.infer("text", grpc_in)
+        assert _parameters(result.get_response()) == given
+        plain, _ = _text_request("plain")
+        assert dict(g.infer("text", plain).get_response().parameters) == {}
+        bad, _ = _text_request('{"int": 2, "float": 0.5}')
+        with pytest.raises(InferenceServerException) as err:
+            g.infer("text", bad)
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert err.value.message() == (
+            "Expect parameters values to have type bool/int/str, found type <class 'float'>"
+        )
+    with httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}") as h:
+        answer = h.infer("text", http_in)
+        assert answer.get_response()["parameters"] == given
+        assert answer.as_numpy("text_output")[0] == b"echo:" + json.dumps(given).encode()
 
 
 def test_a_sender_dropped_without_the_final_flag_ends_its_request(

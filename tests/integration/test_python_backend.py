@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -164,6 +167,26 @@ class TritonPythonModel:
         bad = np.array([["a"] * 4], dtype=object)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", bad)]) for _ in requests]
 """,
+    "waiter": """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):  # INPUT0: how long to wait for a cancel (s)
+        out = []
+        for r in requests:
+            limit = float(pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()[0])
+            pb_utils.Logger.log_info(f"waiter: waiting {limit} s")
+            end = time.monotonic() + limit
+            while not r.is_cancelled() and time.monotonic() < end:
+                time.sleep(0.01)
+            said = "cancelled" if r.is_cancelled() else "not cancelled"
+            pb_utils.Logger.log_info(f"waiter: {said}")
+            text = np.array([said.encode()], dtype=object)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("ARGS", text)]))
+        return out
+""",
     "broken": """
 class TritonPythonModel:
     def initialize(self, args):
@@ -216,6 +239,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         _config("params", _io("INPUT0"), _io("ARGS", "TYPE_STRING", "1"), mbs=0),
     )
     _write(repo, "sloppy", MODELS["sloppy"], _config("sloppy", _io("INPUT0"), _io("OUTPUT0")))
+    waits = _config("waiter", _io("INPUT0", dims="1"), _io("ARGS", "TYPE_STRING", "1"), mbs=0)
+    _write(repo, "waiter", MODELS["waiter"], waits)
     decoupled = "model_transaction_policy { decoupled: true }\n" + (
         "dynamic_batching { preserve_ordering: true }"
     )
@@ -235,7 +260,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         )
     )
     with served(repo, "--exit-on-error=false", "--strict-readiness=false") as srv:
-        srv.wait_settled(("add_sub", "ort_mlp", "broken", "args", "inplace", "decoupled"))
+        srv.wait_settled(("add_sub", "ort_mlp", "broken", "args", "inplace", "decoupled", "waiter"))
         yield srv
 
 
@@ -294,6 +319,20 @@ def _stats(server: ShoalServer, model: str) -> dict:
     return dict(json.loads(body)["model_stats"][0])
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_output_the_model_did_not_give_is_left_out(server: ShoalServer, protocol: str) -> None:
+    """As Triton's Python backend answers: the outputs the model gave, no error."""
+    mod = httpclient if protocol == "http" else grpcclient
+    url = server.url if protocol == "http" else f"127.0.0.1:{server.grpc_port}"
+    client = mod.InferenceServerClient(url)
+    x = mod.InferInput("INPUT0", [1, 4], "FP32")
+    x.set_data_from_numpy(np.full((1, 4), 3.0, np.float32))
+    asked = [mod.InferRequestedOutput("OUTPUT0"), mod.InferRequestedOutput("OUTPUT1")]
+    result = client.infer("half", [x], outputs=asked)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 4), 3.0, np.float32))
+    assert result.as_numpy("OUTPUT1") is None
+
+
 @pytest.mark.parametrize(
     ("model", "status", "message"),
     [
@@ -303,7 +342,6 @@ def _stats(server: ShoalServer, model: str) -> dict:
          "message: Number of InferenceResponse objects do not match the number of "
          "InferenceRequest objects. InferenceRequest(s) size is:1, and InferenceResponse(s) "
          "size is:0"),
-        ("half", "500", "output 'OUTPUT1' was not produced by the model"),
     ],
 )  # fmt: skip
 def test_a_model_that_fails_fails_its_requests_and_nothing_else(
@@ -384,6 +422,60 @@ def test_a_model_sees_the_request_id_and_its_own_parameters(server: ShoalServer)
     )
     seen = json.loads(result.as_numpy("ARGS")[0])
     assert seen == {"id": "r-7", "params": {"max_tokens": 5, "mode": "fast"}}
+
+
+def _logged(server: ShoalServer, line: str, count: int, timeout: float = 20.0) -> int:
+    """How often ``line`` is in the server's log once it is there ``count`` times (or
+    ``timeout`` passed)."""
+    deadline = time.monotonic() + timeout
+    while server.log().count(line) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return server.log().count(line)
+
+
+def test_a_cancelled_grpc_request_reaches_a_model_that_is_not_decoupled(
+    server: ShoalServer,
+) -> None:
+    """The client cancels while execute runs: ``request.is_cancelled()`` says so (as in
+    Triton's Python backend), the model returns early, and the instance serves on."""
+    cancels = server.log().count("waiter: cancelled")
+    waits = server.log().count("waiter: waiting 30.0 s")
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        x = grpcclient.InferInput("INPUT0", [1], "FP32")
+        x.set_data_from_numpy(np.array([30.0], np.float32))
+        answers: list[Any] = []
+        call = client.async_infer("waiter", [x], lambda result, error: answers.append(error))
+        assert _logged(server, "waiter: waiting 30.0 s", waits + 1) == waits + 1
+        started = time.monotonic()
+        call.cancel()
+        assert _logged(server, "waiter: cancelled", cancels + 1) == cancels + 1
+        assert time.monotonic() - started < 10  # (not the 30 s the model would wait)
+        x.set_data_from_numpy(np.array([0.0], np.float32))
+        assert client.infer("waiter", [x]).as_numpy("ARGS")[0] == b"not cancelled"
+    assert len(answers) == 1 and answers[0].status() == "StatusCode.CANCELLED"
+
+
+def test_an_http_client_that_hangs_up_cancels_its_request(server: ShoalServer) -> None:
+    """Its connection closed while the model runs: the model sees the request cancelled
+    (Triton's HTTP side does not tell; shoal's does), and the instance serves on."""
+    cancels = server.log().count("waiter: cancelled")
+    waits = server.log().count("waiter: waiting 30.0 s")
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [30.0]}]}
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.http_port)) as conn:
+        conn.sendall(
+            b"POST /v2/models/waiter/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assert _logged(server, "waiter: waiting 30.0 s", waits + 1) == waits + 1
+    assert _logged(server, "waiter: cancelled", cancels + 1) == cancels + 1
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.array([0.0], np.float32))
+    assert client.infer("waiter", [x]).as_numpy("ARGS")[0] == b"not cancelled"
 
 
 @pytest.mark.parametrize(

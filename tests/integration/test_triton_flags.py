@@ -48,12 +48,14 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         "--trace-config=rate=100", "--response-cache-byte-size=1048576", "--rate-limit=OFF",
         "--rate-limit-resource=R:1", "--grpc-keepalive-time=10000",
         "--grpc-keepalive-permit-without-calls=true", "--grpc-http2-max-pings-without-data=0",
+        "--grpc-max-response-pool-size=1",
     ]  # fmt: skip
     with served(repo, *flags) as srv:
         log = srv.log()
         assert "--http-thread-count=8 has no effect: shoal's frontends are event loops" in log
         assert "--cuda-memory-pool-byte-size=0:0,1:0 has no effect" in log
         assert "--trace-config=rate=100 has no effect: shoal writes no traces yet" in log
+        assert "--grpc-max-response-pool-size=1 has no effect" in log  # (L0_decoupled's)
         assert "--grpc-keepalive-time=10000 has no effect" not in log  # it has: a gRPC option
         assert "--rate-limit-resource has no effect: --rate-limit is off" in log
         assert "--response-cache-byte-size is deprecated (as in Triton)" in log
@@ -111,6 +113,7 @@ def test_strict_model_config_is_deprecated_in_tritons_words(
             "expects limit fraction to be in range [0.0, 1.0], got -0.400000",
         ),
         (["--model-load-gpu-limit=0.6"], "requires format <first>:<second>. Found: 0.6"),
+        (["--grpc-max-response-pool-size=0"], "--grpc-max-response-pool-size must be greater"),
     ],
 )
 def test_flags_shoal_cannot_honour_are_refused(repo: Path, flags: list[str], words: str) -> None:

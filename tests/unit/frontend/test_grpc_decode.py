@@ -1,5 +1,5 @@
 """A gRPC request with many BYTES elements is decoded on a worker thread, off the event
-loop (frontend/grpc_server.decode_request); others on the loop, as before."""
+loop (frontend/grpc_stream.decode_request); others on the loop, as before."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from shoal.frontend import grpc_codec
-from shoal.frontend.grpc_server import DECODE_ON_THREAD_ELEMENTS, decode_request
+from shoal.frontend.grpc_stream import DECODE_ON_THREAD_ELEMENTS, decode_request
 
 
 def _request(elements: int) -> pb.ModelInferRequest:

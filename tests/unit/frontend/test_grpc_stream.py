@@ -21,6 +21,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 from shoal.dataplane.broker_client import BrokerClient
 from shoal.dataplane.plane import DataPlane
 from shoal.frontend.grpc_server import build_server
+from shoal.frontend.grpc_stream import ends_on_error
 from shoal.ipc import messages as m
 from shoal.ipc.shm import SlabPool
 from tests.serverctl import free_ports
@@ -193,3 +194,11 @@ def test_a_stream_answers_a_model_that_is_not_decoupled_in_request_order(tmp_pat
             stand_in.close()
 
     assert asyncio.run(main()) == ["0", "1", "2"]
+
+
+def test_only_triton_grpc_error_true_asks_a_stream_to_end_on_an_error() -> None:
+    """Triton compares the header's value with "true" exactly."""
+    assert ends_on_error((("triton_grpc_error", "true"), ("user-agent", "grpc-python")))
+    for metadata in (None, (), (("triton_grpc_error", "True"),), (("triton_grpc_error", "1"),),
+                     (("triton-grpc-error", "true"),)):  # fmt: skip
+        assert not ends_on_error(metadata)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from shoal.ipc import messages as m
@@ -36,3 +37,15 @@ def test_unknown_kind_and_malformed_payload_are_refused() -> None:
         m.decode(kind, payload[:-2])
     with pytest.raises(ValueError, match="malformed"):
         m.decode(m.KINDS[m.Welcome], m.encode_payload(m.WorkerFailed("not a welcome")))
+
+
+def test_a_response_carries_its_parameters_with_their_types() -> None:
+    """A response's parameters (a Python model's) travel with it, bool, int and str kept
+    apart (msgpack's own types); without them a response is one byte longer than its
+    fields before them."""
+    plain = m.InferResponse(7, [], None, 1)
+    assert m.encode_payload(plain) == msgspec.msgpack.encode([7, [], None, 1, True, False, [], {}])
+    given = m.InferResponse(7, [], None, 1, parameters={"b": True, "i": -3, "s": "x"})
+    decoded = m.decode_response(m.encode_payload(given))
+    assert decoded.parameters == {"b": True, "i": -3, "s": "x"}
+    assert type(decoded.parameters["b"]) is bool and type(decoded.parameters["i"]) is int

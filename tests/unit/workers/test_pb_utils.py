@@ -133,3 +133,24 @@ def test_arguments_of_the_wrong_type_are_refused_as_tritons_bindings_refuse_them
     assert request.correlation_id() == "s-5"
     pb_utils.InferenceResponse(output_tensors=[])
     pb_utils.Logger.log("at a level", pb_utils.Logger.WARNING)
+
+
+def test_response_parameters_are_checked_and_read_back_as_tritons_are() -> None:
+    """``InferenceResponse(parameters=)``: a dict of str keys and bool, int or str values,
+    read back as JSON text; anything else refused in Triton's words (L0_backend_python
+    parameters)."""
+    given = {"bool": True, "str": "Hello World!", "int": 1024}
+    response = pb_utils.InferenceResponse([], parameters=given)
+    assert json.loads(response.parameters()) == given
+    assert response.parameter_values() == given
+    assert pb_utils.InferenceResponse([]).parameters() == "{}"
+    for bad, message in (
+        ([], "Expect dict, got <class 'list'>"),
+        ({1: "int key"}, "Expect parameters keys to have type str, found type <class 'int'>"),
+        ({"f": 0.5}, "values to have type bool/int/str, found type <class 'float'>"),
+        ({"n": None}, "values to have type bool/int/str, found type <class 'NoneType'>"),
+        ({"l": ["x"]}, "values to have type bool/int/str, found type <class 'list'>"),
+    ):
+        with pytest.raises(pb_utils.TritonModelException) as err:
+            pb_utils.InferenceResponse([], parameters=bad)
+        assert str(err.value) == message if bad == [] else message in str(err.value)
