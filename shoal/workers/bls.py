@@ -1,5 +1,7 @@
 """Business logic scripting: a Python model's own requests to other models
-(``pb_utils.InferenceRequest(model_name=..., ...).exec()`` and ``async_exec()``).
+(``pb_utils.InferenceRequest(model_name=..., ...).exec()`` and ``async_exec()``), and its
+model control (``pb_utils.load_model``, ``unload_model``, ``is_model_ready``: the
+repository extension's, through the broker, which refuses them outside explicit mode).
 
 The worker reaches the other models the way a frontend does, through the broker: it
 runs the data plane (shoal/dataplane/plane.py) on an event loop in a thread of its own, with
@@ -98,6 +100,29 @@ class BlsClient:
             done.set_result(_failed(err.message, err.code))
             return done
         return asyncio.run_coroutine_threadsafe(_one(dp, call), loop)
+
+    # -- model control (pb_utils.load_model, unload_model, is_model_ready) -------------
+
+    def load_model(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        """Load (or reload) a model, as the repository extension's load: back once it is
+        ready; its failure raised as ServingError."""
+        self._wait(lambda dp: dp.repository.model_control("load", name, config, files))
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        self._wait(
+            lambda dp: dp.repository.model_control("unload", name, "", {}, unload_dependents)
+        )
+
+    def is_model_ready(self, name: str, version: str) -> bool:
+        return bool(self._wait(lambda dp: dp.model_ready(name, version)))
+
+    def _wait(self, call: Any) -> Any:
+        """``call(data plane)``'s coroutine run on the loop, waited for."""
+        loop, dp = self._started()
+        try:
+            return asyncio.run_coroutine_threadsafe(call(dp), loop).result()
+        except concurrent.futures.CancelledError:  # the worker is stopping
+            raise ServingError(Code.UNAVAILABLE, _STOPPING) from None
 
     def _started(self) -> tuple[asyncio.AbstractEventLoop, DataPlane]:
         """The loop and its data plane, connected on the first call (raises ServingError

@@ -210,15 +210,19 @@ class ModelInstance:
             results = [ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")] * len(live)
         t2 = time.perf_counter_ns()
         for (pos, it, _), result in zip(live, results, strict=True):
+            asked = it.request.outputs
             if not isinstance(result, ServingError):
-                result = self.model_outputs(it, result)
+                # a requested output the model did not give is left out, as Triton's
+                # Python backend leaves it (the response has the others)
+                asked = [s for s in asked if s.name in result]
+                result = self.model_outputs(it, result, asked)
             if isinstance(result, ServingError):
                 if result.code == Code.INTERNAL:
                     log.error("%s", result.message)
                 failed.append(pos)
                 answers.append((it, error(it, result.code, result.message)))
                 continue
-            resp = self.result(it, result)
+            resp = self.result(it, result, asked)
             if resp.error is not None:
                 failed.append(pos)
             answers.append((it, resp))

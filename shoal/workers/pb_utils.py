@@ -29,9 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from shoal.ipc.errors import ServingError
+from shoal.workers.pb_metrics import Metric, MetricFamily
 from shoal.workers.pb_model_config import ModelConfig
 
-__all__ = ["ModelConfig"]  # (the rest is used by name, as Triton's module is)
+# (the rest is used by name, as Triton's module is)
+__all__ = ["Metric", "MetricFamily", "ModelConfig"]
 
 _log = logging.getLogger("shoal.worker.model")
 
@@ -283,6 +286,48 @@ def _scripting() -> Any:
     if scripting is None:
         raise TritonModelException("business logic scripting is not available outside a worker")
     return scripting
+
+
+def _control(what: str, call: Callable[[Any], Any]) -> Any:
+    """A model control call on the worker's client; its refusal as Triton's stub raises it."""
+    try:
+        return call(_scripting())
+    except ServingError as err:
+        raise TritonModelException(f"Failed to {what}: {err.message}") from None
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load or reload ``model_name`` (explicit model control mode), with an optional
+    config override (JSON text) and files (``"file:<path>"``: bytes; with a config)."""
+    _expect("load_model()", "model_name", model_name, str)
+    _expect("load_model()", "config", config, str)
+    _expect("load_model()", "files", files, (dict, type(None)))
+    for key, data in (files or {}).items():
+        _expect("load_model()", "files", key, str)
+        _expect("load_model()", "files", data, (bytes, bytearray))
+    given = {k: bytes(v) for k, v in (files or {}).items()}
+    _control("load model", lambda c: c.load_model(model_name, config, given))
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    _expect("unload_model()", "model_name", model_name, str)
+    _expect("unload_model()", "unload_dependents", unload_dependents, bool)
+    _control("unload model", lambda c: c.unload_model(model_name, unload_dependents))
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether that version (any version for "") of the model is ready."""
+    _expect("is_model_ready()", "model_name", model_name, str)
+    _expect("is_model_ready()", "model_version", model_version, str)
+    if model_version and not (model_version.isdigit() and int(model_version) > 0):
+        raise TritonModelException(
+            f"failed to get model version from specified version string '{model_version}', "
+            "version should be an integral value > 0"
+        )
+    ready: bool = _control(
+        "check model readiness", lambda c: c.is_model_ready(model_name, model_version)
+    )
+    return ready
 
 
 class InferenceResponseSender:

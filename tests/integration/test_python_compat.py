@@ -1,0 +1,454 @@
+"""Triton users' ``model.py`` files, unchanged: models written in the style of Triton's
+python_backend examples (add_sub, BLS sync and async, decoupled repeat and square,
+auto-complete, custom metrics, the model loading API), served by one server in explicit
+model control mode and called through tritonclient."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import urllib.request
+from collections.abc import Iterator
+from queue import Queue
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.serverctl import ShoalServer, served
+
+ADD_SUB = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_config = model_config = json.loads(args["model_config"])
+        output0_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT0")
+        output1_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT1")
+        self.output0_dtype = pb_utils.triton_string_to_numpy(output0_config["data_type"])
+        self.output1_dtype = pb_utils.triton_string_to_numpy(output1_config["data_type"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+            out_0, out_1 = (in_0.as_numpy() + in_1.as_numpy(), in_0.as_numpy() - in_1.as_numpy())
+            out_tensor_0 = pb_utils.Tensor("OUTPUT0", out_0.astype(self.output0_dtype))
+            out_tensor_1 = pb_utils.Tensor("OUTPUT1", out_1.astype(self.output1_dtype))
+            responses.append(
+                pb_utils.InferenceResponse(output_tensors=[out_tensor_0, out_tensor_1]))
+        return responses
+
+    def finalize(self):
+        print("Cleaning up...")
+"""
+BLS_SYNC = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            infer_request = pb_utils.InferenceRequest(
+                model_name="add_sub",
+                requested_output_names=["OUTPUT0", "OUTPUT1"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT0"),
+                        pb_utils.get_input_tensor_by_name(request, "INPUT1")])
+            infer_response = infer_request.exec()
+            if infer_response.has_error():
+                raise pb_utils.TritonModelException(infer_response.error().message())
+            responses.append(pb_utils.InferenceResponse(infer_response.output_tensors()))
+        return responses
+"""
+BLS_ASYNC = """
+import asyncio
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            inputs = [pb_utils.get_input_tensor_by_name(request, "INPUT0"),
+                      pb_utils.get_input_tensor_by_name(request, "INPUT1")]
+            calls = [pb_utils.InferenceRequest(model_name="add_sub", inputs=inputs,
+                                               requested_output_names=[name]).async_exec()
+                     for name in ("OUTPUT0", "OUTPUT1")]
+            first, second = await asyncio.gather(*calls)
+            for answer in (first, second):
+                if answer.has_error():
+                    raise pb_utils.TritonModelException(answer.error().message())
+            out_0 = pb_utils.get_output_tensor_by_name(first, "OUTPUT0")
+            out_1 = pb_utils.get_output_tensor_by_name(second, "OUTPUT1")
+            responses.append(pb_utils.InferenceResponse([out_0, out_1]))
+        return responses
+"""
+REPEAT = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.threads = []
+
+    def execute(self, requests):
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            sender = request.get_response_sender()
+            thread = threading.Thread(target=self.respond, args=(sender, values))
+            thread.start()
+            self.threads.append(thread)
+        return None
+
+    def respond(self, sender, values):
+        for idx, value in enumerate(values):
+            out = pb_utils.Tensor("OUT", np.array([value], np.int32))
+            index = pb_utils.Tensor("IDX", np.array([idx], np.uint32))
+            sender.send(pb_utils.InferenceResponse([out, index]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def finalize(self):
+        for thread in self.threads:
+            thread.join()
+"""
+SQUARE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = pb_utils.get_output_config_by_name(json.loads(args["model_config"]), "OUT")
+        self.out_dtype = pb_utils.triton_string_to_numpy(config["data_type"])
+
+    def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            sender = request.get_response_sender()
+            for _ in range(count):
+                out = pb_utils.Tensor("OUT", np.array([count], self.out_dtype))
+                sender.send(pb_utils.InferenceResponse([out]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+
+import json
+"""
+AUTO_COMPLETE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        inputs = [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]},
+                  {"name": "INPUT1", "data_type": "TYPE_FP32", "dims": [4]}]
+        outputs = [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]
+        config = auto_complete_model_config.as_dict()
+        input_names = [i["name"] for i in config["input"]]
+        for i in inputs:
+            if i["name"] not in input_names:
+                auto_complete_model_config.add_input(i)
+        for o in outputs:
+            auto_complete_model_config.add_output(o)
+        auto_complete_model_config.set_max_batch_size(4)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
+                    pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                    * pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy())])
+                for r in requests]
+"""
+CUSTOM_METRICS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        # (the families are kept: a family let go of ends its metrics, as in Triton)
+        self.requests_family = pb_utils.MetricFamily(
+            name="requests_seen", description="Requests this model has seen",
+            kind=pb_utils.MetricFamily.COUNTER)
+        self.requests = self.requests_family.Metric(labels=labels)
+        self.last_family = pb_utils.MetricFamily(
+            name="last_input_sum", description="The sum of the last request's input",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self.last = self.last_family.Metric(labels=labels)
+        self.sizes_family = pb_utils.MetricFamily(
+            name="input_sum", description="Sums of the inputs",
+            kind=pb_utils.MetricFamily.HISTOGRAM)
+        self.sizes = self.sizes_family.Metric(labels=labels, buckets=[1.0, 10.0])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            self.requests.increment(1)
+            self.last.set(float(x.sum()))
+            self.sizes.observe(float(x.sum()))
+            try:
+                self.requests.increment(-1)
+                refusal = "none"
+            except pb_utils.TritonModelException as exc:
+                refusal = str(exc)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", np.array([self.requests.value()], np.float32)),
+                pb_utils.Tensor("OUTPUT1", np.array([refusal.encode()], np.object_))]))
+        return responses
+"""
+# Each request: the model loading API's walk, as text (JSON) in OUTPUT0.
+LOADER = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+GENERATED = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y",
+                    pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 3)]) for r in requests]
+'''
+CONFIG = json.dumps({
+    "backend": "python",
+    "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}],
+    "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}],
+})
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        steps = {}
+        steps["ready_before"] = pb_utils.is_model_ready("generated")
+        try:
+            pb_utils.load_model(model_name="no_such_model")
+        except pb_utils.TritonModelException as exc:
+            steps["unknown"] = str(exc)
+        pb_utils.load_model(model_name="generated", config=CONFIG,
+                            files={"file:1/model.py": GENERATED.encode()})
+        steps["ready_after"] = pb_utils.is_model_ready(model_name="generated", model_version="1")
+        answer = pb_utils.InferenceRequest(
+            model_name="generated", requested_output_names=["Y"],
+            inputs=[pb_utils.Tensor("X", np.array([1.0, 2.0], np.float32))]).exec()
+        steps["answer"] = answer.output_tensors()[0].as_numpy().tolist()
+        pb_utils.unload_model("generated")
+        steps["ready_unloaded"] = pb_utils.is_model_ready("generated")
+        try:
+            pb_utils.is_model_ready("generated", "one")
+        except pb_utils.TritonModelException as exc:
+            steps["bad_version"] = str(exc)
+        text = np.array([json.dumps(steps).encode()], np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", text)]) for _ in requests]
+"""
+
+
+def _io(kind: str, name: str, datatype: str, dims: str) -> str:
+    return f'{kind} [ {{ name: "{name}" data_type: {datatype} dims: [ {dims} ] }} ]'
+
+
+def _pair(prefix: str, datatype: str = "TYPE_FP32", dims: str = "4") -> str:
+    return (
+        f'{{ name: "{prefix}0" data_type: {datatype} dims: [ {dims} ] }}, '
+        f'{{ name: "{prefix}1" data_type: {datatype} dims: [ {dims} ] }}'
+    )
+
+
+ADD_SUB_IO = f"input [ {_pair('INPUT')} ]\noutput [ {_pair('OUTPUT')} ]"
+DECOUPLED = "model_transaction_policy { decoupled: true }"
+MODELS: dict[str, tuple[str, str]] = {
+    "add_sub": (ADD_SUB, ADD_SUB_IO),
+    "bls_sync": (BLS_SYNC, ADD_SUB_IO),
+    "bls_async": (BLS_ASYNC, ADD_SUB_IO),
+    "repeat_int32": (
+        REPEAT,
+        "\n".join(
+            [
+                _io("input", "IN", "TYPE_INT32", "-1"),
+                'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, '
+                '{ name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]',
+                DECOUPLED,
+            ]
+        ),
+    ),
+    "square_int32": (
+        SQUARE,
+        "\n".join(
+            [
+                _io("input", "IN", "TYPE_INT32", "1"),
+                _io("output", "OUT", "TYPE_INT32", "1"),
+                DECOUPLED,
+            ]
+        ),
+    ),
+    "auto_complete": (AUTO_COMPLETE, _io("input", "INPUT0", "TYPE_FP32", "4")),
+    "custom_metrics": (
+        CUSTOM_METRICS,
+        "\n".join(
+            [
+                _io("input", "INPUT0", "TYPE_FP32", "4"),
+                'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }, '
+                '{ name: "OUTPUT1" data_type: TYPE_STRING dims: [ 1 ] } ]',
+            ]
+        ),
+    ),
+    "loader": (
+        LOADER,
+        "\n".join(
+            [_io("input", "INPUT0", "TYPE_FP32", "1"), _io("output", "OUTPUT0", "TYPE_STRING", "1")]
+        ),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+    repo = tmp_path_factory.mktemp("python-compat")
+    for name, (source, io) in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n{io}\n')
+    loads = [f"--load-model={name}" for name in MODELS]
+    with served(repo, "--model-control-mode=explicit", *loads) as srv:
+        yield srv
+
+
+def _add_sub_inputs(module: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    a = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    b = np.array([0.5, 0.5, 1.0, 1.0], np.float32)
+    inputs = [module.InferInput("INPUT0", [4], "FP32"), module.InferInput("INPUT1", [4], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs, a, b
+
+
+@pytest.mark.parametrize("model", ["add_sub", "bls_sync", "bls_async"])
+def test_add_sub_and_its_bls_callers(server: ShoalServer, model: str) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    inputs, a, b = _add_sub_inputs(httpclient)
+    result = client.infer(model, inputs)
+    assert result.as_numpy("OUTPUT0").tolist() == (a + b).tolist()
+    assert result.as_numpy("OUTPUT1").tolist() == (a - b).tolist()
+
+
+def _stream(server: ShoalServer, model: str, values: np.ndarray) -> list[Any]:
+    """The responses of one streamed request (up to the final flag's)."""
+    answers: Queue[Any] = Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    x = grpcclient.InferInput("IN", list(values.shape), "INT32")
+    x.set_data_from_numpy(values)
+    client.async_stream_infer(model, [x], enable_empty_final_response=True)
+    out = []
+    while True:
+        got = answers.get(timeout=30)
+        assert not isinstance(got, Exception), got
+        if got.get_response().parameters["triton_final_response"].bool_param:
+            break
+        out.append(got)
+    client.stop_stream()
+    client.close()
+    return out
+
+
+def test_decoupled_repeat_and_square(server: ShoalServer) -> None:
+    repeated = _stream(server, "repeat_int32", np.array([4, 2, 0, 1], np.int32))
+    assert [(r.as_numpy("OUT")[0], r.as_numpy("IDX")[0]) for r in repeated] == [
+        (4, 0), (2, 1), (0, 2), (1, 3)
+    ]  # fmt: skip
+    squared = _stream(server, "square_int32", np.array([3], np.int32))
+    assert [r.as_numpy("OUT").tolist() for r in squared] == [[3]] * 3
+
+
+def test_auto_complete_sets_inputs_outputs_batching(server: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    config = client.get_model_config("auto_complete")
+    assert config["max_batch_size"] == 4 and "dynamic_batching" in config
+    assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]
+    assert [o["name"] for o in config["output"]] == ["OUTPUT0"]
+    inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+    for x in inputs:
+        x.set_data_from_numpy(np.full((1, 4), 3.0, np.float32))
+    assert client.infer("auto_complete", inputs).as_numpy("OUTPUT0").tolist() == [[9.0] * 4]
+
+
+def _metrics(server: ShoalServer) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_custom_metrics_are_on_the_metrics_page_beside_tritons(server: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    for value, seen in ((1.0, 1.0), (0.5, 2.0)):
+        x = httpclient.InferInput("INPUT0", [4], "FP32")
+        x.set_data_from_numpy(np.full(4, value, np.float32))
+        result = client.infer("custom_metrics", [x])
+        assert result.as_numpy("OUTPUT0").tolist() == [seen]
+    refusal = result.as_numpy("OUTPUT1")[0].decode()
+    assert refusal == (
+        "Failed to increment metric value: TRITONSERVER_METRIC_KIND_COUNTER can only be "
+        "incremented monotonically by non-negative values."
+    )
+    families = _metrics(server)
+    assert "nv_inference_request_success" in families
+    labels = {"model": "custom_metrics", "version": "1"}
+    counter, gauge, histogram = (
+        families["requests_seen"], families["last_input_sum"], families["input_sum"]
+    )  # fmt: skip
+    assert (counter.type, counter.documentation) == ("counter", "Requests this model has seen")
+    assert [(s.labels, s.value) for s in counter.samples] == [(labels, 2.0)]
+    assert [(s.labels, s.value) for s in gauge.samples] == [(labels, 2.0)]
+    by_name = {(s.name, s.labels.get("le")): s.value for s in histogram.samples}
+    assert by_name == {
+        ("input_sum_count", None): 2.0,
+        ("input_sum_sum", None): 6.0,
+        ("input_sum_bucket", "1"): 0.0,  # (le as Triton writes it)
+        ("input_sum_bucket", "10"): 2.0,
+        ("input_sum_bucket", "+Inf"): 2.0,
+    }
+
+
+def test_unloading_a_model_takes_its_metrics_off_the_page(server: ShoalServer) -> None:
+    assert "requests_seen" in _metrics(server)
+    client = httpclient.InferenceServerClient(server.url)
+    client.unload_model("custom_metrics")
+    try:
+        assert "requests_seen" not in _metrics(server)
+    finally:
+        client.load_model("custom_metrics")
+    assert [s.value for s in _metrics(server)["requests_seen"].samples] == [0.0]
+
+
+def test_a_model_loads_calls_and_unloads_another(server: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.zeros(1, np.float32))
+    steps = json.loads(client.infer("loader", [x]).as_numpy("OUTPUT0")[0])
+    assert steps == {
+        "ready_before": False,
+        "unknown": "Failed to load model: failed to load 'no_such_model', failed to poll "
+        "from model repository",
+        "ready_after": True,
+        "answer": [3.0, 6.0],
+        "ready_unloaded": False,
+        "bad_version": "failed to get model version from specified version string 'one', "
+        "version should be an integral value > 0",
+    }
+    assert not client.is_model_ready("generated")
