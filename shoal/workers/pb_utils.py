@@ -12,8 +12,10 @@ BYTES as object arrays of ``bytes``, as Triton's Python backend gives them.
 A decoupled model's requests carry response senders (``get_response_sender()``): the
 worker gives each request one (``InferenceResponseSender``) that sends each response as it
 is given, from any thread. A model's own ``InferenceRequest(model_name=..., ...).exec()``
-(business logic scripting) goes through the worker's ``scripting`` (shoal/workers/bls.py). Not
-here: DLPack and GPU tensors; those raise TritonModelException saying so.
+(business logic scripting) goes through the worker's ``scripting`` (shoal/workers/bls.py), and
+so do ``load_model``, ``unload_model`` and ``is_model_ready``. ``MetricFamily`` and ``Metric``
+are shoal/workers/pb_metrics.py's. Not here: DLPack and GPU tensors; those raise
+TritonModelException saying so.
 """
 
 from __future__ import annotations

@@ -26,7 +26,10 @@ As Triton's Python backend:
   before ``initialize`` when auto-complete is on (``auto_complete``): what it sets is the
   model's config (shoal/workers/pb_model_config.py says what it may set).
 
-Not here: custom execution environments (the model runs in the server's Python).
+* ``EXECUTION_ENV_PATH`` (a conda-pack or venv tarball, or a folder): the worker runs in
+  that environment's interpreter, exec'd before it connects (shoal/workers/python_env.py).
+* ``pb_utils.MetricFamily`` / ``Metric`` (shoal/workers/pb_metrics.py), and
+  ``load_model`` / ``unload_model`` / ``is_model_ready`` (shoal/workers/bls.py).
 """
 
 from __future__ import annotations

@@ -6,9 +6,13 @@ model control mode and called through tritonclient."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import tarfile
 import textwrap
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from queue import Queue
 from typing import Any
 
@@ -17,6 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
 from tests.serverctl import ShoalServer, served
 
@@ -256,6 +261,23 @@ class TritonPythonModel:
         text = np.array([json.dumps(steps).encode()], np.object_)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", text)]) for _ in requests]
 """
+# Where it runs: its interpreter's prefix, a module of its environment's own.
+IN_ENV = """
+import sys
+import numpy as np
+import env_marker
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        text = np.array([sys.prefix.encode(), env_marker.VALUE.encode()], np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", text)]) for _ in requests]
+"""
+ENV_PARAMETER = (
+    'parameters { key: "EXECUTION_ENV_PATH" '
+    'value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }'
+)
 
 
 def _io(kind: str, name: str, datatype: str, dims: str) -> str:
@@ -313,18 +335,49 @@ MODELS: dict[str, tuple[str, str]] = {
             [_io("input", "INPUT0", "TYPE_FP32", "1"), _io("output", "OUTPUT0", "TYPE_STRING", "1")]
         ),
     ),
+    "in_env": (
+        IN_ENV,
+        "\n".join(
+            [
+                _io("input", "INPUT0", "TYPE_FP32", "1"),
+                _io("output", "OUTPUT0", "TYPE_STRING", "2"),
+                ENV_PARAMETER,
+            ]
+        ),
+    ),
 }
+#: Asked for at load by the tests: an environment missing, one that is no archive.
+ENV_FAILURES = ("env_missing", "env_broken")
+
+
+def _venv_tarball(into: Path, work: Path) -> None:
+    """A small venv (no pip) with a module of its own, as ``env.tar.gz``."""
+    env = work / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    (site,) = env.glob("lib/python3.*/site-packages")
+    (site / "env_marker.py").write_text('VALUE = "from the environment"\n')
+    with tarfile.open(into / "env.tar.gz", "w:gz") as archive:
+        archive.add(env, arcname=".")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+def env_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("python-envs")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, env_cache: Path) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("python-compat")
-    for name, (source, io) in MODELS.items():
+    models = {**MODELS, **{name: MODELS["in_env"] for name in ENV_FAILURES}}
+    for name, (source, io) in models.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
         (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n{io}\n')
+    _venv_tarball(repo / "in_env", tmp_path_factory.mktemp("venv"))
+    (repo / "env_broken" / "env.tar.gz").write_bytes(b"not an archive")
     loads = [f"--load-model={name}" for name in MODELS]
-    with served(repo, "--model-control-mode=explicit", *loads) as srv:
+    env = {"SHOAL_PYTHON_ENV_CACHE": str(env_cache)}
+    with served(repo, "--model-control-mode=explicit", *loads, env=env) as srv:
         yield srv
 
 
@@ -452,3 +505,33 @@ def test_a_model_loads_calls_and_unloads_another(server: ShoalServer) -> None:
         "version should be an integral value > 0",
     }
     assert not client.is_model_ready("generated")
+
+
+def test_a_model_runs_in_its_execution_environment(server: ShoalServer, env_cache: Path) -> None:
+    """EXECUTION_ENV_PATH: its tarball unpacked once in the cache, the model's worker run
+    by that environment's Python (its own modules first, numpy from the server's)."""
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.zeros(1, np.float32))
+    prefix, marker = client.infer("in_env", [x]).as_numpy("OUTPUT0")
+    (unpacked,) = [p for p in env_cache.iterdir() if not p.name.startswith(".")]
+    assert Path(prefix.decode()) == unpacked
+    assert marker == b"from the environment"
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        ("env_missing", "/env.tar.gz': no such file or directory"),
+        ("env_broken", "/env.tar.gz' cannot be unpacked: "),
+    ],
+)
+def test_an_environment_that_cannot_be_used_fails_the_load(
+    server: ShoalServer, model: str, reason: str
+) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException) as err:
+        client.load_model(model)
+    assert f"EXECUTION_ENV_PATH '{server.repo}/{model}" in err.value.message()
+    assert reason in err.value.message()
+    assert not client.is_model_ready(model)
