@@ -43,6 +43,7 @@ from shoal.ipc import datatypes
 from shoal.ipc.errors import Code, ServingError
 from shoal.ipc.shm import SlabPool
 from shoal.workers import pb_utils
+from shoal.workers.tensors import on_host
 
 log = logging.getLogger("shoal.worker.bls")
 
@@ -249,7 +250,7 @@ def _request(req: pb_utils.InferenceRequest) -> ClientRequest:
     """A pb_utils request as the data plane takes a client's."""
     inputs = []
     for t in req.inputs():
-        arr = t.as_numpy()
+        arr = on_host(t.data())  # (a GPU tensor goes through the host)
         if arr.dtype.kind in "OSU":
             name, data = "BYTES", datatypes.serialize_bytes(arr.reshape(-1))
         else:

@@ -373,7 +373,7 @@ class ModelInstance:
             err = response.error()
             info = m.ErrorInfo(int(error_code(err.code())), str(err.message()))
             return m.InferResponse(item.request.req_id, [], info, version, final=final)
-        given = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        given = {t.name(): t.data() for t in response.output_tensors()}
         asked = [s for s in item.request.outputs if s.name in given]
         checked = self.model_outputs(item, given, asked)
         if isinstance(checked, ServingError):

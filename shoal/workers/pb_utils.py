@@ -14,8 +14,8 @@ worker gives each request one (``InferenceResponseSender``) that sends each resp
 is given, from any thread. A model's own ``InferenceRequest(model_name=..., ...).exec()``
 (business logic scripting) goes through the worker's ``scripting`` (shoal/workers/bls.py), and
 so do ``load_model``, ``unload_model`` and ``is_model_ready``. ``MetricFamily`` and ``Metric``
-are shoal/workers/pb_metrics.py's. Not here: DLPack and GPU tensors; those raise
-TritonModelException saying so.
+are shoal/workers/pb_metrics.py's; DLPack (``Tensor.from_dlpack``, ``to_dlpack``) is
+shoal/workers/pb_dlpack.py's.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from shoal.ipc.errors import ServingError
+from shoal.workers import pb_dlpack
 from shoal.workers.pb_metrics import Metric, MetricFamily
 from shoal.workers.pb_model_config import ModelConfig
 
@@ -101,6 +102,12 @@ def _expect(where: str, arg: str, value: Any, types: type | tuple[type, ...]) ->
 
 
 class Tensor:
+    """A tensor of a request or response: a numpy array in host memory, or (``from_dlpack``
+    of GPU memory, a KIND_GPU instance's inputs that stay on the GPU) a cupy array in
+    device memory, for which ``is_cpu()`` is False and ``as_numpy()`` refuses."""
+
+    _device: Any = None  # the cupy array of a tensor in GPU memory
+
     def __init__(self, name: str, data: Any) -> None:
         _expect("Tensor()", "name", name, str)
         if data is None:
@@ -117,29 +124,63 @@ class Tensor:
                 array.shape
             )
         self._name = name
-        self._array = array
+        self._array: np.ndarray | None = array
+
+    @classmethod
+    def _on_device(cls, name: str, array: Any) -> Tensor:
+        """A tensor over a cupy array (the worker's, and ``from_dlpack``'s)."""
+        tensor = cls.__new__(cls)
+        tensor._name, tensor._array, tensor._device = name, None, array
+        return tensor
 
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._array is None:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
         return self._array
 
+    def data(self) -> Any:
+        """The numpy array, or the cupy array of a tensor in GPU memory (the worker's)."""
+        return self._array if self._array is not None else self._device
+
     def shape(self) -> list[int]:
-        return list(self._array.shape)
+        return list(self.data().shape)
 
     def triton_dtype(self) -> int | None:
-        return numpy_to_triton_type(self._array.dtype)
+        return numpy_to_triton_type(self.data().dtype)
 
     def is_cpu(self) -> bool:
-        return True
+        return self._array is not None
 
     def to_dlpack(self) -> Any:
-        raise TritonModelException("DLPack tensors are not supported by this server")
+        """A DLPack capsule of this tensor's memory (no copy)."""
+        try:
+            return pb_dlpack.exported(self._array, self._device)
+        except ValueError as exc:
+            raise TritonModelException(str(exc)) from None
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self._array is not None:
+            return (pb_dlpack.KDL_CPU, 0)
+        return (pb_dlpack.KDL_CUDA, int(self._device.device.id))
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
-        raise TritonModelException("DLPack tensors are not supported by this server")
+        """A tensor over a DLPack capsule's memory, or a ``__dlpack__`` object's (torch,
+        cupy, numpy...), with no copy: C-contiguous ones only, as Triton takes them."""
+        _expect("Tensor.from_dlpack()", "name", name, str)
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        try:
+            host, on_device = pb_dlpack.imported(capsule)
+        except ValueError as exc:
+            raise TritonModelException(str(exc)) from None
+        return Tensor(name, host) if host is not None else Tensor._on_device(name, on_device)
 
 
 def _as_bytes(v: Any) -> bytes:

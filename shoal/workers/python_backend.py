@@ -75,6 +75,7 @@ def error_code(code: int) -> Code:
     return _CODES.get(code, Code.INTERNAL)
 
 
+_FORCE_CPU = "FORCE_CPU_ONLY_INPUT_TENSORS"
 #: What Triton's Python backend refuses in a stub's name (the model's, for its
 #: auto-complete stub; the instance's): the characters a shell would act on.
 _INVALID_NAME_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
@@ -120,6 +121,7 @@ class PythonBackend:
         self.name = ""
         self.instance_name = ""
         self.decoupled = False  # its config's model_transaction_policy
+        self.gpu_inputs = False  # inputs in CUDA shared memory stay on the GPU
         self._loop: _EventLoop | None = None  # made for the first async execute
         self._cls: Any = None  # TritonPythonModel, once imported
 
@@ -177,6 +179,10 @@ class PythonBackend:
         the worker first (Triton's <group>_<k>)."""
         self.name = config.name
         self.decoupled = bool(config.model_transaction_policy.decoupled)
+        force_cpu = (
+            config.parameters[_FORCE_CPU].string_value if _FORCE_CPU in config.parameters else ""
+        )
+        self.gpu_inputs = gpu and force_cpu.strip().lower() in ("no", "false", "0", "off")
         _check_stub_name(self.instance_name or config.name)
         cls = self._model_class(model_file)
         self.model = cls()
@@ -231,7 +237,7 @@ class PythonBackend:
         # shared memory (a client's region, the frontend's slab), or read-only bytes.
         return [
             pb_utils.InferenceRequest(
-                [pb_utils.Tensor(n, np.array(on_host(a), copy=True)) for n, a in tensors.items()],
+                [self._input(n, a) for n, a in tensors.items()],
                 [o.name for o in req.outputs],
                 request_id=req.request_id,
                 correlation_id=req.sequence_id,
@@ -242,6 +248,14 @@ class PythonBackend:
             )
             for i, (req, tensors) in enumerate(items)
         ]
+
+    def _input(self, name: str, array: Any) -> pb_utils.Tensor:
+        """The model's own copy of an input: on the GPU for a KIND_GPU instance whose
+        config sets FORCE_CPU_ONLY_INPUT_TENSORS "no", where the client sent it in CUDA
+        shared memory (a cupy array); in host memory otherwise."""
+        if self.gpu_inputs and hasattr(array, "__cuda_array_interface__"):
+            return pb_utils.Tensor._on_device(name, array.copy())
+        return pb_utils.Tensor(name, np.array(on_host(array), copy=True))
 
     def execute_decoupled(self, requests: list[Any]) -> str | None:
         """A decoupled model's ``execute``: its responses go through the requests'
@@ -337,7 +351,7 @@ class PythonBackend:
             if err is not None:
                 out.append(ServingError(error_code(err.code()), err.message()))
                 continue
-            out.append({t.name(): t.as_numpy() for t in resp.output_tensors()})
+            out.append({t.name(): t.data() for t in resp.output_tensors()})
         return out
 
     def _all_fail(self, message: str, count: int) -> list[dict[str, np.ndarray] | ServingError]:

@@ -216,6 +216,27 @@ class TritonPythonModel:
                 pb_utils.Tensor("OUTPUT1", np.array([refusal.encode()], np.object_))]))
         return responses
 """
+# add_sub through torch, zero-copy both ways (Triton's dlpack_add_sub example's style);
+# OUTPUT1 from a __dlpack__ object, OUTPUT0 from a capsule.
+DLPACK_ADD_SUB = """
+import torch
+from torch.utils.dlpack import from_dlpack, to_dlpack
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+            assert in_0.is_cpu() and in_1.is_cpu()
+            a, b = from_dlpack(in_0.to_dlpack()), torch.from_dlpack(in_1)
+            out_0 = pb_utils.Tensor.from_dlpack("OUTPUT0", to_dlpack(a + b))
+            out_1 = pb_utils.Tensor.from_dlpack("OUTPUT1", a - b)
+            responses.append(pb_utils.InferenceResponse([out_0, out_1]))
+        return responses
+"""
 # Each request: the model loading API's walk, as text (JSON) in OUTPUT0.
 LOADER = """
 import json
@@ -297,6 +318,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "add_sub": (ADD_SUB, ADD_SUB_IO),
     "bls_sync": (BLS_SYNC, ADD_SUB_IO),
     "bls_async": (BLS_ASYNC, ADD_SUB_IO),
+    "dlpack_add_sub": (DLPACK_ADD_SUB, ADD_SUB_IO),
     "repeat_int32": (
         REPEAT,
         "\n".join(
@@ -390,7 +412,7 @@ def _add_sub_inputs(module: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
     return inputs, a, b
 
 
-@pytest.mark.parametrize("model", ["add_sub", "bls_sync", "bls_async"])
+@pytest.mark.parametrize("model", ["add_sub", "bls_sync", "bls_async", "dlpack_add_sub"])
 def test_add_sub_and_its_bls_callers(server: ShoalServer, model: str) -> None:
     client = httpclient.InferenceServerClient(server.url)
     inputs, a, b = _add_sub_inputs(httpclient)
