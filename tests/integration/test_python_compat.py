@@ -237,6 +237,24 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([out_0, out_1]))
         return responses
 """
+# What a request says of itself: its id, correlation id (with its type), flags, parameters.
+REQUEST_INFO = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            corrid = request.correlation_id()
+            info = {"id": request.request_id(), "corrid": [type(corrid).__name__, corrid],
+                    "flags": request.flags(), "parameters": json.loads(request.parameters())}
+            text = np.array([json.dumps(info).encode()], np.object_)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", text)]))
+        return responses
+"""
 # Each request: the model loading API's walk, as text (JSON) in OUTPUT0.
 LOADER = """
 import json
@@ -357,6 +375,16 @@ MODELS: dict[str, tuple[str, str]] = {
             [_io("input", "INPUT0", "TYPE_FP32", "1"), _io("output", "OUTPUT0", "TYPE_STRING", "1")]
         ),
     ),
+    "request_info": (
+        REQUEST_INFO,
+        "\n".join(
+            [
+                _io("input", "INPUT0", "TYPE_FP32", "1"),
+                _io("output", "OUTPUT0", "TYPE_STRING", "1"),
+                "sequence_batching { }",
+            ]
+        ),
+    ),
     "in_env": (
         IN_ENV,
         "\n".join(
@@ -439,6 +467,29 @@ def _stream(server: ShoalServer, model: str, values: np.ndarray) -> list[Any]:
     client.stop_stream()
     client.close()
     return out
+
+
+@pytest.mark.parametrize(
+    ("sequence_id", "start", "end", "flags"), [(7, True, False, 1), ("seq-a", True, True, 3)]
+)
+def test_request_id_correlation_id_of_either_type_flags_and_parameters(
+    server: ShoalServer, sequence_id: int | str, start: bool, end: bool, flags: int
+) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.zeros(1, np.float32))
+    result = client.infer(
+        "request_info", [x], request_id="r-1", sequence_id=sequence_id, sequence_start=start,
+        sequence_end=end, parameters={"temperature": 0.5, "mode": "fast"},
+    )  # fmt: skip
+    info = json.loads(result.as_numpy("OUTPUT0")[0])
+    kind = type(sequence_id).__name__
+    assert info == {
+        "id": "r-1",
+        "corrid": [kind, sequence_id],
+        "flags": flags,
+        "parameters": {"temperature": 0.5, "mode": "fast"},
+    }
 
 
 def test_decoupled_repeat_and_square(server: ShoalServer) -> None:
