@@ -1,9 +1,10 @@
 """``pb_utils.MetricFamily`` and ``Metric``: a Python model's own Prometheus metrics
 (counters, gauges, histograms), with Triton's semantics and words.
 
-The worker's registry holds them; after each change it writes them all to the worker's
-snapshot file, which the frontends read at each scrape (shoal/ipc/custom_metrics.py), so
-the next scrape shows a change at once. As in Triton:
+The worker's registry holds them and writes them all to the worker's snapshot file, which
+the frontends read at each scrape (shoal/ipc/custom_metrics.py): after each batch, before
+its answers go out, and within FLUSH_DELAY_S of a change made between batches. As in
+Triton:
 
 * ``MetricFamily(name, description, kind)`` of a name the registry has returns that
   family (its first description kept); of another kind, it is refused.
@@ -22,6 +23,7 @@ page sums the instances' counters (shoal/ipc/custom_metrics.py).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import re
@@ -86,20 +88,51 @@ class _Family:
         self.holders = 0  # MetricFamily objects of it
 
 
+#: How long changes made outside a batch (a model's own threads, ``initialize``) may wait
+#: to be written: a burst of them is written once.
+FLUSH_DELAY_S = 0.02
+
+
 class Registry:
-    """The worker's families; ``publish`` (set by the worker) gets a snapshot after each
-    change."""
+    """The worker's families. A change marks it ``dirty``; ``flush`` writes a snapshot to
+    ``publish`` (set by the worker). The worker flushes after each batch, before its
+    answers go out (a client holding an answer finds its metrics on the next scrape), and
+    a thread of its own flushes changes made between batches within FLUSH_DELAY_S."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.families: dict[str, _Family] = {}
         self.publish: Callable[[cm.Snapshot], None] | None = None
         self.pid = 0
+        self.dirty = False
+        self._written = threading.Lock()  # one write at a time, the newest last
+        self._wake = threading.Event()
 
     def changed(self) -> None:
-        """(Under ``lock``.) Tell the snapshot's reader."""
-        if self.publish is not None:
-            self.publish(self.snapshot())
+        """(Under ``lock``.) Mark the registry for the next flush."""
+        self.dirty = True
+        if self.publish is not None and not self._wake.is_set():
+            self._wake.set()
+
+    def flush(self) -> None:
+        """Write the registry if it changed since the last write."""
+        with self._written:
+            with self.lock:
+                if not self.dirty or self.publish is None:
+                    return
+                self.dirty = False
+                snap, publish = self.snapshot(), self.publish
+            publish(snap)
+
+    def flush_soon(self) -> None:
+        """The flushing thread's loop: a change, a short wait for the rest of its burst,
+        a write."""
+        while True:
+            self._wake.wait()
+            time.sleep(FLUSH_DELAY_S)
+            self._wake.clear()
+            with contextlib.suppress(OSError):  # (the next change tries again)
+                self.flush()
 
     def snapshot(self) -> cm.Snapshot:
         with self.lock:
@@ -120,14 +153,23 @@ registry = Registry()
 
 
 def publish_to(path: Path, pid: int) -> None:
-    """Write the registry to ``path`` after each change (the worker's, at load)."""
-    registry.pid = pid
-    registry.publish = lambda snap: cm.write(path, snap)
+    """Write the registry to ``path`` when it changes (the worker's, at load)."""
+    reg = registry
+    with reg.lock:
+        reg.pid = pid
+        reg.publish = lambda snap: cm.write(path, snap)
+        reg.dirty = True  # (an empty file says this worker has none)
+    threading.Thread(target=reg.flush_soon, name="metrics", daemon=True).start()
+    reg.flush()
+
+
+def flush() -> None:
+    registry.flush()
 
 
 def stop_publishing() -> None:
     """No more writes (the worker is stopping: it removes its file)."""
-    with registry.lock:
+    with registry._written, registry.lock:
         registry.publish = None
 
 

@@ -28,6 +28,7 @@ def published(tmp_path: Path) -> Iterator[Path]:
 
 
 def _page(runtime_dir: Path) -> str:
+    pb_metrics.flush()  # (the worker's, after each batch)
     t = Text()
     custom_families(t, cm.merge(cm.read_all(runtime_dir)))
     return t.render()
@@ -135,9 +136,23 @@ def test_merge_sums_counters_keeps_the_last_gauge_and_the_first_family() -> None
     assert kept.kind == "gauge" and kept.metrics[0].value == 2
 
 
+def test_changes_are_written_at_a_flush_once() -> None:
+    counts = pb.MetricFamily("n", "d", pb.MetricFamily.COUNTER)
+    written: list[cm.Snapshot] = []
+    pb_metrics.registry.publish = written.append
+    pb_metrics.flush()
+    metric = counts.Metric()
+    for _ in range(100):
+        metric.increment(1)
+    pb_metrics.flush()
+    pb_metrics.flush()  # (nothing changed since)
+    assert len(written) == 2 and written[-1].families[0].metrics[0].value == 100
+
+
 def test_a_dead_workers_snapshot_is_not_shown_and_is_swept(tmp_path: Path) -> None:
+    runtime = tmp_path / "another-server"
     dead = 2**22 + 12345  # above pid_max's default: no process has it
-    path = cm.snapshot_path(tmp_path, dead)
+    path = cm.snapshot_path(runtime, dead)
     cm.write(path, _snap(dead, "counter", 1, 1))
-    assert cm.read_all(tmp_path) == []
-    assert cm.sweep(tmp_path) == [path] and not path.exists()
+    assert cm.read_all(runtime) == []
+    assert cm.sweep(runtime) == [path] and not path.exists()
