@@ -14,8 +14,9 @@ responses); its error comes back in the response (``has_error()``), never raised
 Started on a model's first request, so a worker whose model never calls another costs
 nothing. A model that calls its own model waits for an instance of it: with one
 instance, for ever, as in Triton, until the execution timeout (--model-execution-timeout-
-secs, which counts the wait) kills the instance. BF16 has no numpy type: a uint16 input
-is sent as UINT16, and a BF16 output comes back as uint16.
+secs, which counts the wait) kills the instance. BF16 tensors (``from_dlpack`` of a
+bfloat16 tensor) go as BF16, and a BF16 output comes back as one (DLPack only, as in
+Triton); a plain uint16 array goes as UINT16.
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ def _request(req: pb_utils.InferenceRequest) -> ClientRequest:
         if arr.dtype.kind in "OSU":
             name, data = "BYTES", datatypes.serialize_bytes(arr.reshape(-1))
         else:
-            name = _V2_NAMES.get(np.dtype(arr.dtype).newbyteorder("<"), "")
+            name = "BF16" if t._bf16 else _V2_NAMES.get(np.dtype(arr.dtype).newbyteorder("<"), "")
             if not name:
                 raise ServingError(
                     Code.INVALID_ARG,
@@ -346,5 +347,5 @@ def _response(result: InferenceResult) -> pb_utils.InferenceResponse:
             arr = values.reshape(o.shape)
         else:
             arr = np.frombuffer(o.data, dtype=dt.numpy).reshape(o.shape).copy()
-        tensors.append(pb_utils.Tensor(o.name, arr))
+        tensors.append(pb_utils.Tensor._of(o.name, arr, None, dt.name == "BF16"))
     return pb_utils.InferenceResponse(tensors)

@@ -107,6 +107,7 @@ class Tensor:
     device memory, for which ``is_cpu()`` is False and ``as_numpy()`` refuses."""
 
     _device: Any = None  # the cupy array of a tensor in GPU memory
+    _bf16 = False  # its arrays hold BF16 bits as uint16 (numpy has no bfloat16)
 
     def __init__(self, name: str, data: Any) -> None:
         _expect("Tensor()", "name", name, str)
@@ -127,10 +128,12 @@ class Tensor:
         self._array: np.ndarray | None = array
 
     @classmethod
-    def _on_device(cls, name: str, array: Any) -> Tensor:
-        """A tensor over a cupy array (the worker's, and ``from_dlpack``'s)."""
-        tensor = cls.__new__(cls)
-        tensor._name, tensor._array, tensor._device = name, None, array
+    def _of(cls, name: str, host: np.ndarray | None, on_device: Any, bf16: bool) -> Tensor:
+        """A tensor over a numpy or a cupy array (the worker's, and ``from_dlpack``'s);
+        ``bf16``: the array holds BF16 bits as uint16."""
+        tensor = cls(name, host) if host is not None else cls.__new__(cls)
+        tensor._name, tensor._array, tensor._device = name, host, on_device
+        tensor._bf16 = bf16
         return tensor
 
     def name(self) -> str:
@@ -139,6 +142,8 @@ class Tensor:
     def as_numpy(self) -> np.ndarray:
         if self._array is None:
             raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
+        if self._bf16:
+            raise TritonModelException(pb_dlpack.BF16_TO_NUMPY)
         return self._array
 
     def data(self) -> Any:
@@ -149,7 +154,7 @@ class Tensor:
         return list(self.data().shape)
 
     def triton_dtype(self) -> int | None:
-        return numpy_to_triton_type(self.data().dtype)
+        return 14 if self._bf16 else numpy_to_triton_type(self.data().dtype)  # (TYPE_BF16)
 
     def is_cpu(self) -> bool:
         return self._array is not None
@@ -157,7 +162,7 @@ class Tensor:
     def to_dlpack(self) -> Any:
         """A DLPack capsule of this tensor's memory (no copy)."""
         try:
-            return pb_dlpack.exported(self._array, self._device)
+            return pb_dlpack.exported(self._array, self._device, self._bf16)
         except ValueError as exc:
             raise TritonModelException(str(exc)) from None
 
@@ -177,10 +182,10 @@ class Tensor:
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
         try:
-            host, on_device = pb_dlpack.imported(capsule)
+            host, on_device, bf16 = pb_dlpack.imported(capsule)
         except ValueError as exc:
             raise TritonModelException(str(exc)) from None
-        return Tensor(name, host) if host is not None else Tensor._on_device(name, on_device)
+        return Tensor._of(name, host, on_device, bf16)
 
 
 def _as_bytes(v: Any) -> bytes:

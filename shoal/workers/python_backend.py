@@ -49,7 +49,12 @@ from typing import Any
 
 import numpy as np
 
-from shoal.configs.model_config import config_to_json, fill_preferred_batch_size, parse_config_json
+from shoal.configs.model_config import (
+    config_to_json,
+    fill_preferred_batch_size,
+    parse_config_json,
+    v2_datatype,
+)
 from shoal.configs.schema import ConfigError
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
@@ -122,6 +127,7 @@ class PythonBackend:
         self.instance_name = ""
         self.decoupled = False  # its config's model_transaction_policy
         self.gpu_inputs = False  # inputs in CUDA shared memory stay on the GPU
+        self.bf16_inputs: set[str] = set()  # (their tensors refuse as_numpy, as Triton's)
         self._loop: _EventLoop | None = None  # made for the first async execute
         self._cls: Any = None  # TritonPythonModel, once imported
 
@@ -182,6 +188,7 @@ class PythonBackend:
         force_cpu = (
             config.parameters[_FORCE_CPU].string_value if _FORCE_CPU in config.parameters else ""
         )
+        self.bf16_inputs = {i.name for i in config.input if v2_datatype(i.data_type) == "BF16"}
         self.gpu_inputs = gpu and force_cpu.strip().lower() in ("no", "false", "0", "off")
         _check_stub_name(self.instance_name or config.name)
         cls = self._model_class(model_file)
@@ -253,9 +260,10 @@ class PythonBackend:
         """The model's own copy of an input: on the GPU for a KIND_GPU instance whose
         config sets FORCE_CPU_ONLY_INPUT_TENSORS "no", where the client sent it in CUDA
         shared memory (a cupy array); in host memory otherwise."""
+        bf16 = name in self.bf16_inputs
         if self.gpu_inputs and hasattr(array, "__cuda_array_interface__"):
-            return pb_utils.Tensor._on_device(name, array.copy())
-        return pb_utils.Tensor(name, np.array(on_host(array), copy=True))
+            return pb_utils.Tensor._of(name, None, array.copy(), bf16)
+        return pb_utils.Tensor._of(name, np.array(on_host(array), copy=True), None, bf16)
 
     def execute_decoupled(self, requests: list[Any]) -> str | None:
         """A decoupled model's ``execute``: its responses go through the requests'

@@ -16,6 +16,7 @@ from pathlib import Path
 from queue import Queue
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -237,6 +238,47 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([out_0, out_1]))
         return responses
 """
+# Triton's identity_bf16 style: BF16 refuses as_numpy and goes through torch by DLPack.
+IDENTITY_BF16 = """
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            try:
+                tensor.as_numpy()
+                raise AssertionError("as_numpy of a BF16 tensor")
+            except pb_utils.TritonModelException as exc:
+                assert "tensor dtype is bf16" in str(exc).lower()
+            as_torch = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+            assert as_torch.dtype == torch.bfloat16
+            out = pb_utils.Tensor.from_dlpack("OUTPUT0", torch.utils.dlpack.to_dlpack(as_torch * 2))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+# BLS with BF16 both ways: the input passed on, the answer's tensor returned as it is.
+BLS_BF16 = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            answer = pb_utils.InferenceRequest(
+                model_name="identity_bf16", requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT0")]).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            out = pb_utils.get_output_tensor_by_name(answer, "OUTPUT0")
+            assert out.triton_dtype() == 14  # TYPE_BF16
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
 # What a request says of itself: its id, correlation id (with its type), flags, parameters.
 REQUEST_INFO = """
 import json
@@ -375,6 +417,18 @@ MODELS: dict[str, tuple[str, str]] = {
             [_io("input", "INPUT0", "TYPE_FP32", "1"), _io("output", "OUTPUT0", "TYPE_STRING", "1")]
         ),
     ),
+    "identity_bf16": (
+        IDENTITY_BF16,
+        "\n".join(
+            [_io("input", "INPUT0", "TYPE_BF16", "4"), _io("output", "OUTPUT0", "TYPE_BF16", "4")]
+        ),
+    ),
+    "bls_bf16": (
+        BLS_BF16,
+        "\n".join(
+            [_io("input", "INPUT0", "TYPE_BF16", "4"), _io("output", "OUTPUT0", "TYPE_BF16", "4")]
+        ),
+    ),
     "request_info": (
         REQUEST_INFO,
         "\n".join(
@@ -490,6 +544,15 @@ def test_request_id_correlation_id_of_either_type_flags_and_parameters(
         "flags": flags,
         "parameters": {"temperature": 0.5, "mode": "fast"},
     }
+
+
+@pytest.mark.parametrize("model", ["identity_bf16", "bls_bf16"])
+def test_bf16_through_dlpack(server: ShoalServer, model: str) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [4], "BF16")
+    x.set_data_from_numpy(np.array([1.5, -2.0, 0.25, 3.0], ml_dtypes.bfloat16))
+    result = client.infer(model, [x])
+    assert result.as_numpy("OUTPUT0").astype(np.float32).tolist() == [3.0, -4.0, 0.5, 6.0]
 
 
 def test_decoupled_repeat_and_square(server: ShoalServer) -> None:

@@ -67,3 +67,19 @@ def test_a_tensor_on_another_kind_of_device_is_refused() -> None:
 
     with pytest.raises(pb.TritonModelException, match="DLDevice type 4 is not support"):
         pb.Tensor.from_dlpack("X", Elsewhere())
+
+
+def test_bf16_goes_through_dlpack_only() -> None:
+    """As Triton: a BF16 tensor refuses as_numpy and round-trips through DLPack."""
+    t = torch.tensor([1.5, -2.0, 3.25], dtype=torch.bfloat16)
+    for source in (t, torch_dlpack.to_dlpack(t)):
+        tensor = pb.Tensor.from_dlpack("B", source)
+        assert tensor.triton_dtype() == 14 and tensor.shape() == [3]
+        with pytest.raises(pb.TritonModelException, match="Tensor dtype is BF16"):
+            tensor.as_numpy()
+        back = torch_dlpack.from_dlpack(tensor.to_dlpack())
+        assert back.dtype == torch.bfloat16 and back.tolist() == [1.5, -2.0, 3.25]
+    # the worker's: a BF16 input's bits as uint16
+    bits = t.view(torch.int16).numpy().view(np.uint16).copy()
+    given = pb.Tensor._of("IN", bits, None, True)
+    assert torch.from_dlpack(given).tolist() == [1.5, -2.0, 3.25]
