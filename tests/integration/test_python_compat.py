@@ -178,6 +178,29 @@ class TritonPythonModel:
                     * pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy())])
                 for r in requests]
 """
+# A decoupled model by its own auto-complete: each request answered twice.
+AUTO_DECOUPLED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [1]})
+        config.add_output({"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]})
+        config.set_model_transaction_policy({"decoupled": True})
+        return config
+
+    def execute(self, requests):
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            sender = request.get_response_sender()
+            for _ in range(2):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
 CUSTOM_METRICS = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -401,6 +424,7 @@ MODELS: dict[str, tuple[str, str]] = {
         ),
     ),
     "auto_complete": (AUTO_COMPLETE, _io("input", "INPUT0", "TYPE_FP32", "4")),
+    "auto_decoupled": (AUTO_DECOUPLED, "max_batch_size: 0"),
     "custom_metrics": (
         CUSTOM_METRICS,
         "\n".join(
@@ -562,6 +586,13 @@ def test_decoupled_repeat_and_square(server: ShoalServer) -> None:
     ]  # fmt: skip
     squared = _stream(server, "square_int32", np.array([3], np.int32))
     assert [r.as_numpy("OUT").tolist() for r in squared] == [[3]] * 3
+
+
+def test_auto_complete_sets_the_decoupled_policy(server: ShoalServer) -> None:
+    config = httpclient.InferenceServerClient(server.url).get_model_config("auto_decoupled")
+    assert config["model_transaction_policy"] == {"decoupled": True}
+    answers = _stream(server, "auto_decoupled", np.array([5], np.int32))
+    assert [a.as_numpy("OUT").tolist() for a in answers] == [[5], [5]]
 
 
 def test_auto_complete_sets_inputs_outputs_batching(server: ShoalServer) -> None:
