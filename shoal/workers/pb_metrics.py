@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.ipc import custom_metrics as cm
+from shoal.workers.pb_errors import TritonModelException
 
 
 class MetricKind(enum.Enum):
@@ -174,8 +175,6 @@ def stop_publishing() -> None:
 
 
 def _error() -> type[Exception]:
-    from shoal.workers.pb_utils import TritonModelException  # (pb_utils imports this module)
-
     return TritonModelException
 
 

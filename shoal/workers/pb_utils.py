@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import json
 import logging
 import threading
@@ -31,13 +30,25 @@ from typing import Any
 
 import numpy as np
 
-from shoal.ipc.errors import ServingError
 from shoal.workers import pb_dlpack
+from shoal.workers.pb_control import is_model_ready, load_model, unload_model
+from shoal.workers.pb_errors import TritonError, TritonModelException, expect
+from shoal.workers.pb_logger import Logger
 from shoal.workers.pb_metrics import Metric, MetricFamily
 from shoal.workers.pb_model_config import ModelConfig
 
-# (the rest is used by name, as Triton's module is)
-__all__ = ["Metric", "MetricFamily", "ModelConfig"]
+# Triton's names, defined beside (the rest is used by name, as Triton's module is)
+__all__ = [
+    "Logger",
+    "Metric",
+    "MetricFamily",
+    "ModelConfig",
+    "TritonError",
+    "TritonModelException",
+    "is_model_ready",
+    "load_model",
+    "unload_model",
+]
 
 _log = logging.getLogger("shoal.worker.model")
 
@@ -67,40 +78,6 @@ _TYPE_NUMBERS = {1: "TYPE_BOOL", 2: "TYPE_UINT8", 3: "TYPE_UINT16", 4: "TYPE_UIN
                  13: "TYPE_STRING"}  # fmt: skip
 
 
-class TritonModelException(Exception):
-    """What a Python model raises; the requests of its batch fail with the message."""
-
-    def message(self) -> str:
-        return str(self)
-
-
-class TritonError:
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
-
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        self._message = message
-        self._code = code
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> int:
-        return self._code
-
-
-def _expect(where: str, arg: str, value: Any, types: type | tuple[type, ...]) -> None:
-    """An argument of the wrong type: TypeError, as Triton's bindings (pybind11) raise it."""
-    if not isinstance(value, types):
-        raise TypeError(f"{where}: '{arg}' cannot be {type(value).__name__}")
-
-
 class Tensor:
     """A tensor of a request or response: a numpy array in host memory, or (``from_dlpack``
     of GPU memory, a KIND_GPU instance's inputs that stay on the GPU) a cupy array in
@@ -110,7 +87,7 @@ class Tensor:
     _bf16 = False  # its arrays hold BF16 bits as uint16 (numpy has no bfloat16)
 
     def __init__(self, name: str, data: Any) -> None:
-        _expect("Tensor()", "name", name, str)
+        expect("Tensor()", "name", name, str)
         if data is None:
             raise TypeError("Tensor(): 'data' cannot be NoneType")
         if not name:
@@ -178,7 +155,7 @@ class Tensor:
     def from_dlpack(name: str, capsule: Any) -> Tensor:
         """A tensor over a DLPack capsule's memory, or a ``__dlpack__`` object's (torch,
         cupy, numpy...), with no copy: C-contiguous ones only, as Triton takes them."""
-        _expect("Tensor.from_dlpack()", "name", name, str)
+        expect("Tensor.from_dlpack()", "name", name, str)
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
         try:
@@ -210,18 +187,18 @@ class InferenceRequest:
         **_: Any,
     ) -> None:
         where = "InferenceRequest()"
-        _expect(where, "inputs", inputs, list)
-        _expect(where, "requested_output_names", requested_output_names, list)
+        expect(where, "inputs", inputs, list)
+        expect(where, "requested_output_names", requested_output_names, list)
         for name in requested_output_names or []:
-            _expect(where, "requested_output_names", name, str)
+            expect(where, "requested_output_names", name, str)
         if any(t is None for t in inputs or []):  # (Triton's check of its tensors)
             raise TritonModelException("InferenceRequest inputs must be pb_utils.Tensor objects")
-        _expect(where, "request_id", request_id, str)
-        _expect(where, "correlation_id", correlation_id, (int, str))
-        _expect(where, "model_name", model_name, str)
-        _expect(where, "model_version", model_version, int)
-        _expect(where, "flags", flags, int)
-        _expect(where, "timeout", timeout, int)
+        expect(where, "request_id", request_id, str)
+        expect(where, "correlation_id", correlation_id, (int, str))
+        expect(where, "model_name", model_name, str)
+        expect(where, "model_version", model_version, int)
+        expect(where, "flags", flags, int)
+        expect(where, "timeout", timeout, int)
         if isinstance(parameters, str):  # Triton takes a JSON object's text too
             parameters = json.loads(parameters) if parameters else {}
             if not isinstance(parameters, dict):
@@ -299,7 +276,7 @@ class InferenceResponse:
         error: TritonError | None = None,
         parameters: dict[str, Any] | None = None,
     ) -> None:
-        _expect("InferenceResponse()", "output_tensors", output_tensors, (list, tuple))
+        expect("InferenceResponse()", "output_tensors", output_tensors, (list, tuple))
         tensors = list(output_tensors)
         for t in tensors:
             if not isinstance(t, Tensor):
@@ -334,48 +311,6 @@ def _scripting() -> Any:
     if scripting is None:
         raise TritonModelException("business logic scripting is not available outside a worker")
     return scripting
-
-
-def _control(what: str, call: Callable[[Any], Any]) -> Any:
-    """A model control call on the worker's client; its refusal as Triton's stub raises it."""
-    try:
-        return call(_scripting())
-    except ServingError as err:
-        raise TritonModelException(f"Failed to {what}: {err.message}") from None
-
-
-def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
-    """Load or reload ``model_name`` (explicit model control mode), with an optional
-    config override (JSON text) and files (``"file:<path>"``: bytes; with a config)."""
-    _expect("load_model()", "model_name", model_name, str)
-    _expect("load_model()", "config", config, str)
-    _expect("load_model()", "files", files, (dict, type(None)))
-    for key, data in (files or {}).items():
-        _expect("load_model()", "files", key, str)
-        _expect("load_model()", "files", data, (bytes, bytearray))
-    given = {k: bytes(v) for k, v in (files or {}).items()}
-    _control("load model", lambda c: c.load_model(model_name, config, given))
-
-
-def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    _expect("unload_model()", "model_name", model_name, str)
-    _expect("unload_model()", "unload_dependents", unload_dependents, bool)
-    _control("unload model", lambda c: c.unload_model(model_name, unload_dependents))
-
-
-def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    """Whether that version (any version for "") of the model is ready."""
-    _expect("is_model_ready()", "model_name", model_name, str)
-    _expect("is_model_ready()", "model_version", model_version, str)
-    if model_version and not (model_version.isdigit() and int(model_version) > 0):
-        raise TritonModelException(
-            f"failed to get model version from specified version string '{model_version}', "
-            "version should be an integral value > 0"
-        )
-    ready: bool = _control(
-        "check model readiness", lambda c: c.is_model_ready(model_name, model_version)
-    )
-    return ready
 
 
 class InferenceResponseSender:
@@ -497,50 +432,3 @@ def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
     out = np.empty(len(items), dtype=object)
     out[:] = items
     return out
-
-
-class _Level(enum.Enum):
-    """Triton's ``pb_utils.Logger.LogLevel`` (an enum, not numbers: ``log`` refuses 1)."""
-
-    INFO = 0
-    WARNING = 1
-    ERROR = 2
-    VERBOSE = 3
-
-
-_LEVELS = {
-    _Level.INFO: logging.INFO,
-    _Level.WARNING: logging.WARNING,
-    _Level.ERROR: logging.ERROR,
-    _Level.VERBOSE: logging.DEBUG,
-}
-
-
-class Logger:
-    """Lines into the worker's log, at Triton's levels."""
-
-    LogLevel = _Level  # (Triton's Logger.LogLevel)
-    INFO, WARNING = _Level.INFO, _Level.WARNING
-    ERROR, VERBOSE = _Level.ERROR, _Level.VERBOSE
-
-    @staticmethod
-    def log_info(message: str) -> None:
-        Logger.log(message, _Level.INFO)
-
-    @staticmethod
-    def log_warn(message: str) -> None:
-        Logger.log(message, _Level.WARNING)
-
-    @staticmethod
-    def log_error(message: str) -> None:
-        Logger.log(message, _Level.ERROR)
-
-    @staticmethod
-    def log_verbose(message: str) -> None:
-        Logger.log(message, _Level.VERBOSE)
-
-    @staticmethod
-    def log(message: str, level: _Level = _Level.INFO) -> None:
-        _expect("Logger.log()", "message", message, str)
-        _expect("Logger.log()", "level", level, _Level)
-        _log.log(_LEVELS[level], "%s", message)
