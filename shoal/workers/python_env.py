@@ -41,9 +41,12 @@ MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
 INSIDE = "SHOAL_EXECUTION_ENV"
 _PATHS = "SHOAL_SERVER_SITE_PATHS"
 _TARBALLS = (".tar.gz", ".tgz", ".tar")
+# Run as ``python -c BOOT -m shoal.workers <argv>``: the command line reads as any
+# worker's (what ps and process finders match), and BOOT drops the two words.
 _BOOT = (
     "import json, os, runpy, site, sys\n"
     f"for p in json.loads(os.environ.pop({_PATHS!r})): site.addsitedir(p)\n"
+    "del sys.argv[1:3]\n"
     "runpy.run_module('shoal.workers', run_name='__main__', alter_sys=True)\n"
 )
 
@@ -155,4 +158,4 @@ def enter(value: str, env: Path, python: Path, argv: list[str]) -> None:
     variables.pop("PYTHONHOME", None)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(python, [str(python), "-c", _BOOT, *argv], variables)
+    os.execve(python, [str(python), "-c", _BOOT, "-m", "shoal.workers", *argv], variables)

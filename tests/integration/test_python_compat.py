@@ -7,10 +7,13 @@ by one server in explicit model control mode and called through tritonclient."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,6 +210,31 @@ def test_unloading_a_model_takes_its_metrics_off_the_page(server: ShoalServer) -
     assert [s.value for s in _metrics(server)["requests_seen"].samples] == [0.0]
 
 
+def test_a_killed_instances_metrics_leave_the_page(server: ShoalServer) -> None:
+    """Its file is skipped at once (its pid is gone) and removed by the broker."""
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [4], "FP32")
+    x.set_data_from_numpy(np.ones(4, np.float32))
+    seen = client.infer("custom_metrics", [x]).as_numpy("OUTPUT0")[0]
+    assert seen >= 1
+    pid = server.worker_pid("custom_metrics")
+    snapshot = Path(server.runtime_dir) / "metrics" / f"{pid}.msgpack"
+    assert snapshot.exists()
+    os.kill(pid, signal.SIGKILL)
+    _wait_for(lambda: not Path(f"/proc/{pid}").exists())
+    family = _metrics(server).get("requests_seen")
+    assert family is None or [s.value for s in family.samples] == [0.0]  # (restarted)
+    _wait_for(lambda: not snapshot.exists())
+
+
+def _wait_for(done: Any, timeout: float = 30.0) -> None:
+    """Until ``done()`` (a process's end, a file's removal: no event to wait on)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def test_a_model_loads_calls_and_unloads_another(server: ShoalServer) -> None:
     client = httpclient.InferenceServerClient(server.url)
     x = httpclient.InferInput("INPUT0", [1], "FP32")
@@ -235,6 +263,8 @@ def test_a_model_runs_in_its_execution_environment(server: ShoalServer, env_cach
     (unpacked,) = [p for p in env_cache.iterdir() if not p.name.startswith(".")]
     assert Path(prefix.decode()) == unpacked
     assert marker == b"from the environment"
+    argv = Path(f"/proc/{server.worker_pid('in_env')}/cmdline").read_bytes().split(b"\0")
+    assert Path(argv[0].decode()).parent == unpacked / "bin"  # the process itself
 
 
 @pytest.mark.parametrize(
