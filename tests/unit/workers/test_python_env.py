@@ -4,6 +4,7 @@ tarball unpacked once into its cache, what cannot be used refused with the reaso
 from __future__ import annotations
 
 import io
+import sys
 import tarfile
 from pathlib import Path
 
@@ -91,3 +92,27 @@ def test_a_member_outside_the_folder_is_refused(tmp_path: Path) -> None:
 def test_an_environment_without_python_is_refused(tmp_path: Path) -> None:
     with pytest.raises(pe.EnvError, match="has no bin/python3"):
         pe.interpreter(tmp_path, "env.tar.gz")
+
+
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        ("echo 2.7", "its Python is 2.7, the server's is 3."),
+        ("exit 1", "its Python does not run"),
+    ],
+)
+def test_an_interpreter_of_another_version_or_that_fails_is_refused(
+    tmp_path: Path, script: str, reason: str
+) -> None:
+    python = tmp_path / "bin" / "python3"
+    python.parent.mkdir()
+    python.write_text(f"#!/bin/sh\n{script}\n")
+    python.chmod(0o755)
+    with pytest.raises(pe.EnvError, match=reason):
+        pe.interpreter(tmp_path, "env.tar.gz")
+
+
+def test_the_servers_own_interpreter_is_taken(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").symlink_to(sys.executable)
+    assert pe.interpreter(tmp_path, "env.tar.gz") == tmp_path / "bin" / "python3"
