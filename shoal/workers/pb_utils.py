@@ -6,8 +6,9 @@ that runs it registers this module under that name first. It gives what such mod
 of Triton's: Tensor, InferenceRequest and InferenceResponse, TritonError and
 TritonModelException, the by-name getters, the type converters, the request flags, and
 Logger (into the worker's log), and ModelConfig for ``auto_complete_config``
-(shoal/workers/pb_model_config.py). Tensors live in the worker's memory as numpy arrays:
-BYTES as object arrays of ``bytes``, as Triton's Python backend gives them.
+(shoal/workers/pb_model_config.py). Tensors live in the worker's memory as numpy arrays
+(BYTES as object arrays of ``bytes``, as Triton's Python backend gives them), or on the
+GPU as cupy arrays (``Tensor`` says which).
 
 A decoupled model's requests carry response senders (``get_response_sender()``): the
 worker gives each request one (``InferenceResponseSender``) that sends each response as it
