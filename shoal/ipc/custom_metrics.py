@@ -1,12 +1,12 @@
 """Python models' own metrics (``pb_utils.MetricFamily`` / ``Metric``): the contract between
 the worker that keeps them and the frontends that show them on ``/metrics``.
 
-Each worker that has any writes all of them, as one msgspec snapshot, to
-``<runtime dir>/metrics/<its pid>.msgpack`` after every change (written aside, then renamed
-into place, so a reader never sees half of one), and removes the file when it stops. A
-frontend reads every snapshot at each scrape, so a value a model set is on the next scrape
-with no message between processes. A file whose pid no longer runs (a killed worker) is
-skipped, and removed by ``sweep``.
+Each Python model's worker writes all of them, as one msgspec snapshot, to
+``<runtime dir>/metrics/<its pid>.msgpack`` when they changed (``SnapshotWriter``: in
+place, behind a sequence number, so a reader never takes half of one), and removes the
+file when it stops. A frontend reads every snapshot at each scrape, with no message
+between processes. A file whose pid no longer runs (a killed worker) is skipped, and
+removed by ``sweep``.
 
 Triton keeps one registry for the whole server; shoal's instances are processes, so
 ``merge`` makes one of theirs: a family is the one created first (its kind and
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 from pathlib import Path
 from typing import Literal
 
@@ -69,12 +70,54 @@ def snapshot_path(runtime_dir: Path, pid: int) -> Path:
     return folder(runtime_dir) / f"{pid}.msgpack"
 
 
-def write(path: Path, snapshot: Snapshot) -> None:
-    """Replace ``path`` with ``snapshot`` at once (a reader sees the old one or the new)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    aside = path.with_suffix(".tmp")
-    aside.write_bytes(_encoder.encode(snapshot))
-    os.replace(aside, path)
+_HEADER = struct.Struct("<QQ")  # a sequence number (odd while a write is under way), length
+_READ_TRIES = 8
+
+
+class SnapshotWriter:
+    """A worker's snapshot file, rewritten in place (no new file per write: cheap on any
+    file system): the header's sequence number is odd while the body changes, so a
+    reader that saw the same even number before and after reading the body has a whole
+    one (a seqlock). One writer per file; the caller serializes its writes."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._seq = 0
+
+    def write(self, snapshot: Snapshot) -> None:
+        body = _encoder.encode(snapshot)
+        os.pwrite(self._fd, _HEADER.pack(self._seq + 1, len(body)), 0)
+        os.pwrite(self._fd, body, _HEADER.size)
+        self._seq += 2
+        os.pwrite(self._fd, _HEADER.pack(self._seq, len(body)), 0)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _read(path: Path) -> Snapshot | None:
+    """A whole snapshot of ``path`` (None: none yet, or a writer too busy to catch)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        for _ in range(_READ_TRIES):
+            head = os.pread(fd, _HEADER.size, 0)
+            if len(head) < _HEADER.size:
+                return None
+            seq, length = _HEADER.unpack(head)
+            if seq % 2 == 0:
+                body = os.pread(fd, length, _HEADER.size)
+                if os.pread(fd, _HEADER.size, 0) == head and len(body) == length:
+                    return _decoder.decode(body)
+    except (OSError, msgspec.DecodeError):
+        return None
+    finally:
+        os.close(fd)
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -88,16 +131,13 @@ def _alive(pid: int) -> bool:
 
 
 def read_all(runtime_dir: Path) -> list[Snapshot]:
-    """The snapshots of the workers that run now (unreadable ones are skipped: a worker
-    rewrites its file at its next change)."""
+    """The snapshots of the workers that run now (one caught mid-write is skipped: the
+    next scrape has it)."""
     found = []
     with contextlib.suppress(FileNotFoundError):
         for path in sorted(folder(runtime_dir).glob("*.msgpack")):
-            try:
-                snap = _decoder.decode(path.read_bytes())
-            except (OSError, msgspec.DecodeError):
-                continue
-            if _alive(snap.pid):
+            snap = _read(path)
+            if snap is not None and _alive(snap.pid):
                 found.append(snap)
     return found
 

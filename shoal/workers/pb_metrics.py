@@ -104,6 +104,7 @@ class Registry:
         self.lock = threading.RLock()
         self.families: dict[str, _Family] = {}
         self.publish: Callable[[cm.Snapshot], None] | None = None
+        self.writer: cm.SnapshotWriter | None = None  # the worker's file, once published
         self.pid = 0
         self.dirty = False
         self._written = threading.Lock()  # one write at a time, the newest last
@@ -156,10 +157,12 @@ registry = Registry()
 def publish_to(path: Path, pid: int) -> None:
     """Write the registry to ``path`` when it changes (the worker's, at load)."""
     reg = registry
+    writer = cm.SnapshotWriter(path)
     with reg.lock:
         reg.pid = pid
-        reg.publish = lambda snap: cm.write(path, snap)
-        reg.dirty = True  # (an empty file says this worker has none)
+        reg.publish = writer.write
+        reg.writer = writer
+        reg.dirty = True  # (an empty snapshot says this worker has none)
     threading.Thread(target=reg.flush_soon, name="metrics", daemon=True).start()
     reg.flush()
 
@@ -172,6 +175,9 @@ def stop_publishing() -> None:
     """No more writes (the worker is stopping: it removes its file)."""
     with registry._written, registry.lock:
         registry.publish = None
+        if registry.writer is not None:
+            registry.writer.close()
+            registry.writer = None
 
 
 def _error() -> type[Exception]:

@@ -149,10 +149,25 @@ def test_changes_are_written_at_a_flush_once() -> None:
     assert len(written) == 2 and written[-1].families[0].metrics[0].value == 100
 
 
+def test_a_snapshot_caught_mid_write_is_skipped_and_a_whole_one_read(tmp_path: Path) -> None:
+    path = cm.snapshot_path(tmp_path / "server", os.getpid())
+    writer = cm.SnapshotWriter(path)
+    writer.write(_snap(os.getpid(), "gauge", 1, 1))
+    writer.write(_snap(os.getpid(), "gauge", 2, 2))  # (a shorter or longer body: the same)
+    (read,) = cm.read_all(tmp_path / "server")
+    assert read.families[0].metrics[0].value == 2
+    with path.open("r+b") as f:  # a writer stopped halfway: its sequence number odd
+        f.write(cm._HEADER.pack(5, 0))
+    assert cm.read_all(tmp_path / "server") == []
+    writer.close()
+
+
 def test_a_dead_workers_snapshot_is_not_shown_and_is_swept(tmp_path: Path) -> None:
     runtime = tmp_path / "another-server"
     dead = 2**22 + 12345  # above pid_max's default: no process has it
     path = cm.snapshot_path(runtime, dead)
-    cm.write(path, _snap(dead, "counter", 1, 1))
+    writer = cm.SnapshotWriter(path)
+    writer.write(_snap(dead, "counter", 1, 1))
+    writer.close()
     assert cm.read_all(runtime) == []
     assert cm.sweep(runtime) == [path] and not path.exists()
