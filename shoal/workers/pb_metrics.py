@@ -1,10 +1,9 @@
 """``pb_utils.MetricFamily`` and ``Metric``: a Python model's own Prometheus metrics
 (counters, gauges, histograms), with Triton's semantics and words.
 
-The worker's registry holds them and writes them all to the worker's snapshot file, which
-the frontends read at each scrape (shoal/ipc/custom_metrics.py): after each batch, before
-its answers go out, and within FLUSH_DELAY_S of a change made between batches. As in
-Triton:
+The worker's registry holds them and, after each change, writes them all to the worker's
+snapshot file (about 10 µs), which the frontends read at each scrape
+(shoal/ipc/custom_metrics.py): the next scrape shows a change. As in Triton:
 
 * ``MetricFamily(name, description, kind)`` of a name the registry has returns that
   family (its first description kept); of another kind, it is refused.
@@ -30,7 +29,6 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,52 +87,22 @@ class _Family:
         self.holders = 0  # MetricFamily objects of it
 
 
-#: How long changes made outside a batch (a model's own threads, ``initialize``) may wait
-#: to be written: a burst of them is written once.
-FLUSH_DELAY_S = 0.02
-
-
 class Registry:
-    """The worker's families. A change marks it ``dirty``; ``flush`` writes a snapshot to
-    ``publish`` (set by the worker). The worker flushes after each batch, before its
-    answers go out (a client holding an answer finds its metrics on the next scrape), and
-    a thread of its own flushes changes made between batches within FLUSH_DELAY_S."""
+    """The worker's families; after each change (under ``lock``), a snapshot of them all
+    goes to ``writer`` (the worker's file, set at load), as Triton's registry changes at
+    once: the next scrape shows it, even one the model makes itself."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.families: dict[str, _Family] = {}
-        self.publish: Callable[[cm.Snapshot], None] | None = None
-        self.writer: cm.SnapshotWriter | None = None  # the worker's file, once published
+        self.writer: cm.SnapshotWriter | None = None
         self.pid = 0
-        self.dirty = False
-        self._written = threading.Lock()  # one write at a time, the newest last
-        self._wake = threading.Event()
 
     def changed(self) -> None:
-        """(Under ``lock``.) Mark the registry for the next flush."""
-        self.dirty = True
-        if self.publish is not None and not self._wake.is_set():
-            self._wake.set()
-
-    def flush(self) -> None:
-        """Write the registry if it changed since the last write."""
-        with self._written:
-            with self.lock:
-                if not self.dirty or self.publish is None:
-                    return
-                self.dirty = False
-                snap, publish = self.snapshot(), self.publish
-            publish(snap)
-
-    def flush_soon(self) -> None:
-        """The flushing thread's loop: a change, a short wait for the rest of its burst,
-        a write."""
-        while True:
-            self._wake.wait()
-            time.sleep(FLUSH_DELAY_S)
-            self._wake.clear()
-            with contextlib.suppress(OSError):  # (the next change tries again)
-                self.flush()
+        """(Under ``lock``.) Write the registry."""
+        if self.writer is not None:
+            with contextlib.suppress(OSError):  # (a full disk: the next change tries again)
+                self.writer.write(self.snapshot())
 
     def snapshot(self) -> cm.Snapshot:
         with self.lock:
@@ -155,26 +123,16 @@ registry = Registry()
 
 
 def publish_to(path: Path, pid: int) -> None:
-    """Write the registry to ``path`` when it changes (the worker's, at load)."""
-    reg = registry
-    writer = cm.SnapshotWriter(path)
-    with reg.lock:
-        reg.pid = pid
-        reg.publish = writer.write
-        reg.writer = writer
-        reg.dirty = True  # (an empty snapshot says this worker has none)
-    threading.Thread(target=reg.flush_soon, name="metrics", daemon=True).start()
-    reg.flush()
-
-
-def flush() -> None:
-    registry.flush()
+    """Write the registry to ``path`` now and after each change (the worker's, at load)."""
+    with registry.lock:
+        registry.pid = pid
+        registry.writer = cm.SnapshotWriter(path)
+        registry.changed()  # (an empty snapshot says this worker has none)
 
 
 def stop_publishing() -> None:
     """No more writes (the worker is stopping: it removes its file)."""
-    with registry._written, registry.lock:
-        registry.publish = None
+    with registry.lock:
         if registry.writer is not None:
             registry.writer.close()
             registry.writer = None

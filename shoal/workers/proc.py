@@ -135,7 +135,6 @@ class WorkerProc:
             f"GPU {s.gpu}" if s.gpu is not None else f"cores {s.cores or 'any'}",
         )
         self.threads = threads
-        pb_metrics.flush()  # what initialize made is on the page once the model is ready
         return m.WorkerReady(self.config_bytes, list(s.cores), threads)
 
     def _start_scripting(self) -> None:
@@ -378,7 +377,6 @@ class WorkerProc:
         done, answers = self.instance.run(batch, t0)
         if self.s.fault == "die-after-report":
             faults.die_after_report(self.sock, done)
-        pb_metrics.flush()  # a Python model's metrics, before its answers (if they changed)
         self._send_answers(done, answers, received)
         if log.isEnabledFor(logging.DEBUG):  # --log-verbose > 0
             log.debug(

@@ -179,7 +179,11 @@ class TritonPythonModel:
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 """
+# Its metrics; OUTPUT2: its counter's line as the model itself scrapes it in execute (the
+# request parameter "metrics_url"), as Triton's QA model does.
 CUSTOM_METRICS = """
+import json
+import urllib.request
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -213,9 +217,16 @@ class TritonPythonModel:
                 refusal = "none"
             except pb_utils.TritonModelException as exc:
                 refusal = str(exc)
+            url = json.loads(request.parameters()).get("metrics_url")
+            line = ""
+            if url:
+                with urllib.request.urlopen(url, timeout=10) as reply:
+                    page = reply.read().decode()
+                line = next(l for l in page.splitlines() if l.startswith("requests_seen{"))
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("OUTPUT0", np.array([self.requests.value()], np.float32)),
-                pb_utils.Tensor("OUTPUT1", np.array([refusal.encode()], np.object_))]))
+                pb_utils.Tensor("OUTPUT1", np.array([refusal.encode()], np.object_)),
+                pb_utils.Tensor("OUTPUT2", np.array([line.encode()], np.object_))]))
         return responses
 """
 # add_sub through torch, zero-copy both ways (Triton's dlpack_add_sub example's style);
@@ -409,7 +420,8 @@ MODELS: dict[str, tuple[str, str]] = {
             [
                 _io("input", "INPUT0", "TYPE_FP32", "4"),
                 'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }, '
-                '{ name: "OUTPUT1" data_type: TYPE_STRING dims: [ 1 ] } ]',
+                '{ name: "OUTPUT1" data_type: TYPE_STRING dims: [ 1 ] }, '
+                '{ name: "OUTPUT2" data_type: TYPE_STRING dims: [ 1 ] } ]',
             ]
         ),
     ),

@@ -175,6 +175,13 @@ def test_custom_metrics_are_on_the_metrics_page_beside_tritons(server: ShoalServ
         x.set_data_from_numpy(np.full(4, value, np.float32))
         result = client.infer("custom_metrics", [x])
         assert result.as_numpy("OUTPUT0").tolist() == [seen]
+    x = httpclient.InferInput("INPUT0", [4], "FP32")
+    x.set_data_from_numpy(np.zeros(4, np.float32))
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    result = client.infer("custom_metrics", [x], parameters={"metrics_url": url})
+    tags = 'model="custom_metrics",version="1"'
+    # the model's own scrape, in execute, after its increment: as Triton's registry
+    assert result.as_numpy("OUTPUT2")[0].decode() == f"requests_seen{{{tags}}} 3"
     refusal = result.as_numpy("OUTPUT1")[0].decode()
     assert refusal == (
         "Failed to increment metric value: TRITONSERVER_METRIC_KIND_COUNTER can only be "
@@ -187,15 +194,15 @@ def test_custom_metrics_are_on_the_metrics_page_beside_tritons(server: ShoalServ
         families["requests_seen"], families["last_input_sum"], families["input_sum"]
     )  # fmt: skip
     assert (counter.type, counter.documentation) == ("counter", "Requests this model has seen")
-    assert [(s.labels, s.value) for s in counter.samples] == [(labels, 2.0)]
-    assert [(s.labels, s.value) for s in gauge.samples] == [(labels, 2.0)]
+    assert [(s.labels, s.value) for s in counter.samples] == [(labels, 3.0)]
+    assert [(s.labels, s.value) for s in gauge.samples] == [(labels, 0.0)]
     by_name = {(s.name, s.labels.get("le")): s.value for s in histogram.samples}
     assert by_name == {
-        ("input_sum_count", None): 2.0,
+        ("input_sum_count", None): 3.0,
         ("input_sum_sum", None): 6.0,
-        ("input_sum_bucket", "1"): 0.0,  # (le as Triton writes it)
-        ("input_sum_bucket", "10"): 2.0,
-        ("input_sum_bucket", "+Inf"): 2.0,
+        ("input_sum_bucket", "1"): 1.0,  # (le as Triton writes it)
+        ("input_sum_bucket", "10"): 3.0,
+        ("input_sum_bucket", "+Inf"): 3.0,
     }
 
 

@@ -28,7 +28,6 @@ def published(tmp_path: Path) -> Iterator[Path]:
 
 
 def _page(runtime_dir: Path) -> str:
-    pb_metrics.flush()  # (the worker's, after each batch)
     t = Text()
     custom_families(t, cm.merge(cm.read_all(runtime_dir)))
     return t.render()
@@ -134,19 +133,6 @@ def test_merge_sums_counters_keeps_the_last_gauge_and_the_first_family() -> None
     assert gauge.metrics[0].value == 2
     (kept,) = cm.merge([_snap(1, "gauge", 2, 10, created=1), _snap(2, "counter", 3, 5, created=2)])
     assert kept.kind == "gauge" and kept.metrics[0].value == 2
-
-
-def test_changes_are_written_at_a_flush_once() -> None:
-    counts = pb.MetricFamily("n", "d", pb.MetricFamily.COUNTER)
-    written: list[cm.Snapshot] = []
-    pb_metrics.registry.publish = written.append
-    pb_metrics.flush()
-    metric = counts.Metric()
-    for _ in range(100):
-        metric.increment(1)
-    pb_metrics.flush()
-    pb_metrics.flush()  # (nothing changed since)
-    assert len(written) == 2 and written[-1].families[0].metrics[0].value == 100
 
 
 def test_a_snapshot_caught_mid_write_is_skipped_and_a_whole_one_read(tmp_path: Path) -> None:
