@@ -125,7 +125,8 @@ def load(s: WorkerSettings, start_scripting: Callable[[], object]) -> LoadedMode
     backend_name = config.backend or "onnxruntime"
     backend = backends.create(backend_name)
     if backend_name == "python":  # its model may call other models
-        python_env.check(s.model, entry.path, s.config_override, s.model_config_name)
+        model_dir = s.model_repository / s.model  # (as the worker's start read it)
+        python_env.check(s.model, model_dir, s.config_override, s.model_config_name)
         start_scripting()
     backend.instance_name = s.instance_name  # type: ignore[attr-defined]  # (Python's)
     backend.default_max_batch_size = s.default_max_batch_size  # type: ignore[attr-defined]
