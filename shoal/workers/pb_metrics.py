@@ -161,7 +161,7 @@ class Metric:
         return self._sample
 
     def increment(self, value: float) -> None:
-        value = float(value)
+        value = _number(value)
         with registry.lock:
             sample = self._check("increment", (MetricKind.COUNTER, MetricKind.GAUGE), "Increment")
             if self._family.kind is MetricKind.COUNTER and value < 0:
@@ -173,14 +173,14 @@ class Metric:
             self._changed(sample)
 
     def set(self, value: float) -> None:
-        value = float(value)
+        value = _number(value)
         with registry.lock:
             sample = self._check("set", (MetricKind.GAUGE,), "Set")
             sample.value = value
             self._changed(sample)
 
     def observe(self, value: float) -> None:
-        value = float(value)
+        value = _number(value)
         with registry.lock:
             sample = self._check("observe", (MetricKind.HISTOGRAM,), "Observe")
             at = next((i for i, b in enumerate(sample.buckets) if value <= b), len(sample.buckets))
@@ -278,6 +278,13 @@ class MetricFamily:
             if family.holders == 0 and registry.families.get(family.name) is family:
                 del registry.families[family.name]
                 registry.changed()
+
+
+def _number(value: Any) -> float:
+    """A metric operation's value, as Triton's bindings take it (a number; TypeError else)."""
+    if isinstance(value, str | bytes) or not hasattr(value, "__float__"):
+        raise TypeError(f"a metric's value cannot be {type(value).__name__}")
+    return float(value)
 
 
 def _labels(labels: Any) -> _Labels:

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -53,6 +54,10 @@ def test_counter_gauge_and_their_refusals_in_tritons_words() -> None:
     assert gauge.value() == 999.9
     with pytest.raises(pb.TritonModelException, match="GAUGE does not support Observe"):
         gauge.observe(0.05)
+    gauge.set(np.float32(2.5))  # (numpy numbers are numbers)
+    assert gauge.value() == 2.5
+    with pytest.raises(TypeError):
+        gauge.set("1")
 
 
 def test_histogram_buckets_and_refusals(published: Path) -> None:
