@@ -68,7 +68,11 @@ def requested(model_dir: Path, config_override: Path | None, model_config_name: 
             config = parse_config_text(text, model_dir.name)
     except Exception:
         return ""
-    if config.backend not in ("", "python") or PARAMETER not in config.parameters:
+    if (
+        config.backend not in ("", "python")
+        or config.platform
+        or PARAMETER not in config.parameters
+    ):
         return ""
     value = config.parameters[PARAMETER].string_value
     return value.replace(MODEL_DIRECTORY, str(model_dir))

@@ -35,6 +35,10 @@ def test_the_parameter_is_read_with_the_model_directory_replaced(tmp_path: Path)
     model = _model(tmp_path, f'parameters {{ key: "EXECUTION_ENV_PATH" value: {value} }}')
     assert pe.requested(model, None) == f"{model}/env.tar.gz"
     assert pe.requested(_model(tmp_path / "x", ""), None) == ""
+    other = (
+        f'platform: "onnxruntime_onnx"\nparameters {{ key: "EXECUTION_ENV_PATH" value: {value} }}'
+    )
+    assert pe.requested(_model(tmp_path / "y", other, backend=""), None) == ""
 
 
 def test_a_model_that_asks_for_an_environment_never_loads_outside_it(
