@@ -29,7 +29,11 @@ As Triton's Python backend:
 * ``EXECUTION_ENV_PATH`` (a conda-pack or venv tarball, or a folder): the worker runs in
   that environment's interpreter, exec'd before it connects (shoal/workers/python_env.py).
 * ``pb_utils.MetricFamily`` / ``Metric`` (shoal/workers/pb_metrics.py), and
-  ``load_model`` / ``unload_model`` / ``is_model_ready`` (shoal/workers/bls.py).
+  ``load_model`` / ``unload_model`` / ``is_model_ready`` (shoal/workers/pb_control.py).
+* Each request's inputs are the model's own copies, in host memory; a KIND_GPU instance
+  whose config sets FORCE_CPU_ONLY_INPUT_TENSORS "no" keeps those a client sent in CUDA
+  shared memory on its GPU (cupy arrays: ``Tensor.is_cpu()`` False). BF16 inputs are
+  DLPack-only tensors, as in Triton (shoal/workers/pb_dlpack.py).
 """
 
 from __future__ import annotations
