@@ -101,7 +101,7 @@ class BlsClient:
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
             done.set_result(_failed(err.message, err.code))
             return done
-        return asyncio.run_coroutine_threadsafe(_one(dp, call), loop)
+        return asyncio.run_coroutine_threadsafe(_one(dp, call, req.bls_gpu()), loop)
 
     # -- model control (pb_utils.load_model, unload_model, is_model_ready) -------------
 
@@ -215,7 +215,8 @@ class Responses:
             self._answers.put(_failed(err.message, err.code))
             self._answers.put(_END)
             return
-        self._call = asyncio.run_coroutine_threadsafe(_stream(dp, call, self._answers.put), loop)
+        stream = _stream(dp, call, self._answers.put, req.bls_gpu())
+        self._call = asyncio.run_coroutine_threadsafe(stream, loop)
 
     def __iter__(self) -> Responses:
         return self
@@ -294,7 +295,7 @@ _V2_NAMES = {dt.numpy: dt.name for dt in datatypes.DATATYPES.values() if dt.nump
 }  # (BF16 shares uint16's layout: uint16 it is)
 
 
-async def _one(dp: DataPlane, req: ClientRequest) -> pb_utils.InferenceResponse:
+async def _one(dp: DataPlane, req: ClientRequest, gpu: int | None) -> pb_utils.InferenceResponse:
     try:
         if (await dp.model(req.model, req.version)).decoupled:
             return _failed(
@@ -307,15 +308,15 @@ async def _one(dp: DataPlane, req: ClientRequest) -> pb_utils.InferenceResponse:
     except Exception as exc:  # whatever happens, the model gets a response
         return _failed(f"{type(exc).__name__}: {exc}", Code.INTERNAL)
     try:
-        return _taken(result)
+        return _taken(result, gpu)
     except Exception as exc:
         return _failed(f"{type(exc).__name__}: {exc}", Code.INTERNAL)
 
 
-async def _stream(dp: DataPlane, req: ClientRequest, put: Any) -> None:
+async def _stream(dp: DataPlane, req: ClientRequest, put: Any, gpu: int | None) -> None:
     try:
         async for r in dp.infer_stream(req):
-            put(_failed(r.message, r.code) if isinstance(r, ResponseError) else _taken(r))
+            put(_failed(r.message, r.code) if isinstance(r, ResponseError) else _taken(r, gpu))
     except ServingError as err:
         put(_failed(err.message, err.code))
     except Exception as exc:  # whatever happens, the model's iterator must end
@@ -324,9 +325,9 @@ async def _stream(dp: DataPlane, req: ClientRequest, put: Any) -> None:
         put(_END)
 
 
-def _taken(result: InferenceResult) -> pb_utils.InferenceResponse:
+def _taken(result: InferenceResult, gpu: int | None) -> pb_utils.InferenceResponse:
     try:
-        return _response(result)
+        return _response(result, gpu)
     finally:
         result.release()
 
@@ -335,8 +336,10 @@ def _failed(message: str, code: Code) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, _CODES[code]))
 
 
-def _response(result: InferenceResult) -> pb_utils.InferenceResponse:
-    """The answer's outputs as the model's own arrays (copied out of shared memory)."""
+def _response(result: InferenceResult, gpu: int | None) -> pb_utils.InferenceResponse:
+    """The answer's outputs as the model's own arrays (copied out of shared memory); on
+    GPU ``gpu`` where the request preferred it (PreferredMemory), BYTES staying on the
+    host."""
     tensors = []
     for o in result.outputs:
         dt = datatypes.datatype(o.datatype)
@@ -347,5 +350,12 @@ def _response(result: InferenceResult) -> pb_utils.InferenceResponse:
             arr = values.reshape(o.shape)
         else:
             arr = np.frombuffer(o.data, dtype=dt.numpy).reshape(o.shape).copy()
+            if gpu is not None:
+                import cupy  # (a model that asks for GPU memory has it)
+
+                with cupy.cuda.Device(gpu):
+                    on_device = cupy.asarray(arr)
+                tensors.append(pb_utils.Tensor._of(o.name, None, on_device, dt.name == "BF16"))
+                continue
         tensors.append(pb_utils.Tensor._of(o.name, arr, None, dt.name == "BF16"))
     return pb_utils.InferenceResponse(tensors)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import logging
 import threading
@@ -170,6 +171,29 @@ def _as_bytes(v: Any) -> bytes:
     return v if isinstance(v, bytes) else str(v).encode()
 
 
+class MemoryType(enum.Enum):
+    """Where a scripted request's outputs should be (``PreferredMemory``)."""
+
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class PreferredMemory:
+    """``InferenceRequest(..., preferred_memory=PreferredMemory(TRITONSERVER_MEMORY_GPU, 0))``:
+    the answer's outputs on that GPU (cupy arrays), BYTES on the host; by default, and
+    for TRITONSERVER_MEMORY_CPU, on the host."""
+
+    def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
+        expect("PreferredMemory()", "preferred_memory_type", preferred_memory_type, MemoryType)
+        expect("PreferredMemory()", "preferred_device_id", preferred_device_id, int)
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
 class InferenceRequest:
     """A request as a Python model's ``execute`` receives it."""
 
@@ -185,6 +209,7 @@ class InferenceRequest:
         sender: InferenceResponseSender | None = None,
         model_version: int = -1,
         timeout: int = 0,
+        preferred_memory: PreferredMemory | None = None,
         **_: Any,
     ) -> None:
         where = "InferenceRequest()"
@@ -200,6 +225,8 @@ class InferenceRequest:
         expect(where, "model_version", model_version, int)
         expect(where, "flags", flags, int)
         expect(where, "timeout", timeout, int)
+        expect(where, "preferred_memory", preferred_memory, (PreferredMemory, type(None)))
+        self._preferred = preferred_memory
         if isinstance(parameters, str):  # Triton takes a JSON object's text too
             parameters = json.loads(parameters) if parameters else {}
             if not isinstance(parameters, dict):
@@ -268,6 +295,13 @@ class InferenceRequest:
 
     def bls_parameters(self) -> dict[str, Any]:
         return self._parameters
+
+    def bls_gpu(self) -> int | None:
+        """The GPU its answer's outputs should be on (PreferredMemory), or None: the host."""
+        p = self._preferred
+        if p is None or p.preferred_memory_type is not MemoryType.TRITONSERVER_MEMORY_GPU:
+            return None
+        return p.preferred_device_id
 
 
 class InferenceResponse:

@@ -68,6 +68,28 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([out, on_cpu]))
         return responses
 """
+# A BLS call whose answer is asked for on the GPU (PreferredMemory): OUTPUT0 as it came.
+BLS_TO_GPU = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            answer = pb_utils.InferenceRequest(
+                model_name="torch_cpu_inputs", requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT0")],
+                preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, 0),
+            ).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            out = pb_utils.get_output_tensor_by_name(answer, "OUTPUT0")
+            on_cpu = pb_utils.Tensor("ON_CPU", np.array([out.is_cpu()]))
+            responses.append(pb_utils.InferenceResponse([out, on_cpu]))
+        return responses
+"""
 IO = (
     f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {N} ] }} ]\n'
     f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {N} ] }}, '
@@ -79,6 +101,7 @@ MODELS = {
     "torch_gpu_inputs": (TORCH_MODEL, GPU_INPUTS),
     "torch_cpu_inputs": (TORCH_MODEL, ""),
     "cupy_gpu_inputs": (CUPY_MODEL, GPU_INPUTS),
+    "bls_to_gpu": (BLS_TO_GPU, ""),
 }
 
 
@@ -133,6 +156,15 @@ def test_cuda_shared_memory_inputs_reach_the_model_where_its_config_says(
         client.unregister_cuda_shared_memory(region_out)
         cudashm.destroy_shared_memory_region(in_h)
         cudashm.destroy_shared_memory_region(out_h)
+
+
+def test_a_scripted_requests_answer_on_the_gpu(server: ShoalServer) -> None:
+    """PreferredMemory(TRITONSERVER_MEMORY_GPU, 0): the answer's tensor is on the GPU."""
+    client = httpclient.InferenceServerClient(server.url)
+    x = np.arange(N, dtype=np.float32)
+    result = client.infer("bls_to_gpu", [_host_input(x)])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * x)
+    assert result.as_numpy("ON_CPU").tolist() == [False]
 
 
 def _host_input(x: np.ndarray) -> httpclient.InferInput:

@@ -45,10 +45,12 @@ class TritonPythonModel:
                 model_name="add_sub",
                 requested_output_names=["OUTPUT0", "OUTPUT1"],
                 inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT0"),
-                        pb_utils.get_input_tensor_by_name(request, "INPUT1")])
+                        pb_utils.get_input_tensor_by_name(request, "INPUT1")],
+                preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0))
             infer_response = infer_request.exec()
             if infer_response.has_error():
                 raise pb_utils.TritonModelException(infer_response.error().message())
+            assert all(t.is_cpu() for t in infer_response.output_tensors())
             responses.append(pb_utils.InferenceResponse(infer_response.output_tensors()))
         return responses
 """
