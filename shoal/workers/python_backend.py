@@ -53,12 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from shoal.configs.model_config import (
-    config_to_json,
-    fill_preferred_batch_size,
-    parse_config_json,
-    v2_datatype,
-)
+from shoal.configs.model_config import config_to_json, fill_preferred_batch_size, parse_config_json
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
@@ -132,6 +128,9 @@ class PythonBackend:
         self.decoupled = False  # its config's model_transaction_policy
         self.gpu_inputs = False  # inputs in CUDA shared memory stay on the GPU
         self.bf16_inputs: set[str] = set()  # (their tensors refuse as_numpy, as Triton's)
+        # the completed config as Triton's JSON form (its /config), given to ``initialize``
+        # as ``model_config``; the worker sets it before ``load``
+        self.model_config: dict[str, Any] | None = None
         self._loop: _EventLoop | None = None  # made for the first async execute
         self._cls: Any = None  # TritonPythonModel, once imported
 
@@ -184,15 +183,14 @@ class PythonBackend:
         fill_preferred_batch_size(completed)
         return completed
 
-    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
-        """Import ``model.py`` and run ``initialize(args)``. ``instance_name`` is set by
-        the worker first (Triton's <group>_<k>)."""
+    def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
+        """Import ``model.py`` and run ``initialize(args)``. ``instance_name`` and
+        ``model_config`` are set by the worker first (Triton's <group>_<k>; the config's
+        JSON form)."""
         self.name = config.name
-        self.decoupled = bool(config.model_transaction_policy.decoupled)
-        force_cpu = (
-            config.parameters[_FORCE_CPU].string_value if _FORCE_CPU in config.parameters else ""
-        )
-        self.bf16_inputs = {i.name for i in config.input if v2_datatype(i.data_type) == "BF16"}
+        self.decoupled = config.decoupled
+        force_cpu = config.parameters.get(_FORCE_CPU, "")
+        self.bf16_inputs = {i.name for i in config.inputs if i.datatype == "BF16"}
         self.gpu_inputs = gpu and force_cpu.strip().lower() in ("no", "false", "0", "off")
         _check_stub_name(self.instance_name or config.name)
         cls = self._model_class(model_file)
@@ -201,7 +199,7 @@ class PythonBackend:
         if init is not None:
             init(
                 {
-                    "model_config": json.dumps(config_to_json(config)),
+                    "model_config": json.dumps(self.model_config or {}),
                     "model_instance_kind": "GPU" if gpu else "CPU",
                     "model_instance_name": self.instance_name or f"{config.name}_0",
                     "model_instance_device_id": "0",

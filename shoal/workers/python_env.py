@@ -34,6 +34,7 @@ from pathlib import Path
 from shoal.configs.model_config import parse_config_json, parse_config_text
 from shoal.configs.repository import config_file
 from shoal.configs.schema import ConfigError
+from shoal.configs.spec_reader import read_spec
 
 PARAMETER = "EXECUTION_ENV_PATH"
 MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
@@ -66,16 +67,12 @@ def requested(model_dir: Path, config_override: Path | None, model_config_name: 
             if PARAMETER not in text:  # (most models: no parsing)
                 return ""
             config = parse_config_text(text, model_dir.name)
+        spec = read_spec(config)
     except Exception:
         return ""
-    if (
-        config.backend not in ("", "python")
-        or config.platform
-        or PARAMETER not in config.parameters
-    ):
+    if spec.backend not in ("", "python") or spec.platform or PARAMETER not in spec.parameters:
         return ""
-    value = config.parameters[PARAMETER].string_value
-    return value.replace(MODEL_DIRECTORY, str(model_dir))
+    return spec.parameters[PARAMETER].replace(MODEL_DIRECTORY, str(model_dir))
 
 
 def inside() -> str:
