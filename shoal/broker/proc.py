@@ -42,7 +42,7 @@ from shoal.broker.router import Dispatch, Router
 from shoal.broker.sequencer import SequenceRefused
 from shoal.broker.startup import BrokerSettings, load_repository, model_control
 from shoal.broker.wake_timer import WakeTimer
-from shoal.ipc import logs, shm, sockets
+from shoal.ipc import custom_metrics, logs, shm, sockets
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, RequestError, ServingError
 from shoal.ipc.lifecycle import EXIT_FATAL, raise_open_file_limit, settle_gc
@@ -118,7 +118,8 @@ class BrokerProc:
         # ...and in the runtime directory: result sockets of frontends that are gone, the
         # files of loads made through an earlier broker (this one numbers loads afresh)
         if stale_files := [*sockets.sweep_stale_results(self.s.runtime_dir),
-                           *self.control.sweep_files()]:  # fmt: skip
+                           *self.control.sweep_files(),
+                           *custom_metrics.sweep(self.s.runtime_dir)]:  # fmt: skip
             log.info("removed %d stale file(s) of the runtime directory", len(stale_files))
         # ...and the frontends running already, each judged from now: one stuck before
         # this broker started would never greet it, nor be seen stuck otherwise
@@ -553,6 +554,8 @@ class BrokerProc:
             return
         if self.lender is not None:
             self._repin(self.lender.remove(ident, time.monotonic()))
+        # its Python model's metrics, if it could not remove them (SIGKILL)
+        custom_metrics.snapshot_path(self.s.runtime_dir, inst.pid).unlink(missing_ok=True)
         loss = self.endings.lost(inst, self.stop, time.monotonic())
         for item, err in loss.answers:
             self.out.fail_item(item, err, loss.ordering)

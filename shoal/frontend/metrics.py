@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -34,7 +34,10 @@ from shoal.frontend.http_connections import (
     ConnectionLimits,
     GatedSite,
 )
+from shoal.frontend.prometheus_text import Text, custom_families
+from shoal.ipc import custom_metrics
 from shoal.ipc import messages as m
+from shoal.ipc.custom_metrics import FamilySnapshot
 from shoal.ipc.errors import ServingError
 
 log = logging.getLogger("shoal.frontend")
@@ -213,42 +216,6 @@ class HostSampler:
         return out
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _number(v: float) -> str:
-    """Integers as integers (Triton's counters and µs figures), NaN as Prometheus spells it."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if float(v).is_integer():
-        return str(int(v))
-    return repr(float(v))
-
-
-class _Text:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(self, name: str, help_: str, kind: str) -> None:
-        escaped = help_.replace("\\", "\\\\").replace("\n", "\\n")
-        self.lines.append(f"# HELP {name} {escaped}")
-        self.lines.append(f"# TYPE {name} {kind}")
-
-    def sample(self, name: str, labels: Iterable[tuple[str, str]], value: float) -> None:
-        # (in label-name order, as Triton's Prometheus library writes them: clients that
-        # match a sample's line, Triton's own QA tests among them, expect that order)
-        body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels))
-        self.lines.append(
-            f"{name}{{{body}}} {_number(value)}" if body else f"{name} {_number(value)}"
-        )
-
-    def render(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
 def _labels(v: m.VersionMetrics, gpus: GpuSampler | None) -> list[tuple[str, str]]:
     """model and version, ``_<key>`` for each of the config's metric_tags, and the
     ``gpu_uuid`` of the GPU its instances run on, where the GPU metrics know it."""
@@ -266,11 +233,13 @@ def render(
     cache: ResponseCache | None = None,
     gpus: GpuSampler | None = None,
     connections: tuple[str, list[ConnectionCounts]] | None = None,
+    custom: list[FamilySnapshot] | None = None,
 ) -> str:
     """The metrics page, families in Triton's order; ``cache``: this frontend's response
     cache, if the server has one; ``gpus``: the GPUs' last sample, if there are any;
-    ``connections``: this frontend's index and its listeners' connection counts."""
-    t = _Text()
+    ``connections``: this frontend's index and its listeners' connection counts;
+    ``custom``: the Python models' own families (after Triton's, as it registers them)."""
+    t = Text()
     rows = [(v, _labels(v, gpus)) for v in versions]
 
     def counter(name: str, help_: str, value: _Value, per: int = 1, of: _Rows = rows) -> None:
@@ -361,6 +330,8 @@ def render(
         ):
             t.family(name, help_, "gauge")
             t.sample(name, [], value)
+    if custom:
+        custom_families(t, custom)
     if connections is not None:
         _connection_families(t, *connections)
     return t.render()
@@ -397,7 +368,7 @@ _DROPPED_HELP: Final = (
 )
 
 
-def _connection_families(t: _Text, frontend: str, listeners: list[ConnectionCounts]) -> None:
+def _connection_families(t: Text, frontend: str, listeners: list[ConnectionCounts]) -> None:
     """shoal's own: the connections of this frontend process's listeners (HTTP, metrics)
     and what their limits did, labelled by frontend (the process that answered the
     scrape: with several, each scrape shows one's)."""
@@ -416,9 +387,7 @@ def _connection_families(t: _Text, frontend: str, listeners: list[ConnectionCoun
             t.sample(_DROPPED, [*labels, ("reason", reason)], count)
 
 
-def _instance_families(
-    t: _Text, rows: list[tuple[m.VersionMetrics, list[tuple[str, str]]]]
-) -> None:
+def _instance_families(t: Text, rows: list[tuple[m.VersionMetrics, list[tuple[str, str]]]]) -> None:
     """shoal's own: how often each model's instances ended unasked (each is restarted),
     and the memory each holds of its own next to its limit, to alert on."""
     exits = "shoal_instance_exit_count"
@@ -452,12 +421,14 @@ class MetricsServer:
         cache: ResponseCache | None = None,
         limits: ConnectionLimits | None = None,
         connections: Callable[[], list[ConnectionCounts]] | None = None,
+        runtime_dir: Path | None = None,
     ) -> None:
         self.s = s
         self._fetch = fetch  # the broker's figures, with these quantiles of each latency
         self.cache = cache  # this frontend's response cache
         self.limits = limits or ConnectionLimits(METRICS_CONNECTIONS)  # of this listener
         self._connections = connections  # the other listeners' connection counts
+        self.runtime_dir = runtime_dir  # where Python models' metrics are (ipc/custom_metrics)
         self.gate: ConnectionGate | None = None
         self.host = HostSampler() if s.cpu else None
         self.gpus: GpuSampler | None = None
@@ -516,5 +487,11 @@ class MetricsServer:
         if self.gate is not None:
             listeners.append(self.gate.counts())
         connections = (self.s.frontend, listeners)
-        body = render(versions, self.s.config, self.host, self.cache, self.gpus, connections)
+        custom = None
+        if self.runtime_dir is not None:
+            snapshots = await asyncio.to_thread(custom_metrics.read_all, self.runtime_dir)
+            custom = custom_metrics.merge(snapshots)
+        body = render(
+            versions, self.s.config, self.host, self.cache, self.gpus, connections, custom
+        )
         return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})

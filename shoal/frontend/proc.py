@@ -182,7 +182,9 @@ def _metrics_server(
     def counts() -> list[ConnectionCounts]:
         return [gate.counts() for gate in gates]
 
-    return MetricsServer(s.metrics, dataplane.metrics, dataplane.cache, limits, counts)
+    return MetricsServer(
+        s.metrics, dataplane.metrics, dataplane.cache, limits, counts, s.runtime_dir
+    )
 
 
 def _listen_error(service: str, address: str, exc: Exception) -> str:

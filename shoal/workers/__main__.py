@@ -105,6 +105,26 @@ def _place(args: argparse.Namespace) -> None:
     args.instance_name = args.instance_name or plan.name
 
 
+def _execution_env(args: argparse.Namespace, argv: list[str]) -> str:
+    """A Python model's EXECUTION_ENV_PATH (shoal/workers/python_env.py): this worker is
+    exec'd in that environment's interpreter, or the reason it cannot be, for its load
+    to fail with ("" when the model asks for none, or this is the environment's)."""
+    from shoal.workers import python_env as pe
+
+    override = Path(args.config_override) if args.config_override else None
+    value = pe.requested(args.model_repository / args.model, override, args.model_config_name)
+    if not value or pe.inside() == value:
+        return ""
+    try:
+        env = pe.prepare(value, pe.cache_root())
+        python = pe.interpreter(env, value)
+    except pe.EnvError as exc:
+        return str(exc)
+    logging.getLogger("shoal.worker").info("model '%s' runs in %s (%s)", args.model, env, value)
+    pe.enter(value, env, python, argv)
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGKILL, not SIGTERM: a worker stuck in a model's native code never runs a Python
@@ -113,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     # requests, shoal/workers/bls.py) is removed by the broker, or by the next start's sweep.
     die_with_parent(args.parent_pid, signal.SIGKILL)
     setup_logging(f"worker:{args.model}/{args.version}#{args.instance}", log_settings(args))
+    env_error = _execution_env(args, sys.argv[1:] if argv is None else argv)
     set_cpu_scheduling()
     if args.cores is None and args.gpu is None:
         _place(args)
@@ -156,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             config_override=Path(args.config_override) if args.config_override else None,
             fault=_fault(args.model, args.instance),
             may_use=may_use,
+            env_error=env_error,
         )
     )
     return run_until_stopped(proc)

@@ -1,5 +1,7 @@
 """Business logic scripting: a Python model's own requests to other models
-(``pb_utils.InferenceRequest(model_name=..., ...).exec()`` and ``async_exec()``).
+(``pb_utils.InferenceRequest(model_name=..., ...).exec()`` and ``async_exec()``), and its
+model control (``pb_utils.load_model``, ``unload_model``, ``is_model_ready``: the
+repository extension's, through the broker, which refuses them outside explicit mode).
 
 The worker reaches the other models the way a frontend does, through the broker: it
 runs the data plane (shoal/dataplane/plane.py) on an event loop in a thread of its own, with
@@ -12,8 +14,9 @@ responses); its error comes back in the response (``has_error()``), never raised
 Started on a model's first request, so a worker whose model never calls another costs
 nothing. A model that calls its own model waits for an instance of it: with one
 instance, for ever, as in Triton, until the execution timeout (--model-execution-timeout-
-secs, which counts the wait) kills the instance. BF16 has no numpy type: a uint16 input
-is sent as UINT16, and a BF16 output comes back as uint16.
+secs, which counts the wait) kills the instance. BF16 tensors (``from_dlpack`` of a
+bfloat16 tensor) go as BF16, and a BF16 output comes back as one (DLPack only, as in
+Triton); a plain uint16 array goes as UINT16.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from shoal.ipc import datatypes
 from shoal.ipc.errors import Code, ServingError
 from shoal.ipc.shm import SlabPool
 from shoal.workers import pb_utils
+from shoal.workers.tensors import on_host
 
 log = logging.getLogger("shoal.worker.bls")
 
@@ -98,7 +102,30 @@ class BlsClient:
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
             done.set_result(_failed(err.message, err.code))
             return done
-        return asyncio.run_coroutine_threadsafe(_one(dp, call), loop)
+        return asyncio.run_coroutine_threadsafe(_one(dp, call, req.bls_gpu()), loop)
+
+    # -- model control (pb_utils.load_model, unload_model, is_model_ready) -------------
+
+    def load_model(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        """Load (or reload) a model, as the repository extension's load: back once it is
+        ready; its failure raised as ServingError."""
+        self._wait(lambda dp: dp.repository.model_control("load", name, config, files))
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        self._wait(
+            lambda dp: dp.repository.model_control("unload", name, "", {}, unload_dependents)
+        )
+
+    def is_model_ready(self, name: str, version: str) -> bool:
+        return bool(self._wait(lambda dp: dp.model_ready(name, version)))
+
+    def _wait(self, call: Any) -> Any:
+        """``call(data plane)``'s coroutine run on the loop, waited for."""
+        loop, dp = self._started()
+        try:
+            return asyncio.run_coroutine_threadsafe(call(dp), loop).result()
+        except concurrent.futures.CancelledError:  # the worker is stopping
+            raise ServingError(Code.UNAVAILABLE, _STOPPING) from None
 
     def _started(self) -> tuple[asyncio.AbstractEventLoop, DataPlane]:
         """The loop and its data plane, connected on the first call (raises ServingError
@@ -189,7 +216,8 @@ class Responses:
             self._answers.put(_failed(err.message, err.code))
             self._answers.put(_END)
             return
-        self._call = asyncio.run_coroutine_threadsafe(_stream(dp, call, self._answers.put), loop)
+        stream = _stream(dp, call, self._answers.put, req.bls_gpu())
+        self._call = asyncio.run_coroutine_threadsafe(stream, loop)
 
     def __iter__(self) -> Responses:
         return self
@@ -225,11 +253,11 @@ def _request(req: pb_utils.InferenceRequest) -> ClientRequest:
     """A pb_utils request as the data plane takes a client's."""
     inputs = []
     for t in req.inputs():
-        arr = t.as_numpy()
+        arr = on_host(t.data())  # (a GPU tensor goes through the host)
         if arr.dtype.kind in "OSU":
             name, data = "BYTES", datatypes.serialize_bytes(arr.reshape(-1))
         else:
-            name = _V2_NAMES.get(np.dtype(arr.dtype).newbyteorder("<"), "")
+            name = "BF16" if t._bf16 else _V2_NAMES.get(np.dtype(arr.dtype).newbyteorder("<"), "")
             if not name:
                 raise ServingError(
                     Code.INVALID_ARG,
@@ -268,7 +296,7 @@ _V2_NAMES = {dt.numpy: dt.name for dt in datatypes.DATATYPES.values() if dt.nump
 }  # (BF16 shares uint16's layout: uint16 it is)
 
 
-async def _one(dp: DataPlane, req: ClientRequest) -> pb_utils.InferenceResponse:
+async def _one(dp: DataPlane, req: ClientRequest, gpu: int | None) -> pb_utils.InferenceResponse:
     try:
         if (await dp.model(req.model, req.version)).decoupled:
             return _failed(
@@ -281,15 +309,15 @@ async def _one(dp: DataPlane, req: ClientRequest) -> pb_utils.InferenceResponse:
     except Exception as exc:  # whatever happens, the model gets a response
         return _failed(f"{type(exc).__name__}: {exc}", Code.INTERNAL)
     try:
-        return _taken(result)
+        return _taken(result, gpu)
     except Exception as exc:
         return _failed(f"{type(exc).__name__}: {exc}", Code.INTERNAL)
 
 
-async def _stream(dp: DataPlane, req: ClientRequest, put: Any) -> None:
+async def _stream(dp: DataPlane, req: ClientRequest, put: Any, gpu: int | None) -> None:
     try:
         async for r in dp.infer_stream(req):
-            put(_failed(r.message, r.code) if isinstance(r, ResponseError) else _taken(r))
+            put(_failed(r.message, r.code) if isinstance(r, ResponseError) else _taken(r, gpu))
     except ServingError as err:
         put(_failed(err.message, err.code))
     except Exception as exc:  # whatever happens, the model's iterator must end
@@ -298,9 +326,9 @@ async def _stream(dp: DataPlane, req: ClientRequest, put: Any) -> None:
         put(_END)
 
 
-def _taken(result: InferenceResult) -> pb_utils.InferenceResponse:
+def _taken(result: InferenceResult, gpu: int | None) -> pb_utils.InferenceResponse:
     try:
-        return _response(result)
+        return _response(result, gpu)
     finally:
         result.release()
 
@@ -309,8 +337,10 @@ def _failed(message: str, code: Code) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, _CODES[code]))
 
 
-def _response(result: InferenceResult) -> pb_utils.InferenceResponse:
-    """The answer's outputs as the model's own arrays (copied out of shared memory)."""
+def _response(result: InferenceResult, gpu: int | None) -> pb_utils.InferenceResponse:
+    """The answer's outputs as the model's own arrays (copied out of shared memory); on
+    GPU ``gpu`` where the request preferred it (PreferredMemory), BYTES staying on the
+    host."""
     tensors = []
     for o in result.outputs:
         dt = datatypes.datatype(o.datatype)
@@ -321,7 +351,14 @@ def _response(result: InferenceResult) -> pb_utils.InferenceResponse:
             arr = values.reshape(o.shape)
         else:
             arr = np.frombuffer(o.data, dtype=dt.numpy).reshape(o.shape).copy()
-        tensors.append(pb_utils.Tensor(o.name, arr))
+            if gpu is not None:
+                import cupy  # (a model that asks for GPU memory has it)
+
+                with cupy.cuda.Device(gpu):
+                    on_device = cupy.asarray(arr)
+                tensors.append(pb_utils.Tensor._of(o.name, None, on_device, dt.name == "BF16"))
+                continue
+        tensors.append(pb_utils.Tensor._of(o.name, arr, None, dt.name == "BF16"))
     # the model's own parameters (the final flag is the stream's, not the model's)
     params = {k: v for k, v in result.parameters.items() if k != FINAL_FLAG}
     return pb_utils.InferenceResponse(tensors, parameters=params)

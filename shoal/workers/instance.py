@@ -223,15 +223,19 @@ class ModelInstance:
                 self.cancels.end()
         t2 = time.perf_counter_ns()
         for (pos, it, _), result in zip(live, results, strict=True):
+            asked = it.request.outputs
             if not isinstance(result, ServingError):
-                result = self.model_outputs(it, result)
+                # a requested output the model did not give is left out, as Triton's
+                # Python backend leaves it (the response has the others)
+                asked = [s for s in asked if s.name in result]
+                result = self.model_outputs(it, result, asked)
             if isinstance(result, ServingError):
                 if result.code == Code.INTERNAL:
                     log.error("%s", result.message)
                 failed.append(pos)
                 answers.append((it, error(it, result.code, result.message)))
                 continue
-            resp = self.result(it, result, _given(it, result))
+            resp = self.result(it, result, asked)
             if resp.error is not None:
                 failed.append(pos)
             elif params := getattr(result, "parameters", None):  # (python_backend.Answered)
@@ -383,7 +387,7 @@ class ModelInstance:
             err = response.error()
             info = m.ErrorInfo(int(error_code(err.code())), str(err.message()))
             return m.InferResponse(item.request.req_id, [], info, version, final=final)
-        given = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        given = {t.name(): t.data() for t in response.output_tensors()}
         asked = [s for s in item.request.outputs if s.name in given]
         checked = self.model_outputs(item, given, asked)
         if isinstance(checked, ServingError):
@@ -402,14 +406,6 @@ def error(
     """``item``'s answer that it failed."""
     info = m.ErrorInfo(int(code), message, names_request)
     return m.InferResponse(item.request.req_id, [], info, final=final)
-
-
-def _given(item: m.WorkItem, outs: dict[str, Any]) -> list[m.OutputSpec] | None:
-    """The outputs ``item`` asked for that a Python model gave (None: all of them)."""
-    asked = item.request.outputs
-    if all(s.name in outs for s in asked):
-        return None
-    return [s for s in asked if s.name in outs]
 
 
 def _inline(spec: m.OutputSpec) -> m.OutputSpec:

@@ -36,7 +36,7 @@ from shoal.configs.model_spec import ModelSpec
 from shoal.configs.placement import passive_instances
 from shoal.configs.spec_reader import read_spec
 from shoal.workers import backend as backends
-from shoal.workers import classification, warmup
+from shoal.workers import classification, python_env, warmup
 from shoal.workers.batch_io import BatchAssembler
 from shoal.workers.sequence_io import SequenceIO
 
@@ -62,6 +62,7 @@ class WorkerSettings:
     config_override: Path | None = None  # a load's JSON config, replacing config.pbtxt
     fault: str = ""  # SHOAL_TEST_FAULT's action, for tests only (see shoal/workers/__main__.py)
     may_use: int = 0  # cores it may run on while idle instances lend theirs (0: its own)
+    env_error: str = ""  # why its Python model's EXECUTION_ENV_PATH cannot be used
 
 
 @dataclass
@@ -116,6 +117,8 @@ class LoadedModel:
 def load(s: WorkerSettings, start_scripting: Callable[[], object]) -> LoadedModel:
     """Find, complete and load the model ``s`` names, then warm it up; raises on any
     failure (ConfigError with its message, or whatever the backend raised)."""
+    if s.env_error:
+        raise ConfigError(s.model, s.env_error)
     override = None
     if s.config_override is not None:
         override = parse_config_json(s.config_override.read_text(), s.model)
@@ -134,6 +137,8 @@ def load(s: WorkerSettings, start_scripting: Callable[[], object]) -> LoadedMode
     backend_name = config.backend or "onnxruntime"
     backend = backends.create(backend_name)
     if backend_name == "python":  # its model may call other models
+        model_dir = s.model_repository / s.model  # (as the worker's start read it)
+        python_env.check(s.model, model_dir, s.config_override, s.model_config_name)
         start_scripting()
     backend.instance_name = s.instance_name  # type: ignore[attr-defined]  # (Python's)
     backend.default_max_batch_size = s.default_max_batch_size  # type: ignore[attr-defined]

@@ -6,14 +6,17 @@ that runs it registers this module under that name first. It gives what such mod
 of Triton's: Tensor, InferenceRequest and InferenceResponse, TritonError and
 TritonModelException, the by-name getters, the type converters, the request flags, and
 Logger (into the worker's log), and ModelConfig for ``auto_complete_config``
-(shoal/workers/pb_model_config.py). Tensors live in the worker's memory as numpy arrays:
-BYTES as object arrays of ``bytes``, as Triton's Python backend gives them.
+(shoal/workers/pb_model_config.py). Tensors live in the worker's memory as numpy arrays
+(BYTES as object arrays of ``bytes``, as Triton's Python backend gives them), or on the
+GPU as cupy arrays (``Tensor`` says which).
 
 A decoupled model's requests carry response senders (``get_response_sender()``): the
 worker gives each request one (``InferenceResponseSender``) that sends each response as it
 is given, from any thread. A model's own ``InferenceRequest(model_name=..., ...).exec()``
-(business logic scripting) goes through the worker's ``scripting`` (shoal/workers/bls.py). Not
-here: DLPack and GPU tensors; those raise TritonModelException saying so.
+(business logic scripting) goes through the worker's ``scripting`` (shoal/workers/bls.py), and
+so do ``load_model``, ``unload_model`` and ``is_model_ready``. ``MetricFamily`` and ``Metric``
+are shoal/workers/pb_metrics.py's; DLPack (``Tensor.from_dlpack``, ``to_dlpack``) is
+shoal/workers/pb_dlpack.py's.
 """
 
 from __future__ import annotations
@@ -29,9 +32,25 @@ from typing import Any
 
 import numpy as np
 
+from shoal.workers import pb_dlpack
+from shoal.workers.pb_control import is_model_ready, load_model, unload_model
+from shoal.workers.pb_errors import TritonError, TritonModelException, expect
+from shoal.workers.pb_logger import Logger
+from shoal.workers.pb_metrics import Metric, MetricFamily
 from shoal.workers.pb_model_config import ModelConfig
 
-__all__ = ["ModelConfig"]  # (the rest is used by name, as Triton's module is)
+# Triton's names, defined beside (the rest is used by name, as Triton's module is)
+__all__ = [
+    "Logger",
+    "Metric",
+    "MetricFamily",
+    "ModelConfig",
+    "TritonError",
+    "TritonModelException",
+    "is_model_ready",
+    "load_model",
+    "unload_model",
+]
 
 _log = logging.getLogger("shoal.worker.model")
 
@@ -61,43 +80,16 @@ _TYPE_NUMBERS = {1: "TYPE_BOOL", 2: "TYPE_UINT8", 3: "TYPE_UINT16", 4: "TYPE_UIN
                  13: "TYPE_STRING"}  # fmt: skip
 
 
-class TritonModelException(Exception):
-    """What a Python model raises; the requests of its batch fail with the message."""
-
-    def message(self) -> str:
-        return str(self)
-
-
-class TritonError:
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
-
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        self._message = message
-        self._code = code
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> int:
-        return self._code
-
-
-def _expect(where: str, arg: str, value: Any, types: type | tuple[type, ...]) -> None:
-    """An argument of the wrong type: TypeError, as Triton's bindings (pybind11) raise it."""
-    if not isinstance(value, types):
-        raise TypeError(f"{where}: '{arg}' cannot be {type(value).__name__}")
-
-
 class Tensor:
+    """A tensor of a request or response: a numpy array in host memory, or (``from_dlpack``
+    of GPU memory, a KIND_GPU instance's inputs that stay on the GPU) a cupy array in
+    device memory, for which ``is_cpu()`` is False and ``as_numpy()`` refuses."""
+
+    _device: Any = None  # the cupy array of a tensor in GPU memory
+    _bf16 = False  # its arrays hold BF16 bits as uint16 (numpy has no bfloat16)
+
     def __init__(self, name: str, data: Any) -> None:
-        _expect("Tensor()", "name", name, str)
+        expect("Tensor()", "name", name, str)
         if data is None:
             raise TypeError("Tensor(): 'data' cannot be NoneType")
         if not name:
@@ -112,33 +104,94 @@ class Tensor:
                 array.shape
             )
         self._name = name
-        self._array = array
+        self._array: np.ndarray | None = array
+
+    @classmethod
+    def _of(cls, name: str, host: np.ndarray | None, on_device: Any, bf16: bool) -> Tensor:
+        """A tensor over a numpy or a cupy array (the worker's, and ``from_dlpack``'s);
+        ``bf16``: the array holds BF16 bits as uint16."""
+        tensor = cls(name, host) if host is not None else cls.__new__(cls)
+        tensor._name, tensor._array, tensor._device = name, host, on_device
+        tensor._bf16 = bf16
+        return tensor
 
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._array is None:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
+        if self._bf16:
+            raise TritonModelException(pb_dlpack.BF16_TO_NUMPY)
         return self._array
 
+    def data(self) -> Any:
+        """The numpy array, or the cupy array of a tensor in GPU memory (the worker's)."""
+        return self._array if self._array is not None else self._device
+
     def shape(self) -> list[int]:
-        return list(self._array.shape)
+        return list(self.data().shape)
 
     def triton_dtype(self) -> int | None:
-        return numpy_to_triton_type(self._array.dtype)
+        return 14 if self._bf16 else numpy_to_triton_type(self.data().dtype)  # (TYPE_BF16)
 
     def is_cpu(self) -> bool:
-        return True
+        return self._array is not None
 
     def to_dlpack(self) -> Any:
-        raise TritonModelException("DLPack tensors are not supported by this server")
+        """A DLPack capsule of this tensor's memory (no copy)."""
+        try:
+            return pb_dlpack.exported(self._array, self._device, self._bf16)
+        except ValueError as exc:
+            raise TritonModelException(str(exc)) from None
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self._array is not None:
+            return (pb_dlpack.KDL_CPU, 0)
+        return (pb_dlpack.KDL_CUDA, int(self._device.device.id))
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
-        raise TritonModelException("DLPack tensors are not supported by this server")
+        """A tensor over a DLPack capsule's memory, or a ``__dlpack__`` object's (torch,
+        cupy, numpy...), with no copy: C-contiguous ones only, as Triton takes them."""
+        expect("Tensor.from_dlpack()", "name", name, str)
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        try:
+            host, on_device, bf16 = pb_dlpack.imported(capsule)
+        except ValueError as exc:
+            raise TritonModelException(str(exc)) from None
+        return Tensor._of(name, host, on_device, bf16)
 
 
 def _as_bytes(v: Any) -> bytes:
     return v if isinstance(v, bytes) else str(v).encode()
+
+
+class MemoryType(enum.Enum):
+    """Where a scripted request's outputs should be (``PreferredMemory``)."""
+
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class PreferredMemory:
+    """``InferenceRequest(..., preferred_memory=PreferredMemory(TRITONSERVER_MEMORY_GPU, 0))``:
+    the answer's outputs on that GPU (cupy arrays), BYTES on the host; by default, and
+    for TRITONSERVER_MEMORY_CPU, on the host."""
+
+    def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
+        expect("PreferredMemory()", "preferred_memory_type", preferred_memory_type, MemoryType)
+        expect("PreferredMemory()", "preferred_device_id", preferred_device_id, int)
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
 
 
 class InferenceRequest:
@@ -157,21 +210,24 @@ class InferenceRequest:
         model_version: int = -1,
         timeout: int = 0,
         cancelled: Callable[[], bool] | None = None,
+        preferred_memory: PreferredMemory | None = None,
         **_: Any,
     ) -> None:
         where = "InferenceRequest()"
-        _expect(where, "inputs", inputs, list)
-        _expect(where, "requested_output_names", requested_output_names, list)
+        expect(where, "inputs", inputs, list)
+        expect(where, "requested_output_names", requested_output_names, list)
         for name in requested_output_names or []:
-            _expect(where, "requested_output_names", name, str)
+            expect(where, "requested_output_names", name, str)
         if any(t is None for t in inputs or []):  # (Triton's check of its tensors)
             raise TritonModelException("InferenceRequest inputs must be pb_utils.Tensor objects")
-        _expect(where, "request_id", request_id, str)
-        _expect(where, "correlation_id", correlation_id, (int, str))
-        _expect(where, "model_name", model_name, str)
-        _expect(where, "model_version", model_version, int)
-        _expect(where, "flags", flags, int)
-        _expect(where, "timeout", timeout, int)
+        expect(where, "request_id", request_id, str)
+        expect(where, "correlation_id", correlation_id, (int, str))
+        expect(where, "model_name", model_name, str)
+        expect(where, "model_version", model_version, int)
+        expect(where, "flags", flags, int)
+        expect(where, "timeout", timeout, int)
+        expect(where, "preferred_memory", preferred_memory, (PreferredMemory, type(None)))
+        self._preferred = preferred_memory
         if isinstance(parameters, str):  # Triton takes a JSON object's text too
             parameters = json.loads(parameters) if parameters else {}
             if not isinstance(parameters, dict):
@@ -245,6 +301,13 @@ class InferenceRequest:
     def bls_parameters(self) -> dict[str, Any]:
         return self._parameters
 
+    def bls_gpu(self) -> int | None:
+        """The GPU its answer's outputs should be on (PreferredMemory), or None: the host."""
+        p = self._preferred
+        if p is None or p.preferred_memory_type is not MemoryType.TRITONSERVER_MEMORY_GPU:
+            return None
+        return p.preferred_device_id
+
 
 def response_parameters(parameters: Any) -> dict[str, bool | int | str]:
     """A response's ``parameters`` as Triton's Python backend checks them: None or a
@@ -273,7 +336,7 @@ class InferenceResponse:
         error: TritonError | None = None,
         parameters: dict[str, Any] | None = None,
     ) -> None:
-        _expect("InferenceResponse()", "output_tensors", output_tensors, (list, tuple))
+        expect("InferenceResponse()", "output_tensors", output_tensors, (list, tuple))
         tensors = list(output_tensors)
         for t in tensors:
             if not isinstance(t, Tensor):
@@ -437,50 +500,3 @@ def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
     out = np.empty(len(items), dtype=object)
     out[:] = items
     return out
-
-
-class _Level(enum.Enum):
-    """Triton's ``pb_utils.Logger.LogLevel`` (an enum, not numbers: ``log`` refuses 1)."""
-
-    INFO = 0
-    WARNING = 1
-    ERROR = 2
-    VERBOSE = 3
-
-
-_LEVELS = {
-    _Level.INFO: logging.INFO,
-    _Level.WARNING: logging.WARNING,
-    _Level.ERROR: logging.ERROR,
-    _Level.VERBOSE: logging.DEBUG,
-}
-
-
-class Logger:
-    """Lines into the worker's log, at Triton's levels."""
-
-    LogLevel = _Level  # (Triton's Logger.LogLevel)
-    INFO, WARNING = _Level.INFO, _Level.WARNING
-    ERROR, VERBOSE = _Level.ERROR, _Level.VERBOSE
-
-    @staticmethod
-    def log_info(message: str) -> None:
-        Logger.log(message, _Level.INFO)
-
-    @staticmethod
-    def log_warn(message: str) -> None:
-        Logger.log(message, _Level.WARNING)
-
-    @staticmethod
-    def log_error(message: str) -> None:
-        Logger.log(message, _Level.ERROR)
-
-    @staticmethod
-    def log_verbose(message: str) -> None:
-        Logger.log(message, _Level.VERBOSE)
-
-    @staticmethod
-    def log(message: str, level: _Level = _Level.INFO) -> None:
-        _expect("Logger.log()", "message", message, str)
-        _expect("Logger.log()", "level", level, _Level)
-        _log.log(_LEVELS[level], "%s", message)

@@ -26,13 +26,13 @@ from typing import Any
 import zmq
 
 from shoal.configs.model_config import ConfigError
-from shoal.ipc import logs, sockets
+from shoal.ipc import custom_metrics, logs, sockets
 from shoal.ipc import messages as m
 from shoal.ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, raise_open_file_limit, settle_gc
 from shoal.ipc.result_link import ResultSender
 from shoal.ipc.shm import RegionMap
 from shoal.workers import backend as backends
-from shoal.workers import faults, loading, pb_utils
+from shoal.workers import faults, loading, pb_metrics, pb_utils
 from shoal.workers.cancels import RunningCancels
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.instance import Answers, ModelInstance
@@ -142,10 +142,13 @@ class WorkerProc:
         return m.WorkerReady(self.config_bytes, list(s.cores), threads)
 
     def _start_scripting(self) -> None:
-        """A Python model may call other models (shoal/workers/bls.py)."""
+        """A Python model may call other models (shoal/workers/bls.py) and keep metrics of
+        its own (shoal/workers/pb_metrics.py), which the frontends read from its file."""
         from shoal.workers.bls import BlsClient  # (the data plane's modules: Python's only)
 
         self.scripting = pb_utils.scripting = BlsClient(self.s.runtime_dir)
+        pid = os.getpid()
+        pb_metrics.publish_to(custom_metrics.snapshot_path(self.s.runtime_dir, pid), pid)
 
     def _await_welcome(self) -> None:
         """Stay until a broker has read this worker's hello, and so the failure queued
@@ -469,6 +472,8 @@ class WorkerProc:
             self.backend.unload()
         if self.scripting is not None:
             self.scripting.close()
+            pb_metrics.stop_publishing()
+            custom_metrics.snapshot_path(self.s.runtime_dir, os.getpid()).unlink(missing_ok=True)
         with self.io_lock:
             self._end_open_streams()
             self.cuda.close()

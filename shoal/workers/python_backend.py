@@ -26,7 +26,14 @@ As Triton's Python backend:
   before ``initialize`` when auto-complete is on (``auto_complete``): what it sets is the
   model's config (shoal/workers/pb_model_config.py says what it may set).
 
-Not here: custom execution environments (the model runs in the server's Python).
+* ``EXECUTION_ENV_PATH`` (a conda-pack or venv tarball, or a folder): the worker runs in
+  that environment's interpreter, exec'd before it connects (shoal/workers/python_env.py).
+* ``pb_utils.MetricFamily`` / ``Metric`` (shoal/workers/pb_metrics.py), and
+  ``load_model`` / ``unload_model`` / ``is_model_ready`` (shoal/workers/pb_control.py).
+* Each request's inputs are the model's own copies, in host memory; a KIND_GPU instance
+  whose config sets FORCE_CPU_ONLY_INPUT_TENSORS "no" keeps those a client sent in CUDA
+  shared memory on its GPU (cupy arrays: ``Tensor.is_cpu()`` False). BF16 inputs are
+  DLPack-only tensors, as in Triton (shoal/workers/pb_dlpack.py).
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ def error_code(code: int) -> Code:
     return _CODES.get(code, Code.INTERNAL)
 
 
+_FORCE_CPU = "FORCE_CPU_ONLY_INPUT_TENSORS"
 #: What Triton's Python backend refuses in a stub's name (the model's, for its
 #: auto-complete stub; the instance's): the characters a shell would act on.
 _INVALID_NAME_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
@@ -126,6 +134,8 @@ class PythonBackend:
         self.name = ""
         self.instance_name = ""
         self.decoupled = False  # its config's model_transaction_policy
+        self.gpu_inputs = False  # inputs in CUDA shared memory stay on the GPU
+        self.bf16_inputs: set[str] = set()  # (their tensors refuse as_numpy, as Triton's)
         # the completed config as Triton's JSON form (its /config), given to ``initialize``
         # as ``model_config``; the worker sets it before ``load``
         self.model_config: dict[str, Any] | None = None
@@ -187,6 +197,9 @@ class PythonBackend:
         JSON form)."""
         self.name = config.name
         self.decoupled = config.decoupled
+        force_cpu = config.parameters.get(_FORCE_CPU, "")
+        self.bf16_inputs = {i.name for i in config.inputs if i.datatype == "BF16"}
+        self.gpu_inputs = gpu and force_cpu.strip().lower() in ("no", "false", "0", "off")
         _check_stub_name(self.instance_name or config.name)
         cls = self._model_class(model_file)
         self.model = cls()
@@ -243,7 +256,7 @@ class PythonBackend:
         # shared memory (a client's region, the frontend's slab), or read-only bytes.
         return [
             pb_utils.InferenceRequest(
-                [pb_utils.Tensor(n, np.array(on_host(a), copy=True)) for n, a in tensors.items()],
+                [self._input(n, a) for n, a in tensors.items()],
                 [o.name for o in req.outputs],
                 request_id=req.request_id,
                 correlation_id=req.sequence_id,
@@ -255,6 +268,15 @@ class PythonBackend:
             )
             for i, (req, tensors) in enumerate(items)
         ]
+
+    def _input(self, name: str, array: Any) -> pb_utils.Tensor:
+        """The model's own copy of an input: on the GPU for a KIND_GPU instance whose
+        config sets FORCE_CPU_ONLY_INPUT_TENSORS "no", where the client sent it in CUDA
+        shared memory (a cupy array); in host memory otherwise."""
+        bf16 = name in self.bf16_inputs
+        if self.gpu_inputs and hasattr(array, "__cuda_array_interface__"):
+            return pb_utils.Tensor._of(name, None, array.copy(), bf16)
+        return pb_utils.Tensor._of(name, np.array(on_host(array), copy=True), None, bf16)
 
     def execute_decoupled(self, requests: list[Any]) -> str | None:
         """A decoupled model's ``execute``: its responses go through the requests'
@@ -351,7 +373,7 @@ class PythonBackend:
             if err is not None:
                 out.append(ServingError(error_code(err.code()), err.message()))
                 continue
-            tensors = {t.name(): t.as_numpy() for t in resp.output_tensors()}
+            tensors = {t.name(): t.data() for t in resp.output_tensors()}
             params = resp.parameter_values()
             out.append(Answered(tensors, params) if params else tensors)
         return out

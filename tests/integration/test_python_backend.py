@@ -360,6 +360,18 @@ def test_a_model_that_fails_fails_its_requests_and_nothing_else(
     assert result.as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
 
 
+def test_a_requested_output_the_model_does_not_give_is_left_out(server: ShoalServer) -> None:
+    """As Triton's Python backend: the response has the outputs the model gave."""
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    x.set_data_from_numpy(np.full((1, 4), 3.0, np.float32))
+    asked = [httpclient.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
+    result = client.infer("half", [x], outputs=asked)
+    assert result.as_numpy("OUTPUT0").tolist() == [[3.0] * 4]
+    assert result.as_numpy("OUTPUT1") is None
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["OUTPUT0"]
+
+
 def test_bytes_tensors_are_bytes_objects(server: ShoalServer) -> None:
     client = httpclient.InferenceServerClient(server.url)
     text = np.array([[b"triton", b"shoal"]], dtype=object)

@@ -166,7 +166,7 @@ def test_a_model_without_batching_counts_one_sample_per_request(regions: RegionM
     assert done.batch_size == 1
 
 
-def test_requests_run_one_by_one_and_a_wrong_output_is_the_model_s_fault(
+def test_requests_run_one_by_one_a_wrong_output_is_the_model_s_fault_and_a_missing_one_left_out(
     regions: RegionMap,
 ) -> None:
     def answer(req: m.InferRequest, tensors: dict[str, Any]) -> Any:
@@ -184,6 +184,7 @@ def test_requests_run_one_by_one_and_a_wrong_output_is_the_model_s_fault(
     assert (done.batch_size, done.failed) == (4, [1, 2])
     by_id = {it.request.req_id: r for it, r in answers}
     assert _value(by_id[1]) == 2.0
+    assert (by_id[4].error, by_id[4].outputs) == (None, [])  # as Triton's Python backend
     errors = {i: (r.error.code, r.error.message) for i, r in by_id.items() if r.error}
     assert errors == {
         2: (int(Code.INVALID_ARG), "the model refused it"),
