@@ -11,7 +11,9 @@ shapes: the worker auto-completes the config from them and checks the config aga
 
 GraphDef: the config names graph tensors (``name`` or ``name:0``); the model's inputs are
 its Placeholders, checked against the config as a SavedModel's are; a GraphDef does not
-complete its config (as in Triton).
+complete its config (as in Triton). It runs in a TensorFlow 1 session of its own, as in
+Triton, where the ops ``TF_INIT_OPS_FILE`` names (variable initializers, table
+initializers) run once at load.
 
 Threads: ``TF_NUM_INTRA_THREADS``, else the instance's own count (one per core it owns);
 ``TF_NUM_INTER_THREADS`` (shoal.configs.tf_params). TensorFlow copies its inputs into its
@@ -29,7 +31,7 @@ from typing import Any, Final
 import numpy as np
 
 from shoal.configs.schema import ConfigError, IOSpec
-from shoal.configs.tf_params import tf_params
+from shoal.configs.tf_params import init_ops, tf_params
 from shoal.ipc.errors import Code, ServingError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # (its start-up banner, at import)
@@ -65,6 +67,7 @@ class TensorFlowBackend:
         self._feed_order: list[str] = []  # GraphDef: config input names, in feed order
         self._fetch_order: list[str] = []
         self._loaded: Any = None  # a SavedModel's objects: its variables live with it
+        self._session: Any = None  # a GraphDef's
 
     def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
         name = config.name
@@ -82,11 +85,18 @@ class TensorFlowBackend:
         _set_threads(params.intra_op_threads or threads, params.inter_op_threads)
         if not model_file.exists():
             raise ConfigError(name, f"unable to find '{model_file}' for model '{name}'")
-        if params.init_ops_file:
-            log.warning("model '%s': TF_INIT_OPS_FILE is not run by shoal", name)
         if config.platform == "tensorflow_graphdef":
-            self._load_graphdef(model_file, config)
+            ops = init_ops(model_file, params.init_ops_file, name) if params.init_ops_file else []
+            self._load_graphdef(model_file, config, params.intra_op_threads or threads, ops)
+            if ops:
+                log.info("model '%s': ran init ops %s", name, ", ".join(ops))
         else:
+            if params.init_ops_file:
+                log.warning(
+                    "model '%s': TF_INIT_OPS_FILE is run for a GraphDef; a SavedModel runs its "
+                    "own init op at load",
+                    name,
+                )
             self._load_savedmodel(model_file, config, params.graph_tag, params.signature_def)
 
     def _load_savedmodel(self, path: Path, config: Any, tag: str, signature: str) -> None:
@@ -119,17 +129,18 @@ class TensorFlowBackend:
         self._loaded = loaded
         self._fn = fn
 
-    def _load_graphdef(self, path: Path, config: Any) -> None:
+    def _load_graphdef(self, path: Path, config: Any, intra: int, ops: list[str]) -> None:
+        """A frozen graph in a session of its own (as Triton runs one), its init ops run
+        once; raises ConfigError."""
         name = config.name
         graph_def = tf.compat.v1.GraphDef()
+        graph = tf.Graph()
         try:
             graph_def.ParseFromString(path.read_bytes())
-            wrapped = tf.compat.v1.wrap_function(
-                lambda: tf.compat.v1.import_graph_def(graph_def, name=""), []
-            )
+            with graph.as_default():
+                tf.compat.v1.import_graph_def(graph_def, name="")
         except Exception as exc:
             raise ConfigError(name, f"unable to load model '{name}': {exc}") from None
-        graph = wrapped.graph
         placeholders = [op for op in graph.get_operations() if op.type == "Placeholder"]
         self._inputs = [
             _spec(op.name, op.outputs[0].dtype, op.outputs[0].shape, "input", name)
@@ -156,7 +167,21 @@ class TensorFlowBackend:
         self._outputs = outputs
         self._feed_order = [io.name for io in config.input]
         self._fetch_order = [io.name for io in config.output]
-        self._fn = wrapped.prune(feeds=feeds, fetches=fetches)
+        session = tf.compat.v1.Session(
+            graph=graph,
+            config=tf.compat.v1.ConfigProto(
+                intra_op_parallelism_threads=max(intra, 0),
+                inter_op_parallelism_threads=tf.config.threading.get_inter_op_parallelism_threads(),
+            ),
+        )
+        for op in ops:
+            try:
+                session.run(graph.get_operation_by_name(op))
+            except Exception as exc:  # no such op, or the op failed
+                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ConfigError(name, f"unable to run init op '{op}': {why}") from None
+        self._session = session
+        self._fn = lambda *args: session.run(fetches, feed_dict=dict(zip(feeds, args, strict=True)))
 
     def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]]:
         """The signature's (or the GraphDef's) tensors: the worker completes and checks the
@@ -171,17 +196,19 @@ class TensorFlowBackend:
     ) -> list[np.ndarray]:
         assert self._fn is not None
         try:
-            if self._feed_order:
-                results = self._fn(*[tf.constant(inputs[n]) for n in self._feed_order])
-                by_name = dict(zip(self._fetch_order, results, strict=True))
-            else:
-                by_name = self._fn(**{k: tf.constant(v) for k, v in inputs.items()})
+            if self._session is not None:
+                results = self._fn(*[inputs[n] for n in self._feed_order])
+                return [np.asarray(results[self._fetch_order.index(o)]) for o in outputs]
+            by_name = self._fn(**{k: tf.constant(v) for k, v in inputs.items()})
         except Exception as exc:  # TensorFlow's own error: INTERNAL, as in Triton
             raise ServingError(Code.INTERNAL, str(exc).strip()) from None
         return [by_name[o].numpy() for o in outputs]
 
     def unload(self) -> None:
         self._fn = None
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
 
 def _set_threads(intra: int, inter: int) -> None:
