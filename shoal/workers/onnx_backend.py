@@ -22,8 +22,7 @@ import onnxruntime as ort
 from shoal.configs.backend_params import USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS, ort_session_params
 from shoal.configs.model_config import ModelConfig
 from shoal.configs.schema import ConfigError, IOSpec
-from shoal.ipc.errors import invalid_arg
-from shoal.workers.tensors import on_host
+from shoal.workers.tensors import on_host, utf8_texts
 
 log = logging.getLogger("shoal.worker")
 
@@ -366,15 +365,7 @@ def _as_text(name: str, arr: np.ndarray) -> np.ndarray:
     """ONNX Runtime's Python API holds string tensors as UTF-8 text (NUL bytes pass). A
     sequence's implicit state is text already: ONNX Runtime's output fed back as is."""
     out = np.empty(arr.shape, dtype=object)
-    flat = out.reshape(-1)
-    try:
-        for i, b in enumerate(arr.reshape(-1)):
-            flat[i] = b if isinstance(b, str) else b.decode("utf-8")
-    except UnicodeDecodeError:
-        raise invalid_arg(
-            f"BYTES input '{name}' element {i} is not valid UTF-8, which ONNX Runtime "
-            "string tensors require"
-        ) from None
+    out.reshape(-1)[:] = utf8_texts(name, arr, "ONNX Runtime")
     return out
 
 
