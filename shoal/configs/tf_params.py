@@ -10,8 +10,8 @@
 - ``TF_GRAPH_TAG`` (default ``serve``) and ``TF_SIGNATURE_DEF`` (default
   ``serving_default``, and then, if the SavedModel has no such signature, its first one that
   is not an init or train signature) pick a SavedModel's graph and signature;
-- ``TF_INIT_OPS_FILE``: a JSON file (``init_ops``: op names) that `init_ops` reads; a
-  GraphDef's session runs those ops once at load.
+- ``TF_INIT_OPS_FILE``: a JSON file (``init_ops``: op names) that `init_ops` reads; the
+  worker runs those graph ops once at load (a GraphDef's, a TensorFlow 1 SavedModel's).
 
 Pure but for `init_ops`, which reads its file.
 """

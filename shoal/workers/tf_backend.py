@@ -12,8 +12,11 @@ shapes: the worker auto-completes the config from them and checks the config aga
 GraphDef: the config names graph tensors (``name`` or ``name:0``); the model's inputs are
 its Placeholders, checked against the config as a SavedModel's are; a GraphDef does not
 complete its config (as in Triton). It runs in a TensorFlow 1 session of its own, as in
-Triton, where the ops ``TF_INIT_OPS_FILE`` names (variable initializers, table
-initializers) run once at load.
+Triton.
+
+``TF_INIT_OPS_FILE``: the graph ops it names (variable or table initializers) run once at
+load, in the GraphDef's session or a TensorFlow 1 SavedModel's graph (a TensorFlow 2
+SavedModel names no graph ops: refused).
 
 Threads: ``TF_NUM_INTRA_THREADS``, else the instance's own count (one per core it owns);
 ``TF_NUM_INTER_THREADS`` (shoal.configs.tf_params). TensorFlow copies its inputs into its
@@ -85,19 +88,34 @@ class TensorFlowBackend:
         _set_threads(params.intra_op_threads or threads, params.inter_op_threads)
         if not model_file.exists():
             raise ConfigError(name, f"unable to find '{model_file}' for model '{name}'")
+        ops = init_ops(model_file, params.init_ops_file, name) if params.init_ops_file else []
         if config.platform == "tensorflow_graphdef":
-            ops = init_ops(model_file, params.init_ops_file, name) if params.init_ops_file else []
             self._load_graphdef(model_file, config, params.intra_op_threads or threads, ops)
-            if ops:
-                log.info("model '%s': ran init ops %s", name, ", ".join(ops))
         else:
-            if params.init_ops_file:
-                log.warning(
-                    "model '%s': TF_INIT_OPS_FILE is run for a GraphDef; a SavedModel runs its "
-                    "own init op at load",
-                    name,
-                )
             self._load_savedmodel(model_file, config, params.graph_tag, params.signature_def)
+            self._run_saved_init_ops(name, ops)
+        if ops:
+            log.info("model '%s': ran init ops %s", name, ", ".join(ops))
+
+    def _run_saved_init_ops(self, name: str, ops: list[str]) -> None:
+        """TF_INIT_OPS_FILE's ops in a TensorFlow 1 SavedModel's graph, each once (its own
+        init op ran at load). A TensorFlow 2 SavedModel has no graph ops to name: refused."""
+        if not ops:
+            return
+        if not hasattr(self._loaded, "prune"):
+            raise ConfigError(
+                name,
+                f"unable to run init ops for model '{name}': TF_INIT_OPS_FILE names graph ops, "
+                "and a TensorFlow 2 SavedModel has none to run (only a TensorFlow 1 SavedModel "
+                "or a GraphDef does)",
+            )
+        for op in ops:
+            try:
+                self._loaded.prune([], [op])()
+            except Exception as exc:  # no such op, or the op failed
+                raise ConfigError(
+                    name, f"unable to run init op '{op}': {_first_line(exc)}"
+                ) from None
 
     def _load_savedmodel(self, path: Path, config: Any, tag: str, signature: str) -> None:
         name = config.name
@@ -105,9 +123,8 @@ class TensorFlowBackend:
         try:
             loaded = tf.saved_model.load(str(path), tags=[tag])
         except Exception as exc:
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
-                name, f"unable to load model '{name}', expected '{tag}' tag: {why}"
+                name, f"unable to load model '{name}', expected '{tag}' tag: {_first_line(exc)}"
             ) from None
         signatures = dict(loaded.signatures)
         key = signature or "serving_default"
@@ -178,8 +195,9 @@ class TensorFlowBackend:
             try:
                 session.run(graph.get_operation_by_name(op))
             except Exception as exc:  # no such op, or the op failed
-                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ConfigError(name, f"unable to run init op '{op}': {why}") from None
+                raise ConfigError(
+                    name, f"unable to run init op '{op}': {_first_line(exc)}"
+                ) from None
         self._session = session
         self._fn = lambda *args: session.run(fetches, feed_dict=dict(zip(feeds, args, strict=True)))
 
@@ -209,6 +227,11 @@ class TensorFlowBackend:
         if self._session is not None:
             self._session.close()
             self._session = None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _set_threads(intra: int, inter: int) -> None:

@@ -1,6 +1,6 @@
-"""TF_INIT_OPS_FILE: where its file is found, its errors, and a GraphDef whose init ops did
-or did not run, on TensorFlowBackend in this process (the served case:
-tests/integration/test_tf_backend.py)."""
+"""TF_INIT_OPS_FILE: where its file is found, its errors, and a GraphDef (or a TensorFlow 1
+SavedModel) whose init ops did or did not run, on TensorFlowBackend in this process (the
+served case: tests/integration/test_tf_backend.py)."""
 
 from __future__ import annotations
 
@@ -87,3 +87,30 @@ def test_without_its_init_ops_a_graph_fails_each_request(tmp_path: Path) -> None
 def test_an_init_op_the_graph_lacks_fails_the_load(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"unable to run init op 'nope': .*not in the graph"):
         _load(tmp_path, ["nope"])
+
+
+def _load_saved(tmp_path: Path, folder: Path, ops: list[str]) -> object:
+    version = folder.parent
+    (version / "ops.json").write_text(json.dumps({"init_ops": ops}))
+    config = parse_config_text(
+        'name: "m"\nplatform: "tensorflow_savedmodel"\n'
+        'parameters { key: "TF_INIT_OPS_FILE" value { string_value: "ops.json" } }\n',
+        "m",
+    )
+    backend = tf_backend.TensorFlowBackend()
+    backend.load(folder, config, 1, False)
+    return backend
+
+
+def test_a_tf1_savedmodel_runs_its_init_ops(tmp_path: Path) -> None:
+    folder = tfgen.save_v1_scaled(_version(tmp_path) / "model.savedmodel")
+    backend = _load_saved(tmp_path, folder, ["set_five"])
+    x = np.ones((2, 4), dtype=np.float32)
+    (out,) = backend.execute({"INPUT0": x}, ["OUTPUT0"])  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(out, x * 5)  # saved at 1, set to 5 by the init op
+
+
+def test_a_tf2_savedmodel_refuses_init_ops(tmp_path: Path) -> None:
+    folder = tfgen.save_add_sub(_version(tmp_path) / "model.savedmodel")
+    with pytest.raises(ConfigError, match="a TensorFlow 2 SavedModel has none to run"):
+        _load_saved(tmp_path, folder, ["init"])
