@@ -44,7 +44,7 @@ _TYPES: Final[dict[str, tuple[str, str]]] = {
 
 
 def _runtime_module() -> Any:
-    """``tensorrt``, else ``tensorrt_lean``; ConfigError naming what to install."""
+    """``tensorrt``, else ``tensorrt_lean``; a RuntimeError naming what to install."""
     for name in ("tensorrt", "tensorrt_lean"):
         try:
             return importlib.import_module(name)
@@ -210,6 +210,8 @@ class TensorRtBackend:
         import cupy as cp
 
         assert self._info is not None
+        if self._logger is not None:
+            self._logger.last_error = ""  # what a failed call below logs, not an earlier one
         shapes = {k: tuple(int(d) for d in v.shape) for k, v in inputs.items()}
         pos = trt_config.select_profile(self._info, self._profiles, shapes)
         if pos is None:
