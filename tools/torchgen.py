@@ -108,6 +108,16 @@ def shout_model() -> bytes:
     return _save(Shout())
 
 
+class TakesInt(torch.nn.Module):
+    def forward(self, INPUT0: torch.Tensor, TIMES: int) -> torch.Tensor:
+        return INPUT0 * TIMES
+
+
+def takes_int_model() -> bytes:
+    """``forward(INPUT0, TIMES: int)``: an argument Triton's PyTorch backend refuses."""
+    return _save(TakesInt())
+
+
 class Nested(torch.nn.Module):
     """Positional, dict and keyword inputs; a dict of a tensor and a pair out: the pytrees
     Triton's PT2 naming walks (ARGS[0], ARGS[1][k], KWARGS[scale]; RESULT[sum],

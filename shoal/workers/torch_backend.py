@@ -207,6 +207,7 @@ class TorchBackend:
         if len(params) == 1 and params[0].type.kind() == "DictType":
             self._dict_input = True
             return
+        _check_argument_types(params)
         if len(params) != len(names):
             raise ValueError(
                 f"unable to load model '{config.name}', configuration expects {len(names)} "
@@ -333,6 +334,23 @@ class TorchBackend:
 
     def unload(self) -> None:
         self._module = None
+
+
+def _check_argument_types(params: list[Any]) -> None:
+    """forward's arguments must be tensors or lists (List[str] for TYPE_STRING), with
+    Triton's messages (raised as the load's error)."""
+    kinds = [a.type.kind() for a in params]
+    if "DictType" in kinds:
+        raise ValueError(
+            "Multiple inputs of kind DictType were detected. Only a single input of type "
+            "Dict(str, Tensor) is supported."
+        )
+    for arg, kind in zip(params, kinds, strict=True):
+        if kind not in ("TensorType", "ListType"):
+            raise ValueError(
+                f"An input of type '{arg.type}' was detected in the model. Only a single input "
+                "of type Dict(str, Tensor) or input(s) of type Tensor are supported."
+            )
 
 
 def _texts(name: str, value: Any) -> list[str]:

@@ -73,3 +73,20 @@ def test_a_tensor_for_a_string_output_is_refused(tmp_path: Path) -> None:
 def test_a_pt2_archive_takes_no_strings(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="TYPE_STRING, which a PyTorch 2 archive cannot take"):
         _backend(tmp_path, file="model.pt2")
+
+
+def test_an_argument_that_is_neither_tensor_nor_list_fails_the_load(tmp_path: Path) -> None:
+    (tmp_path / "model.pt").write_bytes(torchgen.takes_int_model())
+    config = parse_config_text(
+        'name: "m"\nplatform: "pytorch_libtorch"\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] },'
+        ' { name: "TIMES" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n',
+        "m",
+    )
+    with pytest.raises(ValueError) as err:
+        torch_backend.TorchBackend().load(tmp_path / "model.pt", config, 1, False)
+    assert str(err.value) == (
+        "An input of type 'int' was detected in the model. Only a single input of type "
+        "Dict(str, Tensor) or input(s) of type Tensor are supported."
+    )
