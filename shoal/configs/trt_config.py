@@ -166,11 +166,13 @@ def instance_profiles(
     names: Sequence[str], num_profiles: int, model: str, instance: str
 ) -> list[tuple[str, int]]:
     """(name, index) of each optimization profile an instance runs with: its group's
-    ``profile`` list (index strings), or profile 0 as "default". Each gets an execution
+    ``profile`` list (index strings), or, where it lists none, every profile of the engine
+    (Triton takes profile 0 alone then, so that a batch only a later profile takes fails
+    although auto-complete set max_batch_size from all of them). Each gets an execution
     context of its own. Raises ConfigError with Triton's messages; a profile listed
     twice is used once (with Triton's warning)."""
     if not names:
-        return [("default", 0)]
+        return [(str(i), i) for i in range(max(num_profiles, 1))]
     out: list[tuple[str, int]] = []
     seen: dict[int, str] = {}
     for name in names:

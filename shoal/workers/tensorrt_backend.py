@@ -6,7 +6,7 @@ with TensorRT's Python runtime on the instance's GPU (KIND_GPU only, as in Trito
 * Auto-complete as Triton's TensorRT backend (shoal.configs.trt_config): max_batch_size
   from the engine's optimization profiles, the tensors from its I/O tensors.
 * Execution contexts: one per optimization profile the instance's group lists
-  (``instance_group { profile: [ "0", "1" ] }``; none listed: profile 0), each created with
+  (``instance_group { profile: [ "0", "1" ] }``; none listed: every profile), each created with
   the ``execution_context_allocation_strategy`` parameter. Each batch runs in the context
   whose profile is nearest its input shapes (trt_config.select_profile).
 * Inputs in client CUDA shared memory (cupy arrays over the client's memory, see

@@ -55,7 +55,8 @@ def trt_server(
 
     repo = tmp_path_factory.mktemp("trt-repo")
     plan = trtgen.build_plan(onnx_model, [(1, 2, 4), (1, 8, 16)])
-    _plan_model(repo, "trt_auto", plan, None)  # no config: found by model.plan, completed
+    # no config: found by model.plan, completed; it runs both profiles (none listed)
+    _plan_model(repo, "trt_auto", plan, None)
     _plan_model(
         repo, "trt_profiles", plan,
         'platform: "tensorrt_plan"\nmax_batch_size: 16\n'

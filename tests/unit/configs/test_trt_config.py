@@ -118,7 +118,9 @@ def test_allocation_strategy_refused() -> None:
 
 
 def test_instance_profiles() -> None:
-    assert tc.instance_profiles([], 3, "m", "m_0") == [("default", 0)]
+    # none listed: every profile (Triton: profile 0 alone)
+    assert tc.instance_profiles([], 3, "m", "m_0") == [("0", 0), ("1", 1), ("2", 2)]
+    assert tc.instance_profiles([], 1, "m", "m_0") == [("0", 0)]
     assert tc.instance_profiles(["2", "0", "2"], 3, "m", "m_0") == [("2", 2), ("0", 0)]
 
 

@@ -171,10 +171,12 @@ def test_auto_complete_and_io_from_the_engine(tmp_path: Path, stand_ins: list[An
     assert [s.name for s in outs] == ["OUTPUT0", "OUTPUT1"]
 
 
+@pytest.mark.parametrize("group", ["", _GROUP.format('"0", "1"')])
 def test_each_batch_runs_in_the_nearest_profiles_context(
-    tmp_path: Path, stand_ins: list[Any]
+    tmp_path: Path, stand_ins: list[Any], group: str
 ) -> None:
-    backend = _loaded(tmp_path, _GROUP.format('"0", "1"'))
+    """With the profiles listed, or none (then all of them, where Triton takes profile 0)."""
+    backend = _loaded(tmp_path, group)
     for batch in (3, 12):
         a = np.arange(batch * DIM, dtype=np.float32).reshape(batch, DIM)
         b = np.ones((batch, DIM), dtype=np.float32)
@@ -192,8 +194,8 @@ def test_a_batch_no_profile_takes_fails_with_tritons_message(
     big = np.zeros((17, DIM), dtype=np.float32)
     with pytest.raises(ServingError, match=r"failed to find any Optimization Profile among"):
         backend.execute({"INPUT0": big, "INPUT1": big}, ["OUTPUT0"])
-    # the lone default profile: TensorRT itself refuses the shape
-    lone = _loaded(tmp_path)
+    # a lone profile: TensorRT itself refuses the shape
+    lone = _loaded(tmp_path, _GROUP.format('"0"'))
     with pytest.raises(ServingError, match=r"request specifies invalid shape for input 'INPUT0'"):
         lone.execute({"INPUT0": big[:5], "INPUT1": big[:5]}, ["OUTPUT0"])
 
