@@ -13,7 +13,9 @@ with TensorRT's Python runtime on the instance's GPU (KIND_GPU only, as in Trito
   shoal.workers.cuda_regions) are bound by address, with no copy; host inputs are copied up
   once. Outputs are allocated on the device, at the shapes TensorRT infers from the
   inputs; they are handed back on the device (cupy) for a batch whose inputs came on the
-  device, else copied down. BF16 travels as uint16 bit patterns, as in the other backends.
+  device, else copied down, straight into the request's destination where the worker
+  gives one (the frontend's slab, the client's system region). BF16 travels as uint16 bit
+  patterns, as in the other backends.
 
 One thread drives an instance; the backend owns its CUDA stream and contexts.
 """
@@ -101,6 +103,8 @@ def engine_info(trt: Any, engine: Any) -> trt_config.EngineInfo:
 
 
 class TensorRtBackend:
+    writes_in_place = True  # answers to host memory are copied down into their destination
+
     def __init__(self) -> None:
         self.instance = 0  # the worker sets its instance number (its group's profiles),
         self.instance_name = ""
@@ -205,7 +209,7 @@ class TensorRtBackend:
         self,
         inputs: Mapping[str, Any],
         outputs: list[str],
-        destinations: Mapping[str, Any] | None = None,  # TensorRT writes device memory
+        destinations: Mapping[str, Any] | None = None,
     ) -> list[Any]:
         import cupy as cp
 
@@ -248,9 +252,26 @@ class TensorRtBackend:
                 )
             picked = [results[name] for name in outputs]
             if not on_device:
-                picked = [cp.asnumpy(a, stream=self._stream) for a in picked]
+                picked = [
+                    self._download(n, a, destinations) for n, a in zip(outputs, picked, strict=True)
+                ]
         self._stream.synchronize()
         return picked
+
+    def _download(self, name: str, arr: Any, destinations: Mapping[str, Any] | None) -> Any:
+        """A device answer copied down (on the stream; valid once it is synchronized):
+        straight into its destination where it has one that fits, else a new array."""
+        dest = (destinations or {}).get(name)
+        if (
+            dest is not None
+            and dest.shape == arr.shape
+            and dest.dtype == arr.dtype
+            and dest.flags.c_contiguous
+            and dest.flags.writeable
+        ):
+            arr.get(stream=self._stream, out=dest)
+            return dest
+        return arr.get(stream=self._stream)
 
     def _device_input(self, cp: Any, name: str, arr: Any) -> Any:
         """The input as a C-contiguous device array of the engine's type: the client's

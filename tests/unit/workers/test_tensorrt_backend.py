@@ -34,6 +34,12 @@ class _Array:
         self.shape, self.dtype = self.arr.shape, self.arr.dtype
         self.data = types.SimpleNamespace(ptr=self.arr.ctypes.data if self.arr.size else 0)
 
+    def get(self, stream: object = None, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            return self.arr.copy()
+        out[...] = self.arr
+        return out
+
 
 class _Stream:
     ptr = 1234
@@ -51,7 +57,6 @@ def _fake_cupy() -> types.ModuleType:
     cp.cuda = types.SimpleNamespace(Stream=_Stream)  # type: ignore[attr-defined]
     cp.asarray = lambda a: _Array(np.asarray(a))  # type: ignore[attr-defined]
     cp.empty = lambda shape, dtype: _Array(np.empty(shape, dtype=dtype))  # type: ignore[attr-defined]
-    cp.asnumpy = lambda a, stream=None: a.arr.copy()  # type: ignore[attr-defined]
     cp.ascontiguousarray = lambda a: a  # type: ignore[attr-defined]
     return cp
 
@@ -198,6 +203,22 @@ def test_a_batch_no_profile_takes_fails_with_tritons_message(
     lone = _loaded(tmp_path, _GROUP.format('"0"'))
     with pytest.raises(ServingError, match=r"request specifies invalid shape for input 'INPUT0'"):
         lone.execute({"INPUT0": big[:5], "INPUT1": big[:5]}, ["OUTPUT0"])
+
+
+def test_answers_are_copied_down_into_their_destinations(
+    tmp_path: Path, stand_ins: list[Any]
+) -> None:
+    backend = _loaded(tmp_path)
+    a = np.full((2, DIM), 3, np.float32)
+    dest = np.zeros((2, DIM), np.float32)
+    wrong = np.zeros((3, DIM), np.float32)  # not the answer's shape: not written
+    out0, out1 = backend.execute(
+        {"INPUT0": a, "INPUT1": a}, ["OUTPUT0", "OUTPUT1"], {"OUTPUT0": dest, "OUTPUT1": wrong}
+    )
+    assert out0 is dest
+    np.testing.assert_array_equal(dest, a * 2)
+    assert out1 is not wrong and not wrong.any()
+    np.testing.assert_array_equal(out1, np.zeros((2, DIM), np.float32))
 
 
 def test_device_inputs_are_bound_where_they_are_and_answers_stay_there(
