@@ -91,11 +91,13 @@ def engine_info(trt: Any, engine: Any) -> trt_config.EngineInfo:
         shape = tuple(int(d) for d in engine.get_tensor_shape(name))
         shape_tensor = bool(engine.is_shape_inference_io(name))
         per_profile: tuple[tuple[tuple[int, ...], ...], ...] = ()
-        if is_input and not shape_tensor:
+        if is_input and not shape_tensor and -1 in shape:
             per_profile = tuple(
                 tuple(tuple(int(d) for d in s) for s in engine.get_tensor_profile_shape(name, p))
                 for p in range(profiles)
             )
+        elif is_input and not shape_tensor:  # static: every profile is its one shape
+            per_profile = tuple((shape, shape, shape) for _ in range(profiles))
         tensors.append(
             trt_config.TrtTensor(name, is_input, dtype, shape, per_profile, shape_tensor)  # type: ignore[arg-type]
         )
