@@ -19,9 +19,10 @@ without it refuses the model. Pure: the caller passes the providers onnxruntime 
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from shoal.configs.backend_params import stoi
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
 
 Provider = str | tuple[str, dict[str, str]]
@@ -92,7 +93,7 @@ _ALGO_SEARCH: Final = ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")
 _ARENA_EXTEND: Final = ("kNextPowerOfTwo", "kSameAsRequested")
 
 
-def _model_cuda_options(config: Any) -> dict[str, str]:
+def _model_cuda_options(config: ModelSpec) -> dict[str, str]:
     """The CUDA options the model's ``parameters`` set, Triton's older way (only those set:
     ONNX Runtime's defaults are Triton's)."""
     params = config.parameters
@@ -100,7 +101,7 @@ def _model_cuda_options(config: Any) -> dict[str, str]:
     for key, names in (("cudnn_conv_algo_search", _ALGO_SEARCH),
                        ("arena_extend_strategy", _ARENA_EXTEND)):  # fmt: skip
         if key in params:
-            value = params[key].string_value
+            value = params[key]
             number = stoi(value)
             if number is None:
                 raise ConfigError(config.name, f"failed to convert '{value}' to integral number")
@@ -109,20 +110,20 @@ def _model_cuda_options(config: Any) -> dict[str, str]:
             out[key] = names[number]
     for key in ("gpu_mem_limit", "do_copy_in_default_stream"):
         if key in params:
-            out[key] = params[key].string_value
+            out[key] = params[key]
     return out
 
 
 def execution_providers(
-    config: Any, gpu: bool, available: list[str]
+    config: ModelSpec, gpu: bool, available: list[str]
 ) -> tuple[list[Provider], list[str]]:
     """ONNX Runtime's providers for an instance, in Triton's order, and notes to log."""
-    accelerators = config.optimization.execution_accelerators
+    accelerators = config.optimization
     out: list[Provider] = []
     notes: list[str] = []
     if gpu:
         cuda: dict[str, str] = _model_cuda_options(config)
-        for ea in accelerators.gpu_execution_accelerator:
+        for ea in accelerators.gpu_accelerators:
             params: dict[str, str] = dict(ea.parameters)
             if ea.name == "tensorrt":
                 options = tensorrt_options(config.name, params)
@@ -144,7 +145,7 @@ def execution_providers(
                     config.name, f"unknown Execution Accelerator '{ea.name}' is requested"
                 )
         out.append(("CUDAExecutionProvider", cuda) if cuda else "CUDAExecutionProvider")
-    for ea in accelerators.cpu_execution_accelerator:
+    for ea in accelerators.cpu_accelerators:
         if ea.name != "openvino":
             raise ConfigError(
                 config.name, f"unknown Execution Accelerator '{ea.name}' is requested"

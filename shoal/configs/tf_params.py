@@ -22,9 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2 as pb
-
-from shoal.configs.backend_params import bool_parameter, int_parameter
+from shoal.configs.backend_params import ParamSource, bool_parameter, int_parameter, parameters
 from shoal.configs.schema import ConfigError
 
 
@@ -37,11 +35,11 @@ class TfParams:
     init_ops_file: str = ""
 
 
-def _string(config: pb.ModelConfig, key: str) -> str:
-    return config.parameters[key].string_value if key in config.parameters else ""
+def _string(config: ParamSource, key: str) -> str:
+    return parameters(config).get(key, "")
 
 
-def tf_params(config: pb.ModelConfig) -> TfParams:
+def tf_params(config: ParamSource) -> TfParams:
     """The parameters; raises ConfigError with Triton's message for the first bad one."""
     name = config.name
     share = int_parameter(config, "MAX_SESSION_SHARE_COUNT")

@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.backend_params import ParamSource, parameters
 from shoal.configs.schema import ConfigError, IOSpec
 
 log = logging.getLogger("shoal.configs")
@@ -146,11 +147,10 @@ def complete_max_batch(config: pb.ModelConfig, engine: EngineInfo) -> pb.ModelCo
     return out
 
 
-def allocation_strategy(config: pb.ModelConfig, instance: str) -> AllocationStrategy:
+def allocation_strategy(config: ParamSource, instance: str) -> AllocationStrategy:
     """The ``execution_context_allocation_strategy`` parameter (default STATIC); another
     value fails with Triton's message."""
-    param = config.parameters.get(ALLOCATION_STRATEGY_KEY)
-    value = param.string_value if param is not None else "STATIC"
+    value = parameters(config).get(ALLOCATION_STRATEGY_KEY, "STATIC")
     if value == "STATIC":
         return "STATIC"
     if value == "ON_PROFILE_CHANGE":

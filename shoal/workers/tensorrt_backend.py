@@ -31,6 +31,7 @@ from typing import Any, Final
 import numpy as np
 
 from shoal.configs import trt_config
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.placement import instances_of
 from shoal.configs.schema import ConfigError, IOSpec
 from shoal.ipc.errors import Code, ServingError, invalid_arg
@@ -160,7 +161,7 @@ class TensorRtBackend:
         assert self._info is not None
         return trt_config.complete_max_batch(config, self._info)
 
-    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
+    def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
         name = config.name
         self._refuse_cpu(name, gpu)
         instance = self.instance_name or f"{name}_{self.instance}"
@@ -169,7 +170,7 @@ class TensorRtBackend:
         assert self._info is not None
         groups = {index: group for index, group, _, _ in instances_of(name, config)}
         group = groups.get(self.instance)
-        names = list(group.profile) if group is not None else []
+        names = list(group.profiles) if group is not None else []
         self._profiles = trt_config.instance_profiles(
             names, self._info.num_profiles, name, instance
         )

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError, IOSpec
 from shoal.configs.tf_params import init_ops, tf_params
 from shoal.ipc.errors import Code, ServingError
@@ -72,7 +73,7 @@ class TensorFlowBackend:
         self._loaded: Any = None  # a SavedModel's objects: its variables live with it
         self._session: Any = None  # a GraphDef's
 
-    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
+    def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
         name = config.name
         if gpu:
             raise ConfigError(
@@ -117,7 +118,7 @@ class TensorFlowBackend:
                     name, f"unable to run init op '{op}': {_first_line(exc)}"
                 ) from None
 
-    def _load_savedmodel(self, path: Path, config: Any, tag: str, signature: str) -> None:
+    def _load_savedmodel(self, path: Path, config: ModelSpec, tag: str, signature: str) -> None:
         name = config.name
         tag = tag or "serve"
         try:
@@ -146,7 +147,7 @@ class TensorFlowBackend:
         self._loaded = loaded
         self._fn = fn
 
-    def _load_graphdef(self, path: Path, config: Any, intra: int, ops: list[str]) -> None:
+    def _load_graphdef(self, path: Path, config: ModelSpec, intra: int, ops: list[str]) -> None:
         """A frozen graph in a session of its own (as Triton runs one), its init ops run
         once; raises ConfigError."""
         name = config.name
@@ -165,25 +166,25 @@ class TensorFlowBackend:
         ]
         feeds, fetches = [], []
         outputs = []
-        for io in config.input:
+        for io in config.inputs:
             tensor = _tensor(graph, io.name)
             if tensor is None:
                 raise ConfigError(name, f"unexpected inference input '{io.name}'")
             feeds.append(tensor)
-        for io in config.output:
-            tensor = _tensor(graph, io.name)
+        for out in config.outputs:
+            tensor = _tensor(graph, out.name)
             if tensor is None:
-                raise ConfigError(name, f"unexpected inference output '{io.name}'")
+                raise ConfigError(name, f"unexpected inference output '{out.name}'")
             fetches.append(tensor)
-            outputs.append(_spec(io.name, tensor.dtype, tensor.shape, "output", name))
+            outputs.append(_spec(out.name, tensor.dtype, tensor.shape, "output", name))
         # config names without ":0" are the Placeholders' names: the model's input names
         self._inputs = [
             IOSpec(name=_config_name(config, s.name), datatype=s.datatype, shape=s.shape)
             for s in self._inputs
         ]
         self._outputs = outputs
-        self._feed_order = [io.name for io in config.input]
-        self._fetch_order = [io.name for io in config.output]
+        self._feed_order = [io.name for io in config.inputs]
+        self._fetch_order = [out.name for out in config.outputs]
         session = tf.compat.v1.Session(
             graph=graph,
             config=tf.compat.v1.ConfigProto(
@@ -252,9 +253,9 @@ def _tensor(graph: Any, name: str) -> Any:
         return None
 
 
-def _config_name(config: Any, placeholder: str) -> str:
+def _config_name(config: ModelSpec, placeholder: str) -> str:
     """The config's name for a Placeholder: ``name`` or ``name:0``."""
-    for io in config.input:
+    for io in config.inputs:
         if io.name in (placeholder, f"{placeholder}:0"):
             return str(io.name)
     return placeholder

@@ -13,6 +13,7 @@ from shoal.configs import autocomplete as ac
 from shoal.configs import trt_config as tc
 from shoal.configs.model_config import parse_config_text
 from shoal.configs.schema import ConfigError
+from shoal.configs.spec_reader import read_spec
 from shoal.workers.tensorrt_backend import TensorRtBackend
 
 
@@ -161,7 +162,7 @@ def test_profile_nearest_to_the_batch() -> None:
 def test_kind_cpu_is_refused_before_tensorrt_is_needed(tmp_path: Path) -> None:
     gpu_only = "unable to load model 'm', TensorRT backend supports only GPU device"
     with pytest.raises(ConfigError) as err:
-        TensorRtBackend().load(tmp_path / "model.plan", _config(), 1, False)
+        TensorRtBackend().load(tmp_path / "model.plan", read_spec(_config()), 1, False)
     assert err.value.message == gpu_only
     backend = TensorRtBackend()
     backend.gpu = False

@@ -18,6 +18,7 @@ import pytest
 
 from shoal.configs.model_config import parse_config_text
 from shoal.configs.schema import ConfigError
+from shoal.configs.spec_reader import read_spec
 from shoal.ipc.errors import ServingError
 from shoal.workers.tensorrt_backend import TensorRtBackend
 
@@ -159,7 +160,7 @@ def _loaded(tmp_path: Path, body: str = "", plan: bytes = b"plan") -> TensorRtBa
     backend = TensorRtBackend()
     backend.instance_name = "m_0"
     config = backend.auto_complete(tmp_path / "model.plan", config)
-    backend.load(tmp_path / "model.plan", config, 1, True)
+    backend.load(tmp_path / "model.plan", read_spec(config), 1, True)
     return backend
 
 

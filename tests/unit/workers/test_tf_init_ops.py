@@ -12,6 +12,7 @@ import pytest
 
 from shoal.configs.model_config import parse_config_text
 from shoal.configs.schema import ConfigError
+from shoal.configs.spec_reader import read_spec
 from shoal.configs.tf_params import init_ops
 from shoal.ipc.errors import Code, ServingError
 
@@ -64,7 +65,7 @@ def _load(tmp_path: Path, ops: list[str] | None) -> object:
         "m",
     )
     backend = tf_backend.TensorFlowBackend()
-    backend.load(version / "model.graphdef", config, 1, False)
+    backend.load(version / "model.graphdef", read_spec(config), 1, False)
     return backend
 
 
@@ -98,7 +99,7 @@ def _load_saved(tmp_path: Path, folder: Path, ops: list[str]) -> object:
         "m",
     )
     backend = tf_backend.TensorFlowBackend()
-    backend.load(folder, config, 1, False)
+    backend.load(folder, read_spec(config), 1, False)
     return backend
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from shoal.configs.model_config import parse_config_text
+from shoal.configs.spec_reader import read_spec
 from shoal.ipc.errors import Code, ServingError
 
 torch_backend = pytest.importorskip("shoal.workers.torch_backend")
@@ -30,7 +31,7 @@ def _backend(tmp_path: Path, length_type: str = "TYPE_INT64", file: str = "model
         f'name: "m"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n{_IO % length_type}', "m"
     )
     backend = torch_backend.TorchBackend()
-    backend.load(tmp_path / file, config, 1, False)
+    backend.load(tmp_path / file, read_spec(config), 1, False)
     return backend
 
 
@@ -85,7 +86,7 @@ def test_an_argument_that_is_neither_tensor_nor_list_fails_the_load(tmp_path: Pa
         "m",
     )
     with pytest.raises(ValueError) as err:
-        torch_backend.TorchBackend().load(tmp_path / "model.pt", config, 1, False)
+        torch_backend.TorchBackend().load(tmp_path / "model.pt", read_spec(config), 1, False)
     assert str(err.value) == (
         "An input of type 'int' was detected in the model. Only a single input of type "
         "Dict(str, Tensor) or input(s) of type Tensor are supported."
