@@ -183,8 +183,9 @@ Path(os.environ["SHOAL_ORT_VERDICT_FILE"]).write_text("1" if ort_cuda else "0")
 try:
     import tensorrt
     print(f"preflight: TensorRT {tensorrt.__version__}: the TensorRT tests build engines")
-except ImportError:
-    print("preflight: no TensorRT (tensorrt) here: the TensorRT tests will skip. Its "
+except Exception as exc:  # not installed, or its libraries do not load
+    print(f"preflight: no TensorRT here ({type(exc).__name__}: {exc}): the TensorRT tests "
+          "will skip. Its "
           "libraries (tensorrt-cu13-libs) are not on PyPI as wheels, so they cannot be "
           "carried; a host whose image has TensorRT runs them")
 # The TorchScript tests run KIND_GPU instances on torch: it must be a CUDA build.
