@@ -19,7 +19,8 @@
 #
 # Before the tests: prints the versions in use, checks that shoal sees the GPU, that ONNX
 # Runtime creates its CUDA execution provider (networked mode), that torch sees CUDA, and
-# that cupy and the test client's CUDA shared memory work, each with a clear error.
+# that cupy and the test client's CUDA shared memory work, each with a clear error; says
+# whether TensorRT is there (the TensorRT tests need its builder, else they skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -97,6 +98,9 @@ for dist, mod in (
     ("cupy-cuda12x", "cupy"),
     ("onnxruntime", "onnxruntime"),
     ("onnxruntime-gpu", "onnxruntime"),
+    ("tensorrt", "tensorrt"),
+    ("tensorrt-cu12", "tensorrt"),
+    ("tensorrt-cu13", "tensorrt"),
     ("cuda-bindings", "cuda.bindings"),
     ("cuda-python", "cuda.bindings"),
     ("numpy", "numpy"),
@@ -175,6 +179,15 @@ else:
                 sys.exit(f"preflight: {msg}")
             print(f"preflight: warning: {msg}")
 Path(os.environ["SHOAL_ORT_VERDICT_FILE"]).write_text("1" if ort_cuda else "0")
+# TensorRT plans (tests/gpu/test_tensorrt.py) need TensorRT's builder to make their engines.
+try:
+    import tensorrt
+    print(f"preflight: TensorRT {tensorrt.__version__}: the TensorRT tests build engines")
+except Exception as exc:  # not installed, or its libraries do not load
+    print(f"preflight: no TensorRT here ({type(exc).__name__}: {exc}): the TensorRT tests "
+          "will skip. Its "
+          "libraries (tensorrt-cu13-libs) are not on PyPI as wheels, so they cannot be "
+          "carried; a host whose image has TensorRT runs them")
 # The TorchScript tests run KIND_GPU instances on torch: it must be a CUDA build.
 fix = ("the image's python3 should hold it" if offline else
        "install a CUDA build of torch into .venv (scripts/setup.sh takes SHOAL_TORCH)")

@@ -7,7 +7,11 @@ signature ``doubled`` answers OUTPUT0 = 2 * INPUT0. ``save_strings(folder)``: TE
 (string [batch]) -> SHOUTED (TEXT with "!" appended), LENGTH (int32 byte count).
 ``save_mlp(folder)``: X FP32 [batch, 256] -> Y = relu(X W1) W2, 1024 wide.
 ``frozen_add_sub()``: the add/sub function as a frozen GraphDef's bytes (Placeholders
-INPUT0, INPUT1; outputs OUTPUT0, OUTPUT1).
+INPUT0, INPUT1; outputs OUTPUT0, OUTPUT1). ``scaled_graph(scale)``: a GraphDef that is
+not frozen: OUTPUT0 = INPUT0 (FP32 [batch, 4]) * a variable whose initializer, the op
+``init``, sets it to ``scale``; it answers only once ``init`` has run (TF_INIT_OPS_FILE).
+``save_v1_scaled(folder)``: the same graph as a TensorFlow 1 SavedModel (signature
+``serving_default``), its variable saved at 1.0, and an op ``set_five`` that sets it to 5.
 """
 
 from __future__ import annotations
@@ -87,3 +91,33 @@ def frozen_add_sub() -> bytes:
 
     frozen = convert_variables_to_constants_v2(add_sub.get_concrete_function())
     return bytes(frozen.graph.as_graph_def().SerializeToString())
+
+
+def scaled_graph(scale: float) -> bytes:
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="INPUT0")
+        v = tf.compat.v1.Variable(tf.fill([4], scale), name="scale")
+        tf.identity(x * v, name="OUTPUT0")
+        tf.compat.v1.variables_initializer([v], name="init")
+    return bytes(graph.as_graph_def().SerializeToString())
+
+
+def save_v1_scaled(folder: Path) -> Path:
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="INPUT0")
+        v = tf.compat.v1.Variable(tf.fill([4], 1.0), name="scale")
+        y = tf.identity(x * v, name="OUTPUT0")
+        tf.compat.v1.assign(v, tf.fill([4], 5.0), name="set_five")
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(v.initializer)
+            builder = tf.compat.v1.saved_model.Builder(str(folder))
+            signature = tf.compat.v1.saved_model.predict_signature_def(
+                {"INPUT0": x}, {"OUTPUT0": y}
+            )
+            builder.add_meta_graph_and_variables(
+                session, ["serve"], signature_def_map={"serving_default": signature}
+            )
+            builder.save()
+    return folder

@@ -8,8 +8,10 @@ any shape and dtype that torch adds. ``crash_model()``: ``forward(INPUT0) -> INP
 ``spin_model()``: ``forward(INPUT0) -> INPUT0``, but loops forever inside TorchScript (native
 code, where no Python signal handler runs) while any element is positive. Written as
 ``<repo>/<name>/<version>/model.pt`` with ``tools.modelgen.write_model(...,
-filename="model.pt")``. ``grad_model()``: ``forward(INPUT0) -> 1`` per element where it runs in
-inference mode, else 0.
+filename="model.pt")``. ``shout_model()``: ``forward(TEXT: List[str], SCALE)`` ->
+(each text upper-cased with "!" appended, as a List[str]; each text's length in bytes
+times SCALE, an int64 tensor). ``grad_model()``: ``forward(INPUT0) -> 1`` per element where
+it runs in inference mode, else 0.
 
 PyTorch 2 archives (``model.pt2``): ``exported_add_sub()`` and ``exported_nested()`` are
 ExportedPrograms saved by ``torch.export.save``; ``aoti_add_sub(folder)`` an AOTInductor
@@ -94,6 +96,26 @@ def sum_rows_model() -> bytes:
 
 def spin_model() -> bytes:
     return _save(Spin())
+
+
+class Shout(torch.nn.Module):
+    def forward(self, TEXT: list[str], SCALE: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+        lengths = torch.tensor([len(t) for t in TEXT], dtype=torch.int64)
+        return [t.upper() + "!" for t in TEXT], lengths * SCALE
+
+
+def shout_model() -> bytes:
+    return _save(Shout())
+
+
+class TakesInt(torch.nn.Module):
+    def forward(self, INPUT0: torch.Tensor, TIMES: int) -> torch.Tensor:
+        return INPUT0 * TIMES
+
+
+def takes_int_model() -> bytes:
+    """``forward(INPUT0, TIMES: int)``: an argument Triton's PyTorch backend refuses."""
+    return _save(TakesInt())
 
 
 class Nested(torch.nn.Module):

@@ -10,14 +10,17 @@
 - ``TF_GRAPH_TAG`` (default ``serve``) and ``TF_SIGNATURE_DEF`` (default
   ``serving_default``, and then, if the SavedModel has no such signature, its first one that
   is not an init or train signature) pick a SavedModel's graph and signature;
-- ``TF_INIT_OPS_FILE``: read, not run by shoal (a note in the log).
+- ``TF_INIT_OPS_FILE``: a JSON file (``init_ops``: op names) that `init_ops` reads; the
+  worker runs those graph ops once at load (a GraphDef's, a TensorFlow 1 SavedModel's).
 
-Pure.
+Pure but for `init_ops`, which reads its file.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from shoal.configs.backend_params import ParamSource, bool_parameter, int_parameter, parameters
 from shoal.configs.schema import ConfigError
@@ -62,3 +65,26 @@ def tf_params(config: ParamSource) -> TfParams:
         signature_def=_string(config, "TF_SIGNATURE_DEF"),
         init_ops_file=_string(config, "TF_INIT_OPS_FILE"),
     )
+
+
+def init_ops(model_file: Path, file_name: str, model: str) -> list[str]:
+    """The ops ``TF_INIT_OPS_FILE`` names, as Triton's TensorFlow backend reads them: the
+    file in the version folder (``model_file``'s), else in the model's folder, a JSON
+    object whose ``init_ops`` is a list of op names. Raises ConfigError."""
+    path = model_file.parent / file_name
+    if not path.is_file():
+        path = model_file.parent.parent / file_name
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(
+            model, f"failed to open text file for read {path}: {exc.strerror or exc}"
+        ) from None
+    try:
+        ops = json.loads(text)["init_ops"]
+    except (ValueError, KeyError, TypeError) as exc:
+        why = "no 'init_ops' member" if isinstance(exc, KeyError | TypeError) else str(exc)
+        raise ConfigError(model, f"TF_INIT_OPS_FILE {path}: {why}") from None
+    if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
+        raise ConfigError(model, f"TF_INIT_OPS_FILE {path}: 'init_ops' must be a list of op names")
+    return ops

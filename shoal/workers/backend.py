@@ -54,6 +54,7 @@ _BACKENDS: dict[str, str] = {
     "fil": "shoal.workers.fil_backend:FilBackend",
     "openvino": "shoal.workers.openvino_backend:OpenVinoBackend",
     "tensorflow": "shoal.workers.tf_backend:TensorFlowBackend",
+    "tensorrt": "shoal.workers.tensorrt_backend:TensorRtBackend",
 }
 
 

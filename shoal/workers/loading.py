@@ -141,6 +141,8 @@ def load(s: WorkerSettings, start_scripting: Callable[[], object]) -> LoadedMode
         python_env.check(s.model, model_dir, s.config_override, s.model_config_name)
         start_scripting()
     backend.instance_name = s.instance_name  # type: ignore[attr-defined]  # (Python's)
+    backend.instance = s.instance  # type: ignore[attr-defined]  # (TensorRT's: its group)
+    backend.gpu = s.gpu is not None  # type: ignore[attr-defined]  # (TensorRT's auto-complete)
     backend.default_max_batch_size = s.default_max_batch_size  # type: ignore[attr-defined]
     model_file = entry.model_file(s.version)
     if s.autocomplete and hasattr(backend, "auto_complete"):  # a Python model's own

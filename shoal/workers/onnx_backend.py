@@ -21,9 +21,9 @@ import onnxruntime as ort
 
 from shoal.configs.backend_params import USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS, ort_session_params
 from shoal.configs.model_spec import ModelSpec
+from shoal.configs.ort_accelerators import execution_providers
 from shoal.configs.schema import ConfigError, IOSpec
-from shoal.ipc.errors import invalid_arg
-from shoal.workers.tensors import on_host
+from shoal.workers.tensors import on_host, utf8_texts
 
 log = logging.getLogger("shoal.worker")
 
@@ -104,85 +104,6 @@ def _session_options(config: ModelSpec, threads: int) -> ort.SessionOptions:
             ) from None
     so.log_severity_level = 3
     return so
-
-
-Provider = str | tuple[str, dict[str, str]]
-
-# Triton's tensorrt accelerator parameters that ONNX Runtime's TensorRT provider takes
-# under another name (the rest of Triton's trt_* keys are the provider's own names).
-_TRT_KEYS: Final = {
-    "max_workspace_size_bytes": "trt_max_workspace_size",
-    "int8_calibration_table_name": "trt_int8_calibration_table_name",
-    "int8_use_native_calibration_table": "trt_int8_use_native_calibration_table",
-}
-_TRT_PRECISION: Final = {
-    "FP16": "trt_fp16_enable",
-    "BF16": "trt_bf16_enable",
-    "INT8": "trt_int8_enable",
-}
-
-
-def execution_providers(
-    config: ModelSpec, gpu: bool, available: list[str]
-) -> tuple[list[Provider], list[str]]:
-    """ONNX Runtime's providers for an instance, in Triton's order, and warnings.
-
-    As Triton's onnxruntime backend reads ``optimization.execution_accelerators``: on a
-    GPU instance, ``gpu_execution_accelerator`` "tensorrt" (ORT's TensorRT provider,
-    with Triton's parameters) and "cuda" (its parameters as the CUDA provider's
-    options) before the CUDA provider; on any instance, ``cpu_execution_accelerator``
-    "openvino" before ONNX Runtime's CPU provider. Any other name fails the load with
-    Triton's "unknown Execution Accelerator '<name>' is requested" (ConfigError). One
-    this onnxruntime lacks (onnxruntime-openvino, a TensorRT build) is left out with a
-    warning and the model runs without it, where a Triton built without it refuses the
-    model."""
-    accelerators = config.optimization
-    out: list[Provider] = []
-    notes: list[str] = []
-    cuda: dict[str, str] = {}
-    if gpu:
-        for ea in accelerators.gpu_accelerators:
-            params: dict[str, str] = dict(ea.parameters)
-            if ea.name == "tensorrt":
-                if "TensorrtExecutionProvider" not in available:
-                    notes.append(
-                        f"model '{config.name}': this onnxruntime has no TensorRT execution "
-                        "provider; the tensorrt accelerator is left out"
-                    )
-                    continue
-                options = {"device_id": "0"}
-                for key, value in params.items():
-                    if key == "precision_mode":
-                        if value in _TRT_PRECISION:
-                            options[_TRT_PRECISION[value]] = "True"
-                        elif value != "FP32":
-                            raise ConfigError(
-                                config.name, f"unsupported precision mode '{value}' is requested"
-                            )
-                    else:
-                        options[_TRT_KEYS.get(key, key)] = value
-                out.append(("TensorrtExecutionProvider", options))
-            elif ea.name == "cuda":
-                cuda.update(params)
-            else:
-                raise ConfigError(
-                    config.name, f"unknown Execution Accelerator '{ea.name}' is requested"
-                )
-        out.append(("CUDAExecutionProvider", cuda) if cuda else "CUDAExecutionProvider")
-    for ea in accelerators.cpu_accelerators:
-        if ea.name != "openvino":
-            raise ConfigError(
-                config.name, f"unknown Execution Accelerator '{ea.name}' is requested"
-            )
-        if "OpenVINOExecutionProvider" not in available:
-            notes.append(
-                f"model '{config.name}': this onnxruntime has no OpenVINO execution provider "
-                "(onnxruntime-openvino); the openvino accelerator is left out"
-            )
-            continue
-        out.append(("OpenVINOExecutionProvider", {"device_type": "CPU"}))
-    out.append("CPUExecutionProvider")
-    return out, notes
 
 
 def _pinned_core_count() -> int:
@@ -366,15 +287,7 @@ def _as_text(name: str, arr: np.ndarray) -> np.ndarray:
     """ONNX Runtime's Python API holds string tensors as UTF-8 text (NUL bytes pass). A
     sequence's implicit state is text already: ONNX Runtime's output fed back as is."""
     out = np.empty(arr.shape, dtype=object)
-    flat = out.reshape(-1)
-    try:
-        for i, b in enumerate(arr.reshape(-1)):
-            flat[i] = b if isinstance(b, str) else b.decode("utf-8")
-    except UnicodeDecodeError:
-        raise invalid_arg(
-            f"BYTES input '{name}' element {i} is not valid UTF-8, which ONNX Runtime "
-            "string tensors require"
-        ) from None
+    out.reshape(-1)[:] = utf8_texts(name, arr, "ONNX Runtime")
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from shoal.ipc import bytes_tensors, datatypes
+from shoal.ipc.errors import invalid_arg
 from shoal.ipc.messages import CLIENT_REGION, INLINE_MAX_BYTES, ClientRegion, OutputSpec, TensorRef
 from shoal.ipc.shm import RegionMap
 from shoal.workers.cuda_regions import CudaRegions
@@ -205,3 +206,22 @@ def _place(
 
 def _address(buf: memoryview) -> int:
     return int(np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def utf8_texts(name: str, arr: Any, framework: str) -> list[str]:
+    """A BYTES input's elements (in C order) as text, for a framework whose string tensors
+    hold UTF-8 text (NUL bytes pass); an element that is text already passes as it is.
+    Raises INVALID_ARG naming the first element that is not UTF-8."""
+    out: list[str] = []
+    for i, b in enumerate(np.asarray(arr, dtype=object).reshape(-1)):
+        if isinstance(b, str):
+            out.append(b)
+            continue
+        try:
+            out.append(bytes(b).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise invalid_arg(
+                f"BYTES input '{name}' element {i} is not valid UTF-8, which {framework} "
+                "string tensors require"
+            ) from None
+    return out

@@ -11,7 +11,12 @@ shapes: the worker auto-completes the config from them and checks the config aga
 
 GraphDef: the config names graph tensors (``name`` or ``name:0``); the model's inputs are
 its Placeholders, checked against the config as a SavedModel's are; a GraphDef does not
-complete its config (as in Triton).
+complete its config (as in Triton). It runs in a TensorFlow 1 session of its own, as in
+Triton.
+
+``TF_INIT_OPS_FILE``: the graph ops it names (variable or table initializers) run once at
+load, in the GraphDef's session or a TensorFlow 1 SavedModel's graph (a TensorFlow 2
+SavedModel names no graph ops: refused).
 
 Threads: ``TF_NUM_INTRA_THREADS``, else the instance's own count (one per core it owns);
 ``TF_NUM_INTER_THREADS`` (shoal.configs.tf_params). TensorFlow copies its inputs into its
@@ -30,7 +35,7 @@ import numpy as np
 
 from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError, IOSpec
-from shoal.configs.tf_params import tf_params
+from shoal.configs.tf_params import init_ops, tf_params
 from shoal.ipc.errors import Code, ServingError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # (its start-up banner, at import)
@@ -66,6 +71,7 @@ class TensorFlowBackend:
         self._feed_order: list[str] = []  # GraphDef: config input names, in feed order
         self._fetch_order: list[str] = []
         self._loaded: Any = None  # a SavedModel's objects: its variables live with it
+        self._session: Any = None  # a GraphDef's
 
     def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
         name = config.name
@@ -83,12 +89,34 @@ class TensorFlowBackend:
         _set_threads(params.intra_op_threads or threads, params.inter_op_threads)
         if not model_file.exists():
             raise ConfigError(name, f"unable to find '{model_file}' for model '{name}'")
-        if params.init_ops_file:
-            log.warning("model '%s': TF_INIT_OPS_FILE is not run by shoal", name)
+        ops = init_ops(model_file, params.init_ops_file, name) if params.init_ops_file else []
         if config.platform == "tensorflow_graphdef":
-            self._load_graphdef(model_file, config)
+            self._load_graphdef(model_file, config, params.intra_op_threads or threads, ops)
         else:
             self._load_savedmodel(model_file, config, params.graph_tag, params.signature_def)
+            self._run_saved_init_ops(name, ops)
+        if ops:
+            log.info("model '%s': ran init ops %s", name, ", ".join(ops))
+
+    def _run_saved_init_ops(self, name: str, ops: list[str]) -> None:
+        """TF_INIT_OPS_FILE's ops in a TensorFlow 1 SavedModel's graph, each once (its own
+        init op ran at load). A TensorFlow 2 SavedModel has no graph ops to name: refused."""
+        if not ops:
+            return
+        if not hasattr(self._loaded, "prune"):
+            raise ConfigError(
+                name,
+                f"unable to run init ops for model '{name}': TF_INIT_OPS_FILE names graph ops, "
+                "and a TensorFlow 2 SavedModel has none to run (only a TensorFlow 1 SavedModel "
+                "or a GraphDef does)",
+            )
+        for op in ops:
+            try:
+                self._loaded.prune([], [op])()
+            except Exception as exc:  # no such op, or the op failed
+                raise ConfigError(
+                    name, f"unable to run init op '{op}': {_first_line(exc)}"
+                ) from None
 
     def _load_savedmodel(self, path: Path, config: ModelSpec, tag: str, signature: str) -> None:
         name = config.name
@@ -96,9 +124,8 @@ class TensorFlowBackend:
         try:
             loaded = tf.saved_model.load(str(path), tags=[tag])
         except Exception as exc:
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
-                name, f"unable to load model '{name}', expected '{tag}' tag: {why}"
+                name, f"unable to load model '{name}', expected '{tag}' tag: {_first_line(exc)}"
             ) from None
         signatures = dict(loaded.signatures)
         key = signature or "serving_default"
@@ -120,17 +147,18 @@ class TensorFlowBackend:
         self._loaded = loaded
         self._fn = fn
 
-    def _load_graphdef(self, path: Path, config: ModelSpec) -> None:
+    def _load_graphdef(self, path: Path, config: ModelSpec, intra: int, ops: list[str]) -> None:
+        """A frozen graph in a session of its own (as Triton runs one), its init ops run
+        once; raises ConfigError."""
         name = config.name
         graph_def = tf.compat.v1.GraphDef()
+        graph = tf.Graph()
         try:
             graph_def.ParseFromString(path.read_bytes())
-            wrapped = tf.compat.v1.wrap_function(
-                lambda: tf.compat.v1.import_graph_def(graph_def, name=""), []
-            )
+            with graph.as_default():
+                tf.compat.v1.import_graph_def(graph_def, name="")
         except Exception as exc:
             raise ConfigError(name, f"unable to load model '{name}': {exc}") from None
-        graph = wrapped.graph
         placeholders = [op for op in graph.get_operations() if op.type == "Placeholder"]
         self._inputs = [
             _spec(op.name, op.outputs[0].dtype, op.outputs[0].shape, "input", name)
@@ -157,7 +185,22 @@ class TensorFlowBackend:
         self._outputs = outputs
         self._feed_order = [io.name for io in config.inputs]
         self._fetch_order = [out.name for out in config.outputs]
-        self._fn = wrapped.prune(feeds=feeds, fetches=fetches)
+        session = tf.compat.v1.Session(
+            graph=graph,
+            config=tf.compat.v1.ConfigProto(
+                intra_op_parallelism_threads=max(intra, 0),
+                inter_op_parallelism_threads=tf.config.threading.get_inter_op_parallelism_threads(),
+            ),
+        )
+        for op in ops:
+            try:
+                session.run(graph.get_operation_by_name(op))
+            except Exception as exc:  # no such op, or the op failed
+                raise ConfigError(
+                    name, f"unable to run init op '{op}': {_first_line(exc)}"
+                ) from None
+        self._session = session
+        self._fn = lambda *args: session.run(fetches, feed_dict=dict(zip(feeds, args, strict=True)))
 
     def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]]:
         """The signature's (or the GraphDef's) tensors: the worker completes and checks the
@@ -172,17 +215,24 @@ class TensorFlowBackend:
     ) -> list[np.ndarray]:
         assert self._fn is not None
         try:
-            if self._feed_order:
-                results = self._fn(*[tf.constant(inputs[n]) for n in self._feed_order])
-                by_name = dict(zip(self._fetch_order, results, strict=True))
-            else:
-                by_name = self._fn(**{k: tf.constant(v) for k, v in inputs.items()})
+            if self._session is not None:
+                results = self._fn(*[inputs[n] for n in self._feed_order])
+                return [np.asarray(results[self._fetch_order.index(o)]) for o in outputs]
+            by_name = self._fn(**{k: tf.constant(v) for k, v in inputs.items()})
         except Exception as exc:  # TensorFlow's own error: INTERNAL, as in Triton
             raise ServingError(Code.INTERNAL, str(exc).strip()) from None
         return [by_name[o].numpy() for o in outputs]
 
     def unload(self) -> None:
         self._fn = None
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _set_threads(intra: int, inter: int) -> None:

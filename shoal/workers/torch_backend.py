@@ -28,6 +28,10 @@ As Triton's PyTorch backend:
   serves one model), ``DISABLE_CUDNN``, ``ENABLE_CACHE_CLEANING`` (GPU instances). A
   TorchScript switch set for a ``.pt2`` is logged as doing nothing there.
 
+TYPE_STRING tensors (TorchScript only): an input reaches ``forward`` as one ``List[str]``
+of the batch's elements (UTF-8, else INVALID_ARG); an output must come back as a
+``List[str]``, answered as a 1-D BYTES tensor of its length, as in Triton.
+
 Inputs are wrapped, not copied: numpy views over shared memory become CPU tensors with
 ``torch.from_numpy``, and device arrays (client CUDA shared memory) become CUDA tensors
 through DLPack. A KIND_GPU instance runs on ``cuda:0`` (the one GPU its process sees);
@@ -50,6 +54,7 @@ from shoal.configs.model_spec import InputSpec, ModelSpec, OutputSpec
 from shoal.configs.schema import IOSpec
 from shoal.configs.torch_params import TorchExecParams, torch_exec_params
 from shoal.ipc.errors import Code, ServingError, invalid_arg
+from shoal.workers.tensors import utf8_texts
 from shoal.workers.torch_pt2 import Pt2Model
 
 _TORCH_DTYPE: Final[dict[str, torch.dtype]] = {
@@ -108,6 +113,7 @@ class TorchBackend:
         self._out_index: dict[str, int] = {}  # config output -> position in the result
         self._out_dtype: dict[str, str] = {}  # config output -> its data type
         self._bf16: set[str] = set()
+        self._strings: set[str] = set()  # TYPE_STRING tensors: List[str] in TorchScript
         self._pt2: Pt2Model | None = None
         self._exec = TorchExecParams()
 
@@ -137,6 +143,11 @@ class TorchBackend:
         self._map_outputs(config)
 
     def _load_pt2(self, model_file: Path, config: ModelSpec) -> None:
+        if self._strings:
+            raise ValueError(
+                f"model '{config.name}': {', '.join(sorted(self._strings))} TYPE_STRING, which "
+                "a PyTorch 2 archive cannot take (its tensors are numbers)"
+            )
         exec_params = self._exec
         jit = [
             key
@@ -187,12 +198,7 @@ class TorchBackend:
                 + (f" (incomplete: {', '.join(missing)})" if missing else "")
             )
         ins, outs = _io_specs(config)
-        for spec in [*ins, *outs]:
-            if spec.datatype == "BYTES":
-                raise ValueError(
-                    f"model '{name}': {spec.name} is TYPE_STRING, which shoal's PyTorch "
-                    "backend does not support"
-                )
+        self._strings = {spec.name for spec in [*ins, *outs] if spec.datatype == "BYTES"}
         self._bf16 = {spec.name for spec in [*ins, *outs] if spec.datatype == "BF16"}
         self._out_dtype = {spec.name: spec.datatype for spec in outs}
 
@@ -203,6 +209,7 @@ class TorchBackend:
         if len(params) == 1 and params[0].type.kind() == "DictType":
             self._dict_input = True
             return
+        _check_argument_types(params)
         if len(params) != len(names):
             raise ValueError(
                 f"unable to load model '{config.name}', configuration expects {len(names)} "
@@ -250,7 +257,7 @@ class TorchBackend:
                 torch.cuda.empty_cache()
         return [self._array(name, self._pick(result, name)) for name in outputs]
 
-    def _run(self, tensors: dict[str, torch.Tensor]) -> Any:
+    def _run(self, tensors: dict[str, Any]) -> Any:
         if self._pt2 is not None:
             return self._pt2(tensors)  # a dict: each bound output by its config name
         args: list[Any] = [None] * sum(1 for v in self._arg_of.values() if isinstance(v, int))
@@ -265,7 +272,11 @@ class TorchBackend:
                 args[where] = tensor
         return self._module(*args, **kwargs)
 
-    def _tensor(self, name: str, arr: Any) -> torch.Tensor:
+    def _tensor(self, name: str, arr: Any) -> torch.Tensor | list[str]:
+        if name in self._strings:
+            # As Triton's PyTorch backend: a TYPE_STRING input reaches forward as one
+            # List[str] of the batch's elements, in order.
+            return utf8_texts(name, arr, "TorchScript")
         if name in self._bf16:
             arr = arr.view("int16")  # bfloat16 bit patterns (uint16 on the wire)
         if hasattr(arr, "__cuda_array_interface__"):
@@ -277,7 +288,7 @@ class TorchBackend:
             t = t.view(torch.bfloat16)
         return t.to(self._device)
 
-    def _pick(self, result: Any, name: str) -> torch.Tensor:
+    def _pick(self, result: Any, name: str) -> torch.Tensor | list[str]:
         if isinstance(result, dict):
             if name not in result:
                 raise invalid_arg(f"the model returned no output '{name}'")
@@ -291,6 +302,8 @@ class TorchBackend:
                     f"which doesn't exist. This model has {len(results)} outputs"
                 )
             value = results[index]
+        if name in self._strings:
+            return _texts(name, value)
         if not isinstance(value, torch.Tensor):
             raise invalid_arg(f"output '{name}' is a {type(value).__name__}, not a tensor")
         if value.dim() == 0:
@@ -304,7 +317,11 @@ class TorchBackend:
             )
         return value
 
-    def _array(self, name: str, t: torch.Tensor) -> Any:
+    def _array(self, name: str, t: torch.Tensor | list[str]) -> Any:
+        if isinstance(t, list):  # a TYPE_STRING output: shape [len(list)], as in Triton
+            out = np.empty(len(t), dtype=object)
+            out[:] = [s.encode("utf-8") for s in t]
+            return out
         if t.dtype == torch.bfloat16:
             t = t.view(torch.int16)
         t = t.contiguous()
@@ -319,6 +336,39 @@ class TorchBackend:
 
     def unload(self) -> None:
         self._module = None
+
+
+def _check_argument_types(params: list[Any]) -> None:
+    """forward's arguments must be tensors or lists (List[str] for TYPE_STRING), with
+    Triton's messages (raised as the load's error)."""
+    kinds = [a.type.kind() for a in params]
+    if "DictType" in kinds:
+        raise ValueError(
+            "Multiple inputs of kind DictType were detected. Only a single input of type "
+            "Dict(str, Tensor) is supported."
+        )
+    for arg, kind in zip(params, kinds, strict=True):
+        if kind not in ("TensorType", "ListType"):
+            raise ValueError(
+                f"An input of type '{arg.type}' was detected in the model. Only a single input "
+                "of type Dict(str, Tensor) or input(s) of type Tensor are supported."
+            )
+
+
+def _texts(name: str, value: Any) -> list[str]:
+    """A TYPE_STRING output: the model must return a List[str] for it (TorchScript has no
+    string tensors), as Triton's PyTorch backend requires."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    got = type(value).__name__
+    if isinstance(value, torch.Tensor):
+        got = f"Tensor of {_TRITON_DTYPE.get(value.dtype, str(value.dtype))}"
+    elif isinstance(value, list):
+        got = "a list of " + ", ".join(sorted({type(v).__name__ for v in value}))
+    raise invalid_arg(
+        f"output '{name}' is TYPE_STRING in the configuration: the model must return a "
+        f"List[str] for it, not {got}"
+    )
 
 
 def _io_specs(config: ModelSpec) -> tuple[list[IOSpec], list[IOSpec]]:

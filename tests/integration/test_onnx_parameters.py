@@ -4,7 +4,7 @@ values Triton rejects fail that model's load with Triton's message (the first in
 Triton's order) while the rest of the repository serves; ORT_PARALLEL and its inter-op
 pool are honoured; "the backend's default" thread count keeps a pinned instance's
 threads on its own cores; TorchScript models read Triton's upper-case keys, and shoal's
-lower-case one leniently."""
+lower-case one leniently; a TensorRT plan without a GPU fails with Triton's reason."""
 
 from __future__ import annotations
 
@@ -107,6 +107,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     library = onnxruntime_extensions.get_library_path()
     for name, path in (("custom_ops", library), ("no_ops_library", "/nonexistent.so")):
         modelgen.write_model(repo, name, modelgen.string_upper_model(), upper.format(name, path))
+    # A TensorRT plan on a host (or instance) without a GPU: Triton's refusal, found by its
+    # file alone (tests/gpu/test_tensorrt.py serves real plans).
+    modelgen.write_model(repo, "plan_on_cpu", b"not a plan", None, filename="model.plan")
     _torch_add_sub(repo, "torch_lower_auto", {"intra_op_thread_count": "auto"})
     _torch_add_sub(repo, "torch_upper_bad", {"INTRA_OP_THREAD_COUNT": "x"})
     with settled_server(repo, MODELS) as srv:
@@ -116,7 +119,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
 MODELS = (
     "sequential", "parallel", "bad_mode", "bad_intra", "both_bad", "intra_default",
     "inter_default", "torch_lower_auto", "torch_upper_bad", "unoptimized", "bad_arena",
-    "openvino", "bad_accelerator", "custom_ops", "no_ops_library",
+    "openvino", "bad_accelerator", "custom_ops", "no_ops_library", "plan_on_cpu",
 )  # fmt: skip
 
 
@@ -160,6 +163,11 @@ def _add_sub_infer(
         (
             "torch_upper_bad",
             "failed to load 'torch_upper_bad' version 1: failed to convert 'x' to integral number",
+        ),
+        (
+            "plan_on_cpu",
+            "failed to load 'plan_on_cpu' version 1: unable to load model 'plan_on_cpu', "
+            "TensorRT backend supports only GPU device",
         ),
     ],
 )

@@ -60,13 +60,22 @@ def tf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]
     savedmodel(
         "threads", 'platform: "tensorflow_savedmodel"\n' + _param("TF_NUM_INTRA_THREADS", "-2")
     )
+    # TF_INIT_OPS_FILE (its other cases: tests/unit/workers/test_tf_init_ops.py)
+    scaled = (
+        'platform: "tensorflow_graphdef"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    )
+    version = _model(repo, "init_ops", scaled + _param("TF_INIT_OPS_FILE", "ops.json"))
+    (version / "model.graphdef").write_bytes(tfgen.scaled_graph(3.0))
+    (version / "ops.json").write_text(json.dumps({"init_ops": ["init"]}))
     bad_graph = graphdef.replace('name: "INPUT1"', 'name: "Z"')
     (_model(repo, "frozen_bad", bad_graph) / "model.graphdef").write_bytes(tfgen.frozen_add_sub())
     with settled_server(repo, GOOD + BAD) as srv:
         yield srv
 
 
-GOOD = ("auto", "doubled", "strings", "frozen")
+GOOD = ("auto", "doubled", "strings", "frozen", "init_ops")
 BAD = ("no_signature", "wrong_tag", "fp16", "threads", "frozen_bad")
 
 
@@ -134,6 +143,13 @@ def test_a_frozen_graphdef(tf_server: ShoalServer) -> None:
     assert client.get_model_metadata("frozen", as_json=True)["platform"] == "tensorflow_graphdef"
     http = httpclient.InferenceServerClient(tf_server.url)
     assert http.is_model_ready("frozen")
+
+
+def test_tf_init_ops_file_runs_its_ops_once_at_load(tf_server: ShoalServer) -> None:
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for _ in range(2):  # the variable keeps its value: the ops ran once, not per request
+        out = _infer(tf_server, "init_ops", {"INPUT0": a}, ["OUTPUT0"])
+        np.testing.assert_array_equal(out["OUTPUT0"], a * 3)
 
 
 @pytest.mark.parametrize(

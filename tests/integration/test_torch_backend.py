@@ -94,13 +94,22 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServ
         'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
         "dynamic_batching { max_queue_delay_microseconds: 10000000 }\n",
     )  # fmt: skip
+    _write(  # TYPE_STRING: forward takes and returns List[str] (its other cases:
+        # tests/unit/workers/test_torch_strings.py)
+        repo, "strings", torchgen.shout_model(),
+        'name: "strings"\nplatform: "pytorch_libtorch"\n'
+        'input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] },'
+        ' { name: "SCALE" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+        'output [ { name: "SHOUTED" data_type: TYPE_STRING dims: [ -1 ] },'
+        ' { name: "LENGTH" data_type: TYPE_INT64 dims: [ -1 ] } ]\n',
+    )  # fmt: skip
     with settled_server(repo, MODELS) as srv:
         yield srv
 
 
 MODELS = (
     "by_argument", "batched", "by_index", "by_order", "bf16", "crash", "no_io", "one_input",
-    "one_tensor", "dict_input", "sum_rows",
+    "one_tensor", "dict_input", "sum_rows", "strings",
 )  # fmt: skip
 
 
@@ -149,6 +158,29 @@ def test_config_order_when_names_follow_no_convention(torch_server: ShoalServer)
     np.testing.assert_array_equal(out["S"], x + y)
     np.testing.assert_array_equal(out["D"], x - y)
     assert out["S"].dtype == np.float16
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_string_inputs_and_outputs_are_lists_of_str(
+    torch_server: ShoalServer, protocol: str
+) -> None:
+    url, module = torch_server.client(protocol)
+    client = module.InferenceServerClient(url)
+    text = np.array([b"ab", b"x\x00y", "\u00e9".encode()], dtype=object)
+    inputs = [module.InferInput("TEXT", [3], "BYTES"), module.InferInput("SCALE", [1], "INT64")]
+    inputs[0].set_data_from_numpy(text)
+    inputs[1].set_data_from_numpy(np.array([10], dtype=np.int64))
+    try:
+        result = client.infer("strings", inputs)
+        # TorchScript's str is bytes: upper() is ASCII's, len() counts UTF-8 bytes
+        assert result.as_numpy("SHOUTED").tolist() == [b"AB!", b"X\x00Y!", "\u00e9!".encode()]
+        assert result.as_numpy("LENGTH").tolist() == [20, 30, 20]
+        bad = module.InferInput("TEXT", [1], "BYTES")
+        bad.set_data_from_numpy(np.array([b"\xff"], dtype=object))
+        with pytest.raises(InferenceServerException, match="not valid UTF-8"):
+            client.infer("strings", [bad, inputs[1]])
+    finally:
+        client.close()
 
 
 def test_bf16_round_trip(torch_server: ShoalServer) -> None:

@@ -94,6 +94,7 @@ PROTOBUF_HOMES: frozenset[str] = frozenset(
         "shoal/configs/repository.py",
         "shoal/configs/sequence_rules.py",
         "shoal/configs/spec_reader.py",
+        "shoal/configs/trt_config.py",
         "shoal/configs/validation.py",
         "shoal/frontend/grpc_codec.py",
     }

@@ -138,7 +138,7 @@ def test_accelerators_come_first_with_tritons_parameters_in_onnx_runtimes_names(
             "TensorrtExecutionProvider",
             {
                 "device_id": "0",
-                "trt_fp16_enable": "True",
+                "trt_fp16_enable": "1",
                 "trt_max_workspace_size": "1073741824",
                 "trt_engine_cache_enable": "true",
             },
@@ -165,6 +165,7 @@ def test_an_accelerator_this_onnxruntime_lacks_is_left_out_with_a_warning() -> N
 
 
 _UNKNOWN = "unknown Execution Accelerator '{}' is requested"
+_TRT = 'gpu_execution_accelerator [ {{ name: "tensorrt" parameters {{ key: "{}" value: "{}" }} }} ]'
 _FP8 = 'gpu_execution_accelerator [ { name: "tensorrt" parameters { key: "precision_mode" value: "FP8" } } ]'  # noqa: E501
 
 
@@ -174,8 +175,19 @@ _FP8 = 'gpu_execution_accelerator [ { name: "tensorrt" parameters { key: "precis
         ('cpu_execution_accelerator [ { name: "mkl" } ]', False, _UNKNOWN.format("mkl")),
         ('gpu_execution_accelerator [ { name: "gpu_x" } ]', True, _UNKNOWN.format("gpu_x")),
         (_FP8, True, "unsupported precision mode 'FP8' is requested"),
+        (_TRT.format("segment_size", "1"), True,
+         "unknown parameter 'segment_size' is provided for TensorRT Execution Accelerator"),
+        (_TRT.format("max_workspace_size_bytes", "abc"), True,
+         "failed to convert 'abc' to unsigned long long integral number"),
+        (_TRT.format("trt_max_partition_iterations", "many"), True,
+         "failed to convert 'many' to integral number"),
+        (_TRT.format("trt_engine_cache_enable", "yes"), True,
+         "failed to convert 'yes' to boolean"),
+        ('gpu_execution_accelerator [ { name: "cuda" parameters { key: '
+         '"use_ep_level_unified_stream" value: "2" } } ]', True,
+         "failed to convert '2' to boolean"),
     ],
-)
+)  # fmt: skip
 def test_an_accelerator_triton_refuses_fails_the_load(text: str, gpu: bool, message: str) -> None:
     with pytest.raises(ConfigError) as e:
         execution_providers(_accelerated(text), gpu, EVERYTHING)
@@ -238,3 +250,52 @@ def test_a_string_input_takes_bytes_or_the_text_a_model_gave_as_its_state(tmp_pa
     for values in ([[b"1.5", b"2"]], [["1.5", "2"]]):
         (out,) = backend.execute({"INPUT0": np.array(values, dtype=object)}, ["OUTPUT0"])
         assert out.tolist() == [[1.5, 2.0]]
+
+
+def test_a_cpu_instance_neither_runs_nor_refuses_a_gpu_accelerator() -> None:
+    """As Triton's onnxruntime backend: gpu_execution_accelerator is read for GPU
+    instances only, so even a bad one does not stop a KIND_CPU instance."""
+    config = _accelerated(
+        'gpu_execution_accelerator [ { name: "tensorrt" parameters '
+        '{ key: "segment_size" value: "1" } }, { name: "gpu_x" } ]'
+    )
+    assert execution_providers(config, False, EVERYTHING) == (["CPUExecutionProvider"], [])
+
+
+def test_a_tensorrt_accelerator_without_ort_tensorrt_is_left_out_after_its_checks() -> None:
+    text = _TRT.format("trt_engine_cache_enable", "1")
+    providers, notes = execution_providers(_accelerated(text), True, EVERYTHING[1:])
+    assert providers == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert notes == [
+        "model 'm': this onnxruntime has no TensorRT execution provider; the tensorrt "
+        "accelerator is left out"
+    ]
+    with pytest.raises(ConfigError, match="unknown parameter 'x'"):
+        execution_providers(_accelerated(_TRT.format("x", "1")), True, EVERYTHING[1:])
+
+
+def test_the_models_own_cuda_parameters_reach_the_cuda_provider() -> None:
+    config = _spec(
+        'name: "m" platform: "onnxruntime_onnx" parameters [ '
+        '{ key: "cudnn_conv_algo_search" value { string_value: "1" } }, '
+        '{ key: "arena_extend_strategy" value { string_value: "1" } }, '
+        '{ key: "gpu_mem_limit" value { string_value: "1048576" } } ] '
+        "optimization { execution_accelerators { gpu_execution_accelerator [ "
+        '{ name: "cuda" parameters { key: "do_copy_in_default_stream" value: "0" } } ] } }',
+        "m",
+    )
+    providers, _ = execution_providers(config, True, EVERYTHING)
+    assert providers[0] == (
+        "CUDAExecutionProvider",
+        {
+            "cudnn_conv_algo_search": "HEURISTIC",
+            "arena_extend_strategy": "kSameAsRequested",
+            "gpu_mem_limit": "1048576",
+            "do_copy_in_default_stream": "0",
+        },
+    )
+    bad = _spec(
+        'name: "m" parameters { key: "cudnn_conv_algo_search" value { string_value: "3" } }', "m"
+    )
+    with pytest.raises(ConfigError, match="unsupported cudnn_conv_algo_search value '3'"):
+        execution_providers(bad, True, EVERYTHING)
