@@ -137,6 +137,8 @@ class BrokerClient:
         self.on_broker_lost: list[Callable[[], None]] = []
         # models loaded, reloaded or unloaded (model control): their names
         self.on_models_changed: list[Callable[[list[str]], None]] = []
+        # the server's trace settings (in each Welcome, and again when they change)
+        self.on_trace_table: list[Callable[[m.TraceTable], None]] = []
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[msgspec.Struct] | ResponseStream] = {}
         self._outbox: list[bytes] = []  # encoded requests of this turn, not sent yet
@@ -199,7 +201,7 @@ class BrokerClient:
         if not self.connected:
             raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
         fut = self._expect(req.req_id)
-        if self.hop_timing:
+        if self.hop_timing and not req.hops:  # (a traced request's are stamped already)
             req.hops = [time.monotonic_ns()]
         self._queue(m.encode_payload(req))
         try:
@@ -389,6 +391,10 @@ class BrokerClient:
             if len(resp.hops) == len(HOPS):
                 self._count_hops([*resp.hops, time.monotonic_ns()])
 
+    def _trace_table(self, table: m.TraceTable) -> None:
+        for callback in self.on_trace_table:
+            callback(table)
+
     def _count_hops(self, stamps: list[int]) -> None:
         for leg, start, end in zip(HOPS, stamps, stamps[1:], strict=False):
             totals = self.hops[leg]
@@ -406,12 +412,17 @@ class BrokerClient:
             if msg.log is not None:
                 logs.apply(msg.log)
             self.model_control = msg.model_control
+            if msg.trace is not None:
+                self._trace_table(msg.trace)
             self._welcomed.set()
             if self._leaving:
                 self._send(m.encode(m.FrontendLeaving()))
             return
         if isinstance(msg, m.LogSettings):
             logs.apply(msg)
+            return
+        if isinstance(msg, m.TraceTable):
+            self._trace_table(msg)
             return
         if isinstance(msg, m.ClientRegionsKnown):
             self.client_regions = msg.regions

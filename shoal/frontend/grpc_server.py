@@ -32,8 +32,9 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from shoal.configs.flags.frontend import GrpcTls
 from shoal.dataplane.plane import DataPlane
+from shoal.dataplane.tracing import Trace
 from shoal.dataplane.types import FINAL_FLAG, ClientRequest, InferenceResult, ResponseError
-from shoal.frontend import grpc_codec, log_settings, restricted
+from shoal.frontend import grpc_codec, log_settings, restricted, trace_api
 from shoal.ipc import logs
 from shoal.ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
 
@@ -290,6 +291,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
         return await _guard(context, call)
 
+    async def TraceSetting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
+        async def call() -> pb.TraceSettingResponse:
+            changes = trace_api.grpc_changes(request.settings) if request.settings else None
+            reply = await self.dp.trace_settings(request.model_name, changes)
+            return trace_api.grpc_settings(trace_api.as_settings(*reply), pb.TraceSettingResponse())
+
+        return await _guard(context, call)
+
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         async def call() -> pb.RepositoryIndexResponse:
             if request.repository_name:
@@ -398,19 +407,39 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         return await _guard(context, call)
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        if self.dp.tracer.active:  # (the one check tracing costs when off)
+            return await _guard(context, lambda: self._traced(request, context))
         return await _guard(context, lambda: self._infer(request))
 
+    async def _traced(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        """A request while tracing is on: sampled, and stamped if it is. The answer's
+        GRPC_SEND stamps mark it handed to grpcio."""
+        metadata = dict(context.invocation_metadata() or ())
+        trace = self.dp.tracer.sample(request.model_name, metadata.get("traceparent", ""))
+        if trace is None:
+            return await self._infer(request)
+        trace.stamp("GRPC_WAITREAD_START")
+        trace.stamp("GRPC_WAITREAD_END")
+        answer = await self._infer(request, trace=trace)
+        trace.stamp("GRPC_SEND_START")
+        trace.stamp("GRPC_SEND_END")
+        self.dp.tracer.finish(trace)
+        return answer
+
     async def _infer(
-        self, request: pb.ModelInferRequest, decoded: ClientRequest | None = None
+        self,
+        request: pb.ModelInferRequest,
+        decoded: ClientRequest | None = None,
+        trace: Trace | None = None,
     ) -> pb.ModelInferResponse:
         """``decoded``: the request's tensors, read already (a stream's)."""
         # The model first, as Triton looks it up before reading the request's tensors.
         model = await self.dp.model(request.model_name, request.model_version)
         if model.decoupled:
             raise ServingError(Code.UNSUPPORTED, DECOUPLED_UNARY)
-        result = await self.dp.infer(
-            decoded if decoded is not None else await decode_request(request)
-        )
+        req = decoded if decoded is not None else await decode_request(request)
+        req.trace = trace
+        result = await self.dp.infer(req)
         try:
             return grpc_codec.encode_infer_response(result)
         finally:

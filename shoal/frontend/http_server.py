@@ -27,6 +27,7 @@ from shoal.frontend import (
     generate,
     http_client_shm,
     http_codec,
+    http_trace,
     json_members,
     log_settings,
     restricted,
@@ -157,11 +158,18 @@ def _header_length(request: web.Request) -> int | None:
         ) from None
 
 
-async def infer(request: web.Request) -> web.Response:
+async def infer(request: web.Request) -> web.StreamResponse:
     dp = _dp(request)
     name, version = _model_args(request)
+    trace = None
+    if dp.tracer.active:  # (the one check tracing costs when off)
+        trace = dp.tracer.sample(name, request.headers.get("traceparent", ""))
+        if trace is not None:
+            trace.stamp("HTTP_RECV_START")
     header_length = _header_length(request)
     body = await read_body(request)
+    if trace is not None:
+        trace.stamp("HTTP_RECV_END")
 
     def raw_meta() -> RawInputMeta:
         handle = dp.cached_model(name, version)
@@ -182,7 +190,10 @@ async def infer(request: web.Request) -> web.Response:
     req, options = http_codec.decode_infer_request(
         body, header_length, name, version, raw_input_meta=raw_meta
     )
+    req.trace = trace
     result = await dp.infer(req)
+    if trace is not None:
+        trace.stamp("HTTP_SEND_START")
     try:
         parts, json_len = http_codec.encode_infer_response(result, options)
         payload = b"".join(parts)
@@ -195,6 +206,11 @@ async def infer(request: web.Request) -> web.Response:
         resp.headers[IHCL] = str(json_len)
     if "Accept-Encoding" in request.headers:
         resp.enable_compression()
+    if trace is not None:  # sent here, so that its end is stamped
+        await resp.prepare(request)
+        await resp.write_eof()
+        trace.stamp("HTTP_SEND_END")
+        dp.tracer.finish(trace)
     return resp
 
 
@@ -470,6 +486,7 @@ def build_app(
         r.add_post(repo + "/models/{model:[^/]+}/load", repository_load)
         r.add_post(repo + "/models/{model:[^/]+}/unload", repository_unload)
     app.add_routes(http_client_shm.routes(_dp))
+    app.add_routes(http_trace.routes(_dp))
     # aiohttp tries a prefix's dynamic routes in the order added, one regex each: infer
     # (the hot path) and ready (the probes) first.
     for base in (model, versioned):

@@ -38,6 +38,7 @@ from shoal.frontend.http_connections import (
 )
 from shoal.frontend.http_server import build_app, build_reserve_app
 from shoal.frontend.metrics import MetricsServer, MetricsSettings
+from shoal.frontend.trace_sink import TraceSink
 from shoal.ipc.lifecycle import EXIT_FATAL, settle_gc
 from shoal.ipc.shm import ShmFull, SlabPool, sweep_stale
 
@@ -208,7 +209,9 @@ async def serve(s: FrontendSettings) -> int:
     broker = BrokerClient(s.runtime_dir, s.index, summaries)
     broker.start()
     cache = ResponseCache(s.response_cache_bytes) if s.response_cache_bytes > 0 else None
-    dataplane = DataPlane(broker, pool, s.server_id, s.allow_client_shm, cache)
+    traces = TraceSink(s.index)
+    broker.on_trace_table.append(traces.follow)
+    dataplane = DataPlane(broker, pool, s.server_id, s.allow_client_shm, cache, traces.put)
     http: _Http | None = None
     grpc_server: grpc.aio.Server | None = None
     metrics: MetricsServer | None = None
@@ -247,4 +250,5 @@ async def serve(s: FrontendSettings) -> int:
             await metrics.close()
         await broker.close()
         dataplane.pool.close()
+        traces.close()  # (Triton writes its trace file at exit)
     return 0

@@ -61,7 +61,9 @@ class OutputSpec(msgspec.Struct, array_like=True):
     classification: int = 0  # > 0: the top K classes as BYTES in place of the values
 
 
-class InferRequest(msgspec.Struct, array_like=True):
+class InferRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    # omit_defaults: trailing fields left at their defaults (hops, trace_id: a request
+    # nobody measures) cost no bytes on the wire
     req_id: int
     model: str
     version: int  # -1 = the latest ready version
@@ -82,11 +84,40 @@ class InferRequest(msgspec.Struct, array_like=True):
     parameters: dict[str, bool | int | float | str] = {}
     # Its way through the processes, when measured (a frontend under SHOAL_HOP_TIMING=1):
     # time.monotonic_ns() at the frontend's send, the broker's receipt and its dispatch.
-    # Empty: not measured, and no process stamps it.
+    # Empty: not measured, and no process stamps it. A traced request is measured too.
     hops: list[int] = []
+    # traced (shoal/dataplane/tracing.py): its trace's id, which a Python model's BLS
+    # requests name as their parent; 0: not traced
+    trace_id: int = 0
 
 
-class InferResponse(msgspec.Struct, array_like=True):
+class TraceRecord(msgspec.Struct, array_like=True):
+    """One trace as the file and the exporter show it (shoal/dataplane/tracing.py):
+    its id, its parent's (0: none), the request's model, version and id, its
+    timestamps ``(name, monotonic ns)`` in order, what the batch and the processes it
+    crossed were (``attributes``), and the traces it spawned (ensemble steps, BLS)."""
+
+    id: int
+    model: str
+    version: int = -1
+    parent_id: int = 0
+    request_id: str = ""
+    stamps: list[tuple[str, int]] = []
+    attributes: dict[str, int | str | list[int]] = {}
+    tensors: list[tuple[str, str, str, list[int], str]] = []  # activity, name, dtype, shape, data
+    children: list[TraceRecord] = []
+
+
+class BatchNote(msgspec.Struct, array_like=True):
+    """For a traced request: the worker's part of its way (shoal/workers/proc.py) and
+    the BLS traces its model spawned while it ran."""
+
+    stamps: list[tuple[str, int]]
+    attributes: dict[str, int | str | list[int]] = {}
+    children: list[TraceRecord] = []
+
+
+class InferResponse(msgspec.Struct, array_like=True, omit_defaults=True):
     req_id: int
     outputs: list[TensorRef] = []
     error: ErrorInfo | None = None
@@ -97,6 +128,7 @@ class InferResponse(msgspec.Struct, array_like=True):
     empty: bool = False  # the final flag alone: no response of the model's
     # the request's hops, then the worker's receipt of its batch and its send (measured)
     hops: list[int] = []
+    batch: BatchNote | None = None  # traced: what the worker saw of it
 
 
 # A tensor in a client-registered region is referenced as "shm:<region name>" by the
@@ -218,10 +250,40 @@ class LogSettings(msgspec.Struct, array_like=True):
     file: str = ""  # --log-file ("": stderr); set at start only, never through the API
 
 
+TRACE_LEVELS: Final = ("TIMESTAMPS", "TENSORS")
+TRACE_MODES: Final = ("triton", "opentelemetry")
+
+
+class TraceSetting(msgspec.Struct, array_like=True, frozen=True):
+    """One trace setting (the trace extension's): the levels traced (none: OFF), one
+    request in ``rate`` sampled, ``count`` traces at most (-1: no limit), the file and
+    how many traces each of its parts holds (0: one file, written at exit)."""
+
+    levels: tuple[str, ...] = ()
+    rate: int = 1000
+    count: int = -1
+    log_frequency: int = 0
+    file: str = ""
+
+
+class TraceTable(msgspec.Struct, array_like=True):
+    """Broker -> frontends (and BLS connections): the server's trace settings, one truth
+    kept by the broker (shoal/configs/trace_settings.py), sent in each Welcome and again
+    whenever they change. ``models``: the settings in effect for each model that has its
+    own; the others follow ``default``. ``options``: the mode's --trace-config settings."""
+
+    mode: str = "triton"
+    default: TraceSetting = TraceSetting()
+    models: dict[str, TraceSetting] = {}
+    options: dict[str, str] = {}
+    epoch: int = 0  # a new value resets the frontends' sampling counters
+
+
 class Welcome(msgspec.Struct, array_like=True):
     broker_pid: int
     log: LogSettings | None = None  # the server's, once changed at run time
     model_control: bool = False  # explicit model control: the API loads and unloads
+    trace: TraceTable | None = None  # the server's trace settings
 
 
 class ModelQuery(msgspec.Struct, array_like=True):
@@ -481,6 +543,24 @@ class LogReply(msgspec.Struct, array_like=True):
     settings: LogSettings
 
 
+class TraceQuery(msgspec.Struct, array_like=True):
+    """Frontend -> broker: a model's trace settings ("": the global ones), after
+    ``changes`` (checked by the frontend: a field of TraceSetting -> its value, or None
+    to clear it) if there are any."""
+
+    query_id: int
+    model: str = ""
+    changes: dict[str, list[str] | int | None] = {}
+
+
+class TraceReply(msgspec.Struct, array_like=True):
+    query_id: int
+    setting: TraceSetting = TraceSetting()
+    mode: str = "triton"
+    options: dict[str, str] = {}
+    error: ErrorInfo | None = None
+
+
 class ShmRequest(msgspec.Struct, array_like=True):
     """Frontend -> broker: the shared-memory extension's register/unregister/status."""
 
@@ -614,6 +694,9 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     LogQuery: b"g",
     LogReply: b"l",
     LogSettings: b"V",
+    TraceQuery: b"x",
+    TraceReply: b"y",
+    TraceTable: b"z",
     ShmRequest: b"k",
     ShmReply: b"K",
     RegionsReleased: b"L",

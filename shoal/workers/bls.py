@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
+import os
 import queue
 import threading
 from pathlib import Path
@@ -30,6 +32,7 @@ import numpy as np
 
 from shoal.dataplane.broker_client import BrokerClient
 from shoal.dataplane.plane import DataPlane
+from shoal.dataplane.tracing import Trace
 from shoal.dataplane.types import (
     ClientRequest,
     InferenceResult,
@@ -38,6 +41,7 @@ from shoal.dataplane.types import (
     ResponseError,
 )
 from shoal.ipc import datatypes
+from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
 from shoal.ipc.shm import SlabPool
 from shoal.workers import pb_utils
@@ -77,6 +81,12 @@ class BlsClient:
         self._thread: threading.Thread | None = None
         self._dp: DataPlane | None = None
         self._closed = False
+        # The traced request the model runs now (its trace id; 0: none): set by the worker
+        # before each batch. Its BLS requests are traced as its children, their records
+        # kept (under the lock) until the worker sends its answer.
+        self.parent_trace = 0
+        self._children: dict[int, list[m.TraceRecord]] = {}
+        self.next_trace_id = itertools.count((os.getpid() << 40) + 1).__next__
 
     # -- pb_utils' side (any thread of the model's) ------------------------------------
 
@@ -97,7 +107,25 @@ class BlsClient:
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
             done.set_result(_failed(err.message, err.code))
             return done
+        if self.parent_trace:
+            call.trace = Trace(self.next_trace_id(), call.model, self.next_trace_id,
+                               self.parent_trace)  # fmt: skip
+            return asyncio.run_coroutine_threadsafe(self._traced(dp, call), loop)
         return asyncio.run_coroutine_threadsafe(_one(dp, call), loop)
+
+    async def _traced(self, dp: DataPlane, call: ClientRequest) -> pb_utils.InferenceResponse:
+        """A traced BLS request: its record is kept before the model has its answer."""
+        try:
+            return await _one(dp, call)
+        finally:
+            assert call.trace is not None
+            with self._lock:
+                self._children.setdefault(call.trace.parent_id, []).append(call.trace.record())
+
+    def children(self, trace_id: int) -> list[m.TraceRecord]:
+        """The records of the BLS requests the traced request ``trace_id`` made (taken)."""
+        with self._lock:
+            return self._children.pop(trace_id, [])
 
     def _started(self) -> tuple[asyncio.AbstractEventLoop, DataPlane]:
         """The loop and its data plane, connected on the first call (raises ServingError

@@ -32,7 +32,7 @@ from shoal.ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, raise_open_file_limit,
 from shoal.ipc.result_link import ResultSender
 from shoal.ipc.shm import RegionMap
 from shoal.workers import backend as backends
-from shoal.workers import faults, loading, pb_utils
+from shoal.workers import faults, loading, pb_utils, trace_note
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.instance import Answers, ModelInstance
 from shoal.workers.loading import WorkerSettings
@@ -371,9 +371,14 @@ class WorkerProc:
         if self.s.fault.startswith("leak"):
             faults.leak(slow=self.s.fault == "leak-in-batch")
         assert self.instance is not None
+        traced = next((i.request.trace_id for i in batch.items if i.request.trace_id), 0)
+        if self.scripting is not None:  # its BLS requests are the traced one's children
+            self.scripting.parent_trace = traced
         done, answers = self.instance.run(batch, t0)
         if self.s.fault == "die-after-report":
             faults.die_after_report(self.sock, done)
+        if traced:
+            self._note_traces(batch, done, answers, received)
         self._send_answers(done, answers, received)
         if log.isEnabledFor(logging.DEBUG):  # --log-verbose > 0
             log.debug(
@@ -382,6 +387,23 @@ class WorkerProc:
                 len(done.failed), done.input_ns // 1000, done.infer_ns // 1000,
                 done.output_ns // 1000,
             )  # fmt: skip
+
+    def _note_traces(
+        self, batch: m.ExecuteBatch, done: m.BatchDone, answers: Answers, received: int
+    ) -> None:
+        """Each traced answer gets its BatchNote (shoal/workers/trace_note.py)."""
+        s = self.s
+        where: dict[str, int | str | list[int]] = {
+            "worker_pid": os.getpid(),
+            "instance": s.instance_name or f"{s.model}_{s.instance}",
+            "cores": list(s.cores),
+            "gpu": -1 if s.gpu is None else s.gpu,
+        }
+        for item, resp in answers:
+            trace_id = item.request.trace_id
+            if trace_id:
+                children = self.scripting.children(trace_id) if self.scripting else []
+                resp.batch = trace_note.batch_note(batch, item, done, received, where, children)
 
     def _send_answers(self, done: m.BatchDone, answers: Answers, received: int) -> None:
         """The batch's report, and its answers (``received``: when the batch came, for the

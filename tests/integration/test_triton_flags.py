@@ -53,7 +53,9 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         log = srv.log()
         assert "--http-thread-count=8 has no effect: shoal's frontends are event loops" in log
         assert "--cuda-memory-pool-byte-size=0:0,1:0 has no effect" in log
-        assert "--trace-config=rate=100 has no effect: shoal writes no traces yet" in log
+        assert "--trace-config=rate=100 has no effect" not in log  # it has: tracing's rate
+        (broker,) = srv.pids("broker")
+        assert b"--trace-config=rate=100" in Path(f"/proc/{broker}/cmdline").read_bytes()
         assert "--grpc-keepalive-time=10000 has no effect" not in log  # it has: a gRPC option
         assert "--rate-limit-resource has no effect: --rate-limit is off" in log
         assert "--response-cache-byte-size is deprecated (as in Triton)" in log

@@ -1,0 +1,35 @@
+"""The trace extension over HTTP: ``GET/POST /v2/trace/setting`` and
+``/v2/models/{m}/trace/setting`` (shoal/frontend/trace_api.py has the checks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from shoal.dataplane.json_limits import MAX_JSON_DEPTH, check_depth
+from shoal.frontend import http_codec, trace_api
+
+
+def routes(dp_of: Any) -> list[web.RouteDef]:
+    """The routes; ``dp_of(request)`` gives the DataPlane."""
+
+    async def setting(request: web.Request) -> web.Response:
+        dp = dp_of(request)
+        model = request.match_info.get("model", "")
+        changes = None
+        if request.method == "POST":
+            body = await request.read()
+            doc = http_codec.parse_json(memoryview(body), MAX_JSON_DEPTH) if body else {}
+            check_depth(doc)
+            if not isinstance(doc, dict):
+                doc = {}
+            changes = trace_api.http_changes(doc)
+        settings = trace_api.as_settings(*await dp.trace_settings(model, changes))
+        return web.Response(body=msgspec.json.encode(settings), content_type="application/json")
+
+    out = []
+    for path in ("/v2/trace/setting", "/v2/models/{model:[^/]+}/trace/setting"):
+        out += [web.get(path, setting), web.post(path, setting)]
+    return out
