@@ -49,6 +49,7 @@ from typing import Final, TypeVar
 import msgspec
 import zmq
 
+from shoal.dataplane.hop_histogram import HopHistogram
 from shoal.ipc import logs, sockets
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
@@ -161,6 +162,7 @@ class BrokerClient:
         # (HOPS), [requests, total ns] of the answers that came back stamped
         self.hop_timing = os.environ.get("SHOAL_HOP_TIMING", "") == "1"
         self.hops: dict[str, list[int]] = {leg: [0, 0] for leg in HOPS}
+        self.hop_histogram = HopHistogram(HOPS)  # (/metrics: shoal_hop_duration_us)
 
     @property
     def waiting(self) -> int:
@@ -396,10 +398,12 @@ class BrokerClient:
             callback(table)
 
     def _count_hops(self, stamps: list[int]) -> None:
-        for leg, start, end in zip(HOPS, stamps, stamps[1:], strict=False):
+        durations = [end - start for start, end in itertools.pairwise(stamps)]
+        for leg, ns in zip(HOPS, durations, strict=False):
             totals = self.hops[leg]
             totals[0] += 1
-            totals[1] += end - start
+            totals[1] += ns
+        self.hop_histogram.observe(durations)
 
     def _dispatch(self, frames: list[bytes]) -> None:
         kind = frames[0]

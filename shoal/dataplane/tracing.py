@@ -22,21 +22,13 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
 
 import numpy as np
 
+from shoal.dataplane.broker_client import HOPS
 from shoal.ipc import datatypes
 from shoal.ipc import messages as m
 
-#: The hops a request's stamps measure (InferRequest.hops, then the frontend's receipt).
-HOP_NAMES: Final = (
-    "frontend_to_broker",
-    "in_broker",
-    "broker_to_worker",
-    "in_worker",
-    "worker_to_frontend",
-)
 Attrs = dict[str, int | str | list[int]]
 #: (record, its setting, whether it is the last its count allows, the mode)
 Sink = Callable[[m.TraceRecord, m.TraceSetting, bool, str], None]
@@ -103,7 +95,7 @@ class Trace:
             self.attributes.update(note.attributes)
             self.children.extend(note.children)
         self.stamps.append(("REQUEST_END", now))
-        if len(hops) == len(HOP_NAMES):
+        if len(hops) == len(HOPS):
             points = [*hops, now]
             self.attributes["hops_ns"] = [b - a for a, b in itertools.pairwise(points)]
 

@@ -24,6 +24,8 @@ from typing import Final
 from aiohttp import web
 
 from shoal.configs.flags.frontend import MetricsConfig
+from shoal.dataplane import hop_histogram
+from shoal.dataplane.hop_histogram import HopHistogram
 from shoal.dataplane.response_cache import ResponseCache
 from shoal.frontend.gpu_metrics import FAMILIES as GPU_FAMILIES
 from shoal.frontend.gpu_metrics import GpuSampler
@@ -266,6 +268,7 @@ def render(
     cache: ResponseCache | None = None,
     gpus: GpuSampler | None = None,
     connections: tuple[str, list[ConnectionCounts]] | None = None,
+    hops: HopHistogram | None = None,
 ) -> str:
     """The metrics page, families in Triton's order; ``cache``: this frontend's response
     cache, if the server has one; ``gpus``: the GPUs' last sample, if there are any;
@@ -363,6 +366,10 @@ def render(
             t.sample(name, [], value)
     if connections is not None:
         _connection_families(t, *connections)
+        if hops is not None and hops.observed:  # (once a measured request came back)
+            t.family(hop_histogram.FAMILY, hop_histogram.HELP, "histogram")
+            for suffix, labels, value in hops.samples(connections[0]):
+                t.sample(hop_histogram.FAMILY + suffix, labels, value)
     return t.render()
 
 
@@ -452,12 +459,14 @@ class MetricsServer:
         cache: ResponseCache | None = None,
         limits: ConnectionLimits | None = None,
         connections: Callable[[], list[ConnectionCounts]] | None = None,
+        hops: HopHistogram | None = None,
     ) -> None:
         self.s = s
         self._fetch = fetch  # the broker's figures, with these quantiles of each latency
         self.cache = cache  # this frontend's response cache
         self.limits = limits or ConnectionLimits(METRICS_CONNECTIONS)  # of this listener
         self._connections = connections  # the other listeners' connection counts
+        self.hops = hops  # this frontend's measured hops
         self.gate: ConnectionGate | None = None
         self.host = HostSampler() if s.cpu else None
         self.gpus: GpuSampler | None = None
@@ -516,5 +525,7 @@ class MetricsServer:
         if self.gate is not None:
             listeners.append(self.gate.counts())
         connections = (self.s.frontend, listeners)
-        body = render(versions, self.s.config, self.host, self.cache, self.gpus, connections)
+        body = render(
+            versions, self.s.config, self.host, self.cache, self.gpus, connections, self.hops
+        )
         return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from shoal.dataplane.tracing import HOP_NAMES
+from shoal.dataplane.broker_client import HOPS
 from shoal.ipc import messages as m
 
 DEFAULT_URL = "http://localhost:4318/v1/traces"
@@ -97,7 +97,7 @@ class OtelExporter:
         hops = r.attributes.get("hops_ns")
         if isinstance(hops, list) and "REQUEST_START" in stamps:
             at = stamps["REQUEST_START"]
-            for hop, ns in zip(HOP_NAMES, hops, strict=False):
+            for hop, ns in zip(HOPS, hops, strict=False):
                 at += ns
                 span.add_event(f"hop {hop}", {"duration_ns": ns}, timestamp=at + self.offset)
         if "COMPUTE_START" in stamps and "COMPUTE_END" in stamps:

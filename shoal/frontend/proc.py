@@ -178,7 +178,8 @@ def _metrics_server(
     def counts() -> list[ConnectionCounts]:
         return [gate.counts() for gate in gates]
 
-    return MetricsServer(s.metrics, dataplane.metrics, dataplane.cache, limits, counts)
+    hops = dataplane.broker.hop_histogram
+    return MetricsServer(s.metrics, dataplane.metrics, dataplane.cache, limits, counts, hops)
 
 
 def _listen_error(service: str, address: str, exc: Exception) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from shoal.dataplane.tracing import HOP_NAMES, Tracer
+from shoal.dataplane.broker_client import HOPS
+from shoal.dataplane.tracing import Tracer
 from shoal.ipc import messages as m
 
 ON = m.TraceSetting(levels=("TIMESTAMPS",), rate=3, count=2, file="/f")
@@ -70,5 +71,5 @@ def test_a_trace_takes_the_stamps_of_the_processes_it_crossed() -> None:
                                         "REQUEST_END"]  # fmt: skip
     assert r.version == 3 and r.attributes["worker_pid"] == 7
     hops = r.attributes["hops_ns"]
-    assert isinstance(hops, list) and len(hops) == len(HOP_NAMES) and hops[:4] == [10] * 4
+    assert isinstance(hops, list) and len(hops) == len(HOPS) and hops[:4] == [10] * 4
     assert [c.parent_id for c in r.children] == [trace.id] and r.children[0].id == step.id
