@@ -163,6 +163,7 @@ class BrokerClient:
         self.hop_timing = os.environ.get("SHOAL_HOP_TIMING", "") == "1"
         self.hops: dict[str, list[int]] = {leg: [0, 0] for leg in HOPS}
         self.hop_histogram = HopHistogram(HOPS)  # (/metrics: shoal_hop_duration_us)
+        self.broker_pid = 0  # the welcoming broker's
 
     @property
     def waiting(self) -> int:
@@ -390,8 +391,11 @@ class BrokerClient:
             fut = self._pending.get(resp.req_id)
             if fut is not None and not fut.done():
                 fut.set_result(resp)
-            if len(resp.hops) == len(HOPS):
-                self._count_hops([*resp.hops, time.monotonic_ns()])
+            if resp.hops:  # measured (a traced request's: in its TracedAnswer)
+                way = resp.hops
+                hops = way if isinstance(way, list) else way.hops
+                if len(hops) == len(HOPS):
+                    self._count_hops([*hops, time.monotonic_ns()])
 
     def _trace_table(self, table: m.TraceTable) -> None:
         for callback in self.on_trace_table:
@@ -457,6 +461,7 @@ class BrokerClient:
             log.error("%d answer(s) died with their worker: %s", lost, msg.error.message)
 
     def _watch_broker(self, pid: int) -> None:
+        self.broker_pid = pid
         self._unwatch()
         try:
             fd = os.pidfd_open(pid)

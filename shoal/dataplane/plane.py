@@ -281,7 +281,7 @@ class DataPlane:
             if key is not None:
                 msg.cache_miss_ns = lookup
             if req.trace is not None:
-                _trace_sent(req.trace, req, msg)
+                _trace_sent(req.trace, req, msg, self.broker)
         except ServingError as err:
             raise await self._refused(req, err, slots) from None
         except BaseException:
@@ -559,9 +559,12 @@ class DataPlane:
         slots.clear()
 
 
-def _trace_sent(trace: Trace, req: ClientRequest, msg: m.InferRequest) -> None:
-    """A traced request leaves: its id, its inputs at TENSORS level, REQUEST_START."""
+def _trace_sent(trace: Trace, req: ClientRequest, msg: m.InferRequest, b: BrokerClient) -> None:
+    """A traced request leaves: its id, the processes it goes through first, its inputs
+    at TENSORS level, REQUEST_START."""
     trace.request_id = req.id
+    trace.attributes |= {"frontend_index": b.index, "frontend_pid": os.getpid()}
+    trace.attributes["broker_pid"] = b.broker_pid
     if trace.tensors_level:
         for t in req.inputs:
             trace.tensor("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, t.data)

@@ -5,11 +5,12 @@ per frontend, following the broker's trace settings), and one traced request's t
 exporter.
 
 Off costs one attribute read per request: an adapter asks ``tracer.active`` before
-anything else, and an untraced request carries nothing more on the wire (its stamps list
-stays empty and is not encoded). A traced request's stamps travel with it: the frontend
-stamps its send, the broker its receipt and dispatch, the worker its receipt and send
-(``InferRequest.hops``), and the worker adds its compute phases, the batch it ran in and
-the traces its model spawned (BLS) in the answer's ``BatchNote``. Every stamp is
+anything else, and an untraced request's messages are what they were without tracing
+(its ``hops`` stay an empty list). A traced request's stamps travel with it, in the
+place of the hop timing's: the frontend stamps its send, the broker its receipt and
+dispatch, the worker its receipt and send (``InferRequest.hops``, a ``TracedWay``), and
+the worker adds its compute phases, the batch it ran in and the traces its model
+spawned (BLS) in the answer's ``hops`` (a ``TracedAnswer``). Every stamp is
 ``time.monotonic_ns()``: one clock for every process of a host.
 
 Trace ids are unique in the server: a frontend numbers its traces ``index << 32 | n``
@@ -78,22 +79,21 @@ class Trace:
         """``msg`` leaves for the broker: REQUEST_START, and its stamps begin."""
         now = time.monotonic_ns()
         self.stamps.append(("REQUEST_START", now))
-        msg.hops = [now]
-        msg.trace_id = self.id
+        msg.hops = m.TracedWay(self.id, [now])
 
     def answered(self, resp: m.InferResponse) -> None:
         """Its answer came back: the stamps of the processes it crossed, REQUEST_END."""
         now = time.monotonic_ns()
         if resp.model_version:
             self.version = resp.model_version
-        hops = resp.hops
+        way = resp.hops
+        hops = way.hops if isinstance(way, m.TracedAnswer) else way
         if len(hops) >= 2:
             self.stamps.append(("QUEUE_START", hops[1]))
-        note = resp.batch
-        if note is not None:
-            self.stamps.extend(note.stamps)
-            self.attributes.update(note.attributes)
-            self.children.extend(note.children)
+        if isinstance(way, m.TracedAnswer):
+            self.stamps.extend(way.stamps)
+            self.attributes.update(way.attributes)
+            self.children.extend(way.children)
         self.stamps.append(("REQUEST_END", now))
         if len(hops) == len(HOPS):
             points = [*hops, now]

@@ -414,8 +414,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def _traced(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         """A request while tracing is on: sampled, and stamped if it is. The answer's
         GRPC_SEND stamps mark it handed to grpcio."""
-        metadata = dict(context.invocation_metadata() or ())
-        trace = self.dp.tracer.sample(request.model_name, metadata.get("traceparent", ""))
+        parent = ""  # (a client's trace context counts in opentelemetry mode only)
+        if self.dp.tracer.mode == "opentelemetry":
+            parent = dict(context.invocation_metadata() or ()).get("traceparent", "")
+        trace = self.dp.tracer.sample(request.model_name, parent)
         if trace is None:
             return await self._infer(request)
         trace.stamp("GRPC_WAITREAD_START")

@@ -61,9 +61,20 @@ class OutputSpec(msgspec.Struct, array_like=True):
     classification: int = 0  # > 0: the top K classes as BYTES in place of the values
 
 
-class InferRequest(msgspec.Struct, array_like=True, omit_defaults=True):
-    # omit_defaults: trailing fields left at their defaults (hops, trace_id: a request
-    # nobody measures) cost no bytes on the wire
+class TracedWay(msgspec.Struct):
+    """A traced request's way (its ``InferRequest.hops``; shoal/dataplane/tracing.py):
+    its trace's id, which a Python model's BLS requests name as their parent, and the
+    stamps the processes add as ``hops``' (``append``). A map on the wire where an
+    untraced request's hops are an array: an untraced request encodes as before."""
+
+    id: int
+    stamps: list[int]
+
+    def append(self, ns: int) -> None:
+        self.stamps.append(ns)
+
+
+class InferRequest(msgspec.Struct, array_like=True):
     req_id: int
     model: str
     version: int  # -1 = the latest ready version
@@ -84,11 +95,8 @@ class InferRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     parameters: dict[str, bool | int | float | str] = {}
     # Its way through the processes, when measured (a frontend under SHOAL_HOP_TIMING=1):
     # time.monotonic_ns() at the frontend's send, the broker's receipt and its dispatch.
-    # Empty: not measured, and no process stamps it. A traced request is measured too.
-    hops: list[int] = []
-    # traced (shoal/dataplane/tracing.py): its trace's id, which a Python model's BLS
-    # requests name as their parent; 0: not traced
-    trace_id: int = 0
+    # Empty: not measured, and no process stamps it. A traced request's: its TracedWay.
+    hops: list[int] | TracedWay = []
 
 
 class TraceRecord(msgspec.Struct, array_like=True):
@@ -108,16 +116,19 @@ class TraceRecord(msgspec.Struct, array_like=True):
     children: list[TraceRecord] = []
 
 
-class BatchNote(msgspec.Struct, array_like=True):
-    """For a traced request: the worker's part of its way (shoal/workers/proc.py) and
-    the BLS traces its model spawned while it ran."""
+class TracedAnswer(msgspec.Struct):
+    """A traced request's answer's ``hops`` (a map where others' are an array): the
+    request's stamps with the worker's receipt and send, as an untraced measured one's,
+    then the worker's part (shoal/workers/trace_note.py): its compute phases, what ran
+    it and the batch it ran in, and the BLS traces its model spawned."""
 
+    hops: list[int]
     stamps: list[tuple[str, int]]
     attributes: dict[str, int | str | list[int]] = {}
     children: list[TraceRecord] = []
 
 
-class InferResponse(msgspec.Struct, array_like=True, omit_defaults=True):
+class InferResponse(msgspec.Struct, array_like=True):
     req_id: int
     outputs: list[TensorRef] = []
     error: ErrorInfo | None = None
@@ -126,9 +137,9 @@ class InferResponse(msgspec.Struct, array_like=True, omit_defaults=True):
     # says final=False; the last (final=True) may carry no outputs, only the end.
     final: bool = True
     empty: bool = False  # the final flag alone: no response of the model's
-    # the request's hops, then the worker's receipt of its batch and its send (measured)
-    hops: list[int] = []
-    batch: BatchNote | None = None  # traced: what the worker saw of it
+    # the request's hops, then the worker's receipt of its batch and its send (measured);
+    # a traced request's: TracedAnswer
+    hops: list[int] | TracedAnswer = []
 
 
 # A tensor in a client-registered region is referenced as "shm:<region name>" by the

@@ -371,14 +371,13 @@ class WorkerProc:
         if self.s.fault.startswith("leak"):
             faults.leak(slow=self.s.fault == "leak-in-batch")
         assert self.instance is not None
-        traced = next((i.request.trace_id for i in batch.items if i.request.trace_id), 0)
-        if self.scripting is not None:  # its BLS requests are the traced one's children
-            self.scripting.parent_trace = traced
+        if self.scripting is not None:  # its BLS requests: a traced request's children
+            self.scripting.parent_trace = trace_note.first_traced(batch)
         done, answers = self.instance.run(batch, t0)
+        if self.scripting is not None:
+            self.scripting.parent_trace = 0
         if self.s.fault == "die-after-report":
             faults.die_after_report(self.sock, done)
-        if traced:
-            self._note_traces(batch, done, answers, received)
         self._send_answers(done, answers, received)
         if log.isEnabledFor(logging.DEBUG):  # --log-verbose > 0
             log.debug(
@@ -388,22 +387,24 @@ class WorkerProc:
                 done.output_ns // 1000,
             )  # fmt: skip
 
-    def _note_traces(
-        self, batch: m.ExecuteBatch, done: m.BatchDone, answers: Answers, received: int
-    ) -> None:
-        """Each traced answer gets its BatchNote (shoal/workers/trace_note.py)."""
+    def _way(
+        self, item: m.WorkItem, answers: Answers, done: m.BatchDone, received: int, sent: int
+    ) -> list[int] | m.TracedAnswer:
+        """A measured request's answer's ``hops``: the way so far, the batch's receipt and
+        the answer's send; a traced one's with this worker's part (trace_note.py)."""
+        way = item.request.hops
+        if isinstance(way, list):
+            return [*way, received, sent]
         s = self.s
-        where: dict[str, int | str | list[int]] = {
+        where: trace_note.Attrs = {
             "worker_pid": os.getpid(),
             "instance": s.instance_name or f"{s.model}_{s.instance}",
             "cores": list(s.cores),
             "gpu": -1 if s.gpu is None else s.gpu,
         }
-        for item, resp in answers:
-            trace_id = item.request.trace_id
-            if trace_id:
-                children = self.scripting.children(trace_id) if self.scripting else []
-                resp.batch = trace_note.batch_note(batch, item, done, received, where, children)
+        others = [i.request.req_id for i, _ in answers if i is not item]
+        children = self.scripting.children(way.id) if self.scripting is not None else []
+        return trace_note.traced_answer(way, others, done, received, sent, where, children)
 
     def _send_answers(self, done: m.BatchDone, answers: Answers, received: int) -> None:
         """The batch's report, and its answers (``received``: when the batch came, for the
@@ -422,9 +423,9 @@ class WorkerProc:
         sent = 0
         for item, resp in answers:
             if not item.seq:
-                if item.request.hops:  # measured: the way so far, its receipt, its send
+                if item.request.hops:  # measured (or traced)
                     sent = sent or time.monotonic_ns()
-                    resp.hops = [*item.request.hops, received, sent]
+                    resp.hops = self._way(item, answers, done, received, sent)
                 direct.setdefault(item.frontend, []).append(m.encode_payload(resp))
         for frontend, payloads in direct.items():
             self._answer_frontend(frontend, payloads)

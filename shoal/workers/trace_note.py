@@ -7,17 +7,30 @@ from __future__ import annotations
 
 from shoal.ipc import messages as m
 
+Attrs = dict[str, int | str | list[int]]
 
-def batch_note(
-    batch: m.ExecuteBatch,
-    item: m.WorkItem,
+
+def first_traced(batch: m.ExecuteBatch) -> int:
+    """The trace id of the batch's first traced request (0: none): a Python model's BLS
+    requests while it runs are that trace's children."""
+    for item in batch.items:
+        if isinstance(item.request.hops, m.TracedWay):
+            return item.request.hops.id
+    return 0
+
+
+def traced_answer(
+    way: m.TracedWay,
+    companions: list[int],
     done: m.BatchDone,
     received: int,
-    where: dict[str, int | str | list[int]],
+    sent: int,
+    where: Attrs,
     children: list[m.TraceRecord],
-) -> m.BatchNote:
-    """``received``: the batch's arrival (monotonic ns); the phases follow from the
-    batch's timings. ``where``: the process's own attributes."""
+) -> m.TracedAnswer:
+    """The answer's ``hops`` for a traced request: its stamps with the batch's receipt
+    and the answer's send (monotonic ns), the compute phases that follow from the
+    batch's timings, ``where``: the process's own attributes, and the batch."""
     input_end = received + done.input_ns
     output_start = input_end + done.infer_ns
     stamps = [
@@ -26,11 +39,10 @@ def batch_note(
         ("COMPUTE_OUTPUT_START", output_start),
         ("COMPUTE_END", output_start + done.output_ns),
     ]
-    others = [i.request.req_id for i in batch.items if i is not item]
-    attributes = {
+    attributes: Attrs = {
         **where,
         "batch_size": done.batch_size,
-        "batch_requests": len(batch.items),
-        "batch_companions": others,
+        "batch_requests": len(companions) + 1,
+        "batch_companions": companions,
     }
-    return m.BatchNote(stamps, attributes, children)
+    return m.TracedAnswer([*way.stamps, received, sent], stamps, attributes, children)

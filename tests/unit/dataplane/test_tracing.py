@@ -60,11 +60,13 @@ def test_a_trace_takes_the_stamps_of_the_processes_it_crossed() -> None:
     step = trace.child("step")
     req = m.InferRequest(1, "m", -1, [], [])
     trace.sent(req)
-    assert req.trace_id == trace.id and len(req.hops) == 1
-    start = req.hops[0]
-    note = m.BatchNote([("COMPUTE_START", start + 30)], {"worker_pid": 7, "batch_size": 2})
-    resp = m.InferResponse(1, model_version=3, hops=[start, start + 10, start + 20, start + 30,
-                                                     start + 40], batch=note)  # fmt: skip
+    assert isinstance(req.hops, m.TracedWay) and req.hops.id == trace.id
+    req = m.decode(b"I", m.encode_payload(req))  # type: ignore[assignment]
+    assert isinstance(req.hops, m.TracedWay)
+    (start,) = req.hops.stamps
+    hops = [start, start + 10, start + 20, start + 30, start + 40]
+    way = m.TracedAnswer(hops, [("COMPUTE_START", start + 30)], {"worker_pid": 7})
+    resp = m.decode_response(m.encode_payload(m.InferResponse(1, model_version=3, hops=way)))
     trace.answered(resp)
     r = trace.record()
     assert [n for n, _ in r.stamps] == ["REQUEST_START", "QUEUE_START", "COMPUTE_START",
@@ -73,3 +75,19 @@ def test_a_trace_takes_the_stamps_of_the_processes_it_crossed() -> None:
     hops = r.attributes["hops_ns"]
     assert isinstance(hops, list) and len(hops) == len(HOPS) and hops[:4] == [10] * 4
     assert [c.parent_id for c in r.children] == [trace.id] and r.children[0].id == step.id
+
+
+def test_tensors_are_recorded_as_tritons_file_shows_them() -> None:
+    t, _ = _tracer(m.TraceTable(default=m.TraceSetting(("TENSORS",), rate=1, file="/f")))
+    trace = t.sample("m")
+    assert trace is not None and trace.tensors_level
+    trace.tensor(
+        "TENSOR_QUEUE_INPUT", "A", "INT32", [1, 3], memoryview(b"\1\0\0\0\2\0\0\0\3\0\0\0")
+    )
+    trace.tensor("TENSOR_QUEUE_INPUT", "B", "BOOL", [2], memoryview(b"\1\0"))
+    trace.tensor("TENSOR_BACKEND_OUTPUT", "S", "BYTES", [1], memoryview(b"\1\0\0\0x"))
+    assert trace.record().tensors == [
+        ("TENSOR_QUEUE_INPUT", "A", "INT32", [1, 3], "1,2,3"),
+        ("TENSOR_QUEUE_INPUT", "B", "BOOL", [2], "1,0"),
+        ("TENSOR_BACKEND_OUTPUT", "S", "BYTES", [1], ""),
+    ]
