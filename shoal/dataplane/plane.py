@@ -27,7 +27,7 @@ from shoal.dataplane.model_handle import ModelHandle, check_byte_size
 from shoal.dataplane.repository_extension import RepositoryExtension, server_state
 from shoal.dataplane.request_message import outputs, parse_version, request_message, uint_param
 from shoal.dataplane.response_cache import ResponseCache
-from shoal.dataplane.tracing import Sink, Trace, Tracer
+from shoal.dataplane.tracing import Sink, Tracer
 from shoal.dataplane.types import (
     EMPTY_FINAL,
     FINAL_FLAG,
@@ -281,7 +281,7 @@ class DataPlane:
             if key is not None:
                 msg.cache_miss_ns = lookup
             if req.trace is not None:
-                _trace_sent(req.trace, req, msg, self.broker)
+                req.trace.leaving(req, msg, self.broker)
         except ServingError as err:
             raise await self._refused(req, err, slots) from None
         except BaseException:
@@ -557,15 +557,3 @@ class DataPlane:
         for s in slots:
             target.free(s)
         slots.clear()
-
-
-def _trace_sent(trace: Trace, req: ClientRequest, msg: m.InferRequest, b: BrokerClient) -> None:
-    """A traced request leaves: its id, the processes it goes through first, its inputs
-    at TENSORS level, REQUEST_START."""
-    trace.request_id = req.id
-    trace.attributes |= {"frontend_index": b.index, "frontend_pid": os.getpid()}
-    trace.attributes["broker_pid"] = b.broker_pid
-    if trace.tensors_level:
-        for t in req.inputs:
-            trace.tensor("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, t.data)
-    trace.sent(msg)

@@ -20,13 +20,15 @@ Trace ids are unique in the server: a frontend numbers its traces ``index << 32 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from shoal.dataplane.broker_client import HOPS
+from shoal.dataplane.broker_client import HOPS, BrokerClient
+from shoal.dataplane.types import ClientRequest
 from shoal.ipc import datatypes
 from shoal.ipc import messages as m
 
@@ -74,6 +76,17 @@ class Trace:
             values = np.frombuffer(data, dt.numpy).tolist()
             text = ",".join(str(int(v) if isinstance(v, bool) else v) for v in values)
         self.tensors.append((activity, name, datatype, list(shape), text))
+
+    def leaving(self, req: ClientRequest, msg: m.InferRequest, broker: BrokerClient) -> None:
+        """``req`` leaves for the broker as ``msg``: its id, the processes it crosses first,
+        its inputs at TENSORS level, then ``sent``."""
+        self.request_id = req.id
+        self.attributes |= {"frontend_index": broker.index, "frontend_pid": os.getpid()}
+        self.attributes["broker_pid"] = broker.broker_pid
+        if self.tensors_level:
+            for t in req.inputs:
+                self.tensor("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, t.data)
+        self.sent(msg)
 
     def sent(self, msg: m.InferRequest) -> None:
         """``msg`` leaves for the broker: REQUEST_START, and its stamps begin."""

@@ -28,6 +28,12 @@ from typing import Final, Literal
 
 import msgspec
 
+from shoal.ipc.trace_messages import TracedAnswer as TracedAnswer
+from shoal.ipc.trace_messages import TracedWay as TracedWay
+from shoal.ipc.trace_messages import TraceRecord as TraceRecord
+from shoal.ipc.trace_messages import TraceSetting as TraceSetting
+from shoal.ipc.trace_messages import TraceTable as TraceTable
+
 # Measured in bench/bench_inline.py: below this size, carrying bytes in the message
 # costs less than a slot allocation, a copy into shm and a mapping lookup.
 INLINE_MAX_BYTES: Final[int] = 16384
@@ -61,19 +67,6 @@ class OutputSpec(msgspec.Struct, array_like=True):
     classification: int = 0  # > 0: the top K classes as BYTES in place of the values
 
 
-class TracedWay(msgspec.Struct):
-    """A traced request's way (its ``InferRequest.hops``; shoal/dataplane/tracing.py):
-    its trace's id, which a Python model's BLS requests name as their parent, and the
-    stamps the processes add as ``hops``' (``append``). A map on the wire where an
-    untraced request's hops are an array: an untraced request encodes as before."""
-
-    id: int
-    stamps: list[int]
-
-    def append(self, ns: int) -> None:
-        self.stamps.append(ns)
-
-
 class InferRequest(msgspec.Struct, array_like=True):
     req_id: int
     model: str
@@ -97,35 +90,6 @@ class InferRequest(msgspec.Struct, array_like=True):
     # time.monotonic_ns() at the frontend's send, the broker's receipt and its dispatch.
     # Empty: not measured, and no process stamps it. A traced request's: its TracedWay.
     hops: list[int] | TracedWay = []
-
-
-class TraceRecord(msgspec.Struct, array_like=True):
-    """One trace as the file and the exporter show it (shoal/dataplane/tracing.py):
-    its id, its parent's (0: none), the request's model, version and id, its
-    timestamps ``(name, monotonic ns)`` in order, what the batch and the processes it
-    crossed were (``attributes``), and the traces it spawned (ensemble steps, BLS)."""
-
-    id: int
-    model: str
-    version: int = -1
-    parent_id: int = 0
-    request_id: str = ""
-    stamps: list[tuple[str, int]] = []
-    attributes: dict[str, int | str | list[int]] = {}
-    tensors: list[tuple[str, str, str, list[int], str]] = []  # activity, name, dtype, shape, data
-    children: list[TraceRecord] = []
-
-
-class TracedAnswer(msgspec.Struct):
-    """A traced request's answer's ``hops`` (a map where others' are an array): the
-    request's stamps with the worker's receipt and send, as an untraced measured one's,
-    then the worker's part (shoal/workers/trace_note.py): its compute phases, what ran
-    it and the batch it ran in, and the BLS traces its model spawned."""
-
-    hops: list[int]
-    stamps: list[tuple[str, int]]
-    attributes: dict[str, int | str | list[int]] = {}
-    children: list[TraceRecord] = []
 
 
 class InferResponse(msgspec.Struct, array_like=True):
@@ -259,35 +223,6 @@ class LogSettings(msgspec.Struct, array_like=True):
     verbose: int = 0
     format: str = "default"
     file: str = ""  # --log-file ("": stderr); set at start only, never through the API
-
-
-TRACE_LEVELS: Final = ("TIMESTAMPS", "TENSORS")
-TRACE_MODES: Final = ("triton", "opentelemetry")
-
-
-class TraceSetting(msgspec.Struct, array_like=True, frozen=True):
-    """One trace setting (the trace extension's): the levels traced (none: OFF), one
-    request in ``rate`` sampled, ``count`` traces at most (-1: no limit), the file and
-    how many traces each of its parts holds (0: one file, written at exit)."""
-
-    levels: tuple[str, ...] = ()
-    rate: int = 1000
-    count: int = -1
-    log_frequency: int = 0
-    file: str = ""
-
-
-class TraceTable(msgspec.Struct, array_like=True):
-    """Broker -> frontends (and BLS connections): the server's trace settings, one truth
-    kept by the broker (shoal/configs/trace_settings.py), sent in each Welcome and again
-    whenever they change. ``models``: the settings in effect for each model that has its
-    own; the others follow ``default``. ``options``: the mode's --trace-config settings."""
-
-    mode: str = "triton"
-    default: TraceSetting = TraceSetting()
-    models: dict[str, TraceSetting] = {}
-    options: dict[str, str] = {}
-    epoch: int = 0  # a new value resets the frontends' sampling counters
 
 
 class Welcome(msgspec.Struct, array_like=True):
