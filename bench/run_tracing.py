@@ -7,8 +7,11 @@ protocol perf_analyzer drives it at each concurrency, alternating the two server
 ``--rounds`` times so that a drift of the host's load hits both alike. The report gives
 each setting's throughput, the ratio on/off, and the server's CPU µs per request by role
 (/proc/<pid>/stat over each run). Another server answering ``rate=1`` (every request
-traced) shows what one traced request costs. A record, not a test: nothing asserts a
-speed, and on a host shared with other work the ratio is indicative only.
+traced) shows what one traced request costs. On a loaded host the throughputs swing far
+more than 2%, so the report also times, in this process, the work tracing adds to a
+request (``micro``): the check when off, the sampling decision at rate=1000, and a traced
+request's own handling, each the best of several repeats. A record, not a test: nothing
+asserts a speed, and on a host shared with other work the ratios are indicative only.
 
     python bench/run_tracing.py [--concurrency 8] [--protocols http,grpc] [--rounds 2]
 """
@@ -61,11 +64,53 @@ def _point(
     ))  # fmt: skip
 
 
+def micro() -> dict[str, float]:
+    """ns of the work tracing adds in a frontend, per request: ``check`` (the one check
+    when off), ``sample`` (the decision at rate=1000, its one trace in 1000 included) and
+    ``traced`` (one traced request's stamps, record and file entries, which rate=1000
+    pays once in 1000 requests; the worker's and broker's part is a few list appends)."""
+    import json
+    import timeit
+
+    from shoal.dataplane.tracing import Trace, Tracer
+    from shoal.frontend.trace_sink import triton_entries
+    from shoal.ipc import messages as m
+
+    on = m.TraceSetting(levels=("TIMESTAMPS",), rate=1000, file="/dev/null")
+    tracer = Tracer(0, lambda *_: None)
+    tracer.apply(m.TraceTable(default=on))
+    off = Tracer(0, lambda *_: None)
+    off.apply(m.TraceTable())
+
+    def traced() -> None:
+        t = Trace(1, "simple", tracer.next_id)
+        for name in ("HTTP_RECV_START", "HTTP_RECV_END"):
+            t.stamp(name)
+        req = m.InferRequest(1, "simple", -1, [], [])
+        t.sent(req)
+        way = m.TracedAnswer([1, 2, 3, 4, 5], [("COMPUTE_START", 4)] * 4, {"worker_pid": 1})
+        t.answered(m.InferResponse(1, hops=way))
+        for name in ("HTTP_SEND_START", "HTTP_SEND_END"):
+            t.stamp(name)
+        json.dumps(triton_entries(t.record()))
+
+    def best(stmt: object, n: int) -> float:
+        return min(timeit.repeat(stmt, number=n, repeat=7)) / n * 1e9  # type: ignore[arg-type]
+
+    return {
+        "check": best(lambda: off.active, 100_000),
+        "sample": best(lambda: tracer.sample("simple"), 100_000),
+        "traced": best(traced, 2_000),
+    }
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _report(results: dict[tuple[str, str, int], list[Measurement]], load: float) -> str:
+def _report(
+    results: dict[tuple[str, str, int], list[Measurement]], load: float, ns: dict[str, float]
+) -> str:
     lines = [f"# What tracing costs ({time.strftime('%Y-%m-%d %H:%M')})", ""]
     lines += [
         f"`simple`, batch 1; each row the mean of its runs. Load average at the start: "
@@ -89,6 +134,20 @@ def _report(results: dict[tuple[str, str, int], list[Measurement]], load: float)
             f"| {protocol} | {c} | {name} | {fmt(tput, ',.0f')} | {fmt(ratio, '.3f')} | "
             f"{fmt(p50, ',.0f')} | " + " | ".join(fmt(r, ",.1f") for r in roles) + " |"
         )
+    offs = [m.cpu_us["server"] for k, ms in results.items() if k[1] == "off" for m in ms
+            if m.cpu_us and "server" in m.cpu_us]  # fmt: skip
+    server_ns = (_mean(offs) or 0.0) * 1e3
+    added = ns["sample"] + ns["traced"] / 1000
+    share = f", {added / server_ns:.3%} of the server's CPU per request off" if server_ns else ""
+    lines += [
+        "",
+        "## The work tracing adds, timed alone (ns per request, best of 7 repeats)",
+        "",
+        f"- off: the one check, {ns['check']:.0f} ns",
+        f"- rate=1000: the sampling decision {ns['sample']:.0f} ns, and one traced request's "
+        f"handling in the frontend {ns['traced']:,.0f} ns once in 1000 requests: "
+        f"{added:.0f} ns a request{share}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -129,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for srv in servers.values():
                 srv.stop()
-    return write_report(a.out_dir, run.stamp, "tracing", _report(results, run.load), skipped)
+    report = _report(results, run.load, micro())
+    return write_report(a.out_dir, run.stamp, "tracing", report, skipped)
 
 
 if __name__ == "__main__":

@@ -408,21 +408,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         if self.dp.tracer.active:  # (the one check tracing costs when off)
-            return await _guard(context, lambda: self._traced(request, context))
+            parent = ""  # (a client's trace context counts in opentelemetry mode only)
+            if self.dp.tracer.mode == "opentelemetry":
+                parent = dict(context.invocation_metadata() or ()).get("traceparent", "")
+            return await _guard(context, lambda: self._traced(request, parent))
         return await _guard(context, lambda: self._infer(request))
 
-    async def _traced(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def _traced(
+        self, request: pb.ModelInferRequest, parent: str, decoded: ClientRequest | None = None
+    ) -> pb.ModelInferResponse:
         """A request while tracing is on: sampled, and stamped if it is. The answer's
-        GRPC_SEND stamps mark it handed to grpcio."""
-        parent = ""  # (a client's trace context counts in opentelemetry mode only)
-        if self.dp.tracer.mode == "opentelemetry":
-            parent = dict(context.invocation_metadata() or ()).get("traceparent", "")
+        GRPC_SEND stamps mark it handed to grpcio (or to its stream)."""
         trace = self.dp.tracer.sample(request.model_name, parent)
         if trace is None:
-            return await self._infer(request)
+            return await self._infer(request, decoded)
         trace.stamp("GRPC_WAITREAD_START")
         trace.stamp("GRPC_WAITREAD_END")
-        answer = await self._infer(request, trace=trace)
+        answer = await self._infer(request, decoded, trace)
         trace.stamp("GRPC_SEND_START")
         trace.stamp("GRPC_SEND_END")
         self.dp.tracer.finish(trace)
@@ -452,7 +454,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     ) -> pb.ModelStreamInferResponse:
         """One request of a stream: its error is its own answer, never the stream's end."""
         try:
-            answer = await self._infer(request, decoded)
+            if self.dp.tracer.active:
+                answer = await self._traced(request, "", decoded)
+            else:
+                answer = await self._infer(request, decoded)
         except Exception as exc:
             return _stream_error(request, exc)
         grpc_codec.set_param(answer.parameters[FINAL_FLAG], True)  # as Triton 2.51's

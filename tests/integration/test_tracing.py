@@ -5,6 +5,7 @@ ensemble whose second step is a Python model calling another model (BLS)."""
 from __future__ import annotations
 
 import json
+import queue
 import textwrap
 from collections.abc import Iterator
 from typing import Any
@@ -135,14 +136,19 @@ def test_settings_over_grpc(server: ShoalServer) -> None:
 
 def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: ShoalServer) -> None:
     http = httpclient.InferenceServerClient(server.url)
+    http.update_trace_settings("simple", {"trace_level": ["TIMESTAMPS", "TENSORS"]})
     out = http.infer("ens", _inputs(httpclient), request_id="r1").as_numpy("OUT")
     np.testing.assert_array_equal(out, 2 * np.arange(16).reshape(1, 16))
     http.close()
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    assert (
-        grpc.infer("simple", _inputs(grpcclient, ("INPUT0", "INPUT1"))).as_numpy("OUTPUT0")
-        is not None
-    )
+    simple_inputs = _inputs(grpcclient, ("INPUT0", "INPUT1"))
+    assert grpc.infer("simple", simple_inputs).as_numpy("OUTPUT0") is not None
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    grpc.async_stream_infer("simple", simple_inputs)
+    result, error = answers.get(timeout=60)
+    assert error is None and result.as_numpy("OUTPUT0") is not None
+    grpc.stop_stream()
     grpc.close()
     assert server.stop() == 0  # the frontend writes its traces as it exits, as Triton
     entries = json.loads(server.trace_file.read_text())  # type: ignore[attr-defined]
@@ -158,14 +164,24 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
     assert heads[bls]["parent_id"] == ens
     called = [i for i in simples if heads[i].get("parent_id") == bls]  # the BLS call's
     step = [i for i in simples if heads[i].get("parent_id") == ens]  # the ensemble's step
-    alone = [i for i in simples if "parent_id" not in heads[i]]  # the gRPC request
-    assert len(called) == len(step) == len(alone) == 1
+    alone = [i for i in simples if "parent_id" not in heads[i]]  # gRPC's (one a stream's)
+    assert len(called) == len(step) == 1 and len(alone) == 2
     names = [n for n, _ in stamps[ens]]
     assert names == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
                      "HTTP_SEND_START", "HTTP_SEND_END"]  # fmt: skip
     for child in (bls, step[0], called[0]):
         assert [n for n, _ in stamps[child]] == MODEL
-    assert [n for n, _ in stamps[alone[0]]] == GRPC
+    for i in alone:
+        assert [n for n, _ in stamps[i]] == GRPC
+    # simple's own setting (TENSORS) for its own requests; the ensemble's steps follow it
+    tensors = [e for e in entries if "tensor" in e]
+    assert {e["id"] for e in tensors} == set(alone)
+    values = ",".join(map(str, range(16)))
+    assert [(e["activity"], e["tensor"]["name"], e["tensor"]["data"]) for e in tensors] == 2 * [
+        ("TENSOR_QUEUE_INPUT", "INPUT0", values), ("TENSOR_QUEUE_INPUT", "INPUT1", values),
+        ("TENSOR_BACKEND_OUTPUT", "OUTPUT0", ",".join(str(2 * i) for i in range(16))),
+        ("TENSOR_BACKEND_OUTPUT", "OUTPUT1", ",".join("0" * 16)),
+    ]  # fmt: skip
     for trace in stamps.values():  # every trace's stamps in time order
         times = [ns for _, ns in trace]
         assert times == sorted(times)
