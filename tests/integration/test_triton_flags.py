@@ -113,6 +113,7 @@ def test_strict_model_config_is_deprecated_in_tritons_words(
             "expects limit fraction to be in range [0.0, 1.0], got -0.400000",
         ),
         (["--model-load-gpu-limit=0.6"], "requires format <first>:<second>. Found: 0.6"),
+        (["--trace-config=rate=fast"], 'Bad option: "--trace-config rate".'),
     ],
 )
 def test_flags_shoal_cannot_honour_are_refused(repo: Path, flags: list[str], words: str) -> None:
