@@ -424,11 +424,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             return await self._infer(request, decoded)
         trace.stamp("GRPC_WAITREAD_START")
         trace.stamp("GRPC_WAITREAD_END")
-        answer = await self._infer(request, decoded, trace)
-        trace.stamp("GRPC_SEND_START")
-        trace.stamp("GRPC_SEND_END")
-        self.dp.tracer.finish(trace)
-        return answer
+        try:  # (a failed request's stamps so far are written too, as Triton's)
+            answer = await self._infer(request, decoded, trace)
+            trace.stamp("GRPC_SEND_START")
+            trace.stamp("GRPC_SEND_END")
+            return answer
+        finally:
+            self.dp.tracer.finish(trace)
 
     async def _infer(
         self,

@@ -22,6 +22,7 @@ from aiohttp.typedefs import Middleware
 
 from shoal.dataplane.json_limits import MAX_JSON_DEPTH, check_depth
 from shoal.dataplane.plane import DataPlane
+from shoal.dataplane.tracing import Trace
 from shoal.dataplane.types import ClientRequest, InferenceResult, ResponseError
 from shoal.frontend import (
     generate,
@@ -160,12 +161,17 @@ def _header_length(request: web.Request) -> int | None:
 
 async def infer(request: web.Request) -> web.StreamResponse:
     dp = _dp(request)
-    name, version = _model_args(request)
-    trace = None
     if dp.tracer.active:  # (the one check tracing costs when off)
-        trace = dp.tracer.sample(name, request.headers.get("traceparent", ""))
+        model = request.match_info["model"]
+        trace = dp.tracer.sample(model, request.headers.get("traceparent", ""))
         if trace is not None:
-            trace.stamp("HTTP_RECV_START")
+            return await http_trace.traced(request, trace, dp.tracer, _infer)
+    return await _infer(request, None)
+
+
+async def _infer(request: web.Request, trace: Trace | None) -> web.Response:
+    dp = _dp(request)
+    name, version = _model_args(request)
     header_length = _header_length(request)
     body = await read_body(request)
     if trace is not None:
@@ -206,11 +212,6 @@ async def infer(request: web.Request) -> web.StreamResponse:
         resp.headers[IHCL] = str(json_len)
     if "Accept-Encoding" in request.headers:
         resp.enable_compression()
-    if trace is not None:  # sent here, so that its end is stamped
-        await resp.prepare(request)
-        await resp.write_eof()
-        trace.stamp("HTTP_SEND_END")
-        dp.tracer.finish(trace)
     return resp
 
 

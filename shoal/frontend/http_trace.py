@@ -1,15 +1,37 @@
-"""The trace extension over HTTP: ``GET/POST /v2/trace/setting`` and
-``/v2/models/{m}/trace/setting`` (shoal/frontend/trace_api.py has the checks)."""
+"""Tracing over HTTP: a sampled inference request's protocol stamps, and the trace
+extension, ``GET/POST /v2/trace/setting`` and ``/v2/models/{m}/trace/setting``
+(shoal/frontend/trace_api.py has the checks)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from shoal.dataplane.json_limits import MAX_JSON_DEPTH, check_depth
+from shoal.dataplane.tracing import Trace, Tracer
 from shoal.frontend import http_codec, trace_api
+
+Handler = Callable[[web.Request, Trace], Awaitable[web.Response]]
+
+
+async def traced(
+    request: web.Request, trace: Trace, tracer: Tracer, handler: Handler
+) -> web.StreamResponse:
+    """``handler``'s answer to a sampled request, sent here so that the send's end is
+    stamped. The trace is finished whatever happens: a failed request's stamps so far
+    are written too, as Triton writes them."""
+    trace.stamp("HTTP_RECV_START")
+    try:
+        resp = await handler(request, trace)
+        await resp.prepare(request)
+        await resp.write_eof()
+        trace.stamp("HTTP_SEND_END")
+        return resp
+    finally:
+        tracer.finish(trace)
 
 
 def routes(dp_of: Any) -> list[web.RouteDef]:

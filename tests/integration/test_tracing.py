@@ -139,6 +139,10 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
     http.update_trace_settings("simple", {"trace_level": ["TIMESTAMPS", "TENSORS"]})
     out = http.infer("ens", _inputs(httpclient), request_id="r1").as_numpy("OUT")
     np.testing.assert_array_equal(out, 2 * np.arange(16).reshape(1, 16))
+    short = httpclient.InferInput("INPUT0", [1, 3], "INT32")
+    short.set_data_from_numpy(np.zeros((1, 3), np.int32))
+    with pytest.raises(InferenceServerException, match="unexpected shape"):
+        http.infer("simple", [short, *_inputs(httpclient, ("INPUT1", "INPUT1"))[:1]])
     http.close()
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     simple_inputs = _inputs(grpcclient, ("INPUT0", "INPUT1"))
@@ -164,8 +168,10 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
     assert heads[bls]["parent_id"] == ens
     called = [i for i in simples if heads[i].get("parent_id") == bls]  # the BLS call's
     step = [i for i in simples if heads[i].get("parent_id") == ens]  # the ensemble's step
-    alone = [i for i in simples if "parent_id" not in heads[i]]  # gRPC's (one a stream's)
-    assert len(called) == len(step) == 1 and len(alone) == 2
+    failed = [i for i in simples if stamps[i][-1][0] == "HTTP_RECV_END"]  # (refused: 400)
+    alone = [i for i in simples if "parent_id" not in heads[i] and i not in failed]  # gRPC's
+    assert len(called) == len(step) == len(failed) == 1 and len(alone) == 2
+    assert [n for n, _ in stamps[failed[0]]] == ["HTTP_RECV_START", "HTTP_RECV_END"]
     names = [n for n, _ in stamps[ens]]
     assert names == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
                      "HTTP_SEND_START", "HTTP_SEND_END"]  # fmt: skip
@@ -175,7 +181,7 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
         assert [n for n, _ in stamps[i]] == GRPC
     # simple's own setting (TENSORS) for its own requests; the ensemble's steps follow it
     tensors = [e for e in entries if "tensor" in e]
-    assert {e["id"] for e in tensors} == set(alone)
+    assert {e["id"] for e in tensors} == set(alone)  # (the failed one was refused before)
     values = ",".join(map(str, range(16)))
     assert [(e["activity"], e["tensor"]["name"], e["tensor"]["data"]) for e in tensors] == 2 * [
         ("TENSOR_QUEUE_INPUT", "INPUT0", values), ("TENSOR_QUEUE_INPUT", "INPUT1", values),
