@@ -42,7 +42,6 @@ class TraceSettings:
         self.options = options
         self._global: dict[str, object] = {}  # the fields updates specified
         self._models: dict[str, dict[str, object]] = {}
-        self.epoch = 0
 
     def get(self, model: str = "") -> TraceSetting:
         """The setting in effect for ``model`` ("": the global one)."""
@@ -75,7 +74,6 @@ class TraceSettings:
             self._models[model] = fields
         else:
             self._models.pop(model, None)
-        self.epoch += 1
         return setting
 
     def table(self) -> TraceTable:
@@ -85,5 +83,4 @@ class TraceSettings:
             default=self.get(),
             models={name: self.get(name) for name in self._models},
             options=self.options,
-            epoch=self.epoch,
         )

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shoal.configs.trace_settings import RATE_ZERO, invalid_reason
 from shoal.dataplane.broker_client import HOPS, BrokerClient
 from shoal.dataplane.types import ClientRequest
 from shoal.ipc import datatypes
@@ -154,10 +155,9 @@ class Tracer:
         self._sampling: dict[str, _Sampling] = {}
 
     def apply(self, table: m.TraceTable) -> None:
-        """The broker's settings: counters restart where a setting changed."""
-        from shoal.configs.trace_settings import RATE_ZERO, invalid_reason
-
-        old = self._sampling if table.epoch == self.table.epoch else {}
+        """The broker's settings: counters restart where a setting changed (an update
+        of the global setting changes those of the models that follow it too)."""
+        old = self._sampling
         self.table, self.mode, self.options = table, table.mode, table.options
         self._sampling = {}
         for name, setting in [("", table.default), *table.models.items()]:

@@ -71,4 +71,3 @@ class TraceTable(msgspec.Struct, array_like=True):
     default: TraceSetting = TraceSetting()
     models: dict[str, TraceSetting] = {}
     options: dict[str, str] = {}
-    epoch: int = 0  # a new value resets the frontends' sampling counters

@@ -31,13 +31,6 @@ def test_clearing_falls_back_and_a_model_with_nothing_set_is_forgotten() -> None
     assert t.get().rate == 1000
 
 
-def test_each_change_is_a_new_epoch() -> None:
-    t = TraceSettings(FLAGS, "triton", {})
-    before = t.table().epoch
-    t.update("", {"levels": []})
-    assert t.table().epoch == before + 1 and t.get().levels == ()
-
-
 @pytest.mark.parametrize(
     ("mode", "flags", "changes", "reason"),
     [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from shoal.dataplane.broker_client import HOPS
 from shoal.dataplane.tracing import Tracer
 from shoal.ipc import messages as m
@@ -34,13 +36,15 @@ def test_one_in_rate_while_the_count_lasts_and_the_last_one_says_so() -> None:
 
 
 def test_a_model_of_its_own_and_counters_kept_across_an_unrelated_change() -> None:
-    table = m.TraceTable(default=ON, models={"x": m.TraceSetting(levels=())}, epoch=1)
+    table = m.TraceTable(default=ON, models={"x": m.TraceSetting(levels=())})
     t, _ = _tracer(table)
     assert t.sample("x") is None
     t.sample("m")
-    t.apply(m.TraceTable(default=ON, models={}, epoch=1))  # same epoch: same counters
+    t.apply(m.TraceTable(default=ON, models={}))  # the global setting as it was: kept
     t.sample("m")
     assert t.sample("m") is not None  # the third request since the start
+    t.apply(m.TraceTable(default=msgspec.structs.replace(ON, rate=2)))  # changed: afresh
+    assert t.sample("m") is None and t.sample("m") is not None
 
 
 def test_opentelemetry_traces_every_request_with_a_client_context() -> None:
