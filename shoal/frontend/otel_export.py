@@ -35,7 +35,9 @@ def resource_attributes(options: dict[str, str]) -> dict[str, str]:
 class OtelExporter:
     """A tracer provider of its own (the process's global one is left alone)."""
 
-    def __init__(self, options: dict[str, str], frontend: int) -> None:
+    def __init__(self, options: dict[str, str], frontend: int, processor: Any = None) -> None:
+        """``processor``: the span processor (None: the batch span processor over the
+        OTLP/HTTP exporter, as the options say)."""
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -43,12 +45,13 @@ class OtelExporter:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.provider = TracerProvider(resource=Resource.create(resource_attributes(options)))
-        processor = BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=options.get("url", DEFAULT_URL)),
-            max_queue_size=int(options.get("bsp_max_queue_size", 2048)),
-            schedule_delay_millis=float(options.get("bsp_schedule_delay", 5000)),
-            max_export_batch_size=int(options.get("bsp_max_export_batch_size", 512)),
-        )
+        if processor is None:
+            processor = BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=options.get("url", DEFAULT_URL)),
+                max_queue_size=int(options.get("bsp_max_queue_size", 2048)),
+                schedule_delay_millis=float(options.get("bsp_schedule_delay", 5000)),
+                max_export_batch_size=int(options.get("bsp_max_export_batch_size", 512)),
+            )
         self.provider.add_span_processor(processor)
         self.tracer = self.provider.get_tracer("shoal")
         self.propagator = TraceContextTextMapPropagator()
