@@ -408,11 +408,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         if self.dp.tracer.active:  # (the one check tracing costs when off)
-            parent = ""  # (a client's trace context counts in opentelemetry mode only)
-            if self.dp.tracer.mode == "opentelemetry":
-                parent = dict(context.invocation_metadata() or ()).get("traceparent", "")
+            parent = self._traceparent(context)
             return await _guard(context, lambda: self._traced(request, parent))
         return await _guard(context, lambda: self._infer(request))
+
+    def _traceparent(self, context: Any) -> str:
+        """The client's W3C trace context, which counts in opentelemetry mode only."""
+        if self.dp.tracer.mode != "opentelemetry":
+            return ""
+        return str(dict(context.invocation_metadata() or ()).get("traceparent", ""))
 
     async def _traced(
         self, request: pb.ModelInferRequest, parent: str, decoded: ClientRequest | None = None
@@ -452,12 +456,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             result.release()
 
     async def _stream_one(
-        self, request: pb.ModelInferRequest, decoded: ClientRequest
+        self, request: pb.ModelInferRequest, decoded: ClientRequest, traceparent: str
     ) -> pb.ModelStreamInferResponse:
-        """One request of a stream: its error is its own answer, never the stream's end."""
+        """One request of a stream: its error is its own answer, never the stream's end.
+        ``traceparent``: the stream's (its metadata's)."""
         try:
             if self.dp.tracer.active:
-                answer = await self._traced(request, "", decoded)
+                answer = await self._traced(request, traceparent, decoded)
             else:
                 answer = await self._infer(request, decoded)
         except Exception as exc:
@@ -499,6 +504,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         unparsable: list[_Unparsable] = []
         # the ordered answers' places, in stream order: each filled when ready
         ordered: collections.deque[list[pb.ModelStreamInferResponse | None]] = collections.deque()
+        traceparent = self._traceparent(context) if self.dp.tracer.active else ""
 
         def give(place: list[pb.ModelStreamInferResponse | None], answer: Any) -> None:
             """``answer`` takes its place; the ready answers at the front go out."""
@@ -542,7 +548,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             if decoupled:
                 await self._stream_decoupled(request, decoded, answers)
             else:
-                give(place, await self._stream_one(request, decoded))
+                give(place, await self._stream_one(request, decoded, traceparent))
 
         async def read() -> None:
             before: asyncio.Event | None = None

@@ -5,6 +5,7 @@ a hop event per process boundary, and the hops in /metrics."""
 
 from __future__ import annotations
 
+import queue
 import secrets
 import urllib.request
 from collections.abc import Iterator
@@ -75,11 +76,19 @@ def test_the_clients_trace_is_continued_over_both_protocols(
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     g_trace, g_span, g_parent = _context()
     grpc.infer("simple", _inputs(grpcclient), headers={"traceparent": g_parent})
+    s_trace, s_span, s_parent = _context()  # a stream's context: its requests' parent
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    grpc.start_stream(lambda result, error: answers.put((result, error)),
+                      headers={"traceparent": s_parent})  # fmt: skip
+    grpc.async_stream_infer("simple", _inputs(grpcclient))
+    assert answers.get(timeout=60)[1] is None
+    grpc.stop_stream()
     # (one sink thread exports in order: the untraced request's spans, had there been
     # any, would have come with or before these)
-    spans = receiver.wait_for(lambda got: all(len(_of(got, t)) == 3 for t in (h_trace, g_trace)))
-    assert {s.trace_id for s in spans} == {h_trace, g_trace}
-    for trace_id, client_span in ((h_trace, h_span), (g_trace, g_span)):
+    traces = (h_trace, g_trace, s_trace)
+    spans = receiver.wait_for(lambda got: all(len(_of(got, t)) == 3 for t in traces))
+    assert {s.trace_id for s in spans} == set(traces)
+    for trace_id, client_span in ((h_trace, h_span), (g_trace, g_span), (s_trace, s_span)):
         got = _of(spans, trace_id)
         top, model, compute = got["InferRequest"], got["simple"], got["compute"]
         assert top.parent_span_id == client_span  # a child of the client's span
@@ -102,11 +111,11 @@ def test_the_clients_trace_is_continued_over_both_protocols(
                          "COMPUTE_END"]  # fmt: skip
     http.close()
     grpc.close()
-    # the two traced requests' hops, in this frontend's histogram
+    # the three traced requests' hops, in this frontend's histogram
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as r:
         text = r.read().decode()
     assert "# TYPE shoal_hop_duration_us histogram" in text
     for hop in ("frontend_to_broker", "in_broker", "broker_to_worker", "in_worker",
                 "worker_to_frontend"):  # fmt: skip
-        assert f'shoal_hop_duration_us_count{{frontend="0",hop="{hop}"}} 2' in text
-        assert f'shoal_hop_duration_us_bucket{{frontend="0",hop="{hop}",le="+Inf"}} 2' in text
+        assert f'shoal_hop_duration_us_count{{frontend="0",hop="{hop}"}} 3' in text
+        assert f'shoal_hop_duration_us_bucket{{frontend="0",hop="{hop}",le="+Inf"}} 3' in text
