@@ -12,19 +12,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shoal.broker.batch_config import (
-    batcher_config,
-    memory_limit_mb,
-    metric_tags,
-    response_cache,
-    sequence_config,
-)
+from shoal.broker.batch_config import batcher_config, memory_limit_mb, sequence_config
 from shoal.broker.batcher import DynamicBatcher, serves
 from shoal.broker.ordering import OrderedRelease
 from shoal.broker.scheduler_hold import NO_HOLD, HoldCounts
 from shoal.broker.sequencer import SequenceBatcher
 from shoal.broker.stats import VersionStats
 from shoal.configs.ensemble import Dependency
+from shoal.configs.spec_reader import spec_from_bytes
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
 
@@ -95,12 +90,13 @@ class ModelVersion:
         if self.config:
             return
         self.config = config
-        self.metric_tags = metric_tags(config)
-        self.response_cache = response_cache(config)
-        self.memory_limit_mb = memory_limit_mb(config)
-        cfg = batcher_config(config)
+        spec = spec_from_bytes(config)
+        self.metric_tags = dict(spec.metric_tags)
+        self.response_cache = spec.response_cache
+        self.memory_limit_mb = memory_limit_mb(spec)
+        cfg = batcher_config(spec)
         self.batcher = DynamicBatcher(cfg, self.hold) if cfg is not None else None
-        seq = sequence_config(config)
+        seq = sequence_config(spec)
         self.sequencer = SequenceBatcher(self.name, seq, self.hold) if seq is not None else None
         ordered = any(c is not None and c.preserve_ordering for c in (cfg, seq))
         self.ordering = OrderedRelease() if ordered else None
@@ -247,11 +243,12 @@ class ModelTable:
         entry = self.models.setdefault(name, ModelEntryState(name))
         into = entry.staged if generation else entry.versions
         out = []
+        tags = dict(spec_from_bytes(config).metric_tags)
         for v in versions:
             mv = ModelVersion(name, v, 0, "ensemble", ensemble=deps, generation=generation)
             into[v] = mv
             mv.config = config
-            mv.metric_tags = metric_tags(config)
+            mv.metric_tags = dict(tags)
             if self.summaries:
                 mv.stats.keep_windows()
             out.append(mv)
