@@ -147,7 +147,6 @@ class Tracer:
     def __init__(self, index: int, sink: Sink) -> None:
         self.active = False  # some setting traces something: the one check when off
         self.mode = "triton"
-        self.options: dict[str, str] = {}
         self.table = m.TraceTable()
         self._sink = sink
         self._ids = itertools.count((index << 32) + 1)
@@ -158,7 +157,7 @@ class Tracer:
         """The broker's settings: counters restart where a setting changed (an update
         of the global setting changes those of the models that follow it too)."""
         old = self._sampling
-        self.table, self.mode, self.options = table, table.mode, table.options
+        self.table, self.mode = table, table.mode
         self._sampling = {}
         for name, setting in [("", table.default), *table.models.items()]:
             reason = invalid_reason(setting, table.mode)
