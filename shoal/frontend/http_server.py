@@ -161,11 +161,9 @@ def _header_length(request: web.Request) -> int | None:
 
 async def infer(request: web.Request) -> web.StreamResponse:
     dp = _dp(request)
-    if dp.tracer.active:  # (the one check tracing costs when off)
-        model = request.match_info["model"]
-        trace = dp.tracer.sample(model, request.headers.get("traceparent", ""))
-        if trace is not None:
-            return await http_trace.traced(request, trace, dp.tracer, _infer)
+    # (the one check tracing costs when off)
+    if dp.tracer.active and (trace := http_trace.sample(request, dp.tracer)) is not None:
+        return await http_trace.traced(request, trace, dp.tracer, _infer)
     return await _infer(request, None)
 
 
@@ -224,15 +222,27 @@ async def _generate_request(request: web.Request) -> ClientRequest:
     return generate.decode_request(json_members.read_members(body, doc), model, version)
 
 
-async def generate_one(request: web.Request) -> web.Response:
+async def generate_one(request: web.Request) -> web.StreamResponse:
     """Triton's generate extension: one response as one JSON object. A model error is
     400; a decoupled model that sends no response or several answers 200 with an error,
     as Triton 2.51 does (its headers have gone out by then)."""
+    dp = _dp(request)
+    if dp.tracer.active and (trace := http_trace.sample(request, dp.tracer)) is not None:
+        return await http_trace.traced(request, trace, dp.tracer, _generate_one)
+    return await _generate_one(request, None)
+
+
+async def _generate_one(request: web.Request, trace: Trace | None) -> web.Response:
     req = await _generate_request(request)
+    if trace is not None:
+        trace.stamp("HTTP_RECV_END")
+        req.trace = trace
     answers: list[bytes | ResponseError] = []
     async with contextlib.aclosing(_dp(request).infer_stream(req)) as responses:
         async for r in responses:
             answers.append(r if isinstance(r, ResponseError) else _event(r))
+    if trace is not None:
+        trace.stamp("HTTP_SEND_START")
     if answers and isinstance(answers[0], ResponseError):
         return _error(answers[0].message, 400)
     if len(answers) != 1:

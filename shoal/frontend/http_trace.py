@@ -17,6 +17,11 @@ from shoal.frontend import http_codec, trace_api
 Handler = Callable[[web.Request, Trace], Awaitable[web.Response]]
 
 
+def sample(request: web.Request, tracer: Tracer) -> Trace | None:
+    """A trace for this request to ``/v2/models/{m}/...`` if it is sampled."""
+    return tracer.sample(request.match_info["model"], request.headers.get("traceparent", ""))
+
+
 async def traced(
     request: web.Request, trace: Trace, tracer: Tracer, handler: Handler
 ) -> web.StreamResponse:

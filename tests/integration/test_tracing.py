@@ -144,6 +144,9 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
     with pytest.raises(InferenceServerException, match="unexpected shape"):
         http.infer("simple", [short, *_inputs(httpclient, ("INPUT1", "INPUT1"))[:1]])
     http.close()
+    body = json.dumps({"INPUT0": list(range(16)), "INPUT1": [1] * 16}).encode()
+    status, answer = server.http("/v2/models/simple/generate", body)
+    assert status == 200, answer
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     simple_inputs = _inputs(grpcclient, ("INPUT0", "INPUT1"))
     assert grpc.infer("simple", simple_inputs).as_numpy("OUTPUT0") is not None
@@ -169,8 +172,10 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
     called = [i for i in simples if heads[i].get("parent_id") == bls]  # the BLS call's
     step = [i for i in simples if heads[i].get("parent_id") == ens]  # the ensemble's step
     failed = [i for i in simples if stamps[i][-1][0] == "HTTP_RECV_END"]  # (refused: 400)
-    alone = [i for i in simples if "parent_id" not in heads[i] and i not in failed]  # gRPC's
-    assert len(called) == len(step) == len(failed) == 1 and len(alone) == 2
+    generated = [i for i in simples if stamps[i][-1][0] == "HTTP_SEND_END"]  # /generate's
+    alone = [i for i in simples if stamps[i][0][0] == "GRPC_WAITREAD_START"]
+    assert len(called) == len(step) == len(failed) == len(generated) == 1 and len(alone) == 2
+    assert [n for n, _ in stamps[generated[0]]] == HTTP
     assert [n for n, _ in stamps[failed[0]]] == ["HTTP_RECV_START", "HTTP_RECV_END"]
     names = [n for n, _ in stamps[ens]]
     assert names == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
@@ -181,9 +186,12 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
         assert [n for n, _ in stamps[i]] == GRPC
     # simple's own setting (TENSORS) for its own requests; the ensemble's steps follow it
     tensors = [e for e in entries if "tensor" in e]
-    assert {e["id"] for e in tensors} == set(alone)  # (the failed one was refused before)
+    # (the failed one was refused before its tensors were read)
+    assert {e["id"] for e in tensors} == {*alone, *generated}
     values = ",".join(map(str, range(16)))
-    assert [(e["activity"], e["tensor"]["name"], e["tensor"]["data"]) for e in tensors] == 2 * [
+    seen = [(e["activity"], e["tensor"]["name"], e["tensor"]["data"]) for e in tensors
+            if e["id"] in alone]  # fmt: skip
+    assert seen == 2 * [
         ("TENSOR_QUEUE_INPUT", "INPUT0", values), ("TENSOR_QUEUE_INPUT", "INPUT1", values),
         ("TENSOR_BACKEND_OUTPUT", "OUTPUT0", ",".join(str(2 * i) for i in range(16))),
         ("TENSOR_BACKEND_OUTPUT", "OUTPUT1", ",".join("0" * 16)),
