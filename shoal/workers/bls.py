@@ -45,6 +45,7 @@ from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
 from shoal.ipc.shm import SlabPool
 from shoal.workers import pb_utils
+from shoal.workers.trace_note import first_traced
 
 log = logging.getLogger("shoal.worker.bls")
 
@@ -81,10 +82,10 @@ class BlsClient:
         self._thread: threading.Thread | None = None
         self._dp: DataPlane | None = None
         self._closed = False
-        # The traced request the model runs now (its trace id; 0: none): set by the worker
-        # before each batch. Its BLS requests are traced as its children, their records
-        # kept (under the lock) until the worker sends its answer.
-        self.parent_trace = 0
+        # The batch the model runs now, set by the worker. A BLS request made while it
+        # runs is traced as a child of its first traced request, if it has one; the
+        # children's records are kept (under the lock) until the worker sends its answer.
+        self.batch: m.ExecuteBatch | None = None
         self._children: dict[int, list[m.TraceRecord]] = {}
         self.next_trace_id = itertools.count((os.getpid() << 40) + 1).__next__
 
@@ -107,9 +108,9 @@ class BlsClient:
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
             done.set_result(_failed(err.message, err.code))
             return done
-        if self.parent_trace:
-            call.trace = Trace(self.next_trace_id(), call.model, self.next_trace_id,
-                               self.parent_trace)  # fmt: skip
+        batch = self.batch
+        if batch is not None and (parent := first_traced(batch)):
+            call.trace = Trace(self.next_trace_id(), call.model, self.next_trace_id, parent)
             return asyncio.run_coroutine_threadsafe(self._traced(dp, call), loop)
         return asyncio.run_coroutine_threadsafe(_one(dp, call), loop)
 

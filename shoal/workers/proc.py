@@ -372,10 +372,10 @@ class WorkerProc:
             faults.leak(slow=self.s.fault == "leak-in-batch")
         assert self.instance is not None
         if self.scripting is not None:  # its BLS requests: a traced request's children
-            self.scripting.parent_trace = trace_note.first_traced(batch)
+            self.scripting.batch = batch
         done, answers = self.instance.run(batch, t0)
         if self.scripting is not None:
-            self.scripting.parent_trace = 0
+            self.scripting.batch = None
         if self.s.fault == "die-after-report":
             faults.die_after_report(self.sock, done)
         self._send_answers(done, answers, received)
