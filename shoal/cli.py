@@ -30,6 +30,7 @@ from shoal.configs.flags.frontend import (
     frontend_flags,
     grpc_flag_values,
 )
+from shoal.configs.flags.trace import add_trace_flags, trace_flags, trace_settings
 from shoal.configs.model_control import check_flags
 from shoal.configs.object_store import is_remote
 from shoal.ipc.lifecycle import raise_open_file_limit, run_until_stopped
@@ -98,6 +99,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_grpc_flags(p)
     add_connection_flags(p)
     add_no_effect_flags(p)
+    add_trace_flags(p)
     p.add_argument("--model-namespacing", type=bool_flag, default=False)
     p.add_argument("--id", default="triton", help="server name in /v2 metadata")
     add_log_flags(p)
@@ -389,6 +391,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         refusal = "--repository-poll-secs must be more than 0 in poll mode"
     if refusal is not None:
         raise ValueError(refusal)
+    trace_settings(args)  # the broker reads them again; refused here at once
     frontend_flags(args)  # each frontend reads them again; refused here at once
     response_cache_bytes = cache_bytes(args.cache_config, args.response_cache_byte_size)
     if args.response_cache_byte_size is not None:
@@ -424,6 +427,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         allow_cpu_metrics=args.allow_cpu_metrics,
         allow_gpu_metrics=args.allow_gpu_metrics,
         metrics_config=args.metrics_config,
+        trace_flags=trace_flags(args),
         http_restricted_api=args.http_restricted_api,
         grpc_restricted_protocol=args.grpc_restricted_protocol,
         grpc_flags=grpc_flag_values(args),

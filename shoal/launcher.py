@@ -70,6 +70,7 @@ class ServeSettings:
     allow_cpu_metrics: bool = True
     allow_gpu_metrics: bool = True
     metrics_config: list[str] = field(default_factory=list)  # --metrics-config values
+    trace_flags: list[str] = field(default_factory=list)  # the --trace-* flags, as given
     http_restricted_api: list[str] = field(default_factory=list)
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     grpc_flags: list[str] = field(default_factory=list)  # channel and TLS flags, as given

@@ -9,7 +9,6 @@ from typing import Final
 from shoal.configs.flags.common import dest
 
 _EVENT_LOOP = "shoal's frontends are event loops (--frontend-processes adds processes)"
-_NO_TRACE = "shoal writes no traces yet"
 _NO_GPU_POOLS = "shoal keeps no pinned or CUDA memory pools"
 # tritonserver flags taken so that a Triton command line starts shoal, which they do not
 # change: flag -> (repeatable, why). Each one given is named in a warning at start.
@@ -30,12 +29,6 @@ NO_EFFECT_FLAGS: Final[dict[str, tuple[bool, str]]] = {
     "--http-header-forward-pattern": (False, "no backend of shoal's reads request headers"),
     "--grpc-header-forward-pattern": (False, "no backend of shoal's reads request headers"),
     "--grpc-infer-response-compression-level": (False, "responses are not compressed"),
-    "--trace-config": (True, _NO_TRACE),
-    "--trace-file": (False, _NO_TRACE),
-    "--trace-level": (True, _NO_TRACE),
-    "--trace-rate": (False, _NO_TRACE),
-    "--trace-count": (False, _NO_TRACE),
-    "--trace-log-frequency": (False, _NO_TRACE),
     "--grpc-infer-allocation-pool-size": (False, _EVENT_LOOP),
     "--grpc-max-response-pool-size": (False, "a stream's responses are not pooled"),
     "--cuda-virtual-address-size": (True, _NO_GPU_POOLS),

@@ -79,6 +79,7 @@ class RoleArgv:
             *(f"--repository-location={loc}" for loc in s.repository_locations),
             *(["--model-namespacing=true"] if s.model_namespacing else []),
             *([f"--init-error={s.init_error}"] if s.init_error else []),
+            *s.trace_flags,
         ]
 
     def frontend(self, index: int | str) -> list[str]:

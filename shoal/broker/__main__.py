@@ -15,6 +15,7 @@ from shoal.configs.flags.broker import (
     add_rate_limit_flags,
 )
 from shoal.configs.flags.common import add_log_flags, bool_flag, log_settings
+from shoal.configs.flags.trace import add_trace_flags, trace_settings
 from shoal.configs.model_control import MODES
 from shoal.ipc.lifecycle import (
     add_process_flags,
@@ -52,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_rate_limit_flags(p)
     add_process_flags(p)
     add_log_flags(p)
+    add_trace_flags(p)
     return p.parse_args(argv)
 
 
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu_lending=args.cpu_lending,
             frontend_silence_s=args.frontend_silence_timeout_secs,
             scheduler_hold=HoldCounts.from_env(os.environ),
+            trace=trace_settings(args),
         )
     )
     return run_until_stopped(proc)

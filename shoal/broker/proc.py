@@ -323,6 +323,8 @@ class BrokerProc:
             if msg.changes:
                 self._change_log_settings(msg.changes)
             return m.LogReply(msg.query_id, logs.current())
+        if isinstance(msg, m.TraceQuery):
+            return self._trace_query(msg)
         if isinstance(msg, m.MetricsQuery):
             return m.MetricsReply(
                 msg.query_id, self.queries.metrics(msg.quantiles, time.monotonic())
@@ -340,7 +342,19 @@ class BrokerProc:
         """A (re)joining peer's welcome, with the server's log settings: the broker's,
         from its flags or changed since. After a broker restart, every process takes
         those of the new broker's flags again, as GET /v2/logging then shows."""
-        return m.Welcome(os.getpid(), logs.current(), self.control.explicit)
+        return m.Welcome(os.getpid(), logs.current(), self.control.explicit, self.s.trace.table())
+
+    def _trace_query(self, msg: m.TraceQuery) -> m.TraceReply:
+        """The trace extension (shoal/configs/trace_settings.py): a change goes to every
+        frontend before this answer goes to the one that asked."""
+        t = self.s.trace
+        if msg.changes:
+            try:
+                t.update(msg.model, msg.changes)
+            except ServingError as err:
+                return m.TraceReply(msg.query_id, error=m.ErrorInfo(int(err.code), str(err)))
+            self.out.to_frontends(m.encode(t.table()))
+        return m.TraceReply(msg.query_id, t.get(msg.model), t.mode, t.options)
 
     def _change_log_settings(self, changes: dict[str, bool | int | str]) -> None:
         """The logging extension's update (``changes`` checked by the frontend): applied

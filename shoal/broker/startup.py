@@ -28,6 +28,8 @@ from shoal.configs.model_control import ALL, startup_models
 from shoal.configs.placement import instance_count, passive_instances
 from shoal.configs.rate_limits import describe
 from shoal.configs.repository_view import RepositoryView
+from shoal.configs.trace_settings import TraceSettings
+from shoal.ipc.messages import TraceSetting
 
 log = logging.getLogger("shoal.broker")
 
@@ -58,6 +60,10 @@ class BrokerSettings:
     frontend_silence_s: float = 30.0  # a frontend silent this long is stuck (0: never)
     # Triton's test hooks TRITONSERVER_(BACKLOG_)DELAY_SCHEDULER, read from the environment
     scheduler_hold: HoldCounts = field(default_factory=HoldCounts)
+    # the server's trace settings, from the --trace-* flags, changed by the trace extension
+    trace: TraceSettings = field(
+        default_factory=lambda: TraceSettings(TraceSetting(), "triton", {})
+    )
 
 
 def load_repository(

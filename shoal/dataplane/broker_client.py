@@ -49,6 +49,7 @@ from typing import Final, TypeVar
 import msgspec
 import zmq
 
+from shoal.dataplane.hop_histogram import HopHistogram
 from shoal.ipc import logs, sockets
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
@@ -137,6 +138,8 @@ class BrokerClient:
         self.on_broker_lost: list[Callable[[], None]] = []
         # models loaded, reloaded or unloaded (model control): their names
         self.on_models_changed: list[Callable[[list[str]], None]] = []
+        # the server's trace settings (in each Welcome, and again when they change)
+        self.on_trace_table: list[Callable[[m.TraceTable], None]] = []
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[msgspec.Struct] | ResponseStream] = {}
         self._outbox: list[bytes] = []  # encoded requests of this turn, not sent yet
@@ -159,6 +162,8 @@ class BrokerClient:
         # (HOPS), [requests, total ns] of the answers that came back stamped
         self.hop_timing = os.environ.get("SHOAL_HOP_TIMING", "") == "1"
         self.hops: dict[str, list[int]] = {leg: [0, 0] for leg in HOPS}
+        self.hop_histogram = HopHistogram(HOPS)  # (/metrics: shoal_hop_duration_us)
+        self.broker_pid = 0  # the welcoming broker's
 
     @property
     def waiting(self) -> int:
@@ -199,7 +204,7 @@ class BrokerClient:
         if not self.connected:
             raise ServingError(Code.UNAVAILABLE, "Server is not ready: no broker connection")
         fut = self._expect(req.req_id)
-        if self.hop_timing:
+        if self.hop_timing and not req.hops:  # (a traced request's are stamped already)
             req.hops = [time.monotonic_ns()]
         self._queue(m.encode_payload(req))
         try:
@@ -386,14 +391,23 @@ class BrokerClient:
             fut = self._pending.get(resp.req_id)
             if fut is not None and not fut.done():
                 fut.set_result(resp)
-            if len(resp.hops) == len(HOPS):
-                self._count_hops([*resp.hops, time.monotonic_ns()])
+            if resp.hops:  # measured (a traced request's: in its TracedAnswer)
+                way = resp.hops
+                hops = way if isinstance(way, list) else way.hops
+                if len(hops) == len(HOPS):
+                    self._count_hops([*hops, time.monotonic_ns()])
+
+    def _trace_table(self, table: m.TraceTable) -> None:
+        for callback in self.on_trace_table:
+            callback(table)
 
     def _count_hops(self, stamps: list[int]) -> None:
-        for leg, start, end in zip(HOPS, stamps, stamps[1:], strict=False):
+        durations = [end - start for start, end in itertools.pairwise(stamps)]
+        for leg, ns in zip(HOPS, durations, strict=False):
             totals = self.hops[leg]
             totals[0] += 1
-            totals[1] += end - start
+            totals[1] += ns
+        self.hop_histogram.observe(durations)
 
     def _dispatch(self, frames: list[bytes]) -> None:
         kind = frames[0]
@@ -406,12 +420,17 @@ class BrokerClient:
             if msg.log is not None:
                 logs.apply(msg.log)
             self.model_control = msg.model_control
+            if msg.trace is not None:
+                self._trace_table(msg.trace)
             self._welcomed.set()
             if self._leaving:
                 self._send(m.encode(m.FrontendLeaving()))
             return
         if isinstance(msg, m.LogSettings):
             logs.apply(msg)
+            return
+        if isinstance(msg, m.TraceTable):
+            self._trace_table(msg)
             return
         if isinstance(msg, m.ClientRegionsKnown):
             self.client_regions = msg.regions
@@ -442,6 +461,7 @@ class BrokerClient:
             log.error("%d answer(s) died with their worker: %s", lost, msg.error.message)
 
     def _watch_broker(self, pid: int) -> None:
+        self.broker_pid = pid
         self._unwatch()
         try:
             fd = os.pidfd_open(pid)

@@ -494,7 +494,8 @@ class EnsembleRun:
             outputs.append(RequestedOutput(model_output, params))
         # (a decoupled step's final flag is the ensemble's to send, or not)
         params = {k: v for k, v in self.req.parameters.items() if k != EMPTY_FINAL}
-        return ClientRequest(step.model, step.version, self.req.id, params, inputs, outputs)
+        trace = self.req.trace.child(step.model) if self.req.trace is not None else None
+        return ClientRequest(step.model, step.version, self.req.id, params, inputs, outputs, trace)
 
 
 def _record(

@@ -20,12 +20,14 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from shoal.configs.trace_settings import Changes
 from shoal.dataplane import client_shm_refs, ensemble_runner
 from shoal.dataplane.broker_client import BrokerClient
 from shoal.dataplane.model_handle import ModelHandle, check_byte_size
 from shoal.dataplane.repository_extension import RepositoryExtension, server_state
 from shoal.dataplane.request_message import outputs, parse_version, request_message, uint_param
 from shoal.dataplane.response_cache import ResponseCache
+from shoal.dataplane.tracing import Sink, Tracer
 from shoal.dataplane.types import (
     EMPTY_FINAL,
     FINAL_FLAG,
@@ -59,8 +61,13 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
     "logging",
 ]
+
+
+def _no_sink(*_: object) -> None:
+    return None
 
 
 _HASH_IN_THREAD_BYTES = 1 << 20  # about 1 ms of hashing: more goes to a thread
@@ -74,7 +81,11 @@ class DataPlane:
         server_id: str = "triton",
         allow_client_shm: bool = False,
         cache: ResponseCache | None = None,
+        trace_sink: Sink | None = None,
     ) -> None:
+        """``trace_sink``: where finished traces go (shoal/frontend/trace_sink.py); None:
+        this plane samples none of its requests (a worker's BLS plane: its traces are
+        the children of the request its model runs, shoal/workers/bls.py)."""
         self.allow_client_shm = allow_client_shm
         self.cache = cache  # for models whose config enables it (response_cache.py)
         self.broker = broker
@@ -92,6 +103,9 @@ class DataPlane:
         self._alloc_slot, self._next_id = self._alloc, broker.next_id
         broker.on_broker_lost.append(self._broker_lost)
         broker.on_models_changed.append(self._models_changed)
+        self.tracer = Tracer(broker.index, trace_sink or _no_sink)
+        if trace_sink is not None:
+            broker.on_trace_table.append(self.tracer.apply)
 
     def _broker_lost(self) -> None:
         """Workers may still write into slots of requests that were just failed: those
@@ -150,6 +164,22 @@ class DataPlane:
         applies them and sends them to every process."""
         query = m.LogQuery(self.broker.next_id(), changes)
         return (await self.broker.query(query, m.LogReply)).settings
+
+    async def trace_settings(
+        self, model: str, changes: Changes | None
+    ) -> tuple[m.TraceReply, int | None]:
+        """The trace settings of ``model`` ("": the global ones), after ``changes``
+        (checked: shoal/frontend/trace_api.py) if any, and the traces their count still
+        allows this frontend (None: it samples none under them). The broker keeps them
+        and sends them to every frontend, this one before its answer. A model not ready
+        is refused, in Triton's words."""
+        if model and not await self.model_ready(model, ""):
+            raise ServingError(Code.INVALID_ARG, f"Request for unknown model : {model}")
+        query = m.TraceQuery(self.broker.next_id(), model, changes or {})
+        reply = await self.broker.query(query, m.TraceReply)
+        if reply.error is not None:
+            raise ServingError(Code(reply.error.code), reply.error.message)
+        return reply, self.tracer.remaining(model)
 
     async def server_live(self) -> bool:
         state = await server_state(self.broker)
@@ -250,6 +280,8 @@ class DataPlane:
             )
             if key is not None:
                 msg.cache_miss_ns = lookup
+            if req.trace is not None:
+                req.trace.leaving(req, msg, self.broker)
         except ServingError as err:
             raise await self._refused(req, err, slots) from None
         except BaseException:
@@ -264,10 +296,15 @@ class DataPlane:
         except BaseException:
             self._free(slots, pool)
             raise
+        if req.trace is not None:
+            req.trace.answered(resp)
         try:
             if resp.error is not None:
                 raise self._answer_error(resp.error, req)
             answer = outputs(resp, slots)
+            if req.trace is not None and req.trace.tensors_level:
+                for t in answer:
+                    req.trace.tensor("TENSOR_BACKEND_OUTPUT", t.name, t.datatype, t.shape, t.data)
         except BaseException:
             self._free(slots, pool)
             raise
@@ -403,6 +440,10 @@ class DataPlane:
         """Run an ensemble's steps (shoal/dataplane/ensemble_runner.py)."""
         started = time.perf_counter_ns()
         run, todo, batch = self._ensemble_run(model, req)
+        if req.trace is not None:
+            req.trace.request_id = req.id
+            req.trace.version = model.version
+            req.trace.stamp("REQUEST_START")
         try:
             result = await run.run(todo)
         except ServingError:
@@ -410,6 +451,8 @@ class DataPlane:
             raise
         self.broker.notify(ensemble_runner.done_note(model, started, True, batch))
         self.requests_handled += 1
+        if req.trace is not None:
+            req.trace.stamp("REQUEST_END")
         return result
 
     async def _stream_ensemble(

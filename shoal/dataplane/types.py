@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shoal.ipc.errors import Code
+
+if TYPE_CHECKING:
+    from shoal.dataplane.tracing import Trace
 
 ParamValue = bool | int | float | str
 #: The request parameter that asks for the final flag alone as an empty response (the one
@@ -50,6 +54,7 @@ class ClientRequest:
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     inputs: list[InputTensor] = field(default_factory=list)
     outputs: list[RequestedOutput] = field(default_factory=list)  # empty: all outputs
+    trace: Trace | None = None  # sampled for tracing (shoal/dataplane/tracing.py)
 
 
 @dataclass(slots=True)

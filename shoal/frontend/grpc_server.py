@@ -27,8 +27,9 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from shoal.configs.flags.frontend import GrpcTls
 from shoal.dataplane.plane import DataPlane
+from shoal.dataplane.tracing import Trace
 from shoal.dataplane.types import ClientRequest
-from shoal.frontend import grpc_codec, grpc_stream, log_settings, restricted
+from shoal.frontend import grpc_codec, grpc_stream, log_settings, restricted, trace_api
 from shoal.frontend.grpc_stream import UNPARSABLE_MESSAGE, Unparsable, decode_request, internal
 from shoal.ipc import logs
 from shoal.ipc.errors import DECOUPLED_UNARY, GRPC_STATUS, Code, ServingError
@@ -221,6 +222,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
         return await _guard(context, call)
 
+    async def TraceSetting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
+        async def call() -> pb.TraceSettingResponse:
+            changes = trace_api.grpc_changes(request.settings) if request.settings else None
+            reply = await self.dp.trace_settings(request.model_name, changes)
+            return trace_api.grpc_settings(trace_api.as_settings(*reply), pb.TraceSettingResponse())
+
+        return await _guard(context, call)
+
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         async def call() -> pb.RepositoryIndexResponse:
             if request.repository_name:
@@ -329,19 +338,49 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         return await _guard(context, call)
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        if self.dp.tracer.active:  # (the one check tracing costs when off)
+            parent = self._traceparent(context)
+            return await _guard(context, lambda: self._traced(request, parent))
         return await _guard(context, lambda: self._infer(request))
 
+    def _traceparent(self, context: Any) -> str:
+        """The client's W3C trace context, which counts in opentelemetry mode only."""
+        if self.dp.tracer.mode != "opentelemetry":
+            return ""
+        return str(dict(context.invocation_metadata() or ()).get("traceparent", ""))
+
+    async def _traced(
+        self, request: pb.ModelInferRequest, parent: str, decoded: ClientRequest | None = None
+    ) -> pb.ModelInferResponse:
+        """A request while tracing is on: sampled, and stamped if it is. The answer's
+        GRPC_SEND stamps mark it handed to grpcio (or to its stream)."""
+        trace = self.dp.tracer.sample(request.model_name, parent)
+        if trace is None:
+            return await self._infer(request, decoded)
+        trace.stamp("GRPC_WAITREAD_START")
+        trace.stamp("GRPC_WAITREAD_END")
+        try:  # (a failed request's stamps so far are written too, as Triton's)
+            answer = await self._infer(request, decoded, trace)
+            trace.stamp("GRPC_SEND_START")
+            trace.stamp("GRPC_SEND_END")
+            return answer
+        finally:
+            self.dp.tracer.finish(trace)
+
     async def _infer(
-        self, request: pb.ModelInferRequest, decoded: ClientRequest | None = None
+        self,
+        request: pb.ModelInferRequest,
+        decoded: ClientRequest | None = None,
+        trace: Trace | None = None,
     ) -> pb.ModelInferResponse:
         """``decoded``: the request's tensors, read already (a stream's)."""
         # The model first, as Triton looks it up before reading the request's tensors.
         model = await self.dp.model(request.model_name, request.model_version)
         if model.decoupled:
             raise ServingError(Code.UNSUPPORTED, DECOUPLED_UNARY)
-        result = await self.dp.infer(
-            decoded if decoded is not None else await decode_request(request)
-        )
+        req = decoded if decoded is not None else await decode_request(request)
+        req.trace = trace
+        result = await self.dp.infer(req)
         try:
             return grpc_codec.encode_infer_response(result)
         finally:
@@ -350,8 +389,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """A stream's requests and their answers (shoal/frontend/grpc_stream.py)."""
-        answered = grpc_stream.serve(self.dp, self._infer, request_iterator, context)
+        """A stream's requests and their answers (shoal/frontend/grpc_stream.py); while
+        tracing is on, each request is sampled, continuing the stream's trace context."""
+        infer: grpc_stream.Infer = self._infer
+        if self.dp.tracer.active:
+            parent = self._traceparent(context)
+
+            async def traced(request: pb.ModelInferRequest, decoded: ClientRequest) -> Any:
+                return await self._traced(request, parent, decoded)
+
+            infer = traced
+        answered = grpc_stream.serve(self.dp, infer, request_iterator, context)
         async with contextlib.aclosing(answered) as answers:
             async for answer in answers:
                 yield answer

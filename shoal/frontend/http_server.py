@@ -22,11 +22,13 @@ from aiohttp.typedefs import Middleware
 
 from shoal.dataplane.json_limits import MAX_JSON_DEPTH, check_depth
 from shoal.dataplane.plane import DataPlane
+from shoal.dataplane.tracing import Trace
 from shoal.dataplane.types import ClientRequest, InferenceResult, ResponseError
 from shoal.frontend import (
     generate,
     http_client_shm,
     http_codec,
+    http_trace,
     json_members,
     log_settings,
     restricted,
@@ -157,11 +159,21 @@ def _header_length(request: web.Request) -> int | None:
         ) from None
 
 
-async def infer(request: web.Request) -> web.Response:
+async def infer(request: web.Request) -> web.StreamResponse:
+    dp = _dp(request)
+    # (the one check tracing costs when off)
+    if dp.tracer.active and (trace := http_trace.sample(request, dp.tracer)) is not None:
+        return await http_trace.traced(request, trace, dp.tracer, _infer)
+    return await _infer(request, None)
+
+
+async def _infer(request: web.Request, trace: Trace | None) -> web.Response:
     dp = _dp(request)
     name, version = _model_args(request)
     header_length = _header_length(request)
     body = await read_body(request)
+    if trace is not None:
+        trace.stamp("HTTP_RECV_END")
 
     def raw_meta() -> RawInputMeta:
         handle = dp.cached_model(name, version)
@@ -182,7 +194,10 @@ async def infer(request: web.Request) -> web.Response:
     req, options = http_codec.decode_infer_request(
         body, header_length, name, version, raw_input_meta=raw_meta
     )
+    req.trace = trace
     result = await dp.infer(req)
+    if trace is not None:
+        trace.stamp("HTTP_SEND_START")
     try:
         parts, json_len = http_codec.encode_infer_response(result, options)
         payload = b"".join(parts)
@@ -207,15 +222,27 @@ async def _generate_request(request: web.Request) -> ClientRequest:
     return generate.decode_request(json_members.read_members(body, doc), model, version)
 
 
-async def generate_one(request: web.Request) -> web.Response:
+async def generate_one(request: web.Request) -> web.StreamResponse:
     """Triton's generate extension: one response as one JSON object. A model error is
     400; a decoupled model that sends no response or several answers 200 with an error,
     as Triton 2.51 does (its headers have gone out by then)."""
+    dp = _dp(request)
+    if dp.tracer.active and (trace := http_trace.sample(request, dp.tracer)) is not None:
+        return await http_trace.traced(request, trace, dp.tracer, _generate_one)
+    return await _generate_one(request, None)
+
+
+async def _generate_one(request: web.Request, trace: Trace | None) -> web.Response:
     req = await _generate_request(request)
+    if trace is not None:
+        trace.stamp("HTTP_RECV_END")
+        req.trace = trace
     answers: list[bytes | ResponseError] = []
     async with contextlib.aclosing(_dp(request).infer_stream(req)) as responses:
         async for r in responses:
             answers.append(r if isinstance(r, ResponseError) else _event(r))
+    if trace is not None:
+        trace.stamp("HTTP_SEND_START")
     if answers and isinstance(answers[0], ResponseError):
         return _error(answers[0].message, 400)
     if len(answers) != 1:
@@ -470,6 +497,7 @@ def build_app(
         r.add_post(repo + "/models/{model:[^/]+}/load", repository_load)
         r.add_post(repo + "/models/{model:[^/]+}/unload", repository_unload)
     app.add_routes(http_client_shm.routes(_dp))
+    app.add_routes(http_trace.routes(_dp))
     # aiohttp tries a prefix's dynamic routes in the order added, one regex each: infer
     # (the hot path) and ready (the probes) first.
     for base in (model, versioned):

@@ -24,6 +24,8 @@ from typing import Final
 from aiohttp import web
 
 from shoal.configs.flags.frontend import MetricsConfig
+from shoal.dataplane import hop_histogram
+from shoal.dataplane.hop_histogram import HopHistogram
 from shoal.dataplane.response_cache import ResponseCache
 from shoal.frontend.gpu_metrics import FAMILIES as GPU_FAMILIES
 from shoal.frontend.gpu_metrics import GpuSampler
@@ -234,6 +236,7 @@ def render(
     gpus: GpuSampler | None = None,
     connections: tuple[str, list[ConnectionCounts]] | None = None,
     custom: list[FamilySnapshot] | None = None,
+    hops: HopHistogram | None = None,
 ) -> str:
     """The metrics page, families in Triton's order; ``cache``: this frontend's response
     cache, if the server has one; ``gpus``: the GPUs' last sample, if there are any;
@@ -334,6 +337,10 @@ def render(
         custom_families(t, custom)
     if connections is not None:
         _connection_families(t, *connections)
+        if hops is not None and hops.observed:  # (once a measured request came back)
+            t.family(hop_histogram.FAMILY, hop_histogram.HELP, "histogram")
+            for suffix, labels, value in hops.samples(connections[0]):
+                t.sample(hop_histogram.FAMILY + suffix, labels, value)
     return t.render()
 
 
@@ -422,6 +429,7 @@ class MetricsServer:
         limits: ConnectionLimits | None = None,
         connections: Callable[[], list[ConnectionCounts]] | None = None,
         runtime_dir: Path | None = None,
+        hops: HopHistogram | None = None,
     ) -> None:
         self.s = s
         self._fetch = fetch  # the broker's figures, with these quantiles of each latency
@@ -429,6 +437,7 @@ class MetricsServer:
         self.limits = limits or ConnectionLimits(METRICS_CONNECTIONS)  # of this listener
         self._connections = connections  # the other listeners' connection counts
         self.runtime_dir = runtime_dir  # where Python models' metrics are (ipc/custom_metrics)
+        self.hops = hops  # this frontend's measured hops
         self.gate: ConnectionGate | None = None
         self.host = HostSampler() if s.cpu else None
         self.gpus: GpuSampler | None = None
@@ -492,6 +501,13 @@ class MetricsServer:
             snapshots = await asyncio.to_thread(custom_metrics.read_all, self.runtime_dir)
             custom = custom_metrics.merge(snapshots)
         body = render(
-            versions, self.s.config, self.host, self.cache, self.gpus, connections, custom
+            versions,
+            self.s.config,
+            self.host,
+            self.cache,
+            self.gpus,
+            connections,
+            custom,
+            self.hops,
         )
         return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})

@@ -39,6 +39,7 @@ from shoal.frontend.http_connections import (
 )
 from shoal.frontend.http_server import build_app, build_reserve_app
 from shoal.frontend.metrics import MetricsServer, MetricsSettings
+from shoal.frontend.trace_sink import TraceSink
 from shoal.ipc.lifecycle import EXIT_FATAL, exit_by, settle_gc
 from shoal.ipc.shm import ShmFull, SlabPool, sweep_stale
 
@@ -182,8 +183,9 @@ def _metrics_server(
     def counts() -> list[ConnectionCounts]:
         return [gate.counts() for gate in gates]
 
+    hops = dataplane.broker.hop_histogram
     return MetricsServer(
-        s.metrics, dataplane.metrics, dataplane.cache, limits, counts, s.runtime_dir
+        s.metrics, dataplane.metrics, dataplane.cache, limits, counts, s.runtime_dir, hops
     )
 
 
@@ -249,7 +251,9 @@ async def serve(s: FrontendSettings) -> int:
     broker = BrokerClient(s.runtime_dir, s.index, summaries)
     broker.start()
     cache = ResponseCache(s.response_cache_bytes) if s.response_cache_bytes > 0 else None
-    dataplane = DataPlane(broker, pool, s.server_id, s.allow_client_shm, cache)
+    traces = TraceSink(s.index)
+    broker.on_trace_table.append(traces.follow)
+    dataplane = DataPlane(broker, pool, s.server_id, s.allow_client_shm, cache, traces.put)
     http: _Http | None = None
     grpc_server: grpc.aio.Server | None = None
     metrics: MetricsServer | None = None
@@ -283,4 +287,5 @@ async def serve(s: FrontendSettings) -> int:
             await metrics.close()
         await broker.close()
         dataplane.pool.close()
+        traces.close()  # (Triton writes its trace file at exit)
     return 0

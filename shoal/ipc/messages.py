@@ -28,6 +28,12 @@ from typing import Final, Literal
 
 import msgspec
 
+from shoal.ipc.trace_messages import TracedAnswer as TracedAnswer
+from shoal.ipc.trace_messages import TracedWay as TracedWay
+from shoal.ipc.trace_messages import TraceRecord as TraceRecord
+from shoal.ipc.trace_messages import TraceSetting as TraceSetting
+from shoal.ipc.trace_messages import TraceTable as TraceTable
+
 # Measured in bench/bench_inline.py: below this size, carrying bytes in the message
 # costs less than a slot allocation, a copy into shm and a mapping lookup.
 INLINE_MAX_BYTES: Final[int] = 16384
@@ -82,8 +88,8 @@ class InferRequest(msgspec.Struct, array_like=True):
     parameters: dict[str, bool | int | float | str] = {}
     # Its way through the processes, when measured (a frontend under SHOAL_HOP_TIMING=1):
     # time.monotonic_ns() at the frontend's send, the broker's receipt and its dispatch.
-    # Empty: not measured, and no process stamps it.
-    hops: list[int] = []
+    # Empty: not measured, and no process stamps it. A traced request's: its TracedWay.
+    hops: list[int] | TracedWay = []
 
 
 class InferResponse(msgspec.Struct, array_like=True):
@@ -95,8 +101,9 @@ class InferResponse(msgspec.Struct, array_like=True):
     # says final=False; the last (final=True) may carry no outputs, only the end.
     final: bool = True
     empty: bool = False  # the final flag alone: no response of the model's
-    # the request's hops, then the worker's receipt of its batch and its send (measured)
-    hops: list[int] = []
+    # the request's hops, then the worker's receipt of its batch and its send (measured);
+    # a traced request's: TracedAnswer
+    hops: list[int] | TracedAnswer = []
     # the response's own parameters (a Python model's ``InferenceResponse(parameters=)``);
     # none: one byte (an empty map) on the wire
     parameters: dict[str, bool | int | str] = {}
@@ -225,6 +232,7 @@ class Welcome(msgspec.Struct, array_like=True):
     broker_pid: int
     log: LogSettings | None = None  # the server's, once changed at run time
     model_control: bool = False  # explicit model control: the API loads and unloads
+    trace: TraceTable | None = None  # the server's trace settings
 
 
 class ModelQuery(msgspec.Struct, array_like=True):
@@ -484,6 +492,24 @@ class LogReply(msgspec.Struct, array_like=True):
     settings: LogSettings
 
 
+class TraceQuery(msgspec.Struct, array_like=True):
+    """Frontend -> broker: a model's trace settings ("": the global ones), after
+    ``changes`` (checked by the frontend: a field of TraceSetting -> its value, or None
+    to clear it) if there are any."""
+
+    query_id: int
+    model: str = ""
+    changes: dict[str, list[str] | int | None] = {}
+
+
+class TraceReply(msgspec.Struct, array_like=True):
+    query_id: int
+    setting: TraceSetting = TraceSetting()
+    mode: str = "triton"
+    options: dict[str, str] = {}
+    error: ErrorInfo | None = None
+
+
 class ShmRequest(msgspec.Struct, array_like=True):
     """Frontend -> broker: the shared-memory extension's register/unregister/status."""
 
@@ -617,6 +643,9 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     LogQuery: b"g",
     LogReply: b"l",
     LogSettings: b"V",
+    TraceQuery: b"x",
+    TraceReply: b"y",
+    TraceTable: b"z",
     ShmRequest: b"k",
     ShmReply: b"K",
     RegionsReleased: b"L",

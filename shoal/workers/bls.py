@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
+import os
 import queue
 import threading
 from pathlib import Path
@@ -33,6 +35,7 @@ import numpy as np
 
 from shoal.dataplane.broker_client import BrokerClient
 from shoal.dataplane.plane import DataPlane
+from shoal.dataplane.tracing import Trace
 from shoal.dataplane.types import (
     FINAL_FLAG,
     ClientRequest,
@@ -42,10 +45,12 @@ from shoal.dataplane.types import (
     ResponseError,
 )
 from shoal.ipc import datatypes
+from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
 from shoal.ipc.shm import SlabPool
 from shoal.workers import pb_utils
 from shoal.workers.tensors import on_host
+from shoal.workers.trace_note import first_traced
 
 log = logging.getLogger("shoal.worker.bls")
 
@@ -82,6 +87,12 @@ class BlsClient:
         self._thread: threading.Thread | None = None
         self._dp: DataPlane | None = None
         self._closed = False
+        # The batch the model runs now, set by the worker. A BLS request made while it
+        # runs is traced as a child of its first traced request, if it has one; the
+        # children's records are kept (under the lock) until the worker sends its answer.
+        self.batch: m.ExecuteBatch | None = None
+        self._children: dict[int, list[m.TraceRecord]] = {}
+        self.next_trace_id = itertools.count((os.getpid() << 40) + 1).__next__
 
     # -- pb_utils' side (any thread of the model's) ------------------------------------
 
@@ -102,7 +113,12 @@ class BlsClient:
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
             done.set_result(_failed(err.message, err.code))
             return done
-        return asyncio.run_coroutine_threadsafe(_one(dp, call, req.bls_gpu()), loop)
+        gpu = req.bls_gpu()
+        batch = self.batch
+        if batch is not None and (parent := first_traced(batch)):
+            call.trace = Trace(self.next_trace_id(), call.model, self.next_trace_id, parent)
+            return asyncio.run_coroutine_threadsafe(self._traced(dp, call, gpu), loop)
+        return asyncio.run_coroutine_threadsafe(_one(dp, call, gpu), loop)
 
     # -- model control (pb_utils.load_model, unload_model, is_model_ready) -------------
 
@@ -126,6 +142,22 @@ class BlsClient:
             return asyncio.run_coroutine_threadsafe(call(dp), loop).result()
         except concurrent.futures.CancelledError:  # the worker is stopping
             raise ServingError(Code.UNAVAILABLE, _STOPPING) from None
+
+    async def _traced(
+        self, dp: DataPlane, call: ClientRequest, gpu: int | None
+    ) -> pb_utils.InferenceResponse:
+        """A traced BLS request: its record is kept before the model has its answer."""
+        try:
+            return await _one(dp, call, gpu)
+        finally:
+            assert call.trace is not None
+            with self._lock:
+                self._children.setdefault(call.trace.parent_id, []).append(call.trace.record())
+
+    def children(self, trace_id: int) -> list[m.TraceRecord]:
+        """The records of the BLS requests the traced request ``trace_id`` made (taken)."""
+        with self._lock:
+            return self._children.pop(trace_id, [])
 
     def _started(self) -> tuple[asyncio.AbstractEventLoop, DataPlane]:
         """The loop and its data plane, connected on the first call (raises ServingError

@@ -32,7 +32,7 @@ from shoal.ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, raise_open_file_limit,
 from shoal.ipc.result_link import ResultSender
 from shoal.ipc.shm import RegionMap
 from shoal.workers import backend as backends
-from shoal.workers import faults, loading, pb_metrics, pb_utils
+from shoal.workers import faults, loading, pb_metrics, pb_utils, trace_note
 from shoal.workers.cancels import RunningCancels
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.instance import Answers, ModelInstance
@@ -379,7 +379,11 @@ class WorkerProc:
         if self.s.fault.startswith("leak"):
             faults.leak(slow=self.s.fault == "leak-in-batch")
         assert self.instance is not None
+        if self.scripting is not None:  # its BLS requests: a traced request's children
+            self.scripting.batch = batch
         done, answers = self.instance.run(batch, t0)
+        if self.scripting is not None:
+            self.scripting.batch = None
         if self.s.fault == "die-after-report":
             faults.die_after_report(self.sock, done)
         self._send_answers(done, answers, received)
@@ -390,6 +394,25 @@ class WorkerProc:
                 len(done.failed), done.input_ns // 1000, done.infer_ns // 1000,
                 done.output_ns // 1000,
             )  # fmt: skip
+
+    def _way(
+        self, item: m.WorkItem, answers: Answers, done: m.BatchDone, received: int, sent: int
+    ) -> list[int] | m.TracedAnswer:
+        """A measured request's answer's ``hops``: the way so far, the batch's receipt and
+        the answer's send; a traced one's with this worker's part (trace_note.py)."""
+        way = item.request.hops
+        if isinstance(way, list):
+            return [*way, received, sent]
+        s = self.s
+        where: trace_note.Attrs = {
+            "worker_pid": os.getpid(),
+            "instance": s.instance_name or f"{s.model}_{s.instance}",
+            "cores": list(s.cores),
+            "gpu": -1 if s.gpu is None else s.gpu,
+        }
+        others = [i.request.req_id for i, _ in answers if i is not item]
+        children = self.scripting.children(way.id) if self.scripting is not None else []
+        return trace_note.traced_answer(way, others, done, received, sent, where, children)
 
     def _send_answers(self, done: m.BatchDone, answers: Answers, received: int) -> None:
         """The batch's report, and its answers (``received``: when the batch came, for the
@@ -408,9 +431,9 @@ class WorkerProc:
         sent = 0
         for item, resp in answers:
             if not item.seq:
-                if item.request.hops:  # measured: the way so far, its receipt, its send
+                if item.request.hops:  # measured (or traced)
                     sent = sent or time.monotonic_ns()
-                    resp.hops = [*item.request.hops, received, sent]
+                    resp.hops = self._way(item, answers, done, received, sent)
                 direct.setdefault(item.frontend, []).append(m.encode_payload(resp))
         for frontend, payloads in direct.items():
             self._answer_frontend(frontend, payloads)

@@ -233,3 +233,33 @@ def test_every_thread_of_every_role_runs_sched_batch(two_frontends: ShoalServer)
                     policies[tid] = os.sched_getscheduler(tid)
             assert len(policies) > 1
             assert set(policies.values()) == {os.SCHED_BATCH}, (role, pid, policies)
+
+
+def _trace_setting(url: str, body: bytes | None = None) -> tuple[str, dict[str, object]]:
+    """The frontend that answered, and simple's trace settings (after ``body``'s update)."""
+    conn = http.client.HTTPConnection(url, timeout=10)
+    try:
+        conn.request("POST" if body else "GET", "/v2/models/simple/trace/setting", body=body)
+        resp = conn.getresponse()
+        doc = json.loads(resp.read())
+        assert resp.status == 200, doc
+        return str(resp.getheader("Shoal-Frontend")), doc
+    finally:
+        conn.close()
+
+
+def test_a_trace_setting_changed_through_one_frontend_is_every_frontends(
+    two_frontends: ShoalServer,
+) -> None:
+    changed_on, doc = _trace_setting(two_frontends.url, b'{"trace_rate": "7"}')
+    assert doc["trace_rate"] == "7"
+    try:
+        answers: dict[str, object] = {}
+        for _ in range(60):
+            frontend, doc = _trace_setting(two_frontends.url)
+            answers[frontend] = doc["trace_rate"]
+            if len(answers) == 2:
+                break
+        assert answers == {"0": "7", "1": "7"} and changed_on in answers
+    finally:
+        _trace_setting(two_frontends.url, b'{"trace_rate": null}')

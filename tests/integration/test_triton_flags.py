@@ -54,7 +54,9 @@ def test_flags_without_effect_are_named_and_the_server_serves(repo: Path) -> Non
         log = srv.log()
         assert "--http-thread-count=8 has no effect: shoal's frontends are event loops" in log
         assert "--cuda-memory-pool-byte-size=0:0,1:0 has no effect" in log
-        assert "--trace-config=rate=100 has no effect: shoal writes no traces yet" in log
+        assert "--trace-config=rate=100 has no effect" not in log  # it has: tracing's rate
+        (broker,) = srv.pids("broker")
+        assert b"--trace-config=rate=100" in Path(f"/proc/{broker}/cmdline").read_bytes()
         assert "--grpc-max-response-pool-size=1 has no effect" in log  # (L0_decoupled's)
         assert "--grpc-keepalive-time=10000 has no effect" not in log  # it has: a gRPC option
         assert "--rate-limit-resource has no effect: --rate-limit is off" in log
@@ -114,6 +116,7 @@ def test_strict_model_config_is_deprecated_in_tritons_words(
         ),
         (["--model-load-gpu-limit=0.6"], "requires format <first>:<second>. Found: 0.6"),
         (["--grpc-max-response-pool-size=0"], "--grpc-max-response-pool-size must be greater"),
+        (["--trace-config=rate=fast"], 'Bad option: "--trace-config rate".'),
     ],
 )
 def test_flags_shoal_cannot_honour_are_refused(repo: Path, flags: list[str], words: str) -> None:

@@ -1,0 +1,122 @@
+"""OpenTelemetry mode: each finished trace as spans, exported by the official SDK's batch
+span processor over OTLP/HTTP to ``url`` (default http://localhost:4318/v1/traces), as
+Triton exports. Runs on the trace sink's thread (shoal/frontend/trace_sink.py).
+
+Spans, as Triton's: a top-level span per request (received -> answer sent), a model span
+per trace (REQUEST_START -> REQUEST_END, with its timestamps as events) and a compute
+span (COMPUTE_START -> COMPUTE_END); an ensemble's steps and a Python model's BLS
+requests are model spans within their parent's. A client's W3C ``traceparent`` makes
+the top-level span a child of the client's span, in the client's trace. Beyond Triton,
+the spans say which processes did the work and which batch the request ran in
+(``shoal.*`` attributes), and each hop between processes is an event with its duration.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from shoal.dataplane.broker_client import HOPS
+from shoal.ipc import messages as m
+
+DEFAULT_URL = "http://localhost:4318/v1/traces"
+_SCALARS = (int, str, float, bool)
+
+
+def resource_attributes(options: dict[str, str]) -> dict[str, str]:
+    """``resource=key=value`` settings (several joined by ","), after Triton's default."""
+    attrs = {"service.name": "triton-inference-server"}
+    for pair in filter(None, options.get("resource", "").split(",")):
+        key, _, value = pair.partition("=")
+        attrs[key.strip()] = value.strip()
+    return attrs
+
+
+class OtelExporter:
+    """A tracer provider of its own (the process's global one is left alone)."""
+
+    def __init__(self, options: dict[str, str], frontend: int, processor: Any = None) -> None:
+        """``processor``: the span processor (None: the batch span processor over the
+        OTLP/HTTP exporter, as the options say)."""
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.provider = TracerProvider(resource=Resource.create(resource_attributes(options)))
+        if processor is None:
+            processor = BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=options.get("url", DEFAULT_URL)),
+                max_queue_size=int(options.get("bsp_max_queue_size", 2048)),
+                schedule_delay_millis=float(options.get("bsp_schedule_delay", 5000)),
+                max_export_batch_size=int(options.get("bsp_max_export_batch_size", 512)),
+            )
+        self.provider.add_span_processor(processor)
+        self.tracer = self.provider.get_tracer("shoal")
+        self.propagator = TraceContextTextMapPropagator()
+        self.frontend = frontend
+        # monotonic stamps -> the wall clock OpenTelemetry wants (one host: one offset)
+        self.offset = time.time_ns() - time.monotonic_ns()
+
+    def export(self, record: m.TraceRecord) -> None:
+        from opentelemetry import trace
+
+        traceparent = record.attributes.pop("traceparent", "")
+        assert isinstance(traceparent, str)
+        ctx = self.propagator.extract({"traceparent": traceparent}) if traceparent else None
+        stamps = dict(record.stamps)
+        first = min((ns for _, ns in record.stamps), default=time.monotonic_ns())
+        last = max((ns for _, ns in record.stamps), default=first)
+        top = self.tracer.start_span("InferRequest", context=ctx, start_time=first + self.offset)
+        top.set_attribute("shoal.frontend.index", self.frontend)
+        for name in ("HTTP_RECV_START", "HTTP_RECV_END", "GRPC_WAITREAD_START",
+                     "GRPC_WAITREAD_END", "HTTP_SEND_START", "GRPC_SEND_START"):  # fmt: skip
+            if name in stamps:
+                top.add_event(name, timestamp=stamps[name] + self.offset)
+        self._model_span(record, trace.set_span_in_context(top))
+        top.end(end_time=last + self.offset)
+
+    def _model_span(self, r: m.TraceRecord, ctx: Any) -> None:
+        from opentelemetry import trace
+
+        stamps = dict(r.stamps)
+        start = stamps.get("REQUEST_START", r.stamps[0][1] if r.stamps else time.monotonic_ns())
+        span = self.tracer.start_span(r.model, context=ctx, start_time=start + self.offset)
+        span.set_attribute("triton.model_name", r.model)
+        span.set_attribute("triton.model_version", r.version)
+        span.set_attribute("triton.trace_id", r.id)
+        span.set_attribute("triton.trace_parent_id", r.parent_id)
+        if r.request_id:
+            span.set_attribute("triton.request_id", r.request_id)
+        for key, value in r.attributes.items():
+            if key == "hops_ns":
+                continue
+            if isinstance(value, _SCALARS) or value:
+                span.set_attribute(f"shoal.{key}", value)
+        for name in ("REQUEST_START", "QUEUE_START", "REQUEST_END"):
+            if name in stamps:
+                span.add_event(name, timestamp=stamps[name] + self.offset)
+        hops = r.attributes.get("hops_ns")
+        if isinstance(hops, list) and "REQUEST_START" in stamps:
+            at = stamps["REQUEST_START"]
+            for hop, ns in zip(HOPS, hops, strict=False):
+                at += ns
+                span.add_event(f"hop {hop}", {"duration_ns": ns}, timestamp=at + self.offset)
+        if "COMPUTE_START" in stamps and "COMPUTE_END" in stamps:
+            inner = trace.set_span_in_context(span)
+            compute = self.tracer.start_span(
+                "compute", context=inner, start_time=stamps["COMPUTE_START"] + self.offset
+            )
+            for name in ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+                         "COMPUTE_END"):  # fmt: skip
+                if name in stamps:
+                    compute.add_event(name, timestamp=stamps[name] + self.offset)
+            compute.end(end_time=stamps["COMPUTE_END"] + self.offset)
+        for child in r.children:
+            self._model_span(child, trace.set_span_in_context(span))
+        end = stamps.get("REQUEST_END", start)
+        span.end(end_time=end + self.offset)
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()

@@ -1,0 +1,132 @@
+"""Where a frontend's finished traces go: a thread of their own, so no request waits on a
+file or an exporter. ``put`` only queues.
+
+Triton mode writes Triton's trace file: a JSON array holding, per trace, an object with
+its id, model name and version (its request id and parent id where it has them), then
+one object per timestamp, ``{"id": .., "timestamps": [{"name": .., "ns": ..}]}``, and at
+TENSORS level one per tensor. With ``log_frequency`` N, every N traces go to
+``<file>.<i>`` (i = 0, 1, ...); with 0, all go to ``<file>`` when the frontend stops.
+Frontend k > 0 of a server writes ``<file>.frontend<k>`` (and its indexed parts), so that
+no two processes write one file. Opentelemetry mode hands each trace to the exporter
+(shoal/frontend/otel_export.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.ipc import messages as m
+
+log = logging.getLogger("shoal.frontend.trace")
+_STOP = None
+
+
+def triton_entries(r: m.TraceRecord) -> list[dict[str, Any]]:
+    """``r`` and its children as the objects of Triton's trace file, in its order."""
+    head: dict[str, Any] = {"id": r.id, "model_name": r.model, "model_version": r.version}
+    if r.request_id:
+        head["request_id"] = r.request_id
+    if r.parent_id:
+        head["parent_id"] = r.parent_id
+    out = [head]
+    for name, ns in r.stamps:
+        out.append({"id": r.id, "timestamps": [{"name": name, "ns": ns}]})
+    for activity, name, dtype, shape, data in r.tensors:
+        tensor = {"name": name, "data": data, "shape": ",".join(map(str, shape)), "dtype": dtype}
+        out.append({"id": r.id, "activity": activity, "tensor": tensor})
+    for c in r.children:
+        out.extend(triton_entries(c))
+    return out
+
+
+@dataclass
+class _TraceFile:
+    """One trace file's traces not written yet, and its next part's index."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    traces: int = 0
+    index: int = 0
+
+
+def file_name(path: str, frontend: int) -> str:
+    return path if frontend == 0 else f"{path}.frontend{frontend}"
+
+
+class TraceSink:
+    """Writes (or exports) finished traces on its own thread, started on the first."""
+
+    def __init__(self, frontend: int) -> None:
+        self.frontend = frontend
+        self._queue: queue.SimpleQueue[tuple[m.TraceRecord, m.TraceSetting, bool, str] | None]
+        self._queue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._files: dict[str, _TraceFile] = {}
+        self.options: dict[str, str] = {}
+        self._exporter: Any = None
+
+    def follow(self, table: m.TraceTable) -> None:
+        """The broker's trace settings changed: the exporter's options with them (an
+        exporter already made keeps its own)."""
+        self.options = table.options
+
+    def put(self, record: m.TraceRecord, setting: m.TraceSetting, last: bool, mode: str) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trace-sink", daemon=True)
+            self._thread.start()
+        self._queue.put((record, setting, last, mode))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is left (Triton writes at exit), stop the thread and the exporter."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+        for path, f in self._files.items():
+            self._write(path, f, indexed=False)
+        if self._exporter is not None:
+            self._exporter.shutdown()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not _STOP:
+            record, setting, last, mode = item
+            try:
+                if mode == "opentelemetry":
+                    self._export(record)
+                else:
+                    self._keep(record, setting, last)
+            except Exception:  # a trace must not stop the next ones
+                log.exception("failed to write trace %d", record.id)
+
+    def _export(self, record: m.TraceRecord) -> None:
+        if self._exporter is None:
+            from shoal.frontend.otel_export import OtelExporter
+
+            self._exporter = OtelExporter(self.options, self.frontend)
+        self._exporter.export(record)
+
+    def _keep(self, record: m.TraceRecord, setting: m.TraceSetting, last: bool) -> None:
+        path = file_name(setting.file, self.frontend)
+        f = self._files.setdefault(path, _TraceFile())
+        f.entries.extend(triton_entries(record))
+        f.traces += 1
+        if last or (setting.log_frequency and f.traces >= setting.log_frequency):
+            self._write(path, f, indexed=True)
+
+    @staticmethod
+    def _write(path: str, f: _TraceFile, indexed: bool) -> None:
+        """``f``'s traces to ``path`` (``indexed``: to its next part), then forgotten."""
+        if not f.traces and not indexed:
+            return
+        target = f"{path}.{f.index}" if indexed or f.index else path
+        try:
+            with open(target, "w") as out:
+                json.dump(f.entries, out)
+        except OSError as exc:
+            log.error("failed creating trace file: %s", exc)
+        if indexed or f.index:
+            f.index += 1
+        f.entries, f.traces = [], 0

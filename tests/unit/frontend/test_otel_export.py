@@ -1,0 +1,60 @@
+"""A finished trace as OpenTelemetry spans (shoal/frontend/otel_export.py), caught by the
+SDK's in-memory exporter: an ensemble with a step that made a BLS call, in a client's
+trace."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from shoal.frontend.otel_export import OtelExporter, resource_attributes
+from shoal.ipc.messages import TraceRecord
+
+MODEL = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+         "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]  # fmt: skip
+
+
+def _model(id_: int, model: str, parent: int, at: int) -> TraceRecord:
+    stamps = [(name, at + 10 * i) for i, name in enumerate(MODEL)]
+    return TraceRecord(id_, model, 1, parent, stamps=stamps,
+                       attributes={"worker_pid": 7, "batch_companions": [3, 4],
+                                   "hops_ns": [1, 2, 3, 4, 5]})  # fmt: skip
+
+
+def test_an_ensemble_its_step_and_a_bls_call_nest_in_the_clients_trace() -> None:
+    caught = InMemorySpanExporter()
+    exporter = OtelExporter({"resource": "service.name=s,k=v"}, 0, SimpleSpanProcessor(caught))
+    bls = _model(3, "called", 2, 1030)
+    step = _model(2, "bls", 1, 1010)
+    step.children = [bls]
+    client_trace, client_span = "ab" * 16, "cd" * 8
+    root = TraceRecord(1, "ens", 1, stamps=[("HTTP_RECV_START", 1000), ("REQUEST_START", 1001),
+                                            ("REQUEST_END", 1200), ("HTTP_SEND_END", 1201)],
+                       attributes={"traceparent": f"00-{client_trace}-{client_span}-01"},
+                       children=[step])  # fmt: skip
+    exporter.export(root)
+    exporter.shutdown()
+    spans = {(s.name, s.attributes.get("triton.trace_id")): s for s in caught.get_finished_spans()}
+    top = spans[("InferRequest", None)]
+    ens, step_span, called = spans[("ens", 1)], spans[("bls", 2)], spans[("called", 3)]
+    assert format(top.context.trace_id, "032x") == client_trace
+    assert top.parent is not None and format(top.parent.span_id, "016x") == client_span
+    assert ens.parent.span_id == top.context.span_id  # type: ignore[union-attr]
+    assert step_span.parent.span_id == ens.context.span_id  # type: ignore[union-attr]
+    assert called.parent.span_id == step_span.context.span_id  # type: ignore[union-attr]
+    computes = [s for s in caught.get_finished_spans() if s.name == "compute"]
+    assert {s.parent.span_id for s in computes} == {  # type: ignore[union-attr]
+        step_span.context.span_id,
+        called.context.span_id,
+    }
+    assert called.attributes["shoal.batch_companions"] == (3, 4)
+    assert [e.name for e in called.events if e.name.startswith("hop ")] == [
+        "hop frontend_to_broker", "hop in_broker", "hop broker_to_worker", "hop in_worker",
+        "hop worker_to_frontend",
+    ]  # fmt: skip
+    assert top.resource.attributes["k"] == "v" and top.resource.attributes["service.name"] == "s"
+    assert top.start_time < ens.start_time < called.start_time < called.end_time < top.end_time
+
+
+def test_resource_attributes_start_from_tritons_service_name() -> None:
+    assert resource_attributes({}) == {"service.name": "triton-inference-server"}
