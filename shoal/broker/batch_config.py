@@ -15,6 +15,7 @@ from shoal.configs.backend_params import (
     share_min_compute_us,
 )
 from shoal.configs.schema import ConfigError
+from shoal.configs.traffic import NO_POLICY, TrafficPolicy, traffic_policy
 
 
 def _policy(p: Any) -> QueuePolicy:
@@ -45,6 +46,15 @@ def memory_limit_mb(config_bytes: bytes) -> int | None:
         return instance_memory_limit_mb(mc.ModelConfig.FromString(config_bytes))
     except ConfigError:
         return None
+
+
+def traffic(config_bytes: bytes) -> TrafficPolicy:
+    """The config's traffic policy between versions; checked at load, so a bad one that got
+    here anyway reads as none."""
+    try:
+        return traffic_policy(mc.ModelConfig.FromString(config_bytes))
+    except ConfigError:
+        return NO_POLICY
 
 
 def batcher_config(config_bytes: bytes) -> BatcherConfig | None:

@@ -18,13 +18,16 @@ from shoal.broker.batch_config import (
     metric_tags,
     response_cache,
     sequence_config,
+    traffic,
 )
 from shoal.broker.batcher import DynamicBatcher, serves
 from shoal.broker.ordering import OrderedRelease
 from shoal.broker.scheduler_hold import NO_HOLD, HoldCounts
 from shoal.broker.sequencer import SequenceBatcher
 from shoal.broker.stats import VersionStats
+from shoal.broker.traffic import VersionPicker
 from shoal.configs.ensemble import Dependency
+from shoal.configs.traffic import NO_POLICY, TrafficPolicy
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
 
@@ -85,6 +88,7 @@ class ModelVersion:
     ensemble: list[Dependency] | None = None
     generation: int = 0  # the load it belongs to: 0 at start, then one per load API call
     hold: HoldCounts = NO_HOLD  # the scheduler-delay test hooks (scheduler_hold.py)
+    traffic: TrafficPolicy = NO_POLICY  # its config's, between the model's versions
     stats: VersionStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -98,6 +102,7 @@ class ModelVersion:
         self.metric_tags = metric_tags(config)
         self.response_cache = response_cache(config)
         self.memory_limit_mb = memory_limit_mb(config)
+        self.traffic = traffic(config)
         cfg = batcher_config(config)
         self.batcher = DynamicBatcher(cfg, self.hold) if cfg is not None else None
         seq = sequence_config(config)
@@ -201,6 +206,21 @@ class ModelEntryState:
     # a load in progress (model control): its versions, READY only once they all are;
     # then they replace ``versions``, which go on serving until then
     staged: dict[int, ModelVersion] = field(default_factory=dict)
+    picker: VersionPicker | None = None  # the routing state of the policy in force
+
+    def route(self, key: str) -> int:
+        """The version a request that names none goes to by the traffic policy of the
+        newest ready version's config (-1: no policy, or no version ready)."""
+        ready = [v for v, mv in self.versions.items() if mv.state == "READY"]
+        if not ready:
+            return -1
+        policy = self.versions[max(ready)].traffic
+        if not policy.active:
+            return -1
+        if self.picker is None or self.picker.policy != policy:
+            self.picker = VersionPicker(policy)
+        chosen = self.picker.choose(ready, key)
+        return -1 if chosen is None else chosen
 
 
 class ModelTable:
@@ -252,6 +272,7 @@ class ModelTable:
             into[v] = mv
             mv.config = config
             mv.metric_tags = metric_tags(config)
+            mv.traffic = traffic(config)
             if self.summaries:
                 mv.stats.keep_windows()
             out.append(mv)
@@ -338,6 +359,11 @@ class ModelTable:
             return entry.versions.get(version)
         ready = [v for v in entry.versions.values() if v.state == "READY"]
         return max(ready, key=lambda v: v.version) if ready else None
+
+    def route(self, name: str, key: str = "") -> int:
+        """The version for a request to ``name`` that names none (ModelEntryState.route)."""
+        entry = self.models.get(name)
+        return -1 if entry is None else entry.route(key)
 
     def all_versions(self) -> list[ModelVersion]:
         return [v for e in self.models.values() for v in e.versions.values()]

@@ -13,6 +13,8 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from shoal.configs.model_config import config_to_json, model_metadata, v2_datatype
+from shoal.configs.schema import ConfigError
+from shoal.configs.traffic import NO_POLICY, TrafficPolicy, traffic_policy
 from shoal.dataplane.json_tensors import check_bytes_elements
 from shoal.dataplane.types import ClientRequest, InputTensor
 from shoal.ipc import datatypes
@@ -52,6 +54,14 @@ def _spec(t: Any, is_input: bool) -> TensorSpec:
     )
 
 
+def _traffic(cfg: mc.ModelConfig) -> TrafficPolicy:
+    """Checked at load: a config that got here with a bad policy has none."""
+    try:
+        return traffic_policy(cfg)
+    except ConfigError:
+        return NO_POLICY
+
+
 class ModelHandle:
     def __init__(self, name: str, version: int, versions: list[int], config_bytes: bytes) -> None:
         cfg = mc.ModelConfig()
@@ -70,6 +80,7 @@ class ModelHandle:
         # any number of answers per request, through streams only (ModelStreamInfer)
         self.decoupled = cfg.model_transaction_policy.decoupled
         self.config_json = config_to_json(cfg)
+        self.traffic = _traffic(cfg)
         self.metadata = model_metadata(cfg, versions)
 
     def batch_size(self, req: ClientRequest) -> int:
