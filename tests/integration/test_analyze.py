@@ -1,0 +1,123 @@
+"""``shoal analyze`` end to end, on a small ONNX model with a short budget: it runs its own
+server, reloads the model in place between points, and leaves a report, a plot and a
+recommended config.pbtxt that shoal's validator accepts and that --write puts beside the
+model. The recommendation is measured again, beside the model's own config, on a server of
+the test's own; and the built-in load generator is checked against perf_analyzer on one
+point (where perf_analyzer is found).
+
+Measurement windows are tiny (0.3 s) to keep the module within its time, on a host shared
+with other work: so the tolerances are generous, and stated where they are used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.analyze.load import BuiltinLoad, PerfAnalyzerLoad
+from shoal.analyze.search import Sample
+from shoal.configs.model_config import config_to_json, fill_defaults, parse_config_text
+from shoal.configs.validation import validate
+from tests.integration.test_perf_analyzer import PERF_ANALYZER
+from tests.repos import write_identity
+from tests.serverctl import ShoalServer, served
+
+MODEL = "idn"
+OWN = "instance_group [ { count: 1 kind: KIND_CPU } ]"
+#: The recommendation, measured again, may trail the model's own config by this share of
+#: the throughput: both windows are 0.3 s long on a machine shared with other work.
+TOLERANCE = 0.35
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """(the repository, the report folder, the analyzer's stderr) of one analysis."""
+    repo = tmp_path_factory.mktemp("analyze-repo")
+    write_identity(repo, MODEL, OWN)
+    out = tmp_path_factory.mktemp("analyze-report")
+    run = subprocess.run(
+        [sys.executable, "-m", "shoal", "analyze", f"--model-repository={repo}",
+         f"--model={MODEL}", "--concurrency=1,4", "--budget-secs=6", "--window-secs=0.3",
+         "--load=builtin", f"--output={out}", "--write"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return repo, out, run.stderr
+
+
+@pytest.fixture(scope="module")
+def server(analysed: tuple[Path, Path, str]) -> Iterator[ShoalServer]:
+    repo = analysed[0]
+    with served(repo, "--model-control-mode=explicit", f"--load-model={MODEL}") as srv:
+        yield srv
+
+
+def test_progress_report_and_plot_are_produced(analysed: tuple[Path, Path, str]) -> None:
+    _, out, stderr = analysed
+    assert "[analyze] point 1: 1 inst / mbs 8" in stderr  # the model's own config first
+    assert "[analyze] recommended:" in stderr
+    report = (out / "report.md").read_text()
+    for part in ("## Summary", "## Pareto front", "| config | concurrency | inferences/s",
+                 "against the model's own config", "## Recommended config.pbtxt"):  # fmt: skip
+        assert part in report or "model's own config, which no neighbour beat" in report, part
+    svg = ET.parse(out / "pareto.svg").getroot()
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg"
+    assert svg.findall("{http://www.w3.org/2000/svg}circle")
+    points = json.loads((out / "results.json").read_text())
+    assert len(points) >= 2 and all(p["samples"] or p["error"] for p in points)
+
+
+def test_the_recommended_config_is_valid_and_written_beside_the_model(
+    analysed: tuple[Path, Path, str],
+) -> None:
+    repo, out, _ = analysed
+    text = (out / "config.pbtxt").read_text()
+    assert (repo / MODEL / "config.pbtxt").read_text() == text  # --write
+    assert OWN.split()[0] in (repo / MODEL / "config.pbtxt.orig").read_text()
+    validate(fill_defaults(parse_config_text(text, MODEL), MODEL), MODEL)
+
+
+def _measure(srv: ShoalServer, config_text: str) -> Sample:
+    grpc_url = f"127.0.0.1:{srv.grpc_port}"
+    cfg = config_to_json(parse_config_text(config_text, MODEL))
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        client.load_model(MODEL, config=json.dumps(cfg))
+    finally:
+        client.close()
+    return BuiltinLoad(grpc_url, MODEL, cfg).run(4, 0.3)
+
+
+def test_the_recommendation_is_no_worse_than_the_models_own_config(
+    analysed: tuple[Path, Path, str], server: ShoalServer
+) -> None:
+    repo, out, _ = analysed
+    own = (repo / MODEL / "config.pbtxt.orig").read_text()
+    recommended = (out / "config.pbtxt").read_text()
+    before = _measure(server, own)
+    after = _measure(server, recommended)
+    assert after.throughput >= before.throughput * (1 - TOLERANCE), (before, after)
+
+
+@pytest.mark.skipif(PERF_ANALYZER is None, reason="perf_analyzer is not installed")
+def test_the_built_in_load_and_perf_analyzer_agree_on_one_point(server: ShoalServer) -> None:
+    """Within a factor of two of each other: perf_analyzer is C++, the built-in generator is
+    Python on the same two cores as the server, and each window is short."""
+    assert PERF_ANALYZER is not None
+    grpc_url = f"127.0.0.1:{server.grpc_port}"
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    cfg = client.get_model_config(MODEL, as_json=True)["config"]
+    client.close()
+    built_in = BuiltinLoad(grpc_url, MODEL, cfg).run(2, 0.5)
+    pa = PerfAnalyzerLoad(PERF_ANALYZER, grpc_url, MODEL).run(2, 0.5)
+    assert 0.5 <= pa.throughput / built_in.throughput <= 2.0, (built_in, pa)
+    assert 0.3 <= pa.p50_ms / built_in.p50_ms <= 3.0, (built_in, pa)
