@@ -10,15 +10,19 @@ version, the tolerance stated below."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import shutil
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from shoal.broker.traffic import sticky_version
@@ -86,16 +90,24 @@ def test_requests_naming_no_version_follow_the_weights(
     assert got[1] + got[2] == 40  # the shadow version never answers
 
 
-def test_a_route_key_always_gets_its_version(client: httpclient.InferenceServerClient) -> None:
+def test_a_route_key_always_gets_its_version(
+    server: ShoalServer, client: httpclient.InferenceServerClient
+) -> None:
     keys = [f"user-{i}" for i in range(12)]
     first = {k: _infer(client, k) for k in keys}
     assert all(_infer(client, k) == first[k] for k in keys)
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as g:  # the same
+        inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))
+        for k in keys[:4]:
+            answer = g.infer(MODEL, [inp], parameters={"shoal_route_key": k}).get_response()
+            assert int(answer.model_version) == first[k]
     # where the documented hash puts them: the same on every server, after every restart
     assert first == {k: sticky_version([(1, 3), (2, 1)], k) for k in keys}
 
 
 def test_shadow_answers_are_never_returned_and_are_counted(
-    client: httpclient.InferenceServerClient,
+    server: ShoalServer, client: httpclient.InferenceServerClient
 ) -> None:
     before = _count(client, 3)
     got = _split(client, 40)
@@ -105,40 +117,52 @@ def test_shadow_answers_are_never_returned_and_are_counted(
         assert time.monotonic() < deadline, f"shadow count {_count(client, 3) - before}"
         time.sleep(0.05)
     assert _count(client, 3) == before + 10  # 25 % of 40, exactly (a counter, not chance)
+    # and its metrics series, beside the answering versions'
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read()
+    shadow = re.search(rb'nv_inference_request_success\{model="ab",version="3"\} (\d+)', text)
+    assert shadow is not None and int(shadow.group(1)) == before + 10
 
 
-def _flowing(client_url: str, stop: threading.Event, seen: list[int | str]) -> None:
-    c = httpclient.InferenceServerClient(client_url, network_timeout=60)
+@contextlib.contextmanager
+def _flowing(url: str, failures: list[str]) -> Iterator[None]:
+    """Requests naming no version, one after another from a thread, for the ``with``
+    block (a reload); their errors go to ``failures``. At least one is answered."""
+    stop, answered = threading.Event(), []
+
+    def flow() -> None:
+        c = httpclient.InferenceServerClient(url, network_timeout=60)
+        try:
+            while not stop.is_set() or not answered:
+                try:
+                    answered.append(_infer(c))
+                except Exception as exc:  # recorded: the test asserts there is none
+                    failures.append(repr(exc))
+        finally:
+            c.close()
+
+    thread = threading.Thread(target=flow)
+    thread.start()
     try:
-        while not stop.is_set():
-            try:
-                seen.append(_infer(c))
-            except Exception as exc:  # recorded: the test asserts there is none
-                seen.append(repr(exc))
+        yield
     finally:
-        c.close()
+        stop.set()
+        thread.join()
 
 
 def test_weights_change_and_a_version_leaves_without_a_request_dropped(
     server: ShoalServer, client: httpclient.InferenceServerClient
 ) -> None:
-    stop, seen = threading.Event(), []  # type: list[int | str]
-    flow = threading.Thread(target=_flowing, args=(server.url, stop, seen))
-    flow.start()
-    try:
-        weights = '{"parameters": {"shoal_version_weights": {"string_value": "1:1,2:3"}}}'
+    """Requests flow while each reload runs; the split is counted once it is done. (The
+    module's last test: it leaves the model as it made it.)"""
+    failures: list[str] = []
+    weights = '{"parameters": {"shoal_version_weights": {"string_value": "1:1,2:3"}}}'
+    with _flowing(server.url, failures):
         _reload(client, server, weights)
-        got = _split(client, 40)
-        assert abs(got[1] - 10) <= SLACK and abs(got[2] - 30) <= SLACK, got
-        # version 2 leaves (the policy loads 1 and 3 only): its weight goes to version 1
+    got = _split(client, 40)
+    assert abs(got[1] - 10) <= SLACK and abs(got[2] - 30) <= SLACK, got
+    # version 2 leaves (the policy loads 1 and 3 only): its weight goes to version 1
+    with _flowing(server.url, failures):
         _reload(client, server, weights[:-1] + ', "version_policy": {"specific": '
                 '{"versions": [1, 3]}}}')  # fmt: skip
-        assert _split(client, 20) == {1: 20}
-    finally:
-        stop.set()
-        flow.join()
-        _reload(client, server, json.dumps({"parameters": {
-            "shoal_version_weights": {"string_value": "1:3,2:1"},
-            "shoal_shadow": {"string_value": "3:25"}}, "version_policy": {"all": {}}}))  # fmt: skip
-    failed = [s for s in seen if isinstance(s, str)]
-    assert seen and not failed, failed[:3]
+    assert _split(client, 20) == {1: 20}
+    assert not failures, failures[:3]
