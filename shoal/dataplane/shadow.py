@@ -60,6 +60,11 @@ class ShadowMirror:
         task.add_done_callback(self._running.discard)
         self.sent += 1
 
+    async def settled(self) -> None:
+        """Once every copy sent so far has its answer (or its failure)."""
+        while self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
+
     async def _run(self, req: ClientRequest) -> None:
         try:
             result = await self._infer(req)
