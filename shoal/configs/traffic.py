@@ -32,6 +32,9 @@ SHADOW: Final = "shoal_shadow"
 #: client on one version: the same key always gets the same version while the weights and
 #: the ready versions stay the same, across restarts.
 ROUTE_KEY: Final = "shoal_route_key"
+#: The same key as an HTTP header or gRPC metadata (for a gateway that adds it); the
+#: parameter wins when a request carries both.
+ROUTE_KEY_HEADER: Final = "shoal-route-key"
 
 
 @dataclass(frozen=True, slots=True)

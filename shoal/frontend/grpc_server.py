@@ -31,6 +31,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from shoal.configs.flags.frontend import GrpcTls
+from shoal.configs.traffic import ROUTE_KEY, ROUTE_KEY_HEADER
 from shoal.dataplane.plane import DataPlane
 from shoal.dataplane.types import FINAL_FLAG, ClientRequest, InferenceResult, ResponseError
 from shoal.frontend import grpc_codec, log_settings, restricted
@@ -398,19 +399,25 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         return await _guard(context, call)
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        return await _guard(context, lambda: self._infer(request))
+        key = dict(context.invocation_metadata() or ()).get(ROUTE_KEY_HEADER)
+        return await _guard(context, lambda: self._infer(request, route_key=key))
 
     async def _infer(
-        self, request: pb.ModelInferRequest, decoded: ClientRequest | None = None
+        self,
+        request: pb.ModelInferRequest,
+        decoded: ClientRequest | None = None,
+        route_key: str | None = None,
     ) -> pb.ModelInferResponse:
-        """``decoded``: the request's tensors, read already (a stream's)."""
+        """``decoded``: the request's tensors, read already (a stream's); ``route_key``:
+        the call's shoal-route-key metadata (docs/version-traffic.md)."""
         # The model first, as Triton looks it up before reading the request's tensors.
         model = await self.dp.model(request.model_name, request.model_version)
         if model.decoupled:
             raise ServingError(Code.UNSUPPORTED, DECOUPLED_UNARY)
-        result = await self.dp.infer(
-            decoded if decoded is not None else await decode_request(request)
-        )
+        req = decoded if decoded is not None else await decode_request(request)
+        if route_key is not None:
+            req.parameters.setdefault(ROUTE_KEY, route_key)  # (the parameter wins)
+        result = await self.dp.infer(req)
         try:
             return grpc_codec.encode_infer_response(result)
         finally:

@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
+from shoal.configs.traffic import ROUTE_KEY, ROUTE_KEY_HEADER
 from shoal.dataplane.json_limits import MAX_JSON_DEPTH, check_depth
 from shoal.dataplane.plane import DataPlane
 from shoal.dataplane.types import ClientRequest, InferenceResult, ResponseError
@@ -182,6 +183,8 @@ async def infer(request: web.Request) -> web.Response:
     req, options = http_codec.decode_infer_request(
         body, header_length, name, version, raw_input_meta=raw_meta
     )
+    if (key := request.headers.get(ROUTE_KEY_HEADER)) is not None:
+        req.parameters.setdefault(ROUTE_KEY, key)  # (the parameter, when both are given)
     result = await dp.infer(req)
     try:
         parts, json_len = http_codec.encode_infer_response(result, options)

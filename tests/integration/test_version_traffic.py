@@ -54,14 +54,20 @@ def client(server: ShoalServer) -> Iterator[httpclient.InferenceServerClient]:
     c.close()
 
 
+DATA = np.arange(4, dtype=np.float32).reshape(1, 4)
+
+
+def _input() -> httpclient.InferInput:
+    inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(DATA)
+    return inp
+
+
 def _infer(client: httpclient.InferenceServerClient, key: str = "") -> int:
     """One request naming no version; the version that answered (its output checked)."""
-    inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-    data = np.arange(4, dtype=np.float32).reshape(1, 4)
-    inp.set_data_from_numpy(data)
     params = {"shoal_route_key": key} if key else None
-    result = client.infer(MODEL, [inp], parameters=params)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+    result = client.infer(MODEL, [_input()], parameters=params)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), DATA)
     return int(result.get_response()["model_version"])
 
 
@@ -102,6 +108,12 @@ def test_a_route_key_always_gets_its_version(
         for k in keys[:4]:
             answer = g.infer(MODEL, [inp], parameters={"shoal_route_key": k}).get_response()
             assert int(answer.model_version) == first[k]
+            # the same key as gRPC metadata, and as an HTTP header
+            answer = g.infer(MODEL, [inp], headers={"shoal-route-key": k}).get_response()
+            assert int(answer.model_version) == first[k]
+    for k in keys[:4]:
+        answer = client.infer(MODEL, [_input()], headers={"shoal-route-key": k})
+        assert int(answer.get_response()["model_version"]) == first[k]
     # where the documented hash puts them: the same on every server, after every restart
     assert first == {k: sticky_version([(1, 3), (2, 1)], k) for k in keys}
 
