@@ -9,6 +9,7 @@ connection -> unlink the slabs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import signal
@@ -38,10 +39,14 @@ from shoal.frontend.http_connections import (
 )
 from shoal.frontend.http_server import build_app, build_reserve_app
 from shoal.frontend.metrics import MetricsServer, MetricsSettings
-from shoal.ipc.lifecycle import EXIT_FATAL, settle_gc
+from shoal.ipc.lifecycle import EXIT_FATAL, exit_by, settle_gc
 from shoal.ipc.shm import ShmFull, SlabPool, sweep_stale
 
 log = logging.getLogger("shoal.frontend")
+
+# Past its exit timeout, how long a stopping frontend may still take (closing its broker
+# connection, unlinking its slabs) before it is made to exit.
+_EXIT_MARGIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,40 @@ def _listen_error(service: str, address: str, exc: Exception) -> str:
     return f"Unavailable - cannot listen on {address}: {exc}"
 
 
+async def _drain(
+    timeout_s: float, http: _Http | None, grpc_server: grpc.aio.Server | None, broker: BrokerClient
+) -> None:
+    """Both listeners stop accepting at once, then each drains until the deadline, or
+    until nothing is left to wait for: without a broker (lost during the drain, or gone
+    before it) every waiting request has been failed and no later one can run, so the
+    handlers still running are cancelled at once."""
+    drains = []
+    if grpc_server is not None:
+        drains.append(grpc_server.stop(timeout_s))
+    if http is not None:
+        drains.append(http.close())
+    drained = asyncio.ensure_future(asyncio.gather(*drains))
+    orphaned = asyncio.get_running_loop().create_future()
+
+    def no_broker() -> None:
+        if not orphaned.done():
+            orphaned.set_result(None)
+
+    broker.on_broker_lost.append(no_broker)
+    if not broker.connected:
+        no_broker()
+    await asyncio.wait((drained, orphaned), return_when=asyncio.FIRST_COMPLETED)
+    if drained.done():
+        drained.result()
+        return
+    log.info("stopping: no broker is left to answer; ending the drain")
+    if grpc_server is not None:
+        await grpc_server.stop(None)  # cancels the calls the first stop still waits on
+    drained.cancel()  # aiohttp's shutdown cancels its handlers and returns
+    with contextlib.suppress(asyncio.CancelledError):
+        await drained
+
+
 async def serve(s: FrontendSettings) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -235,14 +274,9 @@ async def serve(s: FrontendSettings) -> int:
         await stop.wait()
         broker.leaving()
         log.info("stopping: draining in-flight requests (up to %.0fs)", s.exit_timeout_secs)
+        exit_by(s.exit_timeout_secs + _EXIT_MARGIN_S, f"frontend {s.index}")
     finally:
-        # Both listeners stop accepting at once, then each drains until the deadline.
-        drains = []
-        if grpc_server is not None:
-            drains.append(grpc_server.stop(s.exit_timeout_secs))
-        if http is not None:
-            drains.append(http.close())
-        await asyncio.gather(*drains)
+        await _drain(s.exit_timeout_secs, http, grpc_server, broker)
         if metrics is not None:
             await metrics.close()
         await broker.close()

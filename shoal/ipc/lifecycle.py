@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import gc
 import logging
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -96,6 +99,22 @@ def settle_gc() -> None:
     Objects made later are collected as before."""
     gc.collect()
     gc.freeze()
+
+
+def exit_by(deadline_s: float, role: str) -> None:
+    """Guarantee that this process ends within ``deadline_s`` from now, whatever its
+    shutdown waits on: past it, every thread's stack goes to stderr (the role's log,
+    to show what hung) and the process exits with status 1. Call it once the stop has
+    begun; a daemon thread keeps the time."""
+
+    def overdue() -> None:
+        time.sleep(deadline_s)
+        sys.stderr.write(f"{role}: shutdown still running after {deadline_s:.0f}s; exiting\n")
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        os._exit(1)
+
+    threading.Thread(target=overdue, name="shoal-exit-by", daemon=True).start()
 
 
 def raise_open_file_limit() -> int:
