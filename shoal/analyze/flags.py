@@ -19,7 +19,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
     p.add_argument("--latency-budget-ms", type=float, default=None, help="p99 limit")
     p.add_argument("--objective", choices=("throughput", "latency"), default="throughput")
-    p.add_argument("--budget-secs", type=float, default=300.0, help="when to stop searching")
+    p.add_argument(
+        "--budget-secs",
+        type=float,
+        default=300.0,
+        help="no new point after this long (counted once the server is up)",
+    )
     p.add_argument("--window-secs", type=float, default=2.0, help="each measurement window")
     p.add_argument("--max-points", type=int, default=40)
     p.add_argument("--load", choices=("auto", "perf_analyzer", "builtin"), default="auto",

@@ -83,7 +83,6 @@ def _analyse(args: argparse.Namespace) -> int:
     out = args.output or Path(f"analyze-{args.model}")
     out.mkdir(parents=True, exist_ok=True)
     model_dir = args.model_repository / args.model
-    started = time.monotonic()
     _progress(f"starting a server for '{args.model}' (log: {out / 'server.log'})")
     with AnalysisServer(
         args.model_repository, args.model, out / "server.log", args.server_arg
@@ -94,6 +93,7 @@ def _analyse(args: argparse.Namespace) -> int:
         _progress(f"load by {load.name}; starting from the model's config: {start.label()}")
         measure = measure_point(srv, base, load, concurrencies, args.window_secs)
         counted = [0]
+        started = time.monotonic()  # the budget is the search's: the server is up
 
         def keep_going() -> bool:
             return time.monotonic() - started < args.budget_secs and counted[0] < args.max_points

@@ -11,6 +11,7 @@ with other work: so the tolerances are generous, and stated where they are used.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -18,19 +19,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as grpcclient
+from google.protobuf import text_format
 
 from shoal.analyze.load import BuiltinLoad, PerfAnalyzerLoad
 from shoal.analyze.search import Sample
-from shoal.configs.model_config import config_to_json, fill_defaults, parse_config_text
+from shoal.configs.model_config import fill_defaults, parse_config_text
 from shoal.configs.validation import validate
 from tests.integration.test_perf_analyzer import PERF_ANALYZER
 from tests.repos import write_identity
 from tests.serverctl import ShoalServer, served
 
 MODEL = "idn"
+OWN_MODEL = "idn_own"
 OWN = "instance_group [ { count: 1 kind: KIND_CPU } ]"
 #: The recommendation, measured again, may trail the model's own config by this share of
-#: the throughput: both windows are 0.3 s long on a machine shared with other work.
+#: the throughput: the windows are 0.3 s long on a machine shared with other work.
 TOLERANCE = 0.35
 
 
@@ -42,7 +46,7 @@ def analysed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
     out = tmp_path_factory.mktemp("analyze-report")
     run = subprocess.run(
         [sys.executable, "-m", "shoal", "analyze", f"--model-repository={repo}",
-         f"--model={MODEL}", "--concurrency=1,4", "--budget-secs=6", "--window-secs=0.3",
+         f"--model={MODEL}", "--concurrency=1,4", "--budget-secs=3", "--window-secs=0.3",
          "--load=builtin", f"--output={out}", "--write"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -52,8 +56,14 @@ def analysed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
 
 @pytest.fixture(scope="module")
 def server(analysed: tuple[Path, Path, str]) -> Iterator[ShoalServer]:
+    """The analysed repository, where --write left the recommendation as ``idn``'s config,
+    and ``idn_own``: the same model with its own config, loaded beside it."""
     repo = analysed[0]
-    with served(repo, "--model-control-mode=explicit", f"--load-model={MODEL}") as srv:
+    own = parse_config_text((repo / MODEL / "config.pbtxt.orig").read_text(), MODEL)
+    own.name = OWN_MODEL
+    shutil.copytree(repo / MODEL / "1", repo / OWN_MODEL / "1")
+    (repo / OWN_MODEL / "config.pbtxt").write_text(text_format.MessageToString(own))
+    with served(repo) as srv:
         yield srv
 
 
@@ -82,42 +92,39 @@ def test_the_recommended_config_is_valid_and_written_beside_the_model(
     validate(fill_defaults(parse_config_text(text, MODEL), MODEL), MODEL)
 
 
-def _measure(srv: ShoalServer, config_text: str) -> Sample:
-    grpc_url = f"127.0.0.1:{srv.grpc_port}"
-    cfg = config_to_json(parse_config_text(config_text, MODEL))
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(grpc_url)
-    try:
-        client.load_model(MODEL, config=json.dumps(cfg))
-    finally:
-        client.close()
-    return BuiltinLoad(grpc_url, MODEL, cfg).run(4, 0.3)
-
-
 def test_the_recommendation_is_no_worse_than_the_models_own_config(
-    analysed: tuple[Path, Path, str], server: ShoalServer
+    server: ShoalServer,
 ) -> None:
-    repo, out, _ = analysed
-    own = (repo / MODEL / "config.pbtxt.orig").read_text()
-    recommended = (out / "config.pbtxt").read_text()
-    before = _measure(server, own)
-    after = _measure(server, recommended)
-    assert after.throughput >= before.throughput * (1 - TOLERANCE), (before, after)
+    """Both configs loaded side by side, measured in turn three times each (no reload in
+    between); each one's best window counts, which a burst of other work on the host
+    cannot lower for one of them alone."""
+    grpc_url = f"127.0.0.1:{server.grpc_port}"
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        config = client.get_model_config(MODEL, as_json=True)["config"]
+    recommended = BuiltinLoad(grpc_url, MODEL, config)
+    own = BuiltinLoad(grpc_url, OWN_MODEL, config)
+    best = {"recommended": 0.0, "own": 0.0}
+    for _ in range(3):
+        for name, load in (("recommended", recommended), ("own", own)):
+            best[name] = max(best[name], load.run(4, 0.3).throughput)
+    assert best["recommended"] >= best["own"] * (1 - TOLERANCE), best
 
 
 @pytest.mark.skipif(PERF_ANALYZER is None, reason="perf_analyzer is not installed")
 def test_the_built_in_load_and_perf_analyzer_agree_on_one_point(server: ShoalServer) -> None:
-    """Within a factor of two of each other: perf_analyzer is C++, the built-in generator is
-    Python on the same two cores as the server, and each window is short."""
+    """The best of two turns each, within a factor of three of each other: perf_analyzer
+    is C++ in a process of its own, the built-in generator Python in this one, both on the
+    cores the server uses, and each window is short."""
     assert PERF_ANALYZER is not None
     grpc_url = f"127.0.0.1:{server.grpc_port}"
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(grpc_url)
-    cfg = client.get_model_config(MODEL, as_json=True)["config"]
-    client.close()
-    built_in = BuiltinLoad(grpc_url, MODEL, cfg).run(2, 0.5)
-    pa = PerfAnalyzerLoad(PERF_ANALYZER, grpc_url, MODEL).run(2, 0.5)
-    assert 0.5 <= pa.throughput / built_in.throughput <= 2.0, (built_in, pa)
-    assert 0.3 <= pa.p50_ms / built_in.p50_ms <= 3.0, (built_in, pa)
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        cfg = client.get_model_config(MODEL, as_json=True)["config"]
+    loads = (BuiltinLoad(grpc_url, MODEL, cfg), PerfAnalyzerLoad(PERF_ANALYZER, grpc_url, MODEL))
+    runs: dict[str, list[Sample]] = {"built-in": [], "perf_analyzer": []}
+    for _ in range(2):
+        for load in loads:
+            runs[load.name].append(load.run(2, 0.4))
+    built_in = max(runs["built-in"], key=lambda s: s.throughput)
+    pa = max(runs["perf_analyzer"], key=lambda s: s.throughput)
+    assert 1 / 3 <= pa.throughput / built_in.throughput <= 3, runs
+    assert 1 / 4 <= pa.p50_ms / built_in.p50_ms <= 4, runs
