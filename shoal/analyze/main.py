@@ -38,19 +38,20 @@ def _load_generator(args: argparse.Namespace, srv: AnalysisServer, config: dict)
 
 
 def measure_point(
-    srv: AnalysisServer,
+    reload: Callable[[dict], None],  # type: ignore[type-arg]
     base: dict,  # type: ignore[type-arg]
     load: LoadGenerator,
     concurrencies: list[int],
     window_s: float,
     tell: Callable[[str], None] = _progress,
 ) -> Callable[[Point, PointResult | None], PointResult]:
-    """The search's ``measure``: reload ``srv``'s model at the point, then measure it."""
+    """The search's ``measure``: ``reload`` the model with the point's config (the server's
+    load with a config override), then measure it at each concurrency, lowest first."""
 
     def measure(p: Point, best: PointResult | None) -> PointResult:
         r = PointResult(p)
         try:
-            srv.load(apply(base, p))
+            reload(apply(base, p))
             for c in concurrencies:
                 r.samples.append(s := load.run(c, window_s))
                 tell(f"  {p.label()}: c={c} {s.throughput:,.0f} inf/s, p99 {s.p99_ms:.2f} ms")
@@ -91,7 +92,7 @@ def _analyse(args: argparse.Namespace) -> int:
         load = _load_generator(args, srv, base)
         space, start = space_for(base), start_point(base)
         _progress(f"load by {load.name}; starting from the model's config: {start.label()}")
-        measure = measure_point(srv, base, load, concurrencies, args.window_secs)
+        measure = measure_point(srv.load, base, load, concurrencies, args.window_secs)
         counted = [0]
         started = time.monotonic()  # the budget is the search's: the server is up
 

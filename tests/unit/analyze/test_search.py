@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from shoal.analyze.main import measure_point
 from shoal.analyze.report import config_pbtxt, pareto_svg, summary
 from shoal.analyze.search import (
     Goal,
@@ -120,3 +121,33 @@ def test_the_pareto_front_and_its_plot() -> None:
     assert "exceeded 0.5 ms" in summary([a, b], None, Goal(budget_ms=0.5))
     text = summary([b, a], a, Goal())
     assert "300.0 inferences/s at concurrency 8" in text and "+20 %" in text
+
+
+def test_a_point_is_reloaded_then_measured_lowest_concurrency_first_and_cut_short() -> None:
+    """``measure_point`` with the reload and the load generator handed in: a point far
+    behind the best at concurrency 1 is not measured at 8; one that fails to load is
+    noted, and the search goes on."""
+    reloaded: list[dict[str, Any]] = []
+    asked: list[int] = []
+
+    class Load:
+        name = "made-up"
+
+        def run(self, concurrency: int, window_s: float) -> Sample:
+            asked.append(concurrency)
+            return sample(concurrency, 10.0 * concurrency, 50.0)
+
+    def reload(config: dict[str, Any]) -> None:
+        if config["instance_group"][0]["count"] == 4:
+            raise RuntimeError("no room for 4 instances\nmore")
+        reloaded.append(config)
+
+    measure = measure_point(reload, CONFIG, Load(), [1, 8], 0.1, tell=lambda _: None)
+    best = PointResult(Point(), [sample(1, 100, 2.0), sample(8, 400, 9.0)])
+    r = measure(Point(2, 8), best)
+    assert r.pruned and asked == [1] and [s.concurrency for s in r.samples] == [1]
+    assert reloaded[-1]["instance_group"][0]["count"] == 2
+    full = measure(Point(2, 8), None)
+    assert not full.pruned and asked == [1, 1, 8]
+    failed = measure(Point(4, 8), best)
+    assert failed.error == "RuntimeError: no room for 4 instances" and not failed.samples
