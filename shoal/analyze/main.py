@@ -69,17 +69,19 @@ def measure_point(
 
 def run(args: argparse.Namespace) -> int:
     """Exit status: 0 with a recommendation, 1 when no config met the goal, 2 when the
-    analysis could not run (the server or the model did not start: its log's tail is
-    printed)."""
+    analysis could not run (bad flags; the server or the model did not start: its log's
+    tail is printed)."""
     try:
         return _analyse(args)
-    except (RuntimeError, OSError) as exc:
+    except (RuntimeError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
 def _analyse(args: argparse.Namespace) -> int:
     concurrencies = sorted({int(c) for c in str(args.concurrency).split(",") if c.strip()})
+    if not concurrencies or concurrencies[0] < 1:
+        raise ValueError(f"--concurrency: positive levels, as in 1,8,32; got {args.concurrency}")
     goal = Goal(args.objective, args.latency_budget_ms)
     out = args.output or Path(f"analyze-{args.model}")
     out.mkdir(parents=True, exist_ok=True)
