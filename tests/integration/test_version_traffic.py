@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from shoal.broker.traffic import sticky_version
 from tests.repos import write_identity
@@ -133,6 +134,20 @@ def test_shadow_answers_are_never_returned_and_are_counted(
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read()
     shadow = re.search(rb'nv_inference_request_success\{model="ab",version="3"\} (\d+)', text)
     assert shadow is not None and int(shadow.group(1)) == before + 10
+
+
+def test_a_bad_policy_fails_its_load_and_the_loaded_one_serves_on(
+    server: ShoalServer, client: httpclient.InferenceServerClient
+) -> None:
+    bad = '{"parameters": {"shoal_version_weights": {"string_value": "1:0"}}}'
+    with pytest.raises(InferenceServerException) as err:
+        _reload(client, server, bad)
+    # refused by the config's validation, as Triton refuses any config it cannot accept
+    assert err.value.status() == "500"
+    message = err.value.message()
+    assert "failed to poll from model repository" in message
+    assert "shoal_version_weights: expected '<version>:<positive number>'" in message
+    assert abs(_split(client, 8)[1] - 6) <= SLACK  # 1:3,2:1 as before
 
 
 @contextlib.contextmanager

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.configs.model_config import ConfigError, ModelConfig, parse_config_text
+from shoal.configs.model_config import ConfigError, ModelConfig, fill_defaults, parse_config_text
 from shoal.configs.traffic import NO_POLICY, TrafficPolicy, shadow_due, traffic_policy
+from shoal.configs.validation import validate
 
 
 def config(**params: str) -> ModelConfig:
@@ -55,3 +56,15 @@ def test_shadow_share_is_exact_over_a_million_and_spread(ppm: int) -> None:
     assert sum(due) == ppm
     if ppm == 50_000:  # one in twenty, each run of twenty holds exactly one
         assert all(sum(due[i : i + 20]) == 1 for i in range(0, 1000, 20))
+
+
+def test_the_validator_refuses_a_bad_policy_at_load() -> None:
+    text = (
+        'name: "m" platform: "onnxruntime_onnx" max_batch_size: 1 '
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+        'parameters [ { key: "shoal_version_weights" value { string_value: "%s" } } ]'
+    )
+    validate(fill_defaults(parse_config_text(text % "1:9,2:1", "m"), "m"), "m")
+    with pytest.raises(ConfigError, match="shoal_version_weights"):
+        validate(fill_defaults(parse_config_text(text % "1:9,2", "m"), "m"), "m")
