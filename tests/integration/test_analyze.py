@@ -28,7 +28,7 @@ from shoal.configs.model_config import fill_defaults, parse_config_text
 from shoal.configs.validation import validate
 from tests.integration.test_perf_analyzer import PERF_ANALYZER
 from tests.repos import write_identity
-from tests.serverctl import ShoalServer, served
+from tests.serverctl import ShoalServer, processes_with, served
 
 MODEL = "idn"
 OWN_MODEL = "idn_own"
@@ -51,6 +51,7 @@ def analysed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
+    assert not processes_with(str(repo)), "the analyzer left its server's processes behind"
     return repo, out, run.stderr
 
 
@@ -112,7 +113,8 @@ def test_the_recommendation_is_no_worse_than_the_models_own_config(
 
 @pytest.mark.skipif(PERF_ANALYZER is None, reason="perf_analyzer is not installed")
 def test_the_built_in_load_and_perf_analyzer_agree_on_one_point(server: ShoalServer) -> None:
-    """The best of two turns each, within a factor of three of each other: perf_analyzer
+    """The best throughput of two turns each, within a factor of three of each other (at
+    a fixed concurrency, throughput fixes the mean latency too): perf_analyzer
     is C++ in a process of its own, the built-in generator Python in this one, both on the
     cores the server uses, and each window is short."""
     assert PERF_ANALYZER is not None
@@ -127,4 +129,3 @@ def test_the_built_in_load_and_perf_analyzer_agree_on_one_point(server: ShoalSer
     built_in = max(runs["built-in"], key=lambda s: s.throughput)
     pa = max(runs["perf_analyzer"], key=lambda s: s.throughput)
     assert 1 / 3 <= pa.throughput / built_in.throughput <= 3, runs
-    assert 1 / 4 <= pa.p50_ms / built_in.p50_ms <= 4, runs
