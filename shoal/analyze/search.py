@@ -4,7 +4,10 @@ Pure: the search is handed ``measure`` (which runs a point: reload, load generat
 ``keep_going`` (the time budget); it owns no server, socket or clock. The search is a
 first-improvement hill climb from the model's own config, one rung along one knob at a
 time (space.py), as Model Analyzer's quick search: it stops where no neighbour beats the
-best by more than ``MARGIN``, or when the budget is spent. A point whose first
+best by more than ``MARGIN``, or when the budget is spent. Unlike Model Analyzer, a
+neighbour that wins is not moved to on one measurement: the best and the neighbour are
+measured again, in turn, and the neighbour must win that round too and on the mean of
+both (a busy host makes single windows lie). A point whose first
 concurrencies are already clearly dominated by the best (``clearly_dominated``) is not
 measured at the others.
 """
@@ -110,6 +113,25 @@ def pareto_front(results: list[PointResult]) -> list[tuple[PointResult, Sample]]
     return sorted(front, key=lambda rs: rs[1].throughput)
 
 
+def merged(a: PointResult, b: PointResult) -> PointResult:
+    """Two measurements of one point as one: the mean of each figure, at each concurrency
+    both have."""
+    samples = []
+    for x in a.samples:
+        y = b.at(x.concurrency)
+        if y is not None:
+            samples.append(
+                Sample(
+                    x.concurrency,
+                    (x.throughput + y.throughput) / 2,
+                    (x.p50_ms + y.p50_ms) / 2,
+                    (x.p95_ms + y.p95_ms) / 2,
+                    (x.p99_ms + y.p99_ms) / 2,
+                )
+            )
+    return PointResult(a.point, samples, a.pruned or b.pruned, a.error or b.error)
+
+
 def quick_search(
     space: Space,
     start: Point,
@@ -133,9 +155,16 @@ def quick_search(
             if not keep_going():
                 break
             results[q] = r = measure(q, best)
-            if goal.beats(r, best):
-                best, here, moved = r, q, True
-                break
+            if not goal.beats(r, best):
+                continue
+            if best is not None:  # a win is confirmed: both again, in turn (noise)
+                incumbent, challenger = measure(best.point, None), measure(q, None)
+                results[best.point] = best = merged(best, incumbent)
+                results[q] = r = merged(r, challenger)
+                if not (goal.beats(challenger, incumbent) and goal.beats(r, best)):
+                    continue
+            best, here, moved = r, q, True
+            break
         if not moved:
             break
     return list(results.values()), best
