@@ -101,9 +101,13 @@ def _analyse(args: argparse.Namespace) -> int:
         def keep_going() -> bool:
             return time.monotonic() - started < args.budget_secs and counted[0] < args.max_points
 
+        seen: set[Point] = set()
+
         def counting(p: Point, best: PointResult | None) -> PointResult:
             counted[0] += 1
-            _progress(f"point {counted[0]}: {p.label()}")
+            again = " (again, to confirm a win)" if p in seen else ""
+            seen.add(p)
+            _progress(f"point {counted[0]}: {p.label()}{again}")
             return measure(p, best)
 
         results, best = quick_search(space, start, goal, counting, keep_going)
