@@ -9,8 +9,10 @@ scripts/setup.sh
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 # Unit and integration tests in two processes (pytest-xdist; a file's tests stay together,
-# sharing its servers); the fault tests, which kill processes and time recoveries, alone.
+# sharing its servers; the slowest files first, in tests/conftest.py's order); the fault
+# tests, which kill processes and time recoveries, alone.
 status=0
-.venv/bin/python -m pytest -q -n 2 --dist loadfile tests/unit tests/integration "$@" || status=$?
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
+  tests/unit tests/integration "$@" || status=$?
 .venv/bin/python -m pytest -q tests/fault "$@" || status=$?
 exit "$status"

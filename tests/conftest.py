@@ -102,6 +102,37 @@ def _close_on_the_main_thread_only() -> None:
 _close_on_the_main_thread_only()
 
 
+# The modules that take longest (model compiles, many server starts), first: pytest-xdist
+# (with --no-loadscope-reorder) hands out modules in this order, so the two processes
+# end together instead of one running a late slow module alone. Then the other
+# integration modules, then the unit tests, short ones that fill the gaps at the end.
+_SLOWEST_FIRST = (
+    "test_torch_pt2.py",
+    "test_tf_backend.py",
+    "test_triton_flags.py",
+    "test_server_lifecycle.py",
+    "test_torch_backend.py",
+    "test_model_control.py",
+    "test_object_storage_emulators.py",
+    "test_client_shm.py",
+    "test_batching.py",
+    "test_object_storage.py",
+    "test_openvino_backend.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_SLOWEST_FIRST)}
+    last = len(rank)
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        if "unit" in item.path.parts:
+            return (2, last)
+        return (0, rank[item.path.name]) if item.path.name in rank else (1, last)
+
+    items.sort(key=key)  # stable: a module's tests keep their order
+
+
 _KEPT_LOGS = pytest.StashKey[Path]()
 
 

@@ -426,16 +426,16 @@ class ModelControl:
     def _plan(self, op: Operation, entry: ModelEntry) -> None:
         """What ``op`` stages: the model, or an ensemble's composing models that are not
         loaded (then the ensemble, once they are)."""
-        if not is_ensemble(entry.config):  # type: ignore[arg-type]
+        if not is_ensemble(entry.spec):  # type: ignore[arg-type]
             op.parts, op.entries = [op.model], {op.model: entry}
             return
         op.ensemble = entry
-        for dep in dependencies(entry.config):  # type: ignore[arg-type]
+        for dep in dependencies(entry.spec):  # type: ignore[arg-type]
             loaded = self.table.models.get(dep.model)
             if (loaded is not None and loaded.versions) or dep.model in op.entries:
                 continue
             part = self._read(dep.model, "")
-            if is_ensemble(part.config):  # type: ignore[arg-type]
+            if is_ensemble(part.spec):  # type: ignore[arg-type]
                 raise poll_failed(op.model, f"its composing ensemble '{dep.model}' is not loaded")
             op.parts.append(dep.model)
             op.entries[dep.model] = part
@@ -529,7 +529,7 @@ class ModelControl:
 
     def _stage(self, op: Operation, entry: ModelEntry) -> list[m.WorkerSpec]:
         """Stage ``entry``'s versions as ``op``'s generation; the workers to start."""
-        config = entry.config
+        config = entry.spec
         assert config is not None
         others = [e for n, e in self.loaded.items() if n != entry.name]
         plans = plan_instances(
@@ -673,8 +673,8 @@ class ModelControl:
         state = self.table.models.get(entry.name)
         staged = [] if state is None else [v for v in state.staged.values()]
         if not staged:
-            config = entry.config.SerializeToString()
-            deps = dependencies(entry.config)
+            config = entry.config_bytes()
+            deps = dependencies(entry.spec)  # type: ignore[arg-type]
             out.ensembles += self.table.add_ensemble(
                 entry.name, entry.versions, config, deps, generation=op.generation
             )

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 
-from tritonclient.grpc import model_config_pb2 as mc
-
 from shoal.broker.models import ModelTable, ModelVersion
 from shoal.configs import ensemble
 from shoal.configs.schema import ConfigError
@@ -104,7 +102,7 @@ class EnsembleReadiness:
                 f"ensemble {name} contains models that are not available or ambiguous: "
                 + ", ".join(dict.fromkeys(missing))
             )
-        composing: dict[tuple[str, int], mc.ModelConfig] = {}
+        composing: dict[tuple[str, int], bytes] = {}
         for dep in mv.ensemble:
             entry = table.models[dep.model]
             versions = entry.versions.values()
@@ -139,20 +137,9 @@ class EnsembleReadiness:
                         f"version.{failed}"
                     )
                 v = max(ready, key=lambda v: v.version)
-            composing[(dep.model, dep.version)] = mc.ModelConfig.FromString(v.config)
-        config = mc.ModelConfig.FromString(mv.config)
+            composing[(dep.model, dep.version)] = v.config
         try:
-            ensemble.check_composition(config, composing)
-            decoupled = ensemble.decoupled(config, composing)
+            mv.config = ensemble.complete(mv.config, composing)
         except ConfigError as err:
             return err.message
-        if (
-            not config.HasField("model_transaction_policy")
-            or config.model_transaction_policy.decoupled != decoupled
-        ):
-            # as Triton reports it (and as the frontends run it): decoupled iff a step is;
-            # and, as Triton's, the policy is there when it is false too
-            config.model_transaction_policy.SetInParent()
-            config.model_transaction_policy.decoupled = decoupled
-            mv.config = config.SerializeToString()
         return "READY"

@@ -12,14 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shoal.broker.batch_config import (
-    batcher_config,
-    memory_limit_mb,
-    metric_tags,
-    response_cache,
-    sequence_config,
-    traffic,
-)
+from shoal.broker.batch_config import batcher_config, memory_limit_mb, sequence_config
 from shoal.broker.batcher import DynamicBatcher, serves
 from shoal.broker.ordering import OrderedRelease
 from shoal.broker.scheduler_hold import NO_HOLD, HoldCounts
@@ -27,7 +20,8 @@ from shoal.broker.sequencer import SequenceBatcher
 from shoal.broker.stats import VersionStats
 from shoal.broker.traffic import VersionPicker
 from shoal.configs.ensemble import Dependency
-from shoal.configs.traffic import NO_POLICY, TrafficPolicy
+from shoal.configs.spec_reader import spec_from_bytes
+from shoal.configs.traffic import NO_POLICY, TrafficPolicy, loaded_policy
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
 
@@ -99,13 +93,14 @@ class ModelVersion:
         if self.config:
             return
         self.config = config
-        self.metric_tags = metric_tags(config)
-        self.response_cache = response_cache(config)
-        self.memory_limit_mb = memory_limit_mb(config)
-        self.traffic = traffic(config)
-        cfg = batcher_config(config)
+        spec = spec_from_bytes(config)
+        self.metric_tags = dict(spec.metric_tags)
+        self.response_cache = spec.response_cache
+        self.memory_limit_mb = memory_limit_mb(spec)
+        cfg = batcher_config(spec)
+        self.traffic = loaded_policy(spec)
         self.batcher = DynamicBatcher(cfg, self.hold) if cfg is not None else None
-        seq = sequence_config(config)
+        seq = sequence_config(spec)
         self.sequencer = SequenceBatcher(self.name, seq, self.hold) if seq is not None else None
         ordered = any(c is not None and c.preserve_ordering for c in (cfg, seq))
         self.ordering = OrderedRelease() if ordered else None
@@ -267,12 +262,14 @@ class ModelTable:
         entry = self.models.setdefault(name, ModelEntryState(name))
         into = entry.staged if generation else entry.versions
         out = []
+        spec = spec_from_bytes(config)
+        tags, ensemble_traffic = dict(spec.metric_tags), loaded_policy(spec)
         for v in versions:
             mv = ModelVersion(name, v, 0, "ensemble", ensemble=deps, generation=generation)
             into[v] = mv
             mv.config = config
-            mv.metric_tags = metric_tags(config)
-            mv.traffic = traffic(config)
+            mv.metric_tags = dict(tags)
+            mv.traffic = ensemble_traffic
             if self.summaries:
                 mv.stats.keep_windows()
             out.append(mv)

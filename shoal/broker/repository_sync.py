@@ -101,9 +101,11 @@ def _composing(model_dir: Path) -> list[str]:
     from shoal.configs.ensemble import dependencies, is_ensemble
     from shoal.configs.model_config import parse_config_text
     from shoal.configs.schema import ConfigError
+    from shoal.configs.spec_reader import read_spec
 
     try:
-        config = parse_config_text((model_dir / "config.pbtxt").read_text(), model_dir.name)
+        text = (model_dir / "config.pbtxt").read_text()
+        config = read_spec(parse_config_text(text, model_dir.name))
     except (OSError, ConfigError, UnicodeDecodeError):
         return []
     return [d.model for d in dependencies(config)] if is_ensemble(config) else []

@@ -51,10 +51,10 @@ class LoadedStamps:
         they are: ``ready`` now, their folder and what the versions share no newer than at
         their load, and a config that differs in its version policy at most. None for an
         ensemble."""
-        stamps = self.of.get(entry.name)
+        stamps, spec = self.of.get(entry.name), entry.spec
         if (
-            stamps is None or loaded.config is None or entry.config is None
-            or is_ensemble(entry.config) or reload_needed(loaded.config, entry.config)
+            stamps is None or loaded.config is None or entry.config is None or spec is None
+            or is_ensemble(spec) or reload_needed(loaded.config, entry.config)
         ):  # fmt: skip
             return set()
         now = self.read(entry)

@@ -82,7 +82,7 @@ def load_repository(
         router.limiter = RateLimiter(limits)
         control.refused = dict(limits.refused)
         log.info("rate limiter: execution_count; resources %s", describe(limits.copies))
-    configs = {e.name: e.config for e in entries if not e.error and e.config is not None}
+    configs = {e.name: spec for e in entries if not e.error and (spec := e.spec) is not None}
     mode, names = s.model_control_mode, s.load_models
     chosen = startup_models(entries, mode, names)
     for e in entries:
@@ -104,18 +104,18 @@ def load_repository(
         if loop is not None:  # Triton's words: the start, ..., the last, the start
             ends = f"{loop[0]} -> ... -> {loop[-2]} -> {loop[0]}"
             e.error = f"circular dependency between ensembles: {ends}"
-        if e.error or e.config is None:
+        spec = e.spec
+        if e.error or spec is None:
             log.error("%s", e.error)
             table.add_error(e.name, e.error or "failed to load")
             continue
-        if is_ensemble(e.config):
-            deps = ensemble.dependencies(e.config)
-            config = e.config.SerializeToString()
-            readiness.wait(table.add_ensemble(e.name, e.versions, config, deps))
+        if is_ensemble(spec):
+            deps = ensemble.dependencies(spec)
+            readiness.wait(table.add_ensemble(e.name, e.versions, e.config_bytes(), deps))
             continue
-        count = instance_count(e.config)
-        platform = e.config.platform or e.config.backend
-        passive = passive_instances(e.config)
+        count = instance_count(spec)
+        platform = spec.platform or spec.backend
+        passive = passive_instances(spec)
         table.add_model(e.name, {v: count for v in e.versions}, platform, passive)
     log.info("repository %s: %d model(s) loading at start", s.model_repository, len(entries))
 

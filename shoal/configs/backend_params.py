@@ -28,13 +28,18 @@ Pure: no onnxruntime or torch import, so this is unit-tested without them.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
+
+#: What the parameter readers take: the protobuf while it is validated (shoal.configs
+#: .validation), the spec once the roles hold it.
+ParamSource: TypeAlias = pb.ModelConfig | ModelSpec
 
 INTRA_OP_THREAD_COUNT: Final = "intra_op_thread_count"
 INTER_OP_THREAD_COUNT: Final = "inter_op_thread_count"
@@ -115,28 +120,35 @@ def stoi(value: str) -> int | None:
     return number if _INT_MIN <= number <= _INT_MAX else None
 
 
-def int_parameter(config: pb.ModelConfig, key: str) -> int | None:
+def parameters(config: ParamSource) -> Mapping[str, str]:
+    """The ``string_value`` of each of the config's ``parameters``."""
+    if isinstance(config, ModelSpec):
+        return config.parameters
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def int_parameter(config: ParamSource, key: str) -> int | None:
     """`parameters[key]` as an integer; None when the config does not set `key`.
 
     Raises ConfigError with Triton's "failed to convert '<v>' to integral number" when
     the value is not one.
     """
-    if key not in config.parameters:
+    value = parameters(config).get(key)
+    if value is None:
         return None
-    value = config.parameters[key].string_value
     number = stoi(value)
     if number is None:
         raise ConfigError(config.name, f"failed to convert '{value}' to integral number")
     return number
 
 
-def bool_parameter(config: pb.ModelConfig, key: str) -> bool | None:
+def bool_parameter(config: ParamSource, key: str) -> bool | None:
     """`parameters[key]` as Triton's ParseBoolValue reads it (true/on/1, false/off/0, any
     case); None when the config does not set `key`. Raises ConfigError with Triton's
     "failed to convert '<v>' to boolean" otherwise."""
-    if key not in config.parameters:
+    value = parameters(config).get(key)
+    if value is None:
         return None
-    value = config.parameters[key].string_value
     lowered = value.lower()
     if lowered in ("true", "on", "1"):
         return True
@@ -145,7 +157,7 @@ def bool_parameter(config: pb.ModelConfig, key: str) -> bool | None:
     raise ConfigError(config.name, f"failed to convert '{value}' to boolean")
 
 
-def ort_session_params(config: pb.ModelConfig) -> OrtSessionParams:
+def ort_session_params(config: ParamSource) -> OrtSessionParams:
     """The session settings Triton's onnxruntime backend reads, in its order:
     `optimization.graph.level`, `execution_mode`, `intra_op_thread_count` (or shoal's
     older name for it), `inter_op_thread_count`,
@@ -172,7 +184,7 @@ def ort_session_params(config: pb.ModelConfig) -> OrtSessionParams:
             intra_op = max(intra_op, 0)
             break
     inter_op = int_parameter(config, INTER_OP_THREAD_COUNT) or 0
-    allocator = config.parameters.get(USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS)
+    allocator = parameters(config).get(USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS)
     mem_arena = bool_parameter(config, ENABLE_MEM_ARENA)
     mem_pattern = bool_parameter(config, ENABLE_MEM_PATTERN)
     bool_parameter(config, SHARE_SESSION_BETWEEN_INSTANCES)
@@ -180,14 +192,20 @@ def ort_session_params(config: pb.ModelConfig) -> OrtSessionParams:
         parallel=mode == 1,
         intra_op_threads=intra_op,
         inter_op_threads=max(inter_op, 0),
-        graph_level=GRAPH_LEVELS.get(config.optimization.graph.level, "ORT_ENABLE_ALL"),
+        graph_level=GRAPH_LEVELS.get(_graph_level(config), "ORT_ENABLE_ALL"),
         mem_arena=mem_arena,
         mem_pattern=mem_pattern,
-        device_allocator_for_initializers=None if allocator is None else allocator.string_value,
+        device_allocator_for_initializers=allocator,
     )
 
 
-def torch_thread_params(config: pb.ModelConfig) -> TorchThreadParams:
+def _graph_level(config: ParamSource) -> int:
+    if isinstance(config, ModelSpec):
+        return config.optimization.graph_level
+    return config.optimization.graph.level
+
+
+def torch_thread_params(config: ParamSource) -> TorchThreadParams:
     """`INTRA_OP_THREAD_COUNT`, then `INTER_OP_THREAD_COUNT`, as Triton's pytorch backend
     reads them (raises ConfigError for a value that is not an integer); without the
     first, shoal's lenient `intra_op_thread_count` (or its older name), whose values
@@ -198,9 +216,9 @@ def torch_thread_params(config: pb.ModelConfig) -> TorchThreadParams:
     ignored: list[tuple[str, str]] = []
     if intra_op is None:
         for key in (INTRA_OP_THREAD_COUNT, _INTRA_OP_ALIAS):
-            if key not in config.parameters:
+            value = parameters(config).get(key)
+            if value is None:
                 continue
-            value = config.parameters[key].string_value
             intra_op = stoi(value)
             if intra_op is not None:
                 break
@@ -250,7 +268,7 @@ def borrowing_threads(
     return max(own, min(may_use, BORROW_MAX_FACTOR * len(cores)))
 
 
-def share_min_compute_us(config: pb.ModelConfig) -> int:
+def share_min_compute_us(config: ParamSource) -> int:
     """`shoal_share_min_compute_us` (default 1000). Raises ConfigError for a value that is
     not an integer >= -1."""
     value = int_parameter(config, SHARE_MIN_COMPUTE_US)
@@ -264,7 +282,7 @@ def share_min_compute_us(config: pb.ModelConfig) -> int:
     return value
 
 
-def instance_memory_limit_mb(config: pb.ModelConfig) -> int | None:
+def instance_memory_limit_mb(config: ParamSource) -> int | None:
     """`shoal_instance_memory_limit_mb`: None when the config does not set it, 0 for no
     limit. Raises ConfigError for a value that is not an integer >= 0."""
     value = int_parameter(config, INSTANCE_MEMORY_LIMIT_MB)

@@ -14,8 +14,8 @@ Two stages, as in Triton 2.51:
 
 ``decoupled`` (with the configs ``check_composition`` reads) says whether the ensemble
 answers as a decoupled model, and refuses steps that would mix the responses of
-different decoupled models. ``dependencies`` and ``cycle`` give the broker what an
-ensemble waits for.
+different decoupled models; ``complete`` runs both on serialized configs, as the broker
+holds them. ``dependencies`` and ``cycle`` give the broker what an ensemble waits for.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ENSEMBLE_PLATFORM, ConfigError
 
 
-def is_ensemble(config: pb.ModelConfig) -> bool:
+def is_ensemble(config: ModelSpec) -> bool:
     return config.platform == ENSEMBLE_PLATFORM
 
 
@@ -38,11 +39,12 @@ class Dependency:
     version: int  # -1: the latest ready version
 
 
-def dependencies(config: pb.ModelConfig) -> list[Dependency]:
+def dependencies(config: ModelSpec) -> list[Dependency]:
     """The composing models of an ensemble, in step order, each once."""
     seen: dict[tuple[str, int], Dependency] = {}
-    for step in config.ensemble_scheduling.step:
-        key = (step.model_name, int(step.model_version))
+    steps = config.ensemble_scheduling.steps if config.ensemble_scheduling is not None else ()
+    for step in steps:
+        key = (step.model_name, step.model_version)
         seen.setdefault(key, Dependency(*key))
     return list(seen.values())
 
@@ -91,7 +93,7 @@ def check_graph(config: pb.ModelConfig) -> None:
             raise ConfigError(name, f"ensemble tensor '{t}' is unused in ensemble '{name}'")
 
 
-def cycle(configs: Mapping[str, pb.ModelConfig], start: str) -> list[str] | None:
+def cycle(configs: Mapping[str, ModelSpec], start: str) -> list[str] | None:
     """The ensembles on a circular dependency through ``start`` (the path, ``start``
     again at its end), or None."""
     path: list[str] = []
@@ -260,3 +262,21 @@ def decoupled(config: pb.ModelConfig, composing: Mapping[tuple[str, int], pb.Mod
             "no response could carry them all",
         )
     return found
+
+
+def complete(config: bytes, composing: Mapping[tuple[str, int], bytes]) -> bytes:
+    """The ensemble's serialized config checked against its composing models' (by (model,
+    step's model_version), the serialized config of the version it runs) and completed:
+    ``model_transaction_policy.decoupled`` set as its steps make it (as Triton reports it,
+    and as the frontends run it; as Triton's, the policy is there when it is false too).
+    Raises ConfigError; returns ``config`` itself when nothing changed."""
+    cfg = pb.ModelConfig.FromString(config)
+    parts = {key: pb.ModelConfig.FromString(c) for key, c in composing.items()}
+    check_composition(cfg, parts)
+    is_decoupled = decoupled(cfg, parts)
+    policy = cfg.model_transaction_policy
+    if cfg.HasField("model_transaction_policy") and policy.decoupled == is_decoupled:
+        return config
+    policy.SetInParent()
+    policy.decoupled = is_decoupled
+    return cfg.SerializeToString()

@@ -32,8 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from tritonclient.grpc import model_config_pb2 as pb
-
+from shoal.configs.backend_params import ParamSource, parameters
 from shoal.configs.schema import ConfigError
 
 #: model_type -> the file Triton's FIL backend reads in the version folder.
@@ -86,12 +85,12 @@ def _read(kind: type[T], text: str) -> T | None:
     return kind(float(match.group()) if kind is float else int(match.group()))  # type: ignore[return-value]
 
 
-def _param(config: pb.ModelConfig, key: str, kind: type[T], default: T | None = None) -> T:
-    if key not in config.parameters:
+def _param(config: ParamSource, key: str, kind: type[T], default: T | None = None) -> T:
+    if key not in parameters(config):
         if default is None:
             raise ConfigError(config.name, f"Required parameter {key} not found in config")
         return default
-    value = _read(kind, config.parameters[key].string_value)
+    value = _read(kind, parameters(config)[key])
     if value is None:
         if default is None:
             raise ConfigError(config.name, f"Bad input for parameter {key}")
@@ -99,7 +98,7 @@ def _param(config: pb.ModelConfig, key: str, kind: type[T], default: T | None = 
     return value
 
 
-def fil_params(config: pb.ModelConfig) -> FilParams:
+def fil_params(config: ParamSource) -> FilParams:
     """The FIL parameters of ``config``; raises ConfigError with Triton's message for the
     first bad or missing one, in Triton's order."""
     predict_proba = _param(config, "predict_proba", bool, False)
@@ -109,9 +108,7 @@ def fil_params(config: pb.ModelConfig) -> FilParams:
             config.name, f"{model_type} not recognized as a valid serialization format."
         )
     allow_unknown = _param(config, "xgboost_allow_unknown_field", bool, False)
-    legacy = ""
-    if "output_class" in config.parameters:
-        legacy = config.parameters["output_class"].string_value
+    legacy = parameters(config).get("output_class", "")
     if legacy in ("true", "false"):
         is_classifier = legacy == "true"
     else:
@@ -122,7 +119,7 @@ def fil_params(config: pb.ModelConfig) -> FilParams:
         f"model '{config.name}': parameter {key} tunes FIL on a GPU; shoal runs tree models "
         "on the CPU, where it does nothing"
         for key in _GPU_ONLY
-        if key in config.parameters
+        if key in parameters(config)
     )
     return FilParams(
         model_type, is_classifier, predict_proba, threshold, allow_unknown, nthread, notes

@@ -38,7 +38,7 @@ def startup_models(entries: list[Any], mode: str, load_models: list[str]) -> set
     # (here: importing this module stays light, for the roles' argument parsing)
     from shoal.configs.ensemble import dependencies, is_ensemble
 
-    configs = {e.name: e.config for e in entries if not e.error and e.config is not None}
+    configs = {e.name: e.spec for e in entries if not e.error and e.config is not None}
     chosen: set[str] = set()
     todo = [n for n in load_models if n in names]
     while todo:

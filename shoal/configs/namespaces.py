@@ -61,9 +61,8 @@ def rewrite_config(
     """The config the model ``served`` (of the repository ``index``) is read with: its
     name qualified, an ensemble's steps resolved to its own repository's models; None
     when ``text`` (None: the model has no config file) needs no change."""
-    from shoal.configs.ensemble import is_ensemble
     from shoal.configs.model_config import parse_config_text
-    from shoal.configs.schema import ConfigError
+    from shoal.configs.schema import ENSEMBLE_PLATFORM, ConfigError
 
     name = plain(served)
     if text is None:
@@ -75,7 +74,7 @@ def rewrite_config(
     changed = served != name
     if changed:
         config.name = served
-    if is_ensemble(config):
+    if config.platform == ENSEMBLE_PLATFORM:
         duplicated = {n for i, names in models.items() if i != index for n in names}
         own = models.get(index, set())
         for step in config.ensemble_scheduling.step:

@@ -35,6 +35,7 @@ from typing import Final
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.backend_params import ParamSource, parameters
 from shoal.configs.model_config import fill_preferred_batch_size
 from shoal.configs.schema import ConfigError
 
@@ -72,11 +73,11 @@ class OvTensor:
     has_batch: bool
 
 
-def _value(config: pb.ModelConfig, key: str) -> str:
-    return config.parameters[key].string_value if key in config.parameters else ""
+def _value(config: ParamSource, key: str) -> str:
+    return parameters(config).get(key, "")
 
 
-def ov_params(config: pb.ModelConfig) -> OvParams:
+def ov_params(config: ParamSource) -> OvParams:
     """The parameters that shape how the model is read (never an error)."""
     yes = {k: _value(config, k).lower() == "yes" for k in _YES_KEYS}
     return OvParams(
@@ -88,7 +89,7 @@ def ov_params(config: pb.ModelConfig) -> OvParams:
     )
 
 
-def ov_properties(config: pb.ModelConfig) -> dict[str, str | int]:
+def ov_properties(config: ParamSource) -> dict[str, str | int]:
     """The device properties the parameters set, as OpenVINO's property names and values,
     in Triton's order; raises ConfigError with Triton's message for a bad value."""
     out: dict[str, str | int] = {}
@@ -115,7 +116,7 @@ def ov_properties(config: pb.ModelConfig) -> dict[str, str | int]:
     return out
 
 
-def _bad(config: pb.ModelConfig, key: str, want: str, got: str) -> ConfigError:
+def _bad(config: ParamSource, key: str, want: str, got: str) -> ConfigError:
     return ConfigError(config.name, f"expected the parameter '{key}' to be {want}, got {got}")
 
 

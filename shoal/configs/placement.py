@@ -18,8 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tritonclient.grpc import model_config_pb2 as mc
-
+from shoal.configs.model_spec import InstanceGroup, ModelSpec
 from shoal.configs.schema import ENSEMBLE_PLATFORM
 
 
@@ -33,8 +32,10 @@ class InstancePlan:
     gpu: int | None = None
 
 
-def plan_instances(models: list[tuple[str, list[int], Any]], cpus: list[int]) -> list[InstancePlan]:
-    """``models``: (name, versions, completed-enough ModelConfig) of each loadable model."""
+def plan_instances(
+    models: list[tuple[str, list[int], ModelSpec]], cpus: list[int]
+) -> list[InstancePlan]:
+    """``models``: (name, versions, completed-enough config) of each loadable model."""
     raw: list[tuple[InstancePlan, bool]] = []  # (a plan without cores yet, passive)
     for name, versions, config in models:
         for version in versions:
@@ -52,13 +53,15 @@ def plan_instances(models: list[tuple[str, list[int], Any]], cpus: list[int]) ->
     return plans
 
 
-def instances_of(name: str, config: Any) -> Iterator[tuple[int, Any, int, int | None]]:
+def instances_of(
+    name: str, config: ModelSpec
+) -> Iterator[tuple[int, InstanceGroup, int, int | None]]:
     """(index, group, k, gpu) of each instance of a version of model ``name``: its number
     in the version, its instance group, its number in the group (on its GPU), and its GPU
     (None: the CPU). Every process numbers instances this way."""
     index = 0
-    for group in config.instance_group or [mc.ModelInstanceGroup(name=name)]:
-        gpus = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else [None]
+    for group in config.instance_groups or [InstanceGroup(name, "KIND_AUTO", 0)]:
+        gpus: list[int | None] = list(group.gpus) if group.kind == "KIND_GPU" else [None]
         for gpu in gpus:
             for k in range(max(group.count, 1)):
                 yield index, group, k, gpu
@@ -80,11 +83,11 @@ def _core_blocks(cpus: list[int], n: int) -> Iterator[tuple[int, ...]]:
         start += size
 
 
-def loadable(entries: list[Any]) -> list[tuple[str, list[int], Any]]:
+def loadable(entries: list[Any]) -> list[tuple[str, list[int], ModelSpec]]:
     """(name, versions, config) of each model of a scanned repository (``repository.scan``'s
     entries) that could be read."""
     return [
-        (e.name, e.versions, e.config)
+        (e.name, e.versions, e.spec)
         for e in entries
         if not e.error and e.config and e.config.platform != ENSEMBLE_PLATFORM  # no instances
     ]
@@ -104,12 +107,12 @@ def find_plan(
     )
 
 
-def instance_count(config: Any) -> int:
+def instance_count(config: ModelSpec) -> int:
     """How many instances a model version gets."""
     return sum(1 for _ in instances_of("", config))
 
 
-def passive_instances(config: Any) -> frozenset[int]:
+def passive_instances(config: ModelSpec) -> frozenset[int]:
     """The instance numbers of ``passive`` groups: Triton loads them but never schedules
     requests on them."""
     return frozenset(index for index, group, _, _ in instances_of("", config) if group.passive)

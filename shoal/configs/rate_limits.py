@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from shoal.configs.flags.broker import EVERY_DEVICE, GivenResource, parse_resource
+from shoal.configs.model_spec import ModelSpec, RateLimiter
 from shoal.configs.placement import instances_of, loadable
 
 #: The device key of a global resource.
@@ -53,7 +54,7 @@ class RateLimits:
     refused: dict[str, str] = field(default_factory=dict)
 
 
-def needs_of(name: str, config: Any) -> list[InstanceNeeds]:
+def needs_of(name: str, config: ModelSpec) -> list[InstanceNeeds]:
     """Each instance's needs, by instance number (shoal.configs.placement numbers them)."""
     out = []
     for _, group, _, gpu in instances_of(name, config):
@@ -61,16 +62,18 @@ def needs_of(name: str, config: Any) -> list[InstanceNeeds]:
             out.append(InstanceNeeds())
             continue
         device = 0 if gpu is None else gpu  # Triton's device id of a CPU instance is 0
-        limiter = group.rate_limiter
+        limiter = group.rate_limiter or RateLimiter()
         needs: dict[ResourceKey, int] = {}
         for r in limiter.resources:
-            key = (GLOBAL if getattr(r, "global") else device, r.name)  # a keyword
+            key = (GLOBAL if r.global_resource else device, r.name)
             needs[key] = r.count  # a name listed twice: the last count, as Triton's map
         out.append(InstanceNeeds(tuple(needs.items()), max(limiter.priority, 1)))
     return out
 
 
-def check(models: Iterable[tuple[str, list[int], Any]], given: list[GivenResource]) -> RateLimits:
+def check(
+    models: Iterable[tuple[str, list[int], ModelSpec]], given: list[GivenResource]
+) -> RateLimits:
     """``models``: (name, versions, config) of each model that loads. Each model is
     accepted or refused whole, in name order, against the models accepted before it."""
     out = RateLimits()

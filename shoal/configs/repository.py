@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from shoal.configs.devices import cpu_only_backends
 from shoal.configs.model_config import fill_defaults, parse_config_text, validate, validate_io
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import (
     DEFAULT_MODEL_FILENAME,
     ENSEMBLE_PLATFORM,
@@ -28,6 +29,7 @@ from shoal.configs.schema import (
     PYTHON_BACKEND,
     ConfigError,
 )
+from shoal.configs.spec_reader import read_spec
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,15 @@ class ModelEntry:
     versions: list[int] = field(default_factory=list)
     available_versions: list[int] = field(default_factory=list)
     config_path: Path | None = None
+
+    @property
+    def spec(self) -> ModelSpec | None:
+        """The config as the roles read it (None without one), read anew at each call."""
+        return read_spec(self.config) if self.config is not None else None
+
+    def config_bytes(self) -> bytes:
+        """The config, serialized (b"" without one), as the broker hands it on."""
+        return self.config.SerializeToString() if self.config is not None else b""
 
     def model_file(self, version: int) -> Path:
         """<model>/<version>/<default_model_filename>, or the version folder if none."""

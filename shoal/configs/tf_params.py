@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tritonclient.grpc import model_config_pb2 as pb
-
-from shoal.configs.backend_params import bool_parameter, int_parameter
+from shoal.configs.backend_params import ParamSource, bool_parameter, int_parameter, parameters
 from shoal.configs.schema import ConfigError
 
 
@@ -34,11 +32,11 @@ class TfParams:
     init_ops_file: str = ""
 
 
-def _string(config: pb.ModelConfig, key: str) -> str:
-    return config.parameters[key].string_value if key in config.parameters else ""
+def _string(config: ParamSource, key: str) -> str:
+    return parameters(config).get(key, "")
 
 
-def tf_params(config: pb.ModelConfig) -> TfParams:
+def tf_params(config: ParamSource) -> TfParams:
     """The parameters; raises ConfigError with Triton's message for the first bad one."""
     name = config.name
     share = int_parameter(config, "MAX_SESSION_SHARE_COUNT")

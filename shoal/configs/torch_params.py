@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tritonclient.grpc import model_config_pb2 as pb
-
-from shoal.configs.backend_params import bool_parameter
+from shoal.configs.backend_params import ParamSource, bool_parameter
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +34,7 @@ class TorchExecParams:
     jit_executor: bool | None = None
 
 
-def torch_exec_params(config: pb.ModelConfig) -> TorchExecParams:
+def torch_exec_params(config: ParamSource) -> TorchExecParams:
     """The switches; raises ConfigError for the first value that is not a boolean."""
     disable_optimized = bool_parameter(config, "DISABLE_OPTIMIZED_EXECUTION")
     cache_cleaning = bool_parameter(config, "ENABLE_CACHE_CLEANING")

@@ -13,7 +13,7 @@ loads the same config and ignores them):
 The weights and the share are checked at load: a bad value fails the model's load with a
 message naming it, as Triton fails a load on a bad ``parameters`` value of its backends.
 
-Pure: parses a protobuf ModelConfig, opens nothing.
+Pure: reads a config's ``parameters``, opens nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
-from tritonclient.grpc import model_config_pb2 as pb
-
+from shoal.configs.backend_params import ParamSource, parameters
 from shoal.configs.schema import ConfigError
 
 VERSION_WEIGHTS: Final = "shoal_version_weights"
@@ -59,9 +58,9 @@ class TrafficPolicy:
 NO_POLICY: Final = TrafficPolicy()
 
 
-def _string(config: pb.ModelConfig, key: str) -> str | None:
-    param = config.parameters.get(key)
-    return None if param is None else param.string_value.strip()
+def _string(config: ParamSource, key: str) -> str | None:
+    value = parameters(config).get(key)
+    return None if value is None else value.strip()
 
 
 def _pair(text: str, what: str, name: str) -> tuple[int, float]:
@@ -79,8 +78,9 @@ def _pair(text: str, what: str, name: str) -> tuple[int, float]:
     return number, amount
 
 
-def traffic_policy(config: pb.ModelConfig) -> TrafficPolicy:
-    """The config's policy (NO_POLICY when it sets neither key); ConfigError on a bad one."""
+def traffic_policy(config: ParamSource) -> TrafficPolicy:
+    """The config's policy (NO_POLICY when it sets neither key); ConfigError on a bad one.
+    Read from the protobuf while it is validated, from the ModelSpec once a role has it."""
     name = config.name
     weights: dict[int, int] = {}
     text = _string(config, VERSION_WEIGHTS)
@@ -108,6 +108,15 @@ def traffic_policy(config: pb.ModelConfig) -> TrafficPolicy:
     if not weights and not shadow:
         return NO_POLICY
     return TrafficPolicy(tuple(sorted(weights.items())), shadow, ppm)
+
+
+def loaded_policy(config: ParamSource) -> TrafficPolicy:
+    """The policy of a config that passed validation at load (a bad one never gets this
+    far; should one, it reads as none rather than failing whoever reads it)."""
+    try:
+        return traffic_policy(config)
+    except ConfigError:
+        return NO_POLICY
 
 
 def shadow_due(seen: int, ppm: int) -> bool:

@@ -41,10 +41,9 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from tritonclient.grpc import model_config_pb2 as mc
-
 from shoal.configs.ensemble import in_order
-from shoal.dataplane.model_handle import ModelHandle, TensorSpec
+from shoal.configs.model_spec import InputSpec, ModelSpec
+from shoal.dataplane.model_handle import ModelHandle
 from shoal.dataplane.types import (
     EMPTY_FINAL,
     FINAL_FLAG,
@@ -136,7 +135,8 @@ def _in_order(it: _Iteration) -> list[_Iteration]:
 _StepEvent = tuple[Step, _Iteration, ModelHandle, InferenceResult | None, bool] | ServingError
 
 
-def plan(config: mc.ModelConfig) -> list[Step]:
+def plan(spec: ModelSpec) -> list[Step]:
+    steps = spec.ensemble_scheduling.steps if spec.ensemble_scheduling is not None else ()
     return [
         Step(
             i,
@@ -145,7 +145,7 @@ def plan(config: mc.ModelConfig) -> list[Step]:
             dict(s.input_map),
             dict(s.output_map),
         )
-        for i, s in enumerate(config.ensemble_scheduling.step)
+        for i, s in enumerate(steps)
     ]
 
 
@@ -478,7 +478,7 @@ class EnsembleRun:
             tensor = tensors.get(name)
             if tensor is None:  # an optional ensemble input the request left out
                 continue
-            spec: TensorSpec | None = model.inputs.get(model_input)
+            spec: InputSpec | None = model.inputs.get(model_input)
             t = tensor.value
             shape = list(t.shape)
             if spec is not None:
@@ -509,12 +509,12 @@ def _record(
         tensors[name] = _Tensor(value, model.max_batch_size > 0, out)
 
 
-def inflight_limits(config: mc.ModelConfig) -> dict[int, asyncio.Semaphore] | None:
+def inflight_limits(spec: ModelSpec) -> dict[int, asyncio.Semaphore] | None:
     """``max_inflight_requests`` (0: no limit) as one semaphore per step."""
-    limit = config.ensemble_scheduling.max_inflight_requests
-    if limit <= 0:
+    es = spec.ensemble_scheduling
+    if es is None or es.max_inflight_requests <= 0:
         return None
-    return {i: asyncio.Semaphore(limit) for i in range(len(config.ensemble_scheduling.step))}
+    return {i: asyncio.Semaphore(es.max_inflight_requests) for i in range(len(es.steps))}
 
 
 def done_note(handle: ModelHandle, started_ns: int, ok: bool, batch: int) -> m.EnsembleDone:

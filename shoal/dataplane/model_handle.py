@@ -7,28 +7,14 @@ scales with the number of frontend processes. Messages follow Triton's wording.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from tritonclient.grpc import model_config_pb2 as mc
-
-from shoal.configs.model_config import config_to_json, model_metadata, v2_datatype
-from shoal.configs.schema import ConfigError
-from shoal.configs.traffic import NO_POLICY, TrafficPolicy, traffic_policy
+from shoal.configs.model_config import rendered
+from shoal.configs.model_spec import InputSpec, OutputSpec
+from shoal.configs.spec_reader import spec_from_bytes
+from shoal.configs.traffic import loaded_policy
 from shoal.dataplane.json_tensors import check_bytes_elements
 from shoal.dataplane.types import ClientRequest, InputTensor
 from shoal.ipc import datatypes
 from shoal.ipc.errors import RequestError, invalid_arg, invalid_request
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    name: str
-    datatype: str
-    dims: tuple[int, ...]
-    reshape: tuple[int, ...] | None = None
-    optional: bool = False
-
 
 #: What Triton appends to a shape error of a model that batches.
 _BATCH_DIM_NOTE = (
@@ -43,45 +29,29 @@ def _dims_str(dims: list[int] | tuple[int, ...]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
 
 
-def _spec(t: Any, is_input: bool) -> TensorSpec:
-    reshape = tuple(t.reshape.shape) if t.HasField("reshape") else None
-    return TensorSpec(
-        t.name,
-        v2_datatype(t.data_type),
-        tuple(t.dims),
-        reshape,
-        bool(getattr(t, "optional", False)) if is_input else False,
-    )
-
-
-def _traffic(cfg: mc.ModelConfig) -> TrafficPolicy:
-    """Checked at load: a config that got here with a bad policy has none."""
-    try:
-        return traffic_policy(cfg)
-    except ConfigError:
-        return NO_POLICY
-
-
 class ModelHandle:
+    """One model version as the broker's ModelInfo gives it: ``config_bytes``, the
+    completed config (serialized ModelConfig) for the gRPC adapter, ``config_json`` and
+    ``metadata`` rendered from it as Triton's, ``spec`` what validation reads."""
+
     def __init__(self, name: str, version: int, versions: list[int], config_bytes: bytes) -> None:
-        cfg = mc.ModelConfig()
-        cfg.ParseFromString(config_bytes)
+        spec = spec_from_bytes(config_bytes)
         self.name = name
         self.version = version
         self.versions = versions
-        self.config = cfg
-        self.max_batch_size = cfg.max_batch_size
-        self.inputs = {t.name: _spec(t, True) for t in cfg.input}
-        self.outputs = {t.name: _spec(t, False) for t in cfg.output}
+        self.spec = spec
+        self.config_bytes = config_bytes
+        self.max_batch_size = spec.max_batch_size
+        self.inputs: dict[str, InputSpec] = {t.name: t for t in spec.inputs}
+        self.outputs: dict[str, OutputSpec] = {t.name: t for t in spec.outputs}
         self.required = [n for n, s in self.inputs.items() if not s.optional]
-        self.response_cache = cfg.response_cache.enable  # if the server has a cache
-        self.is_ensemble = cfg.platform == "ensemble"  # the frontend runs its steps
-        self.is_python = cfg.backend == "python"  # its model reads the request's id, params
+        self.response_cache = spec.response_cache  # if the server has a cache
+        self.is_ensemble = spec.is_ensemble  # the frontend runs its steps
+        self.is_python = spec.backend == "python"  # its model reads the request's id, params
         # any number of answers per request, through streams only (ModelStreamInfer)
-        self.decoupled = cfg.model_transaction_policy.decoupled
-        self.config_json = config_to_json(cfg)
-        self.traffic = _traffic(cfg)
-        self.metadata = model_metadata(cfg, versions)
+        self.decoupled = spec.decoupled
+        self.config_json, self.metadata = rendered(config_bytes, versions)
+        self.traffic = loaded_policy(spec)
 
     def batch_size(self, req: ClientRequest) -> int:
         """Validate the inputs of ``req``; returns the batch size (0 when not batching).
@@ -164,14 +134,14 @@ class ModelHandle:
             "input(s)."
         )
 
-    def _check_shape(self, t: InputTensor, spec: TensorSpec) -> None:
+    def _check_shape(self, t: InputTensor, spec: InputSpec) -> None:
         dims = t.shape[1:] if self.max_batch_size > 0 else t.shape
         if len(dims) != len(spec.dims) or any(
             -1 not in (want, got) and want != got for want, got in zip(spec.dims, dims, strict=True)
         ):
             raise self._shape_error(t, spec)
 
-    def _shape_error(self, t: InputTensor, spec: TensorSpec) -> RequestError:
+    def _shape_error(self, t: InputTensor, spec: InputSpec) -> RequestError:
         full = [-1, *spec.dims] if self.max_batch_size > 0 else list(spec.dims)
         return invalid_request(
             f"unexpected shape for input '{t.name}' for model '{self.name}'. Expected "

@@ -435,10 +435,9 @@ class DataPlane:
         key = (model.name, model.version)
         plan = self._plans.get(key)
         if plan is None:
-            config = model.config
             plan = self._plans[key] = (
-                ensemble_runner.plan(config),
-                ensemble_runner.inflight_limits(config),
+                ensemble_runner.plan(model.spec),
+                ensemble_runner.inflight_limits(model.spec),
             )
         steps, inflight = plan
         run = ensemble_runner.EnsembleRun(

@@ -264,6 +264,13 @@ def encode_infer_response(result: InferenceResult) -> pb.ModelInferResponse:
     return resp
 
 
+def model_config(config: bytes) -> pb.ModelConfigResponse:
+    """The ModelConfig response for a serialized, completed config (as the broker sends it)."""
+    response = pb.ModelConfigResponse()
+    response.config.MergeFromString(config)
+    return response
+
+
 def model_metadata(meta: dict[str, Any]) -> pb.ModelMetadataResponse:
     def tensors(items: list[dict[str, Any]]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
         return [

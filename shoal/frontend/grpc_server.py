@@ -272,7 +272,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
         async def call() -> pb.ModelConfigResponse:
             handle = await self.dp.model(request.name, request.version)
-            return pb.ModelConfigResponse(config=handle.config)
+            return grpc_codec.model_config(handle.config_bytes)
 
         return await _guard(context, call)
 

@@ -14,13 +14,15 @@ from typing import Protocol
 
 import numpy as np
 
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import IOSpec
 
 
 class Backend(Protocol):
-    def load(self, model_file: Path, config: object, threads: int, gpu: bool) -> None:
-        """Load the model (on the process's one visible GPU when ``gpu``); raises on
-        failure (the message reaches the operator)."""
+    def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
+        """Load the model (on the process's one visible GPU when ``gpu``) as ``config``
+        says (the config after the backend's own auto-complete); raises on failure (the
+        message reaches the operator)."""
 
     def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]] | None:
         """The model's own inputs and outputs, for config auto-complete and checks; None

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, cast, get_args
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.model_spec import ModelSpec
 from shoal.ipc.errors import Code, ServingError
 
 BatchInputKind = Literal[
@@ -39,9 +39,9 @@ BatchInputKind = Literal[
 ]
 BATCH_INPUT_KINDS: Final[tuple[BatchInputKind, ...]] = get_args(BatchInputKind)
 # The only data types Triton allows a batch input (shoal.configs.validation checks it at load).
-_BATCH_INPUT_DTYPES: Final[dict[int, np.dtype]] = {
-    pb.TYPE_INT32: np.dtype("<i4"),
-    pb.TYPE_FP32: np.dtype("<f4"),
+_BATCH_INPUT_DTYPES: Final[dict[str, np.dtype]] = {
+    "INT32": np.dtype("<i4"),
+    "FP32": np.dtype("<f4"),
 }
 _WILDCARD = -1
 
@@ -110,29 +110,30 @@ class BatchAssembler:
         self.scatter_specs = scatter or {}
 
     @classmethod
-    def from_config(cls, config: pb.ModelConfig) -> BatchAssembler:
+    def from_config(cls, spec: ModelSpec) -> BatchAssembler:
         """Raises ValueError for a batch input kind or data type Triton does not know (the
         config was validated before: shoal.configs.validation)."""
         batch_inputs = []
-        for bi in config.batch_input:
-            kind = pb.BatchInput.Kind.Name(bi.kind)
-            dtype = _BATCH_INPUT_DTYPES.get(bi.data_type)
-            if kind not in BATCH_INPUT_KINDS or dtype is None or len(bi.source_input) != 1:
+        for bi in spec.batch_inputs:
+            kind = bi.kind
+            dtype = _BATCH_INPUT_DTYPES.get(bi.datatype)
+            if kind not in BATCH_INPUT_KINDS or dtype is None or len(bi.source_inputs) != 1:
                 raise ValueError(f"unsupported batch input '{kind}'")
-            spec = BatchInputSpec(
-                cast(BatchInputKind, kind), tuple(bi.target_name), dtype, bi.source_input[0]
+            batch_inputs.append(
+                BatchInputSpec(
+                    cast(BatchInputKind, kind), bi.target_names, dtype, bi.source_inputs[0]
+                )
             )
-            batch_inputs.append(spec)
-        outputs = {o.name: o for o in config.output}
+        outputs = {o.name: o for o in spec.outputs}
         scatter = {}
-        for bo in config.batch_output:
-            for target in bo.target_name:
+        for bo in spec.batch_outputs:
+            for target in bo.target_names:
                 out = outputs[target]
-                dims = list(out.reshape.shape) if out.HasField("reshape") else list(out.dims)
-                batch = [_WILDCARD] if config.max_batch_size > 0 else []
-                scatter[target] = ScatterSpec(bo.source_input[0], (*batch, *dims))
+                dims = list(out.reshape) if out.reshape is not None else list(out.dims)
+                batch = [_WILDCARD] if spec.max_batch_size > 0 else []
+                scatter[target] = ScatterSpec(bo.source_inputs[0], (*batch, *dims))
         return cls(
-            ragged=frozenset(i.name for i in config.input if i.allow_ragged_batch),
+            ragged=frozenset(i.name for i in spec.inputs if i.allow_ragged_batch),
             batch_inputs=tuple(batch_inputs),
             scatter=scatter,
         )

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from shoal.configs.model_config import ModelConfig
+from shoal.configs.model_spec import ModelSpec
 
 #: The datatypes Triton ranks (its switch): integers, written in decimal, and floats (%f).
 _INTEGER: Final = frozenset(
@@ -28,12 +28,12 @@ _INTEGER: Final = frozenset(
 _FLOAT: Final = frozenset(("FP32", "FP64"))
 
 
-def labels_of(config: ModelConfig, model_dir: Path) -> dict[str, list[str]]:
+def labels_of(spec: ModelSpec, model_dir: Path) -> dict[str, list[str]]:
     """Each output's labels, from the file its ``label_filename`` names in the model's
     directory, one per line (Triton's label provider; an empty line is no label). A file
     that cannot be read fails the load, as in Triton."""
     labels: dict[str, list[str]] = {}
-    for out in config.output:
+    for out in spec.outputs:
         if out.label_filename:
             path = model_dir / out.label_filename
             try:

@@ -31,12 +31,11 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as pb
 
 from shoal.configs.fil_params import INPUT, MODEL_FILES, OUTPUT, SHAP_OUTPUT, FilParams, fil_params
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
 from shoal.workers import fil_forests
 from shoal.workers.fil_forests import Forest, ForestError
@@ -50,7 +49,7 @@ class FilBackend:
         self._params: FilParams | None = None
         self._shapes: dict[str, list[int]] = {}  # output -> its per-sample shape (squeezed)
 
-    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
+    def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
         name = config.name
         if gpu:
             raise RuntimeError(
@@ -119,7 +118,7 @@ def fil_output(scores: np.ndarray, params: FilParams, width: int) -> np.ndarray:
     return scores
 
 
-def _check_config(config: Any, forest: Forest, params: FilParams) -> dict[str, list[int]]:
+def _check_config(config: ModelSpec, forest: Forest, params: FilParams) -> dict[str, list[int]]:
     """The outputs' per-sample shapes (FIL's: config dims without their 1s); raises
     ConfigError where the config does not fit the model."""
     name = config.name
@@ -128,11 +127,11 @@ def _check_config(config: Any, forest: Forest, params: FilParams) -> dict[str, l
     def fail(why: str) -> ConfigError:
         return ConfigError(name, f"unable to load model '{name}', {why}")
 
-    if [i.name for i in config.input] != [INPUT]:
-        got = ", ".join(i.name for i in config.input) or "none"
+    if [i.name for i in config.inputs] != [INPUT]:
+        got = ", ".join(i.name for i in config.inputs) or "none"
         raise fail(f"the FIL backend takes one input named '{INPUT}' (the config has {got})")
-    given = config.input[0]
-    if given.data_type != pb.TYPE_FP32:
+    given = config.inputs[0]
+    if given.datatype != "FP32":
         raise fail(f"input '{INPUT}' must be TYPE_FP32 (the FIL backend computes in FP32)")
     dims = list(given.dims)[batch:]
     if len(dims) != 1 or dims[0] not in (-1, forest.num_features):
@@ -142,13 +141,13 @@ def _check_config(config: Any, forest: Forest, params: FilParams) -> dict[str, l
         )
     shapes: dict[str, list[int]] = {}
     classes, features = forest.num_classes, forest.num_features
-    for out in config.output:
+    for out in config.outputs:
         if out.name not in (OUTPUT, SHAP_OUTPUT):
             raise fail(
                 f"unexpected output '{out.name}': the FIL backend has '{OUTPUT}' and "
                 f"'{SHAP_OUTPUT}'"
             )
-        if out.data_type != pb.TYPE_FP32:
+        if out.datatype != "FP32":
             raise fail(f"output '{out.name}' must be TYPE_FP32")
         out_dims = list(out.dims)[batch:]
         size = math.prod(out_dims)

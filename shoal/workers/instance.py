@@ -66,7 +66,7 @@ class ModelInstance:
     ) -> None:
         self.model, self.version = model, version
         self.backend: Any = loaded.backend
-        self.max_batch_size = loaded.config.max_batch_size
+        self.max_batch_size = loaded.spec.max_batch_size
         self.assembler = loaded.assembler
         self.sequence = loaded.sequence
         self.labels = loaded.labels

@@ -19,6 +19,7 @@ from typing import Any
 from shoal.configs import autocomplete as ac
 from shoal.configs import repository
 from shoal.configs.backend_params import (
+    ParamSource,
     borrowing_threads,
     instance_threads,
     ort_session_params,
@@ -27,12 +28,13 @@ from shoal.configs.backend_params import (
 from shoal.configs.devices import gpu_count
 from shoal.configs.model_config import (
     ConfigError,
-    ModelConfig,
+    config_to_json,
     parse_config_json,
-    v2_datatype,
     validate_io,
 )
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.placement import passive_instances
+from shoal.configs.spec_reader import read_spec
 from shoal.workers import backend as backends
 from shoal.workers import classification, warmup
 from shoal.workers.batch_io import BatchAssembler
@@ -67,7 +69,7 @@ class LoadedModel:
     """A model loaded and warmed up, with what its batches need (read-only once made)."""
 
     backend: backends.Backend
-    config: ModelConfig  # completed (auto-complete, a Python model's own)
+    spec: ModelSpec  # completed (auto-complete, a Python model's own)
     threads: int  # intra-op threads its backend was given (WorkerReady.threads)
     assembler: BatchAssembler
     sequence: SequenceIO | None = None  # a stateful model's controls and state
@@ -76,28 +78,38 @@ class LoadedModel:
     # Outputs whose shape is known before the run (fixed dims, no reshape, not split by an
     # input's shape): a lone request's may be written in place.
     output_dims: dict[str, list[int]] = field(default_factory=dict)
+    config_bytes: bytes = b""  # the completed config, serialized (WorkerReady.config)
 
     @classmethod
     def of(
         cls,
         backend: backends.Backend,
-        config: ModelConfig,
+        spec: ModelSpec,
         threads: int,
         assembler: BatchAssembler,
         sequence: SequenceIO | None = None,
         labels: dict[str, list[str]] | None = None,
+        config_bytes: bytes = b"",
     ) -> LoadedModel:
-        """The loaded model, with the outputs' types and known shapes read from ``config``."""
+        """The loaded model, with the outputs' types and known shapes read from ``spec``."""
         output_dims = {
             o.name: list(o.dims)
-            for o in config.output
-            if not o.HasField("reshape")
+            for o in spec.outputs
+            if o.reshape is None
             and all(d >= 0 for d in o.dims)
             and o.name not in assembler.scatter_specs
         }
-        output_types = {o.name: v2_datatype(o.data_type) for o in config.output}
+        output_types = {o.name: o.datatype for o in spec.outputs}
         return cls(
-            backend, config, threads, assembler, sequence, labels or {}, output_types, output_dims
+            backend,
+            spec,
+            threads,
+            assembler,
+            sequence,
+            labels or {},
+            output_types,
+            output_dims,
+            config_bytes,
         )
 
 
@@ -130,7 +142,9 @@ def load(s: WorkerSettings, start_scripting: Callable[[], object]) -> LoadedMode
         config = backend.auto_complete(model_file, config)
     weight = files_bytes(model_file) if s.may_use > len(s.cores) else 0
     threads = thread_count(config, backend_name, s.cores, s.may_use, weight)
-    backend.load(model_file, config, threads, s.gpu is not None)
+    if backend_name == "python":  # its model.py reads the config's JSON form
+        backend.model_config = config_to_json(config)  # type: ignore[attr-defined]
+    backend.load(model_file, read_spec(config), threads, s.gpu is not None)
     specs = backend.io_spec()
     model_ins: set[str] | None = None
     model_outs: set[str] | None = None
@@ -143,17 +157,19 @@ def load(s: WorkerSettings, start_scripting: Callable[[], object]) -> LoadedMode
             )
         ac.check_against_model(config, ins, outs)
     validate_io(config)
-    assembler = BatchAssembler.from_config(config)
-    sequence = SequenceIO.from_config(config, entry.path, model_ins, model_outs)
-    labels = classification.labels_of(config, entry.path)
-    if s.instance not in passive_instances(config):  # Triton warms these alone
-        warm_up(s.instance, config, entry.path, backend, assembler, sequence)
-    return LoadedModel.of(backend, config, threads, assembler, sequence, labels)
+    spec = read_spec(config)
+    assembler = BatchAssembler.from_config(spec)
+    sequence = SequenceIO.from_config(spec, entry.path, model_ins, model_outs)
+    labels = classification.labels_of(spec, entry.path)
+    if s.instance not in passive_instances(spec):  # Triton warms these alone
+        warm_up(s.instance, spec, entry.path, backend, assembler, sequence)
+    config_bytes = config.SerializeToString()
+    return LoadedModel.of(backend, spec, threads, assembler, sequence, labels, config_bytes)
 
 
 def warm_up(
     instance: int,
-    config: ModelConfig,
+    config: ModelSpec,
     model_dir: Path,
     backend: backends.Backend,
     assembler: BatchAssembler,
@@ -181,7 +197,7 @@ def warm_up(
 
 
 def thread_count(
-    config: ModelConfig, backend: str, cores: list[int], may_use: int = 0, model_bytes: int = 0
+    config: ParamSource, backend: str, cores: list[int], may_use: int = 0, model_bytes: int = 0
 ) -> int:
     """Intra-op threads for the backend: what the config's parameters ask for, as that
     backend reads them (shoal.configs.backend_params), sized by `instance_threads`: one per core

@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from shoal.configs.backend_params import USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS, ort_session_params
-from shoal.configs.model_config import ModelConfig
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError, IOSpec
 from shoal.ipc.errors import invalid_arg
 from shoal.workers.tensors import on_host
@@ -61,7 +61,7 @@ def _spec(arg: ort.NodeArg) -> IOSpec:
     return IOSpec(name=arg.name, datatype=dtype, shape=shape)
 
 
-def _session_options(config: ModelConfig, threads: int) -> ort.SessionOptions:
+def _session_options(config: ModelSpec, threads: int) -> ort.SessionOptions:
     """Session options for `threads` intra-op threads and what the config sets that
     Triton's onnxruntime backend reads into its session (shoal.configs.backend_params
     ort_session_params; model_operations' libraries); raises ConfigError for bad values.
@@ -94,7 +94,7 @@ def _session_options(config: ModelConfig, threads: int) -> ort.SessionOptions:
             USE_DEVICE_ALLOCATOR_FOR_INITIALIZERS, params.device_allocator_for_initializers
         )
     # Custom operations (onnxruntime-extensions, a model's own), as Triton registers them.
-    for library in config.model_operations.op_library_filename:
+    for library in config.op_library_filenames:
         try:
             so.register_custom_ops_library(library)
         except Exception as exc:  # ORT's Fail: the library cannot be loaded
@@ -123,7 +123,7 @@ _TRT_PRECISION: Final = {
 
 
 def execution_providers(
-    config: Any, gpu: bool, available: list[str]
+    config: ModelSpec, gpu: bool, available: list[str]
 ) -> tuple[list[Provider], list[str]]:
     """ONNX Runtime's providers for an instance, in Triton's order, and warnings.
 
@@ -136,12 +136,12 @@ def execution_providers(
     this onnxruntime lacks (onnxruntime-openvino, a TensorRT build) is left out with a
     warning and the model runs without it, where a Triton built without it refuses the
     model."""
-    accelerators = config.optimization.execution_accelerators
+    accelerators = config.optimization
     out: list[Provider] = []
     notes: list[str] = []
     cuda: dict[str, str] = {}
     if gpu:
-        for ea in accelerators.gpu_execution_accelerator:
+        for ea in accelerators.gpu_accelerators:
             params: dict[str, str] = dict(ea.parameters)
             if ea.name == "tensorrt":
                 if "TensorrtExecutionProvider" not in available:
@@ -169,7 +169,7 @@ def execution_providers(
                     config.name, f"unknown Execution Accelerator '{ea.name}' is requested"
                 )
         out.append(("CUDAExecutionProvider", cuda) if cuda else "CUDAExecutionProvider")
-    for ea in accelerators.cpu_execution_accelerator:
+    for ea in accelerators.cpu_accelerators:
         if ea.name != "openvino":
             raise ConfigError(
                 config.name, f"unknown Execution Accelerator '{ea.name}' is requested"
@@ -205,7 +205,7 @@ class OnnxRuntimeBackend:
         self._quiet = ort.RunOptions()
         self._quiet.log_severity_level = 4  # a failed in-place run is retried plainly
 
-    def load(self, model_file: Path, config: object, threads: int, gpu: bool) -> None:
+    def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
         if model_file.is_dir():
             model_file = model_file / "model.onnx"
         so = _session_options(config, threads)

@@ -36,8 +36,8 @@ from typing import Any, Final
 import numpy as np
 import openvino as ov
 from openvino.preprocess import PrePostProcessor
-from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.model_spec import InputSpec, ModelSpec, OutputSpec
 from shoal.configs.openvino_config import (
     OvParams,
     OvTensor,
@@ -46,6 +46,7 @@ from shoal.configs.openvino_config import (
     ov_properties,
 )
 from shoal.configs.schema import ConfigError, shape_str
+from shoal.ipc import datatypes
 from shoal.ipc.errors import Code, ServingError
 
 log = logging.getLogger("shoal.worker")
@@ -147,7 +148,7 @@ class OpenVinoBackend:
             log.info("%s", note)
         return completed
 
-    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
+    def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
         name = config.name
         if gpu:
             raise ConfigError(
@@ -187,21 +188,21 @@ class OpenVinoBackend:
         )  # fmt: skip
         self._padding = params.batch_padding
 
-    def _configure_inputs(self, model: Any, config: Any, params: OvParams) -> Any:
+    def _configure_inputs(self, model: Any, config: ModelSpec, params: OvParams) -> Any:
         name, max_batch = config.name, config.max_batch_size
         ports = {p.get_any_name(): p for p in model.inputs}
-        if len(ports) != len(config.input):
+        if len(ports) != len(config.inputs):
             raise ConfigError(
                 name,
-                f"unable to load model '{name}', configuration expects {len(config.input)} "
+                f"unable to load model '{name}', configuration expects {len(config.inputs)} "
                 f"inputs, model provides {len(ports)}",
             )
         ppp = PrePostProcessor(model)
         shapes: dict[str, list[Any]] = {}
-        for io in config.input:
+        for io in config.inputs:
             port = _port(ports, io.name, "input", name)
             ppp.input(io.name).tensor().set_element_type(_ov_type(config, io, "input"))
-            dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
+            dims = list(io.reshape) if io.reshape is not None else list(io.dims)
             shape = list(port.get_partial_shape())
             if params.reshape_io:
                 if any(d != -1 and d <= 0 for d in dims):
@@ -231,14 +232,14 @@ class OpenVinoBackend:
                 raise ConfigError(name, _ov_error("setting max batch size", exc)) from None
         return model
 
-    def _configure_outputs(self, model: Any, config: Any) -> Any:
+    def _configure_outputs(self, model: Any, config: ModelSpec) -> Any:
         name = config.name
         ports = {p.get_any_name(): p for p in model.outputs}
         ppp = PrePostProcessor(model)
-        for io in config.output:
+        for io in config.outputs:
             port = _port(ports, io.name, "output", name)
             ppp.output(io.name).tensor().set_element_type(_ov_type(config, io, "output"))
-            dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
+            dims = list(io.reshape) if io.reshape is not None else list(io.dims)
             _compare_dims(
                 name, io.name, port.get_partial_shape(), dims, config.max_batch_size, True
             )
@@ -291,8 +292,9 @@ def _port(ports: Mapping[str, Any], tensor: str, kind: str, model: str) -> Any:
     return ports[tensor]
 
 
-def _ov_type(config: Any, io: Any, kind: str) -> ov.Type:
-    type_name = pb.DataType.Name(io.data_type)
+def _ov_type(config: ModelSpec, io: InputSpec | OutputSpec, kind: str) -> ov.Type:
+    dt = datatypes.datatype(io.datatype)
+    type_name = dt.config_name if dt is not None else "TYPE_INVALID"
     if type_name not in _OV_OF:
         raise ConfigError(
             config.name,

@@ -124,7 +124,7 @@ class WorkerProc:
                 self._read_cancels,
                 self._wake,
             )
-        self.config_bytes = loaded.config.SerializeToString()
+        self.config_bytes = loaded.config_bytes
         threads = loaded.threads
         log.info(
             "loaded '%s' version %d instance %d (%s) on %s",

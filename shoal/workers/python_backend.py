@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from shoal.configs.model_config import config_to_json, fill_preferred_batch_size, parse_config_json
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
@@ -117,6 +118,9 @@ class PythonBackend:
         self.name = ""
         self.instance_name = ""
         self.decoupled = False  # its config's model_transaction_policy
+        # the completed config as Triton's JSON form (its /config), given to ``initialize``
+        # as ``model_config``; the worker sets it before ``load``
+        self.model_config: dict[str, Any] | None = None
         self._loop: _EventLoop | None = None  # made for the first async execute
         self._cls: Any = None  # TritonPythonModel, once imported
 
@@ -169,11 +173,12 @@ class PythonBackend:
         fill_preferred_batch_size(completed)
         return completed
 
-    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
-        """Import ``model.py`` and run ``initialize(args)``. ``instance_name`` is set by
-        the worker first (Triton's <group>_<k>)."""
+    def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
+        """Import ``model.py`` and run ``initialize(args)``. ``instance_name`` and
+        ``model_config`` are set by the worker first (Triton's <group>_<k>; the config's
+        JSON form)."""
         self.name = config.name
-        self.decoupled = bool(config.model_transaction_policy.decoupled)
+        self.decoupled = config.decoupled
         _check_stub_name(self.instance_name or config.name)
         cls = self._model_class(model_file)
         self.model = cls()
@@ -181,7 +186,7 @@ class PythonBackend:
         if init is not None:
             init(
                 {
-                    "model_config": json.dumps(config_to_json(config)),
+                    "model_config": json.dumps(self.model_config or {}),
                     "model_instance_kind": "GPU" if gpu else "CPU",
                     "model_instance_name": self.instance_name or f"{config.name}_0",
                     "model_instance_device_id": "0",

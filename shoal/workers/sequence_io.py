@@ -33,21 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as pb
 
-from shoal.configs.model_config import v2_datatype
+from shoal.configs.model_spec import ModelSpec, SequenceControl, SequenceState
 from shoal.configs.schema import ConfigError
 from shoal.ipc import datatypes
 from shoal.ipc import messages as m
 from shoal.workers.tensors import on_host
 
-_Kind = pb.ModelSequenceBatching.Control
-_KIND_NAMES = {
-    _Kind.CONTROL_SEQUENCE_START: "START",
-    _Kind.CONTROL_SEQUENCE_END: "END",
-    _Kind.CONTROL_SEQUENCE_READY: "READY",
-    _Kind.CONTROL_SEQUENCE_CORRID: "CORRID",
-}
 #: Triton's folder, beside the version folders, of initial state data files.
 INITIAL_STATE_FOLDER = "initial_state"
 
@@ -76,17 +68,17 @@ class State:
     initial: np.ndarray  # one request's (batch dimension included when batching)
 
 
-def _dtype(config: pb.ModelConfig, data_type: int, what: str) -> np.dtype:
-    dt = datatypes.datatype(v2_datatype(data_type))
+def _dtype(config: ModelSpec, datatype: str, what: str) -> np.dtype:
+    dt = datatypes.datatype(datatype)
     if dt is None:
         raise ConfigError(config.name, f"unsupported data type for {what} of model '{config.name}'")
     return np.dtype(object) if dt.numpy is None else np.dtype(dt.numpy)
 
 
-def _control(config: pb.ModelConfig, name: str, c: Any) -> Control:
-    kind = _KIND_NAMES[c.kind]
+def _control(config: ModelSpec, c: SequenceControl) -> Control:
+    name, kind = c.input_name, c.kind
     if kind == "CORRID":
-        return Control(name, kind, _dtype(config, c.data_type, f"control '{name}'"))
+        return Control(name, kind, _dtype(config, c.datatype, f"control '{name}'"))
     if len(c.int32_false_true):
         return Control(name, kind, np.dtype(np.int32), *c.int32_false_true)
     if len(c.fp32_false_true):
@@ -94,18 +86,18 @@ def _control(config: pb.ModelConfig, name: str, c: Any) -> Control:
     return Control(name, kind, np.dtype(np.bool_), *c.bool_false_true)
 
 
-def _initial(config: pb.ModelConfig, st: Any, model_dir: Path) -> np.ndarray:
+def _initial(config: ModelSpec, st: SequenceState, model_dir: Path) -> np.ndarray:
     """One request's initial state for the state entry ``st``: in the shape its
     ``initial_state`` gives, else its ``dims`` with each -1 as 1."""
-    dtype = _dtype(config, st.data_type, f"state '{st.input_name}'")
-    init = st.initial_state[0] if st.initial_state else None
+    dtype = _dtype(config, st.datatype, f"state '{st.input_name}'")
+    init = st.initial_states[0] if st.initial_states else None
     dims = init.dims if init is not None and len(init.dims) else st.dims
     shape = [1 if d < 0 else int(d) for d in dims]
     if config.max_batch_size > 0:
         shape = [1, *shape]
     count = int(np.prod(shape))
     strings = dtype.kind == "O"
-    if init is None or init.WhichOneof("state_data") != "data_file":  # zero_data, or none
+    if init is None or not init.data_file:  # zero_data, or none
         return np.full(shape, b"", dtype=object) if strings else np.zeros(shape, dtype)
     folder = (model_dir / INITIAL_STATE_FOLDER).resolve()
     path = (folder / init.data_file).resolve()
@@ -160,19 +152,20 @@ class SequenceIO:
     @classmethod
     def from_config(
         cls,
-        config: pb.ModelConfig,
+        config: ModelSpec,
         model_dir: Path,
         model_inputs: set[str] | None = None,
         model_outputs: set[str] | None = None,
     ) -> SequenceIO | None:
         """None for a model without sequence batching; raises ConfigError for a control
         or state the model does not have (when its tensors are known)."""
-        if not config.HasField("sequence_batching"):
-            return None
         sb = config.sequence_batching
-        controls = [_control(config, ci.name, c) for ci in sb.control_input for c in ci.control]
+        if sb is None:
+            return None
+        controls = [_control(config, c) for c in sb.controls]
         states = [
-            State(st.input_name, st.output_name, _initial(config, st, model_dir)) for st in sb.state
+            State(st.input_name, st.output_name, _initial(config, st, model_dir))
+            for st in sb.states
         ]
         name = config.name
         for c in controls:

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError, IOSpec
 from shoal.configs.tf_params import tf_params
 from shoal.ipc.errors import Code, ServingError
@@ -66,7 +67,7 @@ class TensorFlowBackend:
         self._fetch_order: list[str] = []
         self._loaded: Any = None  # a SavedModel's objects: its variables live with it
 
-    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
+    def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
         name = config.name
         if gpu:
             raise ConfigError(
@@ -89,7 +90,7 @@ class TensorFlowBackend:
         else:
             self._load_savedmodel(model_file, config, params.graph_tag, params.signature_def)
 
-    def _load_savedmodel(self, path: Path, config: Any, tag: str, signature: str) -> None:
+    def _load_savedmodel(self, path: Path, config: ModelSpec, tag: str, signature: str) -> None:
         name = config.name
         tag = tag or "serve"
         try:
@@ -119,7 +120,7 @@ class TensorFlowBackend:
         self._loaded = loaded
         self._fn = fn
 
-    def _load_graphdef(self, path: Path, config: Any) -> None:
+    def _load_graphdef(self, path: Path, config: ModelSpec) -> None:
         name = config.name
         graph_def = tf.compat.v1.GraphDef()
         try:
@@ -137,25 +138,25 @@ class TensorFlowBackend:
         ]
         feeds, fetches = [], []
         outputs = []
-        for io in config.input:
+        for io in config.inputs:
             tensor = _tensor(graph, io.name)
             if tensor is None:
                 raise ConfigError(name, f"unexpected inference input '{io.name}'")
             feeds.append(tensor)
-        for io in config.output:
-            tensor = _tensor(graph, io.name)
+        for out in config.outputs:
+            tensor = _tensor(graph, out.name)
             if tensor is None:
-                raise ConfigError(name, f"unexpected inference output '{io.name}'")
+                raise ConfigError(name, f"unexpected inference output '{out.name}'")
             fetches.append(tensor)
-            outputs.append(_spec(io.name, tensor.dtype, tensor.shape, "output", name))
+            outputs.append(_spec(out.name, tensor.dtype, tensor.shape, "output", name))
         # config names without ":0" are the Placeholders' names: the model's input names
         self._inputs = [
             IOSpec(name=_config_name(config, s.name), datatype=s.datatype, shape=s.shape)
             for s in self._inputs
         ]
         self._outputs = outputs
-        self._feed_order = [io.name for io in config.input]
-        self._fetch_order = [io.name for io in config.output]
+        self._feed_order = [io.name for io in config.inputs]
+        self._fetch_order = [out.name for out in config.outputs]
         self._fn = wrapped.prune(feeds=feeds, fetches=fetches)
 
     def io_spec(self) -> tuple[list[IOSpec], list[IOSpec]]:
@@ -202,9 +203,9 @@ def _tensor(graph: Any, name: str) -> Any:
         return None
 
 
-def _config_name(config: Any, placeholder: str) -> str:
+def _config_name(config: ModelSpec, placeholder: str) -> str:
     """The config's name for a Placeholder: ``name`` or ``name:0``."""
-    for io in config.input:
+    for io in config.inputs:
         if io.name in (placeholder, f"{placeholder}:0"):
             return str(io.name)
     return placeholder

@@ -46,7 +46,8 @@ import numpy as np
 import torch
 
 from shoal.configs.backend_params import torch_thread_params
-from shoal.configs.model_config import io_specs
+from shoal.configs.model_spec import InputSpec, ModelSpec, OutputSpec
+from shoal.configs.schema import IOSpec
 from shoal.configs.torch_params import TorchExecParams, torch_exec_params
 from shoal.ipc.errors import Code, ServingError, invalid_arg
 from shoal.workers.torch_pt2 import Pt2Model
@@ -110,7 +111,7 @@ class TorchBackend:
         self._pt2: Pt2Model | None = None
         self._exec = TorchExecParams()
 
-    def load(self, model_file: Path, config: Any, threads: int, gpu: bool) -> None:
+    def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
         if model_file.is_dir():
             model_file = model_file / "model.pt"
         self._check_config(config)
@@ -135,7 +136,7 @@ class TorchBackend:
         self._map_inputs(config, module)
         self._map_outputs(config)
 
-    def _load_pt2(self, model_file: Path, config: Any) -> None:
+    def _load_pt2(self, model_file: Path, config: ModelSpec) -> None:
         exec_params = self._exec
         jit = [
             key
@@ -161,9 +162,9 @@ class TorchBackend:
                 f"ExportedProgram nor an AOTInductor package this torch can load "
                 f"({type(exc).__name__}: {exc})"
             ) from None
-        names = [io.name for io in config.input]
-        names += [target for bi in config.batch_input for target in bi.target_name]
-        program.bind(config.name, names, [io.name for io in config.output])
+        names = [io.name for io in config.inputs]
+        names += [target for bi in config.batch_inputs for target in bi.target_names]
+        program.bind(config.name, names, [io.name for io in config.outputs])
         log.info(
             "model '%s': %s with inputs %s and outputs %s",
             config.name, program.kind, ", ".join(program.inputs), ", ".join(program.outputs),
@@ -171,20 +172,21 @@ class TorchBackend:
         self._pt2 = program
         self._module = program
 
-    def _check_config(self, config: Any) -> None:
+    def _check_config(self, config: ModelSpec) -> None:
         name = config.name
+        tensors: list[InputSpec | OutputSpec] = [*config.inputs, *config.outputs]
         missing = [
             io.name
-            for io in [*config.input, *config.output]
-            if not io.data_type or (not io.dims and not io.HasField("reshape"))
+            for io in tensors
+            if io.datatype == "INVALID" or (not io.dims and io.reshape is None)
         ]
-        if not config.input or not config.output or missing:
+        if not config.inputs or not config.outputs or missing:
             raise ValueError(
                 f"model '{name}': a TorchScript model does not describe its tensors, so its "
                 "config must list every input and output with data_type and dims"
                 + (f" (incomplete: {', '.join(missing)})" if missing else "")
             )
-        ins, outs = io_specs(config)
+        ins, outs = _io_specs(config)
         for spec in [*ins, *outs]:
             if spec.datatype == "BYTES":
                 raise ValueError(
@@ -194,9 +196,9 @@ class TorchBackend:
         self._bf16 = {spec.name for spec in [*ins, *outs] if spec.datatype == "BF16"}
         self._out_dtype = {spec.name: spec.datatype for spec in outs}
 
-    def _map_inputs(self, config: Any, module: Any) -> None:
-        names = [io.name for io in config.input]
-        names += [target for bi in config.batch_input for target in bi.target_name]
+    def _map_inputs(self, config: ModelSpec, module: Any) -> None:
+        names = [io.name for io in config.inputs]
+        names += [target for bi in config.batch_inputs for target in bi.target_names]
         params = module.forward.schema.arguments[1:]  # without self
         if len(params) == 1 and params[0].type.kind() == "DictType":
             self._dict_input = True
@@ -221,8 +223,8 @@ class TorchBackend:
             return
         self._arg_of = {n: i for i, n in enumerate(names)}
 
-    def _map_outputs(self, config: Any) -> None:
-        names = [io.name for io in config.output]
+    def _map_outputs(self, config: ModelSpec) -> None:
+        names = [io.name for io in config.outputs]
         indices = _indices(names)
         self._out_index = dict(zip(names, indices or range(len(names)), strict=True))
 
@@ -317,3 +319,12 @@ class TorchBackend:
 
     def unload(self) -> None:
         self._module = None
+
+
+def _io_specs(config: ModelSpec) -> tuple[list[IOSpec], list[IOSpec]]:
+    """The config's inputs and outputs as IOSpecs, batch dimension (-1) included."""
+    batch = [-1] if config.max_batch_size > 0 else []
+    return (
+        [IOSpec(io.name, io.datatype, batch + list(io.dims)) for io in config.inputs],
+        [IOSpec(io.name, io.datatype, batch + list(io.dims)) for io in config.outputs],
+    )

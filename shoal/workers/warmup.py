@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as pb
 
-from shoal.configs.model_config import v2_datatype
+from shoal.configs.model_spec import ModelSpec, WarmupInput
 from shoal.configs.schema import ConfigError
 from shoal.ipc import bytes_tensors, datatypes
 
@@ -62,15 +61,15 @@ def _dims(dims: list[int]) -> str:
 
 
 def _data(
-    config: pb.ModelConfig, model_dir: Path, name: str, spec: Any, rng: np.random.Generator
+    config: ModelSpec, model_dir: Path, name: str, spec: WarmupInput, rng: np.random.Generator
 ) -> np.ndarray:
-    """One request's tensor for warmup input ``name`` (``spec``: ModelWarmup.Input)."""
-    datatype = v2_datatype(spec.data_type)
+    """One request's tensor for warmup input ``name``."""
+    datatype = spec.datatype
     dt = datatypes.datatype(datatype)
     assert dt is not None  # every ModelConfig data type has one
     dims = list(spec.dims)
     count = datatypes.element_count(dims)
-    which = spec.WhichOneof("input_data_type")
+    which = spec.source
     if which is None:
         raise ConfigError(
             config.name, f"warmup setting expects input '{name}' to have input_data_type set"
@@ -102,7 +101,7 @@ def _data(
     return np.frombuffer(raw[:nbytes], dtype=dt.numpy).reshape(dims).copy()
 
 
-def _read(config: pb.ModelConfig, model_dir: Path, name: str, file: str) -> bytes:
+def _read(config: ModelSpec, model_dir: Path, name: str, file: str) -> bytes:
     # Read as the path is written (a symlink to shared data is followed, as Triton does),
     # but not from outside the model repository: "../../etc/shadow" is no warmup data.
     path = Path(os.path.normpath(model_dir / WARMUP_FOLDER / file))
@@ -121,11 +120,11 @@ def _read(config: pb.ModelConfig, model_dir: Path, name: str, file: str) -> byte
         ) from None
 
 
-def samples(config: pb.ModelConfig, model_dir: Path, seed: int | None = None) -> list[Sample]:
+def samples(config: ModelSpec, model_dir: Path, seed: int | None = None) -> list[Sample]:
     """The config's warmup samples with their data, checked against the model's inputs.
     Raises ConfigError with what is wrong."""
     rng = np.random.default_rng(seed)
-    inputs = {i.name: i for i in config.input}
+    inputs = {i.name: i for i in config.inputs}
     batching = config.max_batch_size > 0
     out: list[Sample] = []
     for w in config.model_warmup:
@@ -133,7 +132,8 @@ def samples(config: pb.ModelConfig, model_dir: Path, seed: int | None = None) ->
             log.debug("skipping batch 0 warmup sample '%s'", w.name)
             continue
         request: dict[str, np.ndarray] = {}
-        for name, spec in w.inputs.items():
+        for spec in w.inputs:
+            name = spec.name
             if any(d < 0 for d in spec.dims):
                 raise ConfigError(
                     config.name,
@@ -145,11 +145,11 @@ def samples(config: pb.ModelConfig, model_dir: Path, seed: int | None = None) ->
                 raise ConfigError(
                     config.name, f"unexpected inference input '{name}' for model '{config.name}'"
                 )
-            if spec.data_type != want.data_type:
+            if spec.datatype != want.datatype:
                 raise ConfigError(
                     config.name,
-                    f"inference input '{name}' data-type is '{v2_datatype(spec.data_type)}', "
-                    f"but model '{config.name}' expects '{v2_datatype(want.data_type)}'",
+                    f"inference input '{name}' data-type is '{spec.datatype}', "
+                    f"but model '{config.name}' expects '{want.datatype}'",
                 )
             dims = list(spec.dims)
             if len(dims) != len(want.dims) or any(
@@ -163,10 +163,10 @@ def samples(config: pb.ModelConfig, model_dir: Path, seed: int | None = None) ->
                     f"Expected {_dims(full)}, got {_dims(got)}",
                 )
             arr = _data(config, model_dir, name, spec, rng)
-            if want.HasField("reshape"):
-                arr = arr.reshape(list(want.reshape.shape))
+            if want.reshape is not None:
+                arr = arr.reshape(list(want.reshape))
             request[name] = arr[np.newaxis] if batching else arr
-        missing = [i.name for i in config.input if i.name not in request and not i.optional]
+        missing = [i.name for i in config.inputs if i.name not in request and not i.optional]
         if missing:
             raise ConfigError(
                 config.name,
@@ -179,7 +179,7 @@ def samples(config: pb.ModelConfig, model_dir: Path, seed: int | None = None) ->
 
 
 def run(
-    config: pb.ModelConfig,
+    config: ModelSpec,
     sample: Sample,
     execute: Callable[[Mapping[str, Any], list[str]], list[Any]],
     gather: Callable[[list[dict[str, Any]]], dict[str, Any]],
@@ -194,7 +194,7 @@ def run(
             f"failed to run warmup sample '{sample.name}': batch size {batch} for "
             f"'{config.name}', max allowed is {limit}; ",
         )
-    outputs = sorted(o.name for o in config.output)
+    outputs = sorted(o.name for o in config.outputs)
     feeds = gather([sample.request] * batch)
     t0 = time.monotonic()
     for _ in range(sample.count):

@@ -26,6 +26,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import identity_config
 from tests.serverctl import SHM_DIR, ShoalServer, free_port, processes_with
 from tools import modelgen
 
@@ -798,12 +799,15 @@ def test_an_instance_over_its_limit_is_stopped_after_its_batch_while_its_sibling
         shutil.rmtree(srv.runtime_dir, ignore_errors=True)
 
 
-def test_a_busy_worker_lets_go_of_slabs_its_frontend_unlinked(model_repo: Path) -> None:
+def test_a_busy_worker_lets_go_of_slabs_its_frontend_unlinked(tmp_path: Path) -> None:
     """A burst of large requests grows the frontend's pool; once they are answered it
     unlinks the growth slabs, and the worker that mapped them must unmap them even while
     a steady trickle of requests never leaves it idle (else /dev/shm stays full of
     deleted, unlisted pages)."""
-    srv = ShoalServer(model_repo)
+    model = modelgen.identity_model("FP32", [-1], batch=True)
+    config = identity_config("identity_fp32", "FP32", "[ -1 ]", 8)
+    modelgen.write_model(tmp_path, "identity_fp32", model, config)
+    srv = ShoalServer(tmp_path)
     stop = threading.Event()
     worker = srv.worker_pid("identity_fp32")
     try:

@@ -12,6 +12,12 @@ import tritonclient.http as httpclient
 
 from shoal.dataplane.broker_client import HOPS
 from tests.serverctl import ShoalServer
+from tools import modelgen
+
+
+def _simple_repo(tmp_path: Path) -> Path:
+    modelgen.write_model(tmp_path, "simple", modelgen.simple_model(), modelgen.SIMPLE_CONFIG)
+    return tmp_path
 
 
 def _simple_inputs(module: object) -> list[object]:
@@ -22,8 +28,8 @@ def _simple_inputs(module: object) -> list[object]:
     return [a, b]
 
 
-def test_every_leg_of_each_request_is_counted_once(model_repo: Path) -> None:
-    srv = ShoalServer(model_repo, env={"SHOAL_HOP_TIMING": "1"})
+def test_every_leg_of_each_request_is_counted_once(tmp_path: Path) -> None:
+    srv = ShoalServer(_simple_repo(tmp_path), env={"SHOAL_HOP_TIMING": "1"})
     try:
         http = httpclient.InferenceServerClient(srv.url)
         grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
@@ -41,8 +47,8 @@ def test_every_leg_of_each_request_is_counted_once(model_repo: Path) -> None:
         assert srv.stop() == 0
 
 
-def test_without_it_nothing_is_stamped(model_repo: Path) -> None:
-    srv = ShoalServer(model_repo, env={"SHOAL_HOP_TIMING": ""})
+def test_without_it_nothing_is_stamped(tmp_path: Path) -> None:
+    srv = ShoalServer(_simple_repo(tmp_path), env={"SHOAL_HOP_TIMING": ""})
     try:
         http = httpclient.InferenceServerClient(srv.url)
         http.infer("simple", _simple_inputs(httpclient))

@@ -8,6 +8,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from shoal.broker.ensemble_readiness import EnsembleReadiness
 from shoal.broker.models import ModelTable, ModelVersion
 from shoal.configs.ensemble import dependencies
+from shoal.configs.spec_reader import read_spec
 
 STEP = """
 name: "a"
@@ -37,7 +38,9 @@ def _table(step: str = "a") -> tuple[ModelTable, EnsembleReadiness, ModelVersion
     table.add_model("a", {1: 1}, "onnxruntime_onnx")
     config = _config(ENSEMBLE % step)
     readiness = EnsembleReadiness()
-    versions = table.add_ensemble("e", [1], config.SerializeToString(), dependencies(config))
+    versions = table.add_ensemble(
+        "e", [1], config.SerializeToString(), dependencies(read_spec(config))
+    )
     readiness.wait(versions)
     return table, readiness, versions[0]
 

@@ -12,6 +12,7 @@ from shoal.broker.rate_limiter import RateLimiter
 from shoal.broker.router import Dispatch, Router
 from shoal.configs.flags.broker import parse_resource
 from shoal.configs.rate_limits import check
+from shoal.configs.spec_reader import read_spec
 from shoal.ipc import messages as m
 
 
@@ -27,7 +28,8 @@ def _setup(
 ) -> tuple[ModelTable, Router, dict[str, ModelVersion]]:
     """Each model's config text; every instance ready and idle."""
     configs = {name: text_format.Parse(text, mc.ModelConfig()) for name, text in models.items()}
-    limits = check([(n, [1], c) for n, c in configs.items()], [parse_resource(g) for g in given])
+    specs = [(n, [1], read_spec(c)) for n, c in configs.items()]
+    limits = check(specs, [parse_resource(g) for g in given])
     assert limits.refused == {}
     table = ModelTable()
     router = Router(table, RateLimiter(limits))

@@ -16,6 +16,7 @@ from shoal.configs.ensemble import (
     dependencies,
 )
 from shoal.configs.schema import ConfigError
+from shoal.configs.spec_reader import read_spec
 
 
 def _step(model: str, ins: dict[str, str], outs: dict[str, str], version: int = -1) -> str:
@@ -55,7 +56,7 @@ ONE = _ensemble([_step("a", {"X": "IN"}, {"Y": "OUT"})])
 def test_a_chain_is_a_graph_and_its_dependencies_are_its_models() -> None:
     config = _ensemble(CHAIN)
     check_graph(config)
-    assert dependencies(config) == [Dependency("a", -1), Dependency("b", -1)]
+    assert dependencies(read_spec(config)) == [Dependency("a", -1), Dependency("b", -1)]
     check_composition(config, {("a", -1): _model("a"), ("b", -1): _model("b")})
 
 
@@ -91,7 +92,7 @@ def test_cycles_through_ensembles_are_found() -> None:
     a = _ensemble([_step("b", {"X": "IN"}, {"Y": "OUT"})])
     b = _ensemble([_step("a", {"X": "IN"}, {"Y": "OUT"})])
     plain = _ensemble([_step("m", {"X": "IN"}, {"Y": "OUT"})])
-    configs = {"a": a, "b": b, "c": plain, "m": _model("m")}
+    configs = {n: read_spec(c) for n, c in {"a": a, "b": b, "c": plain, "m": _model("m")}.items()}
     assert cycle(configs, "a") == ["a", "b", "a"]
     assert cycle(configs, "c") is None and cycle(configs, "m") is None
 

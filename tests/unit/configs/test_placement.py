@@ -8,7 +8,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from shoal.configs.model_config import fill_defaults
-from shoal.configs.placement import passive_instances, plan_instances
+from shoal.configs.placement import InstancePlan, passive_instances, plan_instances
+from shoal.configs.spec_reader import read_spec
 
 
 def _config(name: str, *groups: tuple[int, int, list[int]]) -> mc.ModelConfig:
@@ -21,8 +22,14 @@ def _config(name: str, *groups: tuple[int, int, list[int]]) -> mc.ModelConfig:
 CPU, GPU = mc.ModelInstanceGroup.KIND_CPU, mc.ModelInstanceGroup.KIND_GPU
 
 
+def _plan(
+    models: list[tuple[str, list[int], mc.ModelConfig]], cpus: list[int]
+) -> list[InstancePlan]:
+    return plan_instances([(n, v, read_spec(c)) for n, v, c in models], cpus=cpus)
+
+
 def test_cpu_instances_get_their_own_cores() -> None:
-    plans = plan_instances([("a", [1], _config("a", (CPU, 2, [])))], cpus=[0, 1, 2, 3])
+    plans = _plan([("a", [1], _config("a", (CPU, 2, [])))], cpus=[0, 1, 2, 3])
     assert [p.cores for p in plans] == [(0, 1), (2, 3)]
     assert [p.name for p in plans] == ["a_0_0", "a_0_1"]
     assert [p.index for p in plans] == [0, 1]
@@ -31,12 +38,12 @@ def test_cpu_instances_get_their_own_cores() -> None:
 def test_default_group_instance_name_is_model_underscore_k() -> None:
     # Triton names the group it adds after the model; its instances are "<group>_<k>".
     config = fill_defaults(mc.ModelConfig(platform="onnxruntime_onnx"), "a")
-    plans = plan_instances([("a", [1], config)], cpus=[0, 1])
+    plans = _plan([("a", [1], config)], cpus=[0, 1])
     assert [p.name for p in plans] == ["a_0"]
 
 
 def test_more_instances_than_cores_share_round_robin() -> None:
-    plans = plan_instances(
+    plans = _plan(
         [("a", [1, 2], _config("a", (CPU, 2, []))), ("b", [1], _config("b", (CPU, 1, [])))],
         cpus=[0, 1],
     )
@@ -44,7 +51,7 @@ def test_more_instances_than_cores_share_round_robin() -> None:
 
 
 def test_gpu_groups_place_count_instances_on_each_listed_gpu() -> None:
-    plans = plan_instances([("g", [1], _config("g", (GPU, 2, [0, 1]), (CPU, 1, [])))], cpus=[0, 1])
+    plans = _plan([("g", [1], _config("g", (GPU, 2, [0, 1]), (CPU, 1, [])))], cpus=[0, 1])
     assert [(p.gpu, p.cores) for p in plans] == [(0, ()), (0, ()), (1, ()), (1, ()), (None, (0, 1))]
 
 
@@ -65,27 +72,27 @@ def test_a_gpu_instance_sees_the_server_gpu_it_was_given(monkeypatch: pytest.Mon
 def test_passive_instances_are_numbered_as_plan_instances_numbers_them() -> None:
     cfg = _config("p", (GPU, 1, [0, 1]), (CPU, 2, []), (CPU, 1, []))
     cfg.instance_group[1].passive = True
-    plans = plan_instances([("p", [1], cfg)], cpus=[0, 1])
+    plans = _plan([("p", [1], cfg)], cpus=[0, 1])
     assert [p.index for p in plans if p.gpu is None][:2] == [2, 3]
-    assert passive_instances(cfg) == frozenset({2, 3})
-    assert passive_instances(_config("q", (CPU, 2, []))) == frozenset()
+    assert passive_instances(read_spec(cfg)) == frozenset({2, 3})
+    assert passive_instances(read_spec(_config("q", (CPU, 2, [])))) == frozenset()
 
 
 def test_every_core_goes_to_an_instance_when_they_do_not_divide_evenly() -> None:
     """5 instances on 8 cores: blocks of 2, 2, 2, 1, 1 (7 of 16 cores would stay idle
     for 9 instances if each got 16 // 9)."""
     models = [(f"m{i}", [1], _config(f"m{i}", (CPU, 1, []))) for i in range(5)]
-    plans = plan_instances(models, cpus=list(range(8)))
+    plans = _plan(models, cpus=list(range(8)))
     assert [p.cores for p in plans] == [(0, 1), (2, 3), (4, 5), (6,), (7,)]
     many = [(f"m{i}", [1], _config(f"m{i}", (CPU, 1, []))) for i in range(9)]
-    cores = [c for p in plan_instances(many, cpus=list(range(16))) for c in p.cores]
+    cores = [c for p in _plan(many, cpus=list(range(16))) for c in p.cores]
     assert sorted(cores) == list(range(16))  # each core once
 
 
 def test_passive_instances_take_no_core_from_the_ones_that_serve() -> None:
     cfg = _config("p", (CPU, 1, []), (CPU, 3, []))
     cfg.instance_group[1].passive = True
-    plans = plan_instances([("p", [1], cfg)], cpus=[0, 1, 2, 3])
+    plans = _plan([("p", [1], cfg)], cpus=[0, 1, 2, 3])
     assert [p.cores for p in plans] == [(0, 1, 2, 3)] * 4  # the active one owns them all
 
 

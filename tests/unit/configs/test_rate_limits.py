@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from shoal.configs.flags.broker import GivenResource, parse_rate_limit, parse_resource
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.rate_limits import GLOBAL, InstanceNeeds, check, describe, needs_of
+from shoal.configs.spec_reader import read_spec
 
 
-def _config(groups: str) -> Any:
-    return text_format.Parse(f"max_batch_size: 4 {groups}", mc.ModelConfig())
+def _config(groups: str) -> ModelSpec:
+    return read_spec(text_format.Parse(f"max_batch_size: 4 {groups}", mc.ModelConfig()))
 
 
 def _group(resources: str, priority: int = 0, where: str = "kind: KIND_CPU") -> str:

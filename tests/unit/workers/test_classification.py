@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from shoal.configs.model_config import parse_config_text
+from shoal.configs.spec_reader import read_spec
 from shoal.workers import classification
 
 
@@ -62,10 +63,12 @@ def test_types_triton_cannot_rank_are_refused_in_its_words(datatype: str) -> Non
 
 def test_labels_come_from_the_model_directory_one_per_line(tmp_path: Path) -> None:
     (tmp_path / "labels.txt").write_text("cat\ndog\n\nbird\n")
-    config = parse_config_text(
-        'name: "m"\noutput [ { name: "P" data_type: TYPE_FP32 dims: [ 4 ] '
-        'label_filename: "labels.txt" }, { name: "Q" data_type: TYPE_FP32 dims: [ 1 ] } ]',
-        "m",
+    config = read_spec(
+        parse_config_text(
+            'name: "m"\noutput [ { name: "P" data_type: TYPE_FP32 dims: [ 4 ] '
+            'label_filename: "labels.txt" }, { name: "Q" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+            "m",
+        )
     )
     assert classification.labels_of(config, tmp_path) == {"P": ["cat", "dog", "", "bird"]}
     (tmp_path / "labels.txt").unlink()

@@ -12,6 +12,7 @@ import pytest
 
 from shoal.configs.fil_params import FilParams
 from shoal.configs.model_config import ConfigError, parse_config_text
+from shoal.configs.spec_reader import read_spec
 from shoal.workers.fil_backend import FilBackend, fil_output
 from tools import treegen
 
@@ -50,7 +51,7 @@ def _load(tmp_path: Path, model: Any, model_type: str, dims: list[int], extra: s
     text = treegen.fil_config("m", features, dims, {"model_type": model_type, **kw}, extra=extra)
     path = treegen.write_fil_model(tmp_path, "m", model, model_type, text)
     backend = FilBackend()
-    backend.load(path.parent, parse_config_text(text, "m"), 1, False)
+    backend.load(path.parent, read_spec(parse_config_text(text, "m")), 1, False)
     return backend
 
 
@@ -108,4 +109,4 @@ def test_shap_values_need_a_library_that_has_them(tmp_path: Path) -> None:
 def test_a_gpu_instance_is_refused(tmp_path: Path) -> None:
     text = treegen.fil_config("m", 6, [1], {"is_classifier": "false"})
     with pytest.raises(RuntimeError, match="on the CPU only"):
-        FilBackend().load(tmp_path, parse_config_text(text, "m"), 1, True)
+        FilBackend().load(tmp_path, read_spec(parse_config_text(text, "m")), 1, True)

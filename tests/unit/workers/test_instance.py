@@ -12,6 +12,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.model_spec import ModelSpec
+from shoal.configs.spec_reader import read_spec
 from shoal.ipc import datatypes
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
@@ -68,13 +70,11 @@ def regions() -> Iterator[RegionMap]:
     r.close()
 
 
-def _config(text: str = _IO) -> pb.ModelConfig:
-    return text_format.Parse(f'name: "m" {text}', pb.ModelConfig())
+def _config(text: str = _IO) -> ModelSpec:
+    return read_spec(text_format.Parse(f'name: "m" {text}', pb.ModelConfig()))
 
 
-def _instance(
-    backend: Any, regions: RegionMap, config: pb.ModelConfig | None = None
-) -> ModelInstance:
+def _instance(backend: Any, regions: RegionMap, config: ModelSpec | None = None) -> ModelInstance:
     config = config or _config()
     loaded = LoadedModel.of(backend, config, 1, BatchAssembler.from_config(config))
     return ModelInstance(loaded, "m", 3, regions, CudaRegions(None))

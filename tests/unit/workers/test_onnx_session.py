@@ -8,16 +8,21 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from tritonclient.grpc import model_config_pb2 as pb
 
 from shoal.configs.model_config import parse_config_text
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
+from shoal.configs.spec_reader import read_spec
 from shoal.workers.onnx_backend import OnnxRuntimeBackend, _session_options, execution_providers
 from tools import modelgen
 
 
+def _spec(text: str, name: str) -> ModelSpec:
+    return read_spec(parse_config_text(text, name))
+
+
 def test_graph_level_memory_switches_and_session_entries_reach_onnx_runtime() -> None:
-    config = parse_config_text(
+    config = _spec(
         'name: "m" platform: "onnxruntime_onnx" optimization { graph { level: 2 } } '
         'parameters [ { key: "enable_mem_arena" value { string_value: "0" } }, '
         '{ key: "enable_mem_pattern" value { string_value: "false" } }, '
@@ -33,7 +38,7 @@ def test_graph_level_memory_switches_and_session_entries_reach_onnx_runtime() ->
 
 
 def test_without_settings_onnx_runtime_keeps_its_defaults() -> None:
-    so = _session_options(parse_config_text('name: "m" platform: "onnxruntime_onnx"', "m"), 1)
+    so = _session_options(_spec('name: "m" platform: "onnxruntime_onnx"', "m"), 1)
     defaults = ort.SessionOptions()
     assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     assert so.enable_cpu_mem_arena == defaults.enable_cpu_mem_arena
@@ -85,14 +90,14 @@ def test_a_model_with_a_string_tensor_fed_from_device_memory_runs_from_host_copi
     model = tmp_path / "float_to_text.onnx"
     model.write_bytes(_float_to_text_model())
     backend = OnnxRuntimeBackend()
-    backend.load(model, pb.ModelConfig(), 1, False)
+    backend.load(model, ModelSpec(""), 1, False)
     values = np.array([[1.5, 2.0]], dtype=np.float32)
     (out,) = backend.execute({"INPUT0": DeviceArray(values)}, ["OUTPUT0"])
     assert [float(v) for v in out.reshape(-1)] == [1.5, 2.0]
 
 
-def _accelerated(text: str) -> pb.ModelConfig:
-    return parse_config_text(
+def _accelerated(text: str) -> ModelSpec:
+    return _spec(
         'name: "m" platform: "onnxruntime_onnx" '
         f"optimization {{ execution_accelerators {{ {text} }} }}",
         "m",
@@ -109,7 +114,7 @@ EVERYTHING = [
 
 
 def test_without_accelerators_the_providers_are_the_instances_own() -> None:
-    config = parse_config_text('name: "m" platform: "onnxruntime_onnx"', "m")
+    config = _spec('name: "m" platform: "onnxruntime_onnx"', "m")
     assert execution_providers(config, False, CPU_ONLY) == (["CPUExecutionProvider"], [])
     assert execution_providers(config, True, EVERYTHING) == (
         ["CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -177,8 +182,8 @@ def test_an_accelerator_triton_refuses_fails_the_load(text: str, gpu: bool, mess
     assert e.value.message == message
 
 
-def _with_ops(library: str) -> pb.ModelConfig:
-    return parse_config_text(
+def _with_ops(library: str) -> ModelSpec:
+    return _spec(
         f'name: "m" platform: "onnxruntime_onnx" '
         f'model_operations {{ op_library_filename: "{library}" }}',
         "m",
@@ -198,7 +203,7 @@ def test_a_custom_operations_library_is_registered_as_triton_registers_it(
     assert [str(v) for v in out] == ["SHOAL", "OK"]
     # Without the library the model cannot load at all: the registration is what served.
     with pytest.raises(Exception, match="StringUpper"):
-        OnnxRuntimeBackend().load(model, pb.ModelConfig(), 1, False)
+        OnnxRuntimeBackend().load(model, ModelSpec(""), 1, False)
 
 
 def test_a_library_that_cannot_be_loaded_fails_the_load_naming_it(tmp_path: Path) -> None:
@@ -229,7 +234,7 @@ def test_a_string_input_takes_bytes_or_the_text_a_model_gave_as_its_state(tmp_pa
     model = tmp_path / "text_to_float.onnx"
     model.write_bytes(_text_to_float_model())
     backend = OnnxRuntimeBackend()
-    backend.load(model, pb.ModelConfig(), 1, False)
+    backend.load(model, ModelSpec(""), 1, False)
     for values in ([[b"1.5", b"2"]], [["1.5", "2"]]):
         (out,) = backend.execute({"INPUT0": np.array(values, dtype=object)}, ["OUTPUT0"])
         assert out.tolist() == [[1.5, 2.0]]

@@ -10,6 +10,7 @@ import openvino as ov
 import pytest
 
 from shoal.configs.model_config import ConfigError, fill_defaults, parse_config_text
+from shoal.configs.spec_reader import read_spec
 from shoal.ipc.errors import ServingError
 from shoal.workers.openvino_backend import OpenVinoBackend, _compare_dims
 from tools import ovgen
@@ -41,7 +42,9 @@ def test_without_batching_every_dim_is_compared_and_bounds_are_strict() -> None:
 
 def test_a_gpu_instance_is_refused_as_triton_refuses_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="supports only Kind CPU and AUTO"):
-        OpenVinoBackend().load(tmp_path / "model.xml", parse_config_text('name: "m"', "m"), 1, True)
+        OpenVinoBackend().load(
+            tmp_path / "model.xml", read_spec(parse_config_text('name: "m"', "m")), 1, True
+        )
 
 
 def test_a_fixed_batch_is_padded_and_its_answers_cut(tmp_path: Path) -> None:
@@ -53,13 +56,13 @@ def test_a_fixed_batch_is_padded_and_its_answers_cut(tmp_path: Path) -> None:
         'parameters { key: "SKIP_OV_DYNAMIC_BATCHSIZE" value { string_value: "YES" } }\n'
     )
     strict = OpenVinoBackend()
-    strict.load(xml, fill_defaults(parse_config_text(text, "m"), "m"), 1, False)
+    strict.load(xml, read_spec(fill_defaults(parse_config_text(text, "m"), "m")), 1, False)
     x = np.random.default_rng(0).random((3, 8), dtype=np.float32)
     with pytest.raises(ServingError, match="expected requests with batch size '4', got '3'"):
         strict.execute({"X": x}, ["Y"])
     padded = OpenVinoBackend()
     text += 'parameters { key: "ENABLE_BATCH_PADDING" value { string_value: "YES" } }\n'
-    padded.load(xml, fill_defaults(parse_config_text(text, "m"), "m"), 1, False)
+    padded.load(xml, read_spec(fill_defaults(parse_config_text(text, "m"), "m")), 1, False)
     (got,) = padded.execute({"X": x}, ["Y"])
     assert got.shape == (3, 4)
     np.testing.assert_allclose(got, ovgen.reference(x), rtol=3e-2, atol=3e-2)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.model_spec import ModelSpec
 from shoal.ipc import shm
 from shoal.ipc.messages import INLINE_MAX_BYTES, OutputSpec
 from shoal.workers.onnx_backend import OnnxRuntimeBackend
@@ -25,7 +25,7 @@ def backend(tmp_path: Path) -> OnnxRuntimeBackend:
     model = tmp_path / "identity.onnx"
     model.write_bytes(modelgen.identity_model("FP32", [-1], batch=True))
     b = OnnxRuntimeBackend()
-    b.load(model, pb.ModelConfig(), 1, False)
+    b.load(model, ModelSpec(""), 1, False)
     return b
 
 
@@ -105,7 +105,7 @@ def test_a_graph_output_that_is_a_graph_input_comes_back_as_its_value(tmp_path: 
     path = tmp_path / "pass.onnx"
     path.write_bytes(model.SerializeToString())
     b = OnnxRuntimeBackend()
-    b.load(path, pb.ModelConfig(), 1, False)
+    b.load(path, ModelSpec(""), 1, False)
     data = np.arange(8, dtype=np.float32).reshape(2, 4)
     dest_x = np.full((2, 4), -7, dtype=np.float32)
     dest_y = np.zeros((2, 4), dtype=np.float32)

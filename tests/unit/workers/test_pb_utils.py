@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.model_spec import ModelSpec
 from shoal.workers import pb_utils
 from shoal.workers.python_backend import PythonBackend
 
@@ -30,7 +30,7 @@ def test_a_model_imports_it_under_tritons_name_and_finalize_errors_are_logged(
         "        raise RuntimeError('cleanup failed')\n"
     )
     backend = PythonBackend()
-    backend.load(model, pb.ModelConfig(name="m", backend="python"), 1, False)
+    backend.load(model, ModelSpec("m", backend="python"), 1, False)
     assert backend.model.utils is pb_utils
     assert sys.modules["triton_python_backend_utils"] is pb_utils
     backend.unload()  # logged, not raised: the worker stops as it would have

@@ -9,6 +9,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
 from shoal.configs.schema import ConfigError
+from shoal.configs.spec_reader import read_spec
 from shoal.workers.python_backend import PythonBackend
 
 MODEL = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
@@ -28,7 +29,7 @@ def test_a_name_with_shell_characters_is_refused(tmp_path: Path, name: str) -> N
         backend.auto_complete(model_file, config)
     backend.instance_name = f"{name}_0"
     with pytest.raises(ConfigError, match="Invalid stub name: contains invalid characters"):
-        backend.load(model_file, config, 1, False)
+        backend.load(model_file, read_spec(config), 1, False)
 
 
 @pytest.mark.parametrize("name", ["TestModel123", "model-with-hyphens", "model_with_underscores"])
@@ -36,4 +37,4 @@ def test_other_names_load(tmp_path: Path, name: str) -> None:
     model_file, config = _model(tmp_path, name)
     backend = PythonBackend()
     backend.instance_name = f"{name}_0"
-    backend.load(model_file, config, 1, False)
+    backend.load(model_file, read_spec(config), 1, False)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from shoal.configs.model_config import parse_config_text
+from shoal.configs.spec_reader import read_spec
 from shoal.ipc.errors import Code, ServingError
 from shoal.workers.batch_io import BatchAssembler, BatchInputKind, batch_input_value
 from tools import modelgen
@@ -28,7 +29,7 @@ def ragged(*lengths: int, start: float = 1.0) -> list[dict[str, np.ndarray]]:
 
 
 def assembler(text: str) -> BatchAssembler:
-    return BatchAssembler.from_config(parse_config_text(text, "m"))
+    return BatchAssembler.from_config(read_spec(parse_config_text(text, "m")))
 
 
 RAGGED_SUM = assembler(modelgen.RAGGED_SUM_CONFIG.format(name="m", extra=""))
@@ -227,8 +228,8 @@ def test_torchscript_gets_batch_inputs_as_arguments(tmp_path: Path) -> None:
     model = tmp_path / "model.pt"
     model.write_bytes(torchgen.add_sub_model())
     backend = TorchBackend()
-    backend.load(model, config, 1, False)
-    steps = BatchAssembler.from_config(config)
+    backend.load(model, read_spec(config), 1, False)
+    steps = BatchAssembler.from_config(read_spec(config))
     feeds = ragged(3)
     (out,) = backend.execute(steps.gather(feeds), ["OUTPUT0"])  # INPUT0 + its count
     (part,) = steps.scatter(["OUTPUT0"], [out], [1], feeds)

@@ -10,7 +10,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
+from shoal.configs.spec_reader import read_spec
 from shoal.ipc import messages as m
 from shoal.workers.sequence_io import SequenceIO
 
@@ -21,7 +23,7 @@ def _control(name: str, values: str) -> str:
     return f'{{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{name} {values} }} ] }}'
 
 
-def _config(mbs: int = 4, corrid: str = "TYPE_UINT64", state: str = _STATE) -> pb.ModelConfig:
+def _config(mbs: int = 4, corrid: str = "TYPE_UINT64", state: str = _STATE) -> ModelSpec:
     controls = ", ".join([
         _control("START", "fp32_false_true: [ 0, 1 ]"),
         _control("END", "bool_false_true: [ false, true ]"),
@@ -30,7 +32,7 @@ def _config(mbs: int = 4, corrid: str = "TYPE_UINT64", state: str = _STATE) -> p
     ])  # fmt: skip
     text = f'name: "acc" max_batch_size: {mbs} '
     text += f"sequence_batching {{ control_input [ {controls} ] {state} }}"
-    return text_format.Parse(text, pb.ModelConfig())
+    return read_spec(text_format.Parse(text, pb.ModelConfig()))
 
 
 def _item(corrid: int | str, slot: int, start: bool = False, end: bool = False) -> m.WorkItem:
@@ -120,7 +122,7 @@ def test_controls_and_states_the_model_lacks_fail_the_load(tmp_path: Path) -> No
         SequenceIO.from_config(_config(), tmp_path, inputs, {"S_OUT"})
     with pytest.raises(ConfigError, match="state output 'S_OUT' is not an output of the model"):
         SequenceIO.from_config(_config(), tmp_path, inputs | {"CORRID"}, {"OUT"})
-    assert SequenceIO.from_config(pb.ModelConfig(name="x"), tmp_path) is None
+    assert SequenceIO.from_config(ModelSpec("x"), tmp_path) is None
 
 
 def test_a_slot_s_state_goes_only_to_its_own_sequence(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.configs.spec_reader import read_spec
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code
 from shoal.ipc.shm import RegionMap
@@ -50,7 +51,7 @@ class Decoupled:
 
 class Setup:
     def __init__(self, model: Callable[[list[pb_utils.InferenceResponseSender]], None]) -> None:
-        config = text_format.Parse(_CONFIG, pb.ModelConfig())
+        config = read_spec(text_format.Parse(_CONFIG, pb.ModelConfig()))
         loaded = LoadedModel.of(Decoupled(model), config, 1, BatchAssembler.from_config(config))
         self.regions = RegionMap()
         self.core = ModelInstance(loaded, "d", 1, self.regions, CudaRegions(None))

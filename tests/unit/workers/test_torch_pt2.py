@@ -11,6 +11,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from shoal.configs.model_config import ConfigError, parse_config_text
+from shoal.configs.spec_reader import read_spec
 from shoal.workers.torch_backend import TorchBackend
 from shoal.workers.torch_pt2 import Pt2Model, leaf_names
 from tools import torchgen
@@ -57,7 +58,7 @@ def _script_backend(tmp_path: Path, **params: str) -> TorchBackend:
         'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n' + entries
     )
     backend = TorchBackend()
-    backend.load(tmp_path / "model.pt", parse_config_text(text, "m"), 1, False)
+    backend.load(tmp_path / "model.pt", read_spec(parse_config_text(text, "m")), 1, False)
     return backend
 
 

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from shoal.configs.model_config import parse_config_text
+from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
+from shoal.configs.spec_reader import read_spec
 from shoal.ipc import datatypes
 from shoal.workers import warmup
 from shoal.workers.batch_io import BatchAssembler
@@ -25,8 +27,10 @@ output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
 """
 
 
-def config(warmups: str, io: str = SIMPLE) -> Any:
-    return parse_config_text(f'name: "m" platform: "onnxruntime_onnx" {io} {warmups}', "m")
+def config(warmups: str, io: str = SIMPLE) -> ModelSpec:
+    return read_spec(
+        parse_config_text(f'name: "m" platform: "onnxruntime_onnx" {io} {warmups}', "m")
+    )
 
 
 def sample(name: str, inputs: dict[str, str], batch_size: int = 1, count: int = 0) -> str:
