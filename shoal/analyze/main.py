@@ -107,7 +107,9 @@ def _analyse(args: argparse.Namespace) -> int:
             counted[0] += 1
             again = " (again, to confirm a win)" if p in seen else ""
             seen.add(p)
-            _progress(f"point {counted[0]}: {p.label()}{again}")
+            spent = time.monotonic() - started
+            _progress(f"point {counted[0]} ({spent:.0f} s of {args.budget_secs:.0f} s): "
+                      f"{p.label()}{again}")  # fmt: skip
             return measure(p, best)
 
         results, best = quick_search(space, start, goal, counting, keep_going)

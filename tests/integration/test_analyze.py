@@ -63,7 +63,7 @@ def server(analysed: tuple[Path, Path, str]) -> Iterator[ShoalServer]:
 
 def test_progress_report_and_plot_are_produced(analysed: tuple[Path, Path, str]) -> None:
     _, out, stderr = analysed
-    assert "[analyze] point 1: 1 inst / mbs 8" in stderr  # the model's own config first
+    assert "[analyze] point 1 (0 s of 3 s): 1 inst / mbs 8" in stderr  # its own config first
     assert "[analyze] recommended:" in stderr
     report = (out / "report.md").read_text()
     for part in ("## Summary", "## Pareto front", "| config | concurrency | inferences/s",
