@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shoal.analyze import flags as analyze_flags
 from shoal.configs.devices import gpu_count
 from shoal.configs.flags.broker import (
     add_cpu_lending_flag,
@@ -261,9 +262,13 @@ def _dash_values(parsers: list[argparse.ArgumentParser], argv: list[str]) -> lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    parsers = [serve_parser(sub), supervisord_conf_parser(sub)]
+    parsers = [serve_parser(sub), supervisord_conf_parser(sub), analyze_flags.add_parser(sub)]
     argv = _dash_values(parsers, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    if args.command == "analyze":
+        from shoal.analyze.main import run
+
+        return run(args)
     if args.command == "supervisord-conf":
         return supervisord_conf(args, argv)
     if args.log_file:

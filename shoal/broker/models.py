@@ -18,8 +18,10 @@ from shoal.broker.ordering import OrderedRelease
 from shoal.broker.scheduler_hold import NO_HOLD, HoldCounts
 from shoal.broker.sequencer import SequenceBatcher
 from shoal.broker.stats import VersionStats
+from shoal.broker.traffic import VersionPicker
 from shoal.configs.ensemble import Dependency
 from shoal.configs.spec_reader import spec_from_bytes
+from shoal.configs.traffic import NO_POLICY, TrafficPolicy, loaded_policy
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
 
@@ -80,6 +82,7 @@ class ModelVersion:
     ensemble: list[Dependency] | None = None
     generation: int = 0  # the load it belongs to: 0 at start, then one per load API call
     hold: HoldCounts = NO_HOLD  # the scheduler-delay test hooks (scheduler_hold.py)
+    traffic: TrafficPolicy = NO_POLICY  # its config's, between the model's versions
     stats: VersionStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -95,6 +98,7 @@ class ModelVersion:
         self.response_cache = spec.response_cache
         self.memory_limit_mb = memory_limit_mb(spec)
         cfg = batcher_config(spec)
+        self.traffic = loaded_policy(spec)
         self.batcher = DynamicBatcher(cfg, self.hold) if cfg is not None else None
         seq = sequence_config(spec)
         self.sequencer = SequenceBatcher(self.name, seq, self.hold) if seq is not None else None
@@ -197,6 +201,21 @@ class ModelEntryState:
     # a load in progress (model control): its versions, READY only once they all are;
     # then they replace ``versions``, which go on serving until then
     staged: dict[int, ModelVersion] = field(default_factory=dict)
+    picker: VersionPicker | None = None  # the routing state of the policy in force
+
+    def route(self, key: str) -> int:
+        """The version a request that names none goes to by the traffic policy of the
+        newest ready version's config (-1: no policy, or no version ready)."""
+        ready = [v for v, mv in self.versions.items() if mv.state == "READY"]
+        if not ready:
+            return -1
+        policy = self.versions[max(ready)].traffic
+        if not policy.active:
+            return -1
+        if self.picker is None or self.picker.policy != policy:
+            self.picker = VersionPicker(policy)
+        chosen = self.picker.choose(ready, key)
+        return -1 if chosen is None else chosen
 
 
 class ModelTable:
@@ -243,12 +262,14 @@ class ModelTable:
         entry = self.models.setdefault(name, ModelEntryState(name))
         into = entry.staged if generation else entry.versions
         out = []
-        tags = dict(spec_from_bytes(config).metric_tags)
+        spec = spec_from_bytes(config)
+        tags, ensemble_traffic = dict(spec.metric_tags), loaded_policy(spec)
         for v in versions:
             mv = ModelVersion(name, v, 0, "ensemble", ensemble=deps, generation=generation)
             into[v] = mv
             mv.config = config
             mv.metric_tags = dict(tags)
+            mv.traffic = ensemble_traffic
             if self.summaries:
                 mv.stats.keep_windows()
             out.append(mv)
@@ -335,6 +356,11 @@ class ModelTable:
             return entry.versions.get(version)
         ready = [v for v in entry.versions.values() if v.state == "READY"]
         return max(ready, key=lambda v: v.version) if ready else None
+
+    def route(self, name: str, key: str = "") -> int:
+        """The version for a request to ``name`` that names none (ModelEntryState.route)."""
+        entry = self.models.get(name)
+        return -1 if entry is None else entry.route(key)
 
     def all_versions(self) -> list[ModelVersion]:
         return [v for e in self.models.values() for v in e.versions.values()]

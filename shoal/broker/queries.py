@@ -77,7 +77,12 @@ class Queries:
     def admissible(self, req: m.InferRequest) -> tuple[ModelVersion, list[m.ClientRegion]]:
         """The version that will run ``req`` and the client regions it references, or
         ServingError with Triton's reason why not. Nothing is held or queued yet."""
-        mv = self.lookup(req.model, req.version)
+        version = req.version
+        if version < 0:  # by the model's traffic policy (shoal/broker/traffic.py), if any
+            # a sequence's requests all go where its id hashes: its state is in one version
+            key = req.route_key or (str(req.sequence_id) if req.sequence_id else "")
+            version = self.table.route(req.model, key)
+        mv = self.lookup(req.model, version)
         if mv.sequencer is not None and req.sequence_id and not req.sequence_start:
             # a sequence that began before a reload ends on the copy that holds its state
             mv = self.table.sequence_home(mv, req.sequence_id)

@@ -25,6 +25,7 @@ from shoal.configs.schema import (
     ConfigError,
 )
 from shoal.configs.sequence_rules import validate_sequence_batching
+from shoal.configs.traffic import traffic_policy
 
 _TENSORRT_PLATFORM = "tensorrt_plan"
 _WILDCARD = -1
@@ -56,6 +57,7 @@ def validate(
     # auto-complete may add it
     share_min_compute_us(config)
     instance_memory_limit_mb(config)
+    traffic_policy(config)
     if config.HasField("dynamic_batching"):
         _validate_dynamic_batching(config)
     if config.HasField("sequence_batching"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from shoal.configs.model_config import rendered
 from shoal.configs.model_spec import InputSpec, OutputSpec
 from shoal.configs.spec_reader import spec_from_bytes
+from shoal.configs.traffic import loaded_policy
 from shoal.dataplane.json_tensors import check_bytes_elements
 from shoal.dataplane.types import ClientRequest, InputTensor
 from shoal.ipc import datatypes
@@ -50,6 +51,7 @@ class ModelHandle:
         # any number of answers per request, through streams only (ModelStreamInfer)
         self.decoupled = spec.decoupled
         self.config_json, self.metadata = rendered(config_bytes, versions)
+        self.traffic = loaded_policy(spec)
 
     def batch_size(self, req: ClientRequest) -> int:
         """Validate the inputs of ``req``; returns the batch size (0 when not batching).

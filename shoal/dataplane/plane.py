@@ -27,6 +27,7 @@ from shoal.dataplane.model_handle import ModelHandle, check_byte_size
 from shoal.dataplane.repository_extension import RepositoryExtension, server_state
 from shoal.dataplane.request_message import outputs, parse_version, request_message, uint_param
 from shoal.dataplane.response_cache import ResponseCache
+from shoal.dataplane.shadow import ShadowMirror
 from shoal.dataplane.tracing import Sink, Tracer
 from shoal.dataplane.types import (
     EMPTY_FINAL,
@@ -99,6 +100,7 @@ class DataPlane:
         ] = {}
         self.requests_handled = 0
         self.repository = RepositoryExtension(broker)  # the index, load and unload
+        self.shadow = ShadowMirror(self.infer)  # shadow traffic (shadow.py)
         # (bound once, not per request: what request_message calls)
         self._alloc_slot, self._next_id = self._alloc, broker.next_id
         broker.on_broker_lost.append(self._broker_lost)
@@ -262,6 +264,7 @@ class DataPlane:
             )
         if model.is_ensemble:
             return await self._infer_ensemble(model, req)
+        self.shadow.offer(req, model)
         started = time.perf_counter_ns()
         slots: list[Slot] = []
         key: bytes | None = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
+from shoal.configs.traffic import ROUTE_KEY
 from shoal.dataplane import client_shm_refs
 from shoal.dataplane.model_handle import ModelHandle, check_byte_size
 from shoal.dataplane.types import ClientRequest, OutputTensor
@@ -97,7 +98,8 @@ def request_message(
     msg = m.InferRequest(
         req_id=next_id(),
         model=model.name,
-        version=model.version,
+        # naming none under a traffic policy: the broker picks (shoal/broker/traffic.py)
+        version=-1 if not req.version and model.traffic.active else model.version,
         inputs=refs,
         outputs=specs,
         batch_size=batch,
@@ -109,6 +111,8 @@ def request_message(
         msg.sequence_id = sequence_id(req)
         msg.sequence_start = params.get("sequence_start") is True
         msg.sequence_end = params.get("sequence_end") is True
+        if (key := params.get(ROUTE_KEY)) is not None and model.traffic.active:
+            msg.route_key = str(key)
     if model.is_python:
         msg.request_id = req.id
         msg.parameters = {

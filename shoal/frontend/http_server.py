@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
+from shoal.configs.traffic import ROUTE_KEY, ROUTE_KEY_HEADER
 from shoal.dataplane.json_limits import MAX_JSON_DEPTH, check_depth
 from shoal.dataplane.plane import DataPlane
 from shoal.dataplane.tracing import Trace
@@ -195,6 +196,8 @@ async def _infer(request: web.Request, trace: Trace | None) -> web.Response:
         body, header_length, name, version, raw_input_meta=raw_meta
     )
     req.trace = trace
+    if (key := request.headers.get(ROUTE_KEY_HEADER)) is not None:
+        req.parameters.setdefault(ROUTE_KEY, key)  # (the parameter, when both are given)
     result = await dp.infer(req)
     if trace is not None:
         trace.stamp("HTTP_SEND_START")

@@ -90,6 +90,9 @@ class InferRequest(msgspec.Struct, array_like=True):
     # time.monotonic_ns() at the frontend's send, the broker's receipt and its dispatch.
     # Empty: not measured, and no process stamps it. A traced request's: its TracedWay.
     hops: list[int] | TracedWay = []
+    # with version -1 under the model's traffic policy: the client's shoal_route_key, which
+    # keeps it on one version (shoal/broker/traffic.py); "": none
+    route_key: str = ""
 
 
 class InferResponse(msgspec.Struct, array_like=True):

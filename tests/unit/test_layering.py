@@ -10,6 +10,11 @@ launcher (``shoal``'s own modules: the command line and the launcher). The share
 ``shoal.ipc``, ``shoal.configs`` and ``shoal.dataplane``. ``KNOWN`` lists the arrows that exist
 against these rules, each to be removed by moving code; an arrow that is gone must leave the
 list too, so the list only shrinks (it is empty now: keep it so).
+
+``shoal.analyze`` is a client tool (``shoal analyze``): it starts a server as a child
+process and talks to it through the public API, as Model Analyzer drives tritonserver. It
+may import the shared ``ipc`` and ``configs`` (the config validator), never a role nor the
+data plane; the launcher's command line may import it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: ``launcher``: shoal's own modules beside the packages (the command line, the launcher)
 ROLES = ("frontend", "broker", "workers", "launcher")
 SHARED = ("ipc", "configs", "dataplane")
+#: Client tools: they import only ``TOOL_MAY_IMPORT`` of shoal.
+TOOLS = ("analyze",)
+TOOL_MAY_IMPORT = ("ipc", "configs")
 #: The shared packages from the bottom up: each may import only those below it.
 _LEVEL = {name: i for i, name in enumerate(SHARED)}
 
@@ -46,7 +54,7 @@ def _part(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "shoal" or len(parts) == 1:
         return None
-    return parts[1] if parts[1] in (*ROLES, *SHARED) else "launcher"
+    return parts[1] if parts[1] in (*ROLES, *SHARED, *TOOLS) else "launcher"
 
 
 def _exists(module: str) -> bool:
@@ -63,7 +71,13 @@ def _arrows() -> set[tuple[str, str]]:
             top = _part(module)
             if top is None or top == package or not _exists(module):
                 continue
-            if top in ROLES or (package in SHARED and _LEVEL[top] > _LEVEL[package]):
+            if package in TOOLS:
+                if top not in TOOL_MAY_IMPORT:
+                    arrows.add((rel, module))
+            elif top in TOOLS:
+                if package != "launcher":  # the command line runs the tools; nothing else
+                    arrows.add((rel, module))
+            elif top in ROLES or (package in SHARED and _LEVEL[top] > _LEVEL[package]):
                 arrows.add((rel, module))
     return arrows
 

@@ -125,3 +125,31 @@ def test_metrics_read_each_instance_s_memory(tmp_path: Path) -> None:
     _ready(q)
     (vm,) = q.metrics([0.5], now=1.0)
     assert vm.memory == {0: 64 * MIB} and vm.memory_limit == 100 * MIB
+
+
+def _weighted(q: Queries, weights: str) -> None:
+    """Versions 1 and 2 of ``ab``, READY, whose config splits traffic by ``weights``."""
+    for version in (1, 2):
+        mv = _ready(q, "ab", version)
+        cfg = mc.ModelConfig(name="ab")
+        cfg.parameters["shoal_version_weights"].string_value = weights
+        mv.config = b""  # (set_config keeps the first config it is given)
+        mv.set_config(cfg.SerializeToString())
+
+
+def _admitted(q: Queries, **fields: object) -> int:
+    req = m.InferRequest(1, "ab", -1, [], [], **fields)  # type: ignore[arg-type]
+    return q.admissible(req)[0].version
+
+
+def test_a_request_naming_no_version_is_routed_by_the_weights(tmp_path: Path) -> None:
+    q = _queries(tmp_path)
+    _weighted(q, "1:1,2:3")
+    assert q.lookup("ab", -1).version == 2  # metadata: the latest, and no turn taken
+    assert [_admitted(q) for _ in range(8)] == [2, 1, 2, 2, 2, 1, 2, 2]
+    keyed = _admitted(q, route_key="user-7")
+    assert all(_admitted(q, route_key="user-7") == keyed for _ in range(5))
+    # a sequence's requests go where its id hashes, every one of them
+    by_id = {sid: _admitted(q, sequence_id=sid, sequence_start=True) for sid in range(1, 9)}
+    assert set(by_id.values()) == {1, 2}
+    assert all(_admitted(q, sequence_id=sid) == v for sid, v in by_id.items())
