@@ -10,9 +10,10 @@ scripts/setup.sh
 .venv/bin/mypy
 # Unit and integration tests in two processes (pytest-xdist; a file's tests stay together,
 # sharing its servers; the slowest files first, in tests/conftest.py's order); the fault
-# tests, which kill processes and time recoveries, alone.
+# tests, which kill processes and time recoveries, and the tests that compare measurements
+# (tests/measured), alone.
 status=0
 .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
   tests/unit tests/integration "$@" || status=$?
-.venv/bin/python -m pytest -q tests/fault "$@" || status=$?
+.venv/bin/python -m pytest -q tests/fault tests/measured "$@" || status=$?
 exit "$status"

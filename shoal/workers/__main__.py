@@ -17,6 +17,7 @@ on to 256 MiB more; ``leak-in-batch``: the same, then the batch takes 20 s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -105,10 +106,28 @@ def _place(args: argparse.Namespace) -> None:
     args.instance_name = args.instance_name or plan.name
 
 
+def _mentions_env(args: argparse.Namespace) -> bool:
+    """Whether the model's config files (or its override) name EXECUTION_ENV_PATH at all,
+    read as bytes: for every other model, nothing is imported before the pinning below
+    (numpy's import starts OpenBLAS's threads, which would keep the default scheduling
+    and every core)."""
+    folder = Path(args.model_repository) / args.model
+    files = [*folder.glob("*.pbtxt"), *folder.glob("configs/*.pbtxt")]
+    if args.config_override:
+        files.append(Path(args.config_override))
+    for f in files:
+        with contextlib.suppress(OSError):
+            if b"EXECUTION_ENV_PATH" in f.read_bytes():
+                return True
+    return False
+
+
 def _execution_env(args: argparse.Namespace, argv: list[str]) -> str:
     """A Python model's EXECUTION_ENV_PATH (shoal/workers/python_env.py): this worker is
     exec'd in that environment's interpreter, or the reason it cannot be, for its load
     to fail with ("" when the model asks for none, or this is the environment's)."""
+    if not _mentions_env(args):
+        return ""
     from shoal.workers import python_env as pe
 
     override = Path(args.config_override) if args.config_override else None
