@@ -26,6 +26,8 @@ from typing import Literal
 
 import msgspec
 
+from shoal.ipc.lifecycle import pid_alive
+
 log = logging.getLogger("shoal.metrics")
 
 Kind = Literal["counter", "gauge", "histogram"]
@@ -120,16 +122,6 @@ def _read(path: Path) -> Snapshot | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def read_all(runtime_dir: Path) -> list[Snapshot]:
     """The snapshots of the workers that run now (one caught mid-write is skipped: the
     next scrape has it)."""
@@ -137,7 +129,7 @@ def read_all(runtime_dir: Path) -> list[Snapshot]:
     with contextlib.suppress(FileNotFoundError):
         for path in sorted(folder(runtime_dir).glob("*.msgpack")):
             snap = _read(path)
-            if snap is not None and _alive(snap.pid):
+            if snap is not None and pid_alive(snap.pid):
                 found.append(snap)
     return found
 
@@ -147,7 +139,7 @@ def sweep(runtime_dir: Path) -> list[Path]:
     gone = []
     with contextlib.suppress(FileNotFoundError):
         for path in folder(runtime_dir).glob("*.msgpack"):
-            if path.stem.isdigit() and not _alive(int(path.stem)):
+            if path.stem.isdigit() and not pid_alive(int(path.stem)):
                 path.unlink(missing_ok=True)
                 gone.append(path)
     return gone
