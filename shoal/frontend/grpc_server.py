@@ -339,11 +339,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         return await _guard(context, call)
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        key = dict(context.invocation_metadata() or ()).get(ROUTE_KEY_HEADER)
         if self.dp.tracer.active:  # (the one check tracing costs when off)
             parent = self._traceparent(context)
-            return await _guard(context, lambda: self._traced(request, parent, route_key=key))
-        return await _guard(context, lambda: self._infer(request, route_key=key))
+            return await _guard(context, lambda: self._traced(request, parent, call=context))
+        return await _guard(context, lambda: self._infer(request, call=context))
 
     def _traceparent(self, context: Any) -> str:
         """The client's W3C trace context, which counts in opentelemetry mode only."""
@@ -356,17 +355,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         request: pb.ModelInferRequest,
         parent: str,
         decoded: ClientRequest | None = None,
-        route_key: str | None = None,
+        call: Any = None,
     ) -> pb.ModelInferResponse:
         """A request while tracing is on: sampled, and stamped if it is. The answer's
         GRPC_SEND stamps mark it handed to grpcio (or to its stream)."""
         trace = self.dp.tracer.sample(request.model_name, parent)
         if trace is None:
-            return await self._infer(request, decoded, route_key=route_key)
+            return await self._infer(request, decoded, call=call)
         trace.stamp("GRPC_WAITREAD_START")
         trace.stamp("GRPC_WAITREAD_END")
         try:  # (a failed request's stamps so far are written too, as Triton's)
-            answer = await self._infer(request, decoded, trace, route_key)
+            answer = await self._infer(request, decoded, trace, call)
             trace.stamp("GRPC_SEND_START")
             trace.stamp("GRPC_SEND_END")
             return answer
@@ -378,18 +377,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         request: pb.ModelInferRequest,
         decoded: ClientRequest | None = None,
         trace: Trace | None = None,
-        route_key: str | None = None,
+        call: Any = None,
     ) -> pb.ModelInferResponse:
-        """``decoded``: the request's tensors, read already (a stream's); ``route_key``:
-        the call's shoal-route-key metadata (docs/version-traffic.md)."""
+        """``decoded``: the request's tensors, read already (a stream's); ``call``: the
+        unary call's context, whose shoal-route-key metadata is read only for a model
+        under a traffic policy (docs/version-traffic.md)."""
         # The model first, as Triton looks it up before reading the request's tensors.
         model = await self.dp.model(request.model_name, request.model_version)
         if model.decoupled:
             raise ServingError(Code.UNSUPPORTED, DECOUPLED_UNARY)
         req = decoded if decoded is not None else await decode_request(request)
         req.trace = trace
-        if route_key is not None:
-            req.parameters.setdefault(ROUTE_KEY, route_key)  # (the parameter wins)
+        if call is not None and model.traffic.active:
+            key = dict(call.invocation_metadata() or ()).get(ROUTE_KEY_HEADER)
+            if key is not None:
+                req.parameters.setdefault(ROUTE_KEY, key)  # (the parameter wins)
         result = await self.dp.infer(req)
         try:
             return grpc_codec.encode_infer_response(result)
