@@ -31,5 +31,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
                    help="auto: perf_analyzer if $PERF_ANALYZER or the PATH has it")  # fmt: skip
     p.add_argument("--output", type=Path, default=None, help="default: ./analyze-<model>")
     p.add_argument("--write", action="store_true", help="write config.pbtxt beside the model")
+    p.add_argument(
+        "--gpu",
+        default=None,
+        help="the GPUs KIND_GPU instances may use: all (default where the host has GPUs), "
+        "none, or device ids such as 0,1; on a host without GPU the search stays on KIND_CPU",
+    )
     p.add_argument("--server-arg", action="append", default=[], help="a flag for shoal serve")
     return p

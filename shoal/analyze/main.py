@@ -5,8 +5,9 @@ searches the model's config space (space.py) with Model Analyzer's quick search
 (search.py), reloading the model in place for each point. Each point is measured at every
 concurrency asked, lowest first, by perf_analyzer or the built-in generator (load.py); one
 clearly dominated after a concurrency is not measured at the next. Progress goes to
-stderr, the report to ``--output`` (report.py); ``--write`` puts the recommended
-config.pbtxt beside the model (the old one kept as config.pbtxt.orig).
+stderr (progress.py), the report to ``--output`` (report.py); ``--write`` puts the
+recommended config.pbtxt beside the model (the old one kept as config.pbtxt.orig). Where
+the host shows GPUs (``--gpu`` picks them), KIND_GPU instances are searched too.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shoal.analyze.load import BuiltinLoad, LoadGenerator, PerfAnalyzerLoad, perf_analyzer_binary
+from shoal.analyze.progress import Progress
 from shoal.analyze.report import config_pbtxt, write_report
 from shoal.analyze.search import Goal, PointResult, clearly_dominated, quick_search
 from shoal.analyze.server import AnalysisServer
-from shoal.analyze.space import Point, apply, space_for, start_point
+from shoal.analyze.space import Point, apply, gpu_choice, space_for, start_point
+from shoal.configs import devices
 
 
 def _progress(msg: str) -> None:
@@ -44,14 +47,16 @@ def measure_point(
     concurrencies: list[int],
     window_s: float,
     tell: Callable[[str], None] = _progress,
+    gpus: tuple[int, ...] = (),
 ) -> Callable[[Point, PointResult | None], PointResult]:
     """The search's ``measure``: ``reload`` the model with the point's config (the server's
-    load with a config override), then measure it at each concurrency, lowest first."""
+    load with a config override; KIND_GPU instances on ``gpus``), then measure it at each
+    concurrency, lowest first."""
 
     def measure(p: Point, best: PointResult | None) -> PointResult:
         r = PointResult(p)
         try:
-            reload(apply(base, p))
+            reload(apply(base, p, gpus))
             for c in concurrencies:
                 r.samples.append(s := load.run(c, window_s))
                 tell(f"  {p.label()}: c={c} {s.throughput:,.0f} inf/s, p99 {s.p99_ms:.2f} ms")
@@ -86,15 +91,41 @@ def _analyse(args: argparse.Namespace) -> int:
     out = args.output or Path(f"analyze-{args.model}")
     out.mkdir(parents=True, exist_ok=True)
     model_dir = args.model_repository / args.model
-    _progress(f"starting a server for '{args.model}' (log: {out / 'server.log'})")
+    gpus, note = gpu_choice(args.gpu, devices.gpu_count())
+    show = Progress(args.max_points, args.budget_secs)
+    try:
+        return _search(args, concurrencies, goal, out, model_dir, gpus, note, show)
+    finally:
+        show.close()
+
+
+def _search(
+    args: argparse.Namespace,
+    concurrencies: list[int],
+    goal: Goal,
+    out: Path,
+    model_dir: Path,
+    gpus: tuple[int, ...],
+    note: str,
+    show: Progress,
+) -> int:
+    if note:
+        show.note(note)
+    show.note(f"starting a server for '{args.model}' (log: {out / 'server.log'})")
     with AnalysisServer(
         args.model_repository, args.model, out / "server.log", args.server_arg
     ) as srv:
         base = srv.config()
         load = _load_generator(args, srv, base)
-        space, start = space_for(base), start_point(base)
-        _progress(f"load by {load.name}; starting from the model's config: {start.label()}")
-        measure = measure_point(srv.load, base, load, concurrencies, args.window_secs)
+        space, start = space_for(base, gpus=gpus), start_point(base)
+        if gpus and not space.gpus:
+            show.note(f"backend '{base.get('backend', '')}' runs on the CPU here: KIND_CPU only")
+        elif space.gpus:
+            show.note(f"KIND_GPU instances searched too, on GPU(s) {list(space.gpus)}")
+        show.note(f"load by {load.name}; starting from the model's config: {start.label()}")
+        measure = measure_point(
+            srv.load, base, load, concurrencies, args.window_secs, show.note, space.gpus
+        )
         counted = [0]
         started = time.monotonic()  # the budget is the search's: the server is up
 
@@ -108,21 +139,22 @@ def _analyse(args: argparse.Namespace) -> int:
             again = " (again, to confirm a win)" if p in seen else ""
             seen.add(p)
             spent = time.monotonic() - started
-            _progress(f"point {counted[0]} ({spent:.0f} s of {args.budget_secs:.0f} s): "
+            show.note(f"point {counted[0]} ({spent:.0f} s of {args.budget_secs:.0f} s): "
                       f"{p.label()}{again}")  # fmt: skip
+            show.point(counted[0], spent, p.label())
             return measure(p, best)
 
         results, best = quick_search(space, start, goal, counting, keep_going)
-        recommended = config_pbtxt(apply(base, best.point), args.model) if best else ""
+        recommended = config_pbtxt(apply(base, best.point, space.gpus), args.model) if best else ""
     write_report(out, args.model, results, best, goal, concurrencies, recommended, load.name)
-    _progress(f"report: {out / 'report.md'}")
+    show.note(f"report: {out / 'report.md'}")
     if best is None:
         return 1
-    _progress(f"recommended: {best.point.label()}")
+    show.note(f"recommended: {best.point.label()}")
     if args.write:
         target = model_dir / "config.pbtxt"
         if target.exists():
             target.replace(model_dir / "config.pbtxt.orig")
         target.write_text(recommended)
-        _progress(f"written: {target}")
+        show.note(f"written: {target}")
     return 0

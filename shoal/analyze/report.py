@@ -8,14 +8,15 @@ the Pareto front of throughput against p99, the summary of why the winner won),
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import text_format
 
-from shoal.analyze.search import Goal, PointResult, Sample, pareto_front
+from shoal.analyze.search import MARGIN, Goal, PointResult, Sample, pareto_front
+from shoal.analyze.space import Point
 from shoal.configs.model_config import fill_defaults, parse_config_json, parse_config_text
 from shoal.configs.validation import validate
 
@@ -67,6 +68,62 @@ def summary(results: list[PointResult], best: PointResult | None, goal: Goal) ->
         f"{failed} failed); the search stopped where no neighbour of the winner (one knob "
         "one step away) did better by more than the noise margin, or at the time budget."
     )
+
+
+#: How each knob reads in the explanation (Point's fields).
+_KNOBS = {
+    "kind": "instance kind",
+    "instances": "instances",
+    "max_batch_size": "max_batch_size",
+    "queue_delay_us": "dynamic batching (queue delay, µs; -1: off)",
+    "prefer_max": "preferring the largest batch",
+    "threads": "backend threads (0: the backend's default)",
+    "inter_threads": "ONNX Runtime inter-op threads (0: sequential execution)",
+}
+
+
+def _knob_changes(a: Point, b: Point) -> list[tuple[str, str]]:
+    """The knobs on which ``b`` differs from ``a``: (knob, "a's -> b's")."""
+    out = []
+    for f in fields(Point):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if x != y:
+            out.append((_KNOBS[f.name], f"{x} -> {y}"))
+    return out
+
+
+def why(results: list[PointResult], best: PointResult, goal: Goal) -> list[str]:
+    """Why ``best`` won, as list items: what it changes against the model's own config,
+    and how each config one knob from it that was measured fared against it (the search
+    stops at a config no such neighbour beats by more than the noise margin)."""
+    base = results[0]
+    unit = "inferences/s" if goal.objective == "throughput" else "ms of worst p99"
+    sb = goal.score(best)
+    assert sb is not None
+    lines = []
+    changes = _knob_changes(base.point, best.point)
+    if changes:
+        what = "; ".join(f"{k}: {v}" for k, v in changes)
+        lines.append(f"- Against the model's own config it changes {what}.")
+    else:
+        lines.append("- It is the model's own config.")
+    for r in results:
+        diff = _knob_changes(best.point, r.point)
+        if r is best or len(diff) != 1:
+            continue
+        knob, step = diff[0]
+        score = goal.score(r)
+        if score is None:
+            reason = r.error or ("stopped early: clearly dominated" if r.pruned else
+                                 "over the latency budget")  # fmt: skip
+            lines.append(f"- {knob} {step}: not a candidate ({reason}).")
+            continue
+        gap = (score - sb) / abs(sb) * 100 if sb else 0.0
+        value = score if goal.objective == "throughput" else -score
+        noise = " (within the noise margin)" if abs(gap) <= MARGIN * 100 else ""
+        lines.append(f"- {knob} {step}: {_fmt(value)} {unit}, {gap:+.0f} % against the "
+                     f"winner{noise}.")  # fmt: skip
+    return lines
 
 
 def _table(results: list[PointResult], goal: Goal, concurrencies: list[int]) -> list[str]:
@@ -148,6 +205,7 @@ def write_report(
         "",
         summary(results, best, goal),
         "",
+        *(["### Why it won", "", *why(results, best, goal), ""] if best is not None else []),
         "## Pareto front (throughput against p99)",
         "",
         "![Pareto front](pareto.svg)",

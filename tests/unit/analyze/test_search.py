@@ -48,6 +48,7 @@ def test_the_space_and_the_start_follow_the_model() -> None:
         Point(1, 4),
         Point(1, 8, 0),
         Point(1, 8, -1, False, 1),
+        Point(1, 8, -1, False, 0, 1),  # ONNX Runtime's parallel mode, one inter-op thread
     }  # prefer_max needs the dynamic batcher: not a neighbour without it
     no_batch = space_for({**CONFIG, "max_batch_size": 0, "backend": "python"}, cpus=1)
     assert no_batch.neighbours(start_point({**CONFIG, "max_batch_size": 0})) == []
