@@ -273,8 +273,11 @@ class DataPlane:
             if self.cache is not None and model.response_cache:
                 epoch = self._models_epoch
                 lookup = time.perf_counter_ns()
+                looked_up = time.monotonic_ns() if req.trace is not None else 0
                 key = await self._key(req, model)
                 if key is not None and (hit := self._cached(req, model, key, started, lookup)):
+                    if req.trace is not None:
+                        req.trace.cache_hit(req, model.version, looked_up, hit.outputs)
                     return hit
                 lookup = time.perf_counter_ns() - lookup
                 self.cache.lookup_ns += lookup
@@ -305,9 +308,8 @@ class DataPlane:
             if resp.error is not None:
                 raise self._answer_error(resp.error, req)
             answer = outputs(resp, slots)
-            if req.trace is not None and req.trace.tensors_level:
-                for t in answer:
-                    req.trace.tensor("TENSOR_BACKEND_OUTPUT", t.name, t.datatype, t.shape, t.data)
+            if req.trace is not None:
+                req.trace.outputs(answer)
         except BaseException:
             self._free(slots, pool)
             raise
@@ -355,6 +357,8 @@ class DataPlane:
             msg = request_message(
                 req, model, batch, slots, self._alloc_slot, self._next_id, self.allow_client_shm
             )
+            if req.trace is not None:
+                req.trace.leaving(req, msg, self.broker)
         except ServingError as err:
             raise await self._refused(req, err, slots) from None
         except BaseException:
@@ -375,7 +379,11 @@ class DataPlane:
                 # The model has its own copy of the inputs once it answers (the Python
                 # backend copies them before execute): a long stream pins no slot.
                 self._free(slots, pool)
+                if req.trace is not None and resp.final:
+                    req.trace.answered(resp)  # (the worker's part rides on the final one)
                 answer = self._stream_answer(resp, req, model, empty_final)
+                if req.trace is not None and isinstance(answer, InferenceResult):
+                    req.trace.outputs(answer.outputs)
                 if answer is not None:
                     yield answer
                 if resp.final:
@@ -465,9 +473,14 @@ class DataPlane:
         A request its client leaves before the end is not counted."""
         started = time.perf_counter_ns()
         run, todo, batch = self._ensemble_run(model, req)
+        if req.trace is not None:
+            req.trace.request_id, req.trace.version = req.id, model.version
+            req.trace.stamp("REQUEST_START")
         async with contextlib.aclosing(run.stream(todo)) as responses:
             async for r in responses:
                 yield r
+        if req.trace is not None:
+            req.trace.stamp("REQUEST_END")
         self.broker.notify(ensemble_runner.done_note(model, started, not run.failed, batch))
         self.requests_handled += 1
 

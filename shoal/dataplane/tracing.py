@@ -29,7 +29,7 @@ import numpy as np
 
 from shoal.configs.trace_settings import RATE_ZERO, invalid_reason
 from shoal.dataplane.broker_client import HOPS, BrokerClient
-from shoal.dataplane.types import ClientRequest
+from shoal.dataplane.types import ClientRequest, OutputTensor
 from shoal.ipc import datatypes
 from shoal.ipc import messages as m
 
@@ -52,6 +52,7 @@ class Trace:
     tensors_level: bool = False  # TENSORS: its inputs and outputs are recorded
     traceparent: str = ""  # the client's W3C trace context, if it sent one
     last: bool = False  # the last trace its setting's count allows
+    responses: int = 0  # the responses its client got so far (a decoupled model's)
     stamps: list[tuple[str, int]] = field(default_factory=list)
     attributes: Attrs = field(default_factory=dict)
     tensors: list[tuple[str, str, str, list[int], str]] = field(default_factory=list)
@@ -95,6 +96,27 @@ class Trace:
         self.stamps.append(("REQUEST_START", now))
         msg.hops = m.TracedWay(self.id, [now])
 
+    def outputs(self, answer: list[OutputTensor]) -> None:
+        """At TENSORS level: an answer's outputs (a decoupled model's: each response's)."""
+        if self.tensors_level:
+            for t in answer:
+                self.tensor("TENSOR_BACKEND_OUTPUT", t.name, t.datatype, t.shape, t.data)
+
+    def cache_hit(
+        self, req: ClientRequest, version: int, looked_up: int, answer: list[OutputTensor]
+    ) -> None:
+        """``req`` was answered from the response cache, whose lookup began at
+        ``looked_up``: as Triton stamps a hit, REQUEST_START and QUEUE_START there and
+        REQUEST_END now (no compute), with the attribute ``cache_hit``."""
+        self.request_id, self.version = req.id, version
+        self.attributes["cache_hit"] = 1
+        if self.tensors_level:
+            for t in req.inputs:
+                self.tensor("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, t.data)
+        self.outputs(answer)
+        self.stamps += [("REQUEST_START", looked_up), ("QUEUE_START", looked_up)]
+        self.stamp("REQUEST_END")
+
     def answered(self, resp: m.InferResponse) -> None:
         """Its answer came back: the stamps of the processes it crossed, REQUEST_END."""
         now = time.monotonic_ns()
@@ -124,11 +146,15 @@ class Trace:
             version=self.version,
             parent_id=self.parent_id,
             request_id=self.request_id,
-            stamps=self.stamps,
+            stamps=sorted(self.stamps, key=_ns),  # (stamps from several processes)
             attributes=self.attributes,
             tensors=self.tensors,
             children=[c if isinstance(c, m.TraceRecord) else c.record() for c in self.children],
         )
+
+
+def _ns(stamp: tuple[str, int]) -> int:
+    return stamp[1]
 
 
 @dataclass(slots=True)

@@ -341,7 +341,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         if self.dp.tracer.active:  # (the one check tracing costs when off)
             parent = self._traceparent(context)
-            return await _guard(context, lambda: self._traced(request, parent, call=context))
+            return await _guard(context, lambda: self._traced(request, parent, context))
         return await _guard(context, lambda: self._infer(request, call=context))
 
     def _traceparent(self, context: Any) -> str:
@@ -351,21 +351,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         return str(dict(context.invocation_metadata() or ()).get("traceparent", ""))
 
     async def _traced(
-        self,
-        request: pb.ModelInferRequest,
-        parent: str,
-        decoded: ClientRequest | None = None,
-        call: Any = None,
+        self, request: pb.ModelInferRequest, parent: str, call: Any
     ) -> pb.ModelInferResponse:
-        """A request while tracing is on: sampled, and stamped if it is. The answer's
-        GRPC_SEND stamps mark it handed to grpcio (or to its stream)."""
+        """A unary request while tracing is on: sampled, and stamped if it is. The
+        answer's GRPC_SEND stamps mark it handed to grpcio."""
         trace = self.dp.tracer.sample(request.model_name, parent)
         if trace is None:
-            return await self._infer(request, decoded, call=call)
+            return await self._infer(request, call=call)
         trace.stamp("GRPC_WAITREAD_START")
         trace.stamp("GRPC_WAITREAD_END")
         try:  # (a failed request's stamps so far are written too, as Triton's)
-            answer = await self._infer(request, decoded, trace, call)
+            answer = await self._infer(request, None, trace, call)
+            trace.stamp("INFER_RESPONSE_COMPLETE")
             trace.stamp("GRPC_SEND_START")
             trace.stamp("GRPC_SEND_END")
             return answer
@@ -402,16 +399,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """A stream's requests and their answers (shoal/frontend/grpc_stream.py); while
-        tracing is on, each request is sampled, continuing the stream's trace context."""
-        infer: grpc_stream.Infer = self._infer
-        if self.dp.tracer.active:
-            parent = self._traceparent(context)
-
-            async def traced(request: pb.ModelInferRequest, decoded: ClientRequest) -> Any:
-                return await self._traced(request, parent, decoded)
-
-            infer = traced
-        answered = grpc_stream.serve(self.dp, infer, request_iterator, context)
+        tracing is on, each request is sampled there, continuing the stream's trace
+        context."""
+        parent = self._traceparent(context) if self.dp.tracer.active else ""
+        answered = grpc_stream.serve(self.dp, self._infer, request_iterator, context, parent)
         async with contextlib.aclosing(answered) as answers:
             async for answer in answers:
                 yield answer

@@ -23,6 +23,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from shoal.dataplane.plane import DataPlane
+from shoal.dataplane.tracing import Trace
 from shoal.dataplane.types import FINAL_FLAG, ClientRequest, InferenceResult, ResponseError
 from shoal.frontend import grpc_codec
 from shoal.ipc.errors import GRPC_STATUS, AnswerError, Code, ServingError
@@ -35,8 +36,11 @@ UNPARSABLE_MESSAGE: Final[str] = "Unable to parse request"
 #: (``bytes_contents``) is decoded on a worker thread: packing millions of protobuf strings
 #: takes long enough (seconds for 10 Mi) to stall every other client of the event loop.
 DECODE_ON_THREAD_ELEMENTS: Final[int] = 64 * 1024
-#: The service's answer to one request of a model that is not decoupled (tensors read).
-Infer = Callable[[pb.ModelInferRequest, ClientRequest], Awaitable[pb.ModelInferResponse]]
+#: The service's answer to one request of a model that is not decoupled (tensors read;
+#: its trace, if it is sampled).
+Infer = Callable[
+    [pb.ModelInferRequest, ClientRequest, Trace | None], Awaitable[pb.ModelInferResponse]
+]
 
 
 class Unparsable:
@@ -52,11 +56,13 @@ class Unparsable:
         log.warning("%s: %s (%s)", self.method, UNPARSABLE_MESSAGE, self.reason)
 
 
-#: A stream's answer: a response to send (or None), whether it is its request's last, and
-#: the code of the error it carries, where it is a model's error response.
-_Answer = tuple[pb.ModelStreamInferResponse | None, bool, Code | None]
-#: A request's answer to a model that is not decoupled, and its error response's code.
-_Ordered = tuple[pb.ModelStreamInferResponse, Code | None]
+#: A stream's answer: a response to send (or None), whether it is its request's last, the
+#: code of the error it carries, where it is a model's error response, and its request's
+#: trace (sampled: its sends are stamped, and it is finished with its last answer).
+_Answer = tuple[pb.ModelStreamInferResponse | None, bool, Code | None, Trace | None]
+#: A request's answer to a model that is not decoupled, its error response's code, and
+#: its request's trace.
+_Ordered = tuple[pb.ModelStreamInferResponse, Code | None, Trace | None]
 #: The header that asks a stream to end with a model's first error response.
 GRPC_ERROR_HEADER: Final[str] = "triton_grpc_error"
 
@@ -111,18 +117,20 @@ def internal(exc: Exception) -> str:
 
 
 async def _stream_one(
-    infer: Infer, request: pb.ModelInferRequest, decoded: ClientRequest
+    infer: Infer, request: pb.ModelInferRequest, decoded: ClientRequest, trace: Trace | None
 ) -> _Ordered:
     """One request of a stream: its error is its own answer (with its code where the
     model's answer carried it)."""
     try:
-        answer = await infer(request, decoded)
+        answer = await infer(request, decoded, trace)
     except AnswerError as exc:
-        return _stream_error(request, exc), exc.code
+        return _stream_error(request, exc), exc.code, trace
     except Exception as exc:
-        return _stream_error(request, exc), None
+        return _stream_error(request, exc), None, trace
+    if trace is not None:
+        trace.stamp("INFER_RESPONSE_COMPLETE")
     grpc_codec.set_param(answer.parameters[FINAL_FLAG], True)  # as Triton 2.51's
-    return pb.ModelStreamInferResponse(infer_response=answer), None
+    return pb.ModelStreamInferResponse(infer_response=answer), None, trace
 
 
 async def _stream_decoupled(
@@ -132,17 +140,23 @@ async def _stream_decoupled(
     answers: asyncio.Queue[_Answer | None],
 ) -> None:
     """One request of a stream to a decoupled model: each of its responses goes out
-    as it comes (an error among them too); the last one releases its window place."""
+    as it comes (an error among them too); the last one releases its window place. A
+    traced request's first response is stamped INFER_RESPONSE_COMPLETE, as Triton's."""
+    trace = decoded.trace
     try:
         responses = dp.infer_stream(decoded)
         async with contextlib.aclosing(responses) as answered:  # (its end cancels)
             async for r in answered:
+                if trace is not None and trace.responses == 0:
+                    trace.stamp("INFER_RESPONSE_COMPLETE")
+                if trace is not None:
+                    trace.responses += 1
                 code = r.code if isinstance(r, ResponseError) else None
-                answers.put_nowait((_stream_answer(request, r), False, code))
+                answers.put_nowait((_stream_answer(request, r), False, code, trace))
     except Exception as exc:
-        answers.put_nowait((_stream_error(request, exc), True, None))
+        answers.put_nowait((_stream_error(request, exc), True, None, trace))
         return
-    answers.put_nowait((None, True, None))
+    answers.put_nowait((None, True, None, trace))
 
 
 async def serve(
@@ -150,9 +164,13 @@ async def serve(
     infer: Infer,
     request_iterator: AsyncIterator[pb.ModelInferRequest],
     context: Any,
+    traceparent: str = "",
 ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
     """A stream's answers (``infer``: the service's one request to a model that is not
-    decoupled, with its tensors read already). Requests run concurrently. As Triton's
+    decoupled, with its tensors read already). While tracing is on, each request is
+    sampled (``traceparent``: the stream's trace context, each request's parent); a
+    traced request's answers are stamped GRPC_SEND_START/END as they go out, in their
+    turn, and its trace is finished with its last. Requests run concurrently. As Triton's
     stream handler writes them, the answers of requests to models that are not
     decoupled (and the errors of requests that failed before reaching one) go out in
     the order the stream brought the requests,
@@ -173,7 +191,7 @@ async def serve(
         place[0] = answer
         while ordered and (ready := ordered[0][0]) is not None:
             ordered.popleft()
-            answers.put_nowait((ready[0], True, ready[1]))
+            answers.put_nowait((ready[0], True, ready[1], ready[2]))
 
     async def answer(
         request: pb.ModelInferRequest, before: asyncio.Event | None, handed: asyncio.Event
@@ -187,6 +205,10 @@ async def serve(
         hand-over, which does not wait. A warm stream waits for nothing. A request
         with many BYTES elements is decoded on a thread (decode_request) before it
         waits for its turn, so that too keeps the order."""
+        trace = None
+        if dp.tracer.active and (trace := dp.tracer.sample(request.model_name, traceparent)):
+            trace.stamp("GRPC_WAITREAD_START")
+            trace.stamp("GRPC_WAITREAD_END")
         failed: Exception | None = None
         decoupled = False
         decoded: ClientRequest | None = None
@@ -205,13 +227,14 @@ async def serve(
         finally:
             handed.set()  # also when cancelled: the next ones must not wait for it
         if failed is not None:
-            give(place, (_stream_error(request, failed), None))
+            give(place, (_stream_error(request, failed), None, trace))
             return
         assert decoded is not None  # (read, as nothing failed)
         if decoupled:
+            decoded.trace = trace
             await _stream_decoupled(dp, request, decoded, answers)
         else:
-            give(place, await _stream_one(infer, request, decoded))
+            give(place, await _stream_one(infer, request, decoded, trace))
 
     async def read() -> None:
         before: asyncio.Event | None = None
@@ -234,14 +257,22 @@ async def serve(
     reader = asyncio.create_task(read())
     try:
         while (next_answer := await answers.get()) is not None:
-            response, last, failure = next_answer
+            response, last, failure, trace = next_answer
             if failure is not None and end_on_error and response is not None:
+                if trace is not None:
+                    dp.tracer.finish(trace)
                 status = getattr(grpc.StatusCode, GRPC_STATUS[failure])
                 await context.abort(status, response.error_message)
             if response is not None:
+                if trace is not None:
+                    trace.stamp("GRPC_SEND_START")
                 yield response
+                if trace is not None:
+                    trace.stamp("GRPC_SEND_END")
             if last:
                 window.release()
+                if trace is not None:
+                    dp.tracer.finish(trace)
         if unparsable:
             unparsable[0].log()
             await context.abort(grpc.StatusCode.INTERNAL, UNPARSABLE_MESSAGE)

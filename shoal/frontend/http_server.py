@@ -200,6 +200,7 @@ async def _infer(request: web.Request, trace: Trace | None) -> web.Response:
         req.parameters.setdefault(ROUTE_KEY, key)  # (the parameter, when both are given)
     result = await dp.infer(req)
     if trace is not None:
+        trace.stamp("INFER_RESPONSE_COMPLETE")
         trace.stamp("HTTP_SEND_START")
     try:
         parts, json_len = http_codec.encode_infer_response(result, options)
@@ -243,6 +244,8 @@ async def _generate_one(request: web.Request, trace: Trace | None) -> web.Respon
     answers: list[bytes | ResponseError] = []
     async with contextlib.aclosing(_dp(request).infer_stream(req)) as responses:
         async for r in responses:
+            if trace is not None:
+                trace.stamp("INFER_RESPONSE_COMPLETE")
             answers.append(r if isinstance(r, ResponseError) else _event(r))
     if trace is not None:
         trace.stamp("HTTP_SEND_START")
@@ -258,21 +261,45 @@ async def _generate_one(request: web.Request, trace: Trace | None) -> web.Respon
 async def generate_stream(request: web.Request) -> web.StreamResponse:
     """Triton's generate extension as server-sent events: ``data: <JSON>`` per response
     as it comes (a model error too: 400 if it is the first, else one more event). What
-    refuses the request before it runs is a plain JSON error."""
+    refuses the request before it runs is a plain JSON error. A traced request's trace
+    holds INFER_RESPONSE_COMPLETE and HTTP_SEND_START/END for each event, as Triton's."""
+    dp = _dp(request)
+    if not dp.tracer.active or (trace := http_trace.sample(request, dp.tracer)) is None:
+        return await _generate_stream(request, None)
+    trace.stamp("HTTP_RECV_START")
+    try:
+        return await _generate_stream(request, trace)
+    finally:
+        dp.tracer.finish(trace)
+
+
+async def _generate_stream(request: web.Request, trace: Trace | None) -> web.StreamResponse:
     req = await _generate_request(request)
+    if trace is not None:
+        trace.stamp("HTTP_RECV_END")
+        req.trace = trace
     async with contextlib.aclosing(_dp(request).infer_stream(req)) as answers:
         first = await anext(answers, None)
+        if trace is not None and first is not None:
+            trace.stamp("INFER_RESPONSE_COMPLETE")
         resp = web.StreamResponse(status=400 if isinstance(first, ResponseError) else 200)
         resp.content_type = "text/event-stream"
         resp.charset = "utf-8"
         await resp.prepare(request)
         item = first
         while item is not None:
-            await resp.write(b"data: " + _event(item) + b"\n\n")
+            event = b"data: " + _event(item) + b"\n\n"
+            if trace is not None:
+                trace.stamp("HTTP_SEND_START")
+            await resp.write(event)
+            if trace is not None:
+                trace.stamp("HTTP_SEND_END")
             try:
                 item = await anext(answers, None)
             except ServingError as exc:  # the server lost its broker: the last event
                 item = ResponseError(exc.message, True)
+            if trace is not None and item is not None:
+                trace.stamp("INFER_RESPONSE_COMPLETE")
         await resp.write_eof()
         return resp
 

@@ -21,6 +21,12 @@ from shoal.ipc import messages as m
 
 DEFAULT_URL = "http://localhost:4318/v1/traces"
 _SCALARS = (int, str, float, bool)
+#: The top-level span's events, as Triton's: the protocol's stamps.
+_PROTOCOL = frozenset(
+    ("HTTP_RECV_START", "HTTP_RECV_END", "GRPC_WAITREAD_START", "GRPC_WAITREAD_END",
+     "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END", "GRPC_SEND_START",
+     "GRPC_SEND_END")
+)  # fmt: skip
 
 
 def resource_attributes(options: dict[str, str]) -> dict[str, str]:
@@ -65,15 +71,13 @@ class OtelExporter:
         traceparent = record.attributes.pop("traceparent", "")
         assert isinstance(traceparent, str)
         ctx = self.propagator.extract({"traceparent": traceparent}) if traceparent else None
-        stamps = dict(record.stamps)
         first = min((ns for _, ns in record.stamps), default=time.monotonic_ns())
         last = max((ns for _, ns in record.stamps), default=first)
         top = self.tracer.start_span("InferRequest", context=ctx, start_time=first + self.offset)
         top.set_attribute("shoal.frontend.index", self.frontend)
-        for name in ("HTTP_RECV_START", "HTTP_RECV_END", "GRPC_WAITREAD_START",
-                     "GRPC_WAITREAD_END", "HTTP_SEND_START", "GRPC_SEND_START"):  # fmt: skip
-            if name in stamps:
-                top.add_event(name, timestamp=stamps[name] + self.offset)
+        for name, ns in record.stamps:  # (a decoupled model's: a send per response)
+            if name in _PROTOCOL:
+                top.add_event(name, timestamp=ns + self.offset)
         self._model_span(record, trace.set_span_in_context(top))
         top.end(end_time=last + self.offset)
 

@@ -125,6 +125,7 @@ class WorkerProc:
                 self._answer_frontend,
                 self._read_cancels,
                 self._wake,
+                self._where,
             )
         elif instance.per_request:  # a Python model: its requests' is_cancelled()
             instance.cancels = self.cancels = RunningCancels(self._read_cancels)
@@ -403,16 +404,16 @@ class WorkerProc:
         way = item.request.hops
         if isinstance(way, list):
             return [*way, received, sent]
-        s = self.s
-        where: trace_note.Attrs = {
-            "worker_pid": os.getpid(),
-            "instance": s.instance_name or f"{s.model}_{s.instance}",
-            "cores": list(s.cores),
-            "gpu": -1 if s.gpu is None else s.gpu,
-        }
+        where = self._where()
         others = [i.request.req_id for i, _ in answers if i is not item]
         children = self.scripting.children(way.id) if self.scripting is not None else []
         return trace_note.traced_answer(way, others, done, received, sent, where, children)
+
+    def _where(self) -> trace_note.Attrs:
+        """What a traced request's spans say ran it: this process and its instance."""
+        s = self.s
+        name = s.instance_name or f"{s.model}_{s.instance}"
+        return trace_note.where(os.getpid(), name, list(s.cores), s.gpu)
 
     def _send_answers(self, done: m.BatchDone, answers: Answers, received: int) -> None:
         """The batch's report, and its answers (``received``: when the batch came, for the

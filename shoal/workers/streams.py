@@ -25,7 +25,7 @@ from typing import Any
 
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code
-from shoal.workers import pb_utils
+from shoal.workers import pb_utils, trace_note
 from shoal.workers.instance import Live, ModelInstance, error
 
 log = logging.getLogger("shoal.worker")
@@ -40,6 +40,8 @@ class Stream:
     item: m.WorkItem
     reported_open: bool = False  # its BatchDone named it open: StreamsEnded names its end
     cancelled: bool = False  # its client gave up (the broker said so)
+    # traced: its batch's receipt, inputs ready, execute's return (trace_note.py)
+    ran: list[int] | None = None
 
 
 class DecoupledStreams:
@@ -51,11 +53,14 @@ class DecoupledStreams:
         answer: Callable[[bytes, list[bytes]], None],
         read_cancels: Callable[[], None],
         wake_fd: int,
+        where: Callable[[], trace_note.Attrs],
     ) -> None:
         """``answer``: send payloads to a frontend; ``read_cancels``: read the cancels the
         broker sent while the model runs on the loop's thread; ``wake_fd``: the eventfd
-        that wakes the loop."""
+        that wakes the loop; ``where``: the attributes a traced request's final response
+        names this process by (shoal/workers/trace_note.py)."""
         self.instance, self.instance_name = instance, instance_name
+        self._where = where
         self.io_lock = io_lock
         self._answer, self._read_cancels, self._wake = answer, read_cancels, wake_fd
         self.open: dict[tuple[bytes, int], Stream] = {}
@@ -80,8 +85,10 @@ class DecoupledStreams:
                     sequence.add(it, tensors)
             requests = backend.requests([(it.request, tensors) for _, it, tensors in live], senders)
             t1 = time.perf_counter_ns()
+            self._stamp(live)
             with self._unlocked():  # the model's threads may answer meanwhile
                 failure = backend.execute_decoupled(requests)
+            self._stamp(live)
         except Exception as exc:  # the model's fault, never the worker's end
             log.exception("model '%s': requests could not be run", self.instance.model)
             failure = (
@@ -106,6 +113,13 @@ class DecoupledStreams:
                 stream.reported_open = True
                 still_open.append(pos)
         return t1, t2, self.instance.samples(live)
+
+    def _stamp(self, live: Live) -> None:
+        """The traced requests' next compute stamp (trace_note.decoupled_answer)."""
+        for _, it, _ in live:
+            stream = self.open.get((it.frontend, it.request.req_id))
+            if stream is not None and stream.ran is not None:
+                stream.ran.append(time.monotonic_ns())
 
     def cancel(self, frontend: bytes, req_id: int) -> None:
         """The broker says the client of this request gave up: the model may look."""
@@ -140,6 +154,8 @@ class DecoupledStreams:
 
     def _sender(self, item: m.WorkItem) -> pb_utils.InferenceResponseSender:
         stream = self.open[(item.frontend, item.request.req_id)] = Stream(item)
+        if isinstance(item.request.hops, m.TracedWay):
+            stream.ran = [time.monotonic_ns()]
 
         def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
             self._deliver(stream, response, final)
@@ -161,7 +177,14 @@ class DecoupledStreams:
             if self.open.get((item.frontend, req_id)) is not stream:
                 return  # ended already: the instance is stopping (end_all)
             try:
-                payload = m.encode_payload(self.instance.stream_response(item, response, final))
+                resp = self.instance.stream_response(item, response, final)
+                if final and stream.ran is not None:
+                    assert isinstance(item.request.hops, m.TracedWay)
+                    now = time.monotonic_ns()
+                    resp.hops = trace_note.decoupled_answer(
+                        item.request.hops, stream.ran, now, self._where()
+                    )
+                payload = m.encode_payload(resp)
             except Exception as exc:  # the model's fault: the request ends with it
                 log.exception("model '%s': a response could not be sent", self.instance.model)
                 final = True

@@ -38,6 +38,7 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
         return responses
 """
+CACHED = "response_cache { enable: true }\n"
 BLS_CONFIG = """
 name: "bls"
 backend: "python"
@@ -48,10 +49,38 @@ input [
 ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]
 """
+# A decoupled model: one response per element of IN, then the final flag alone.
+REPEAT = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            for v in pb_utils.get_input_tensor_by_name(request, "IN").as_numpy():
+                sender.send(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.array([v], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+REPEAT_CONFIG = """
+name: "repeat"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
 MODEL = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
          "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]  # fmt: skip
-HTTP = ["HTTP_RECV_START", "HTTP_RECV_END", *MODEL, "HTTP_SEND_START", "HTTP_SEND_END"]
-GRPC = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *MODEL, "GRPC_SEND_START", "GRPC_SEND_END"]
+DONE = ["INFER_RESPONSE_COMPLETE"]
+HTTP = ["HTTP_RECV_START", "HTTP_RECV_END", *MODEL, *DONE, "HTTP_SEND_START", "HTTP_SEND_END"]
+GRPC = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *MODEL, *DONE, "GRPC_SEND_START",
+        "GRPC_SEND_END"]  # fmt: skip
+HIT = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "REQUEST_END",
+       *DONE, "HTTP_SEND_START", "HTTP_SEND_END"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +95,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         _step("bls", {"IN0": "SUM", "IN1": "D"}, {"OUT": "OUT"}),
     ]
     _ensemble(repo, "ens", steps, outputs=("OUT",))
+    (repo / "repeat" / "1").mkdir(parents=True)
+    (repo / "repeat" / "1" / "model.py").write_text(textwrap.dedent(REPEAT))
+    (repo / "repeat" / "config.pbtxt").write_text(REPEAT_CONFIG)
+    cached = modelgen.SIMPLE_CONFIG.replace('"simple"', '"cached"')
+    modelgen.write_model(repo, "cached", modelgen.simple_model(), cached + CACHED)
     trace_file = tmp_path_factory.mktemp("traces") / "trace.json"
     srv = ShoalServer(
         repo,
+        "--cache-config=local,size=1048576",
         f"--trace-config=triton,file={trace_file}",
         "--trace-level=TIMESTAMPS",  # (the deprecated spelling)
         "--trace-config=rate=1",
@@ -78,6 +113,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         yield srv
     finally:
         assert srv.stop() == 0
+
+
+def _parse(
+    entries: list[dict[str, Any]],
+) -> tuple[dict[int, dict[str, Any]], dict[int, list[tuple[str, int]]]]:
+    """A trace file's heads by id, and each trace's stamps in the file's order."""
+    heads = {e["id"]: e for e in entries if "model_name" in e}
+    stamps: dict[int, list[tuple[str, int]]] = {i: [] for i in heads}
+    for e in entries:
+        for s in e.get("timestamps", []):
+            stamps[e["id"]].append((s["name"], s["ns"]))
+    return heads, stamps
 
 
 def _inputs(module: Any, names: tuple[str, str] = ("IN0", "IN1")) -> list[Any]:
@@ -134,6 +181,34 @@ def test_settings_over_grpc(server: ShoalServer) -> None:
     grpc.close()
 
 
+def test_streams_and_cache_hits_answer_while_traced(server: ShoalServer) -> None:
+    """The requests whose traces the last test reads: a decoupled model over
+    /generate_stream and a gRPC stream, a stream of two ordered answers, a cache hit."""
+    status, body = server.http("/v2/models/repeat/generate_stream", b'{"IN": [1, 2, 3]}')
+    events = [json.loads(e.removeprefix(b"data: ")) for e in body.split(b"\n\n") if e]
+    assert status == 200 and [e["OUT"] for e in events] == [1, 2, 3]
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    values = grpcclient.InferInput("IN", [3], "INT32")
+    values.set_data_from_numpy(np.array([4, 5, 6], np.int32))
+    grpc.async_stream_infer("repeat", [values])
+    got = [answers.get(timeout=60) for _ in range(3)]
+    assert [int(r.as_numpy("OUT")[0]) for r, e in got if e is None] == [4, 5, 6]
+    for first in (1000, 2000):  # two requests on one stream: answered in their order
+        ins = _inputs(grpcclient, ("INPUT0", "INPUT1"))
+        ins[0].set_data_from_numpy(np.arange(first, first + 16, dtype=np.int32).reshape(1, 16))
+        grpc.async_stream_infer("cached", ins, request_id=f"s{first}")
+    got = [answers.get(timeout=60) for _ in range(2)]
+    assert [r.get_response().id for r, e in got if e is None] == ["s1000", "s2000"]
+    grpc.stop_stream()
+    grpc.close()
+    http = httpclient.InferenceServerClient(server.url)
+    for _ in range(2):  # a miss, then a hit
+        assert http.infer("cached", _inputs(httpclient, ("INPUT0", "INPUT1"))) is not None
+    http.close()
+
+
 def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: ShoalServer) -> None:
     http = httpclient.InferenceServerClient(server.url)
     http.update_trace_settings("simple", {"trace_level": ["TIMESTAMPS", "TENSORS"]})
@@ -159,11 +234,8 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
     grpc.close()
     assert server.stop() == 0  # the frontend writes its traces as it exits, as Triton
     entries = json.loads(server.trace_file.read_text())  # type: ignore[attr-defined]
-    heads = {e["id"]: e for e in entries if "model_name" in e}
-    stamps: dict[int, list[tuple[str, int]]] = {i: [] for i in heads}
-    for e in entries:
-        for s in e.get("timestamps", []):
-            stamps[e["id"]].append((s["name"], s["ns"]))
+    heads, stamps = _parse(entries)
+    server.traces = heads, stamps  # type: ignore[attr-defined]
     by_model = {h["model_name"]: i for i, h in heads.items() if h["model_name"] != "simple"}
     ens, bls = by_model["ens"], by_model["bls"]
     simples = [i for i, h in heads.items() if h["model_name"] == "simple"]
@@ -179,7 +251,7 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
     assert [n for n, _ in stamps[failed[0]]] == ["HTTP_RECV_START", "HTTP_RECV_END"]
     names = [n for n, _ in stamps[ens]]
     assert names == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
-                     "HTTP_SEND_START", "HTTP_SEND_END"]  # fmt: skip
+                     *DONE, "HTTP_SEND_START", "HTTP_SEND_END"]  # fmt: skip
     for child in (bls, step[0], called[0]):
         assert [n for n, _ in stamps[child]] == MODEL
     for i in alone:
@@ -207,3 +279,35 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
     called_at = dict(stamps[called[0]])["REQUEST_START"]
     bls_compute = dict(stamps[bls])
     assert bls_compute["COMPUTE_START"] <= called_at <= bls_compute["COMPUTE_END"]
+
+
+def test_streams_and_cache_hits_have_whole_traces(server: ShoalServer) -> None:
+    """A decoupled model's request is one trace: its request's stamps, the worker's
+    compute stamps around its responses, and each response's arrival and send (gRPC:
+    the first arrival, as Triton); a stream's ordered answers are stamped as they go
+    out, in order; a cache hit has Triton's stamps without compute."""
+    heads, stamps = server.traces  # type: ignore[attr-defined]
+    by = {m: [i for i, h in heads.items() if h["model_name"] == m] for m in ("repeat", "cached")}
+    assert len(by["repeat"]) == 2 and len(by["cached"]) == 4
+    order = [*MODEL[:4], "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+    for i in by["repeat"]:
+        names = [n for n, _ in stamps[i]]
+        at = dict(stamps[i])
+        assert [at[n] for n in order] == sorted(at[n] for n in order)
+        sent = "HTTP_SEND_END" if names[0] == "HTTP_RECV_START" else "GRPC_SEND_END"
+        assert names.count(sent) == 3 and names.count(sent[:-3] + "START") == 3
+        assert names.count("INFER_RESPONSE_COMPLETE") == (3 if sent[0] == "H" else 1)
+        assert names[:2] in (HTTP[:2], GRPC[:2]) and names[-1] in (sent, "REQUEST_END")
+        first = names.index("INFER_RESPONSE_COMPLETE")
+        assert at["COMPUTE_INPUT_END"] <= stamps[i][first][1] <= at["REQUEST_END"]
+    assert {heads[i].get("model_version") for i in by["repeat"]} == {1}
+    streamed = sorted((i for i in by["cached"] if stamps[i][0][0] == "GRPC_WAITREAD_START"),
+                      key=lambda i: heads[i]["request_id"])  # fmt: skip
+    assert [heads[i]["request_id"] for i in streamed] == ["s1000", "s2000"]
+    for i in streamed:
+        assert [n for n, _ in stamps[i]] == GRPC
+    assert (
+        dict(stamps[streamed[0]])["GRPC_SEND_START"] <= dict(stamps[streamed[1]])["GRPC_SEND_START"]
+    )
+    over_http = [[n for n, _ in stamps[i]] for i in sorted(by["cached"]) if i not in streamed]
+    assert over_http == [HTTP, HIT]

@@ -96,6 +96,15 @@ def test_the_clients_trace_is_continued_over_both_protocols(
         assert top.start_ns <= model.start_ns <= compute.start_ns
         assert compute.end_ns <= model.end_ns <= top.end_ns
         assert top.resource["service.name"] == "shoal-test"
+        p = "HTTP" if trace_id == h_trace else "GRPC"
+        read = ["HTTP_RECV_START", "HTTP_RECV_END"] if p == "HTTP" else [
+            "GRPC_WAITREAD_START", "GRPC_WAITREAD_END"]  # fmt: skip
+        assert [e[0] for e in top.events] == [  # Triton's root span events
+            *read,
+            "INFER_RESPONSE_COMPLETE",
+            f"{p}_SEND_START",
+            f"{p}_SEND_END",
+        ]
         assert model.attributes["triton.model_name"] == "simple"
         assert model.attributes["triton.model_version"] == 1
         assert model.attributes["shoal.worker_pid"] in server.pids("workers")

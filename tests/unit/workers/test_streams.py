@@ -58,16 +58,19 @@ class Setup:
         self.lock = threading.RLock()
         self.sent: list[tuple[bytes, m.InferResponse]] = []
         self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        where = {"worker_pid": 7, "instance": "d_0"}
         self.streams = DecoupledStreams(
-            self.core, "d_0", self.lock, self._answer, lambda: None, self.wake
+            self.core, "d_0", self.lock, self._answer, lambda: None, self.wake, lambda: where
         )
         self.core.streams = self.streams
 
     def _answer(self, frontend: bytes, payloads: list[bytes]) -> None:
         self.sent += [(frontend, m.decode_response(p)) for p in payloads]
 
-    def run(self, *req_ids: int, frontend: bytes = b"f-0-1") -> m.BatchDone:
+    def run(self, *req_ids: int, frontend: bytes = b"f-0-1", traced: bool = False) -> m.BatchDone:
         items = [m.WorkItem(frontend, _request(i)) for i in req_ids]
+        for item in items if traced else []:  # its frontend's send, the broker's two stamps
+            item.request.hops = m.TracedWay(item.request.req_id, [1, 2, 3])
         with self.lock:  # as the worker's loop holds it
             done, answers = self.core.run(m.ExecuteBatch(1, items), 0)
         assert answers == []  # (they went through the senders)
@@ -120,6 +123,31 @@ def test_responses_sent_within_execute_leave_nothing_open(setup: Callable[..., S
     assert (done.batch_size, done.failed, done.open) == (2, [], [])
     assert _values(s.sent) == [(1, 1.0, False), (1, 2.0, True), (2, 1.0, False), (2, 2.0, True)]
     assert s.streams.open == {} and s.streams.take_ended() == []
+
+
+def test_a_traced_requests_final_response_carries_the_workers_stamps(
+    setup: Callable[..., Setup],
+) -> None:
+    """The worker's part of a traced request to a decoupled model rides on its final
+    response (the others carry none): the batch's receipt, its inputs ready, execute's
+    return, the final send, in that order, and the process that ran it."""
+    kept: list[pb_utils.InferenceResponseSender] = []
+
+    def model(senders: list[pb_utils.InferenceResponseSender]) -> None:
+        senders[0].send(_response(1.0))
+        kept.extend(senders)
+
+    s = setup(model)
+    s.run(4, traced=True)
+    kept[0].send(_response(2.0), _FINAL)  # after execute returned
+    (_, first), (_, last) = s.sent
+    assert first.hops == [] and isinstance(last.hops, m.TracedAnswer)
+    names = [n for n, _ in last.hops.stamps]
+    assert names == ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+    times = [ns for _, ns in last.hops.stamps]
+    assert times == sorted(times) and times[0] > 3
+    assert last.hops.hops == [1, 2, 3, times[0], times[-1]]  # the way, receipt, send
+    assert last.hops.attributes == {"worker_pid": 7, "instance": "d_0"}
 
 
 def test_a_request_answered_later_is_reported_open_then_ended(setup: Callable[..., Setup]) -> None:
