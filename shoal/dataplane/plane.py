@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from shoal.configs.trace_settings import Changes
@@ -168,16 +168,17 @@ class DataPlane:
         return (await self.broker.query(query, m.LogReply)).settings
 
     async def trace_settings(
-        self, model: str, changes: Changes | None
+        self, model: str, changes: Callable[[], Changes | None]
     ) -> tuple[m.TraceReply, int | None]:
-        """The trace settings of ``model`` ("": the global ones), after ``changes``
-        (checked: shoal/frontend/trace_api.py) if any, and the traces their count still
-        allows this frontend (None: it samples none under them). The broker keeps them
-        and sends them to every frontend, this one before its answer. A model not ready
-        is refused, in Triton's words."""
+        """The trace settings of ``model`` ("": the global ones), after the changes
+        ``changes()`` reads from the request (checked: shoal/frontend/trace_api.py; None:
+        none), and the traces their count still allows this frontend (None: it samples
+        none under them). The broker keeps them and sends them to every frontend, this
+        one before its answer. A model not ready is refused, in Triton's words, before
+        the request's changes are read, as Triton does."""
         if model and not await self.model_ready(model, ""):
             raise ServingError(Code.INVALID_ARG, f"Request for unknown model : {model}")
-        query = m.TraceQuery(self.broker.next_id(), model, changes or {})
+        query = m.TraceQuery(self.broker.next_id(), model, changes() or {})
         reply = await self.broker.query(query, m.TraceReply)
         if reply.error is not None:
             raise ServingError(Code(reply.error.code), reply.error.message)

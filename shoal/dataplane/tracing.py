@@ -53,6 +53,7 @@ class Trace:
     traceparent: str = ""  # the client's W3C trace context, if it sent one
     last: bool = False  # the last trace its setting's count allows
     responses: int = 0  # the responses its client got so far (a decoupled model's)
+    setting: m.TraceSetting | None = None  # the setting that sampled it (its file's)
     stamps: list[tuple[str, int]] = field(default_factory=list)
     attributes: Attrs = field(default_factory=dict)
     tensors: list[tuple[str, str, str, list[int], str]] = field(default_factory=list)
@@ -216,12 +217,14 @@ class Tracer:
             s.left -= 1
         tensors = "TENSORS" in s.setting.levels
         return Trace(self.next_id(), model, self.next_id, tensors_level=tensors,
-                     traceparent=traceparent, last=s.left == 0)  # fmt: skip
+                     traceparent=traceparent, last=s.left == 0, setting=s.setting)  # fmt: skip
 
     def finish(self, trace: Trace) -> None:
-        """``trace`` is complete: to the sink (the last one ``count`` allows flushes its
-        file, as Triton writes its traces when the count runs out)."""
-        self._sink(trace.record(), self.setting(trace.model), trace.last, self.mode)
+        """``trace`` is complete: to the sink, under the setting that sampled it (the
+        last one ``count`` allows flushes its file, as Triton writes its traces when the
+        count runs out)."""
+        setting = trace.setting or self.setting(trace.model)
+        self._sink(trace.record(), setting, trace.last, self.mode)
 
     def remaining(self, model: str) -> int | None:
         """Traces ``model``'s setting may still take here (-1: no limit)."""

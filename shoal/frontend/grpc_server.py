@@ -26,6 +26,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from shoal.configs.flags.frontend import GrpcTls
+from shoal.configs.trace_settings import Changes
 from shoal.configs.traffic import ROUTE_KEY, ROUTE_KEY_HEADER
 from shoal.dataplane.plane import DataPlane
 from shoal.dataplane.tracing import Trace
@@ -225,7 +226,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     async def TraceSetting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
         async def call() -> pb.TraceSettingResponse:
-            changes = trace_api.grpc_changes(request.settings) if request.settings else None
+            def changes() -> Changes | None:
+                return trace_api.grpc_changes(request.settings) if request.settings else None
+
             reply = await self.dp.trace_settings(request.model_name, changes)
             return trace_api.grpc_settings(trace_api.as_settings(*reply), pb.TraceSettingResponse())
 

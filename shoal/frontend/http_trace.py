@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from shoal.configs.trace_settings import Changes
 from shoal.dataplane.json_limits import MAX_JSON_DEPTH, check_depth
 from shoal.dataplane.tracing import Trace, Tracer
 from shoal.frontend import http_codec, trace_api
@@ -45,14 +46,16 @@ def routes(dp_of: Any) -> list[web.RouteDef]:
     async def setting(request: web.Request) -> web.Response:
         dp = dp_of(request)
         model = request.match_info.get("model", "")
-        changes = None
-        if request.method == "POST":
-            body = await request.read()
+        body = await request.read() if request.method == "POST" else None
+
+        def changes() -> Changes | None:
+            """The update's changes, read once the model is known, as Triton reads them."""
+            if body is None:
+                return None
             doc = http_codec.parse_json(memoryview(body), MAX_JSON_DEPTH) if body else {}
             check_depth(doc)
-            if not isinstance(doc, dict):
-                doc = {}
-            changes = trace_api.http_changes(doc)
+            return trace_api.http_changes(doc if isinstance(doc, dict) else {})
+
         settings = trace_api.as_settings(*await dp.trace_settings(model, changes))
         return web.Response(body=msgspec.json.encode(settings), content_type="application/json")
 

@@ -46,33 +46,55 @@ def triton_entries(r: m.TraceRecord) -> list[dict[str, Any]]:
 
 @dataclass
 class _TraceFile:
-    """One trace file's traces not written yet, and its next part's index."""
+    """One trace file: its next part's index, and the traces kept for the file itself
+    (a retired setting's, when it has no log frequency), written when the frontend stops."""
+
+    index: int = 0
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    kept_traces: int = 0
+
+
+@dataclass
+class _Pending:
+    """One setting's traces not written yet, as Triton keeps them per setting."""
 
     entries: list[dict[str, Any]] = field(default_factory=list)
     traces: int = 0
-    index: int = 0
 
 
 def file_name(path: str, frontend: int) -> str:
     return path if frontend == 0 else f"{path}.frontend{frontend}"
 
 
+_Item = tuple[m.TraceRecord, m.TraceSetting, bool, str] | m.TraceTable | None
+
+
 class TraceSink:
-    """Writes (or exports) finished traces on its own thread, started on the first."""
+    """Writes (or exports) finished traces on its own thread, started on the first.
+
+    As Triton, each setting keeps its own traces: every ``log_frequency`` of them, or
+    the last its ``count`` allows, go to the file's next part (``<file>.<i>``). A setting
+    that an update replaced (``follow``) is retired: what it still holds goes to the next
+    part if it has a log frequency, else it is kept for ``<file>`` itself, which is
+    written, with every retired and still current setting's rest, when the frontend
+    stops."""
 
     def __init__(self, frontend: int) -> None:
         self.frontend = frontend
-        self._queue: queue.SimpleQueue[tuple[m.TraceRecord, m.TraceSetting, bool, str] | None]
-        self._queue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._files: dict[str, _TraceFile] = {}
+        self._pending: dict[tuple[str, m.TraceSetting], _Pending] = {}
         self.options: dict[str, str] = {}
         self._exporter: Any = None
 
     def follow(self, table: m.TraceTable) -> None:
         """The broker's trace settings changed: the exporter's options with them (an
-        exporter already made keeps its own)."""
+        exporter already made keeps its own), and the settings no longer in effect are
+        retired, in order with the traces queued before."""
         self.options = table.options
+        if self._thread is not None:
+            self._queue.put(table)
 
     def put(self, record: m.TraceRecord, setting: m.TraceSetting, last: bool, mode: str) -> None:
         if self._thread is None:
@@ -85,13 +107,22 @@ class TraceSink:
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join(timeout)
+        for path, setting in list(self._pending):
+            self._retire(path, setting)
         for path, f in self._files.items():
-            self._write(path, f, indexed=False)
+            if f.kept_traces:
+                _dump(path, f.kept)
         if self._exporter is not None:
             self._exporter.shutdown()
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not _STOP:
+            if isinstance(item, m.TraceTable):
+                live = {item.default, *item.models.values()}
+                for path, setting in list(self._pending):
+                    if setting not in live:
+                        self._retire(path, setting)
+                continue
             record, setting, last, mode = item
             try:
                 if mode == "opentelemetry":
@@ -110,23 +141,34 @@ class TraceSink:
 
     def _keep(self, record: m.TraceRecord, setting: m.TraceSetting, last: bool) -> None:
         path = file_name(setting.file, self.frontend)
-        f = self._files.setdefault(path, _TraceFile())
-        f.entries.extend(triton_entries(record))
-        f.traces += 1
-        if last or (setting.log_frequency and f.traces >= setting.log_frequency):
-            self._write(path, f, indexed=True)
+        p = self._pending.setdefault((path, setting), _Pending())
+        p.entries.extend(triton_entries(record))
+        p.traces += 1
+        if last or (setting.log_frequency and p.traces >= setting.log_frequency):
+            self._part(path, p)
 
-    @staticmethod
-    def _write(path: str, f: _TraceFile, indexed: bool) -> None:
-        """``f``'s traces to ``path`` (``indexed``: to its next part), then forgotten."""
-        if not f.traces and not indexed:
+    def _part(self, path: str, p: _Pending) -> None:
+        """``p``'s traces to ``path``'s next part, then forgotten."""
+        f = self._files.setdefault(path, _TraceFile())
+        _dump(f"{path}.{f.index}", p.entries)
+        f.index += 1
+        p.entries, p.traces = [], 0
+
+    def _retire(self, path: str, setting: m.TraceSetting) -> None:
+        p = self._pending.pop((path, setting))
+        if not p.traces:
             return
-        target = f"{path}.{f.index}" if indexed or f.index else path
-        try:
-            with open(target, "w") as out:
-                json.dump(f.entries, out)
-        except OSError as exc:
-            log.error("failed creating trace file: %s", exc)
-        if indexed or f.index:
-            f.index += 1
-        f.entries, f.traces = [], 0
+        if setting.log_frequency:
+            self._part(path, p)
+            return
+        f = self._files.setdefault(path, _TraceFile())
+        f.kept.extend(p.entries)
+        f.kept_traces += p.traces
+
+
+def _dump(target: str, entries: list[dict[str, Any]]) -> None:
+    try:
+        with open(target, "w") as out:
+            json.dump(entries, out)
+    except OSError as exc:
+        log.error("failed creating trace file: %s", exc)

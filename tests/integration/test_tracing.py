@@ -163,6 +163,8 @@ def test_settings_over_http(server: ShoalServer) -> None:
             http.update_trace_settings(settings=settings)
     with pytest.raises(InferenceServerException, match="Request for unknown model : nope"):
         http.get_trace_settings("nope")
+    with pytest.raises(InferenceServerException, match="Request for unknown model : nope"):
+        http.update_trace_settings("nope", {"trace_file": "/x"})  # the model first, as Triton
     assert http.get_trace_settings()["trace_rate"] == "1"  # nothing refused was applied
     http.close()
 
@@ -178,6 +180,8 @@ def test_settings_over_grpc(server: ShoalServer) -> None:
     assert back["trace_level"]["value"] == ["TIMESTAMPS"]
     with pytest.raises(InferenceServerException, match="Expecting value >= -1, got: -4"):
         grpc.update_trace_settings(settings={"trace_count": "-4"})
+    with pytest.raises(InferenceServerException, match="Request for unknown model : nope"):
+        grpc.update_trace_settings("nope", {"trace_file": "/x"})
     grpc.close()
 
 

@@ -34,3 +34,25 @@ def test_one_file_at_exit_and_a_part_when_the_count_runs_out(tmp_path: Path) -> 
     sink.close()
     assert _ids(tmp_path / "t.json.frontend3.0") == [1, 2]
     assert _ids(tmp_path / "u.frontend3") == [3]
+
+
+def test_a_replaced_settings_traces_go_to_the_file_and_its_successors_to_parts(
+    tmp_path: Path,
+) -> None:
+    """As Triton's trace count check (L0_trace): traces under the old setting are kept for
+    the file itself once an update replaced it; the new setting's, when its count runs
+    out, go to a part of their own."""
+    from shoal.ipc.messages import TraceTable
+
+    path = str(tmp_path / "t.json")
+    old = TraceSetting(("TIMESTAMPS",), 1, -1, 0, path)
+    new = TraceSetting(("TIMESTAMPS",), 1, 2, 0, path)
+    sink = TraceSink(0)
+    sink.put(TraceRecord(1, "m"), old, False, "triton")
+    sink.put(TraceRecord(2, "m"), old, False, "triton")
+    sink.follow(TraceTable(default=new))  # the update: `old` is retired
+    sink.put(TraceRecord(3, "m"), new, False, "triton")
+    sink.put(TraceRecord(4, "m"), new, True, "triton")  # the count's last
+    sink.close()
+    assert (_ids(tmp_path / "t.json"), _ids(tmp_path / "t.json.0")) == ([1, 2], [3, 4])
+    assert not (tmp_path / "t.json.1").exists()
