@@ -114,8 +114,10 @@ class BlsClient:
             done.set_result(_failed(err.message, err.code))
             return done
         gpu = req.bls_gpu()
+        # its parent: the trace it names (request.trace()), else the batch's first traced
         batch = self.batch
-        if batch is not None and (parent := first_traced(batch)):
+        parent = req.trace().trace_id or (first_traced(batch) if batch is not None else 0)
+        if parent:
             call.trace = Trace(self.next_trace_id(), call.model, self.next_trace_id, parent)
             return asyncio.run_coroutine_threadsafe(self._traced(dp, call, gpu), loop)
         return asyncio.run_coroutine_threadsafe(_one(dp, call, gpu), loop)

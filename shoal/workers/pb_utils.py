@@ -194,6 +194,20 @@ class PreferredMemory:
         self.preferred_device_id = preferred_device_id
 
 
+class InferenceTrace:
+    """A request's trace, as ``request.trace()`` gives it: handed to a BLS request
+    (``InferenceRequest(..., trace=request.trace())``), it makes that request's trace a
+    child of this one (shoal/workers/bls.py). ``trace_id`` 0: the request is not traced.
+    ``get_context()``: the OpenTelemetry context Triton passes to models; shoal's
+    traces are built in the frontend, so a model sees none (None)."""
+
+    def __init__(self, trace_id: int = 0) -> None:
+        self.trace_id = trace_id
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        return None
+
+
 class InferenceRequest:
     """A request as a Python model's ``execute`` receives it."""
 
@@ -211,9 +225,15 @@ class InferenceRequest:
         timeout: int = 0,
         cancelled: Callable[[], bool] | None = None,
         preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
         **_: Any,
     ) -> None:
         where = "InferenceRequest()"
+        # (pybind11 takes bytes for a std::string too: a name read from a BYTES tensor)
+        if isinstance(model_name, bytes):
+            model_name = model_name.decode()
+        if isinstance(request_id, bytes):
+            request_id = request_id.decode()
         expect(where, "inputs", inputs, list)
         expect(where, "requested_output_names", requested_output_names, list)
         for name in requested_output_names or []:
@@ -243,6 +263,11 @@ class InferenceRequest:
         self._flags = flags
         self._parameters = parameters or {}
         self._model_name = model_name
+        self._trace = trace if trace is not None else InferenceTrace()
+
+    def trace(self) -> InferenceTrace:
+        """Its trace (given to a BLS request, that request's trace is its child)."""
+        return self._trace
 
     def inputs(self) -> list[Tensor]:
         return self._inputs

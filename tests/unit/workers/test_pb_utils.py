@@ -154,3 +154,15 @@ def test_response_parameters_are_checked_and_read_back_as_tritons_are() -> None:
         with pytest.raises(pb_utils.TritonModelException) as err:
             pb_utils.InferenceResponse([], parameters=bad)
         assert str(err.value) == message if bad == [] else message in str(err.value)
+
+
+def test_a_bls_request_takes_a_name_read_from_bytes_and_a_trace_to_continue() -> None:
+    """bls_simple (Triton's qa) names its model with a BYTES tensor's element and passes
+    ``request.trace()`` on: pybind11 takes bytes for a string, and a request's trace is
+    what a BLS request names as its parent (not traced: id 0, no OpenTelemetry context)."""
+    name = np.array([b"simple"], dtype=np.object_)[0]
+    traced = pb_utils.InferenceRequest([], [], trace=pb_utils.InferenceTrace(7))
+    req = pb_utils.InferenceRequest([], [], model_name=name, trace=traced.trace())
+    assert req.model_name() == "simple" and req.trace().trace_id == 7
+    plain = pb_utils.InferenceRequest([], [])
+    assert plain.trace().trace_id == 0 and plain.trace().get_context() is None
