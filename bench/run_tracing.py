@@ -19,6 +19,7 @@ asserts a speed, and on a host shared with other work the ratios are indicative 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -108,6 +109,32 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _server_us(m: Measurement) -> float | None:
+    return m.cpu_us.get("server") if m.cpu_us else None
+
+
+def _paired(results: dict[tuple[str, str, int], list[Measurement]]) -> list[str]:
+    """Each round's on/off ratio (the two runs of a round are back to back, so a drift of
+    the host's load hits both alike), as the median and the range over the rounds: on a
+    shared host steadier than the ratio of the means."""
+    out = ["", "## Round by round (on/off within each round: median [min, max])", "",
+           "| protocol | c | tracing | rounds | infer/s on/off | server CPU µs/req on/off |",
+           "|---|---:|---|---:|---|---|"]  # fmt: skip
+    for (protocol, name, c), ms in sorted(results.items()):
+        off = results.get((protocol, "off", c), [])
+        if name == "off" or not off:
+            continue
+        pairs = list(zip(ms, off, strict=False))
+        tput = sorted(a.throughput / b.throughput for a, b in pairs if b.throughput)
+        cpu = sorted(x / y for a, b in pairs if (x := _server_us(a)) and (y := _server_us(b)))
+
+        def cell(v: list[float]) -> str:
+            return f"{statistics.median(v):.3f} [{v[0]:.3f}, {v[-1]:.3f}]" if v else "—"
+
+        out.append(f"| {protocol} | {c} | {name} | {len(pairs)} | {cell(tput)} | {cell(cpu)} |")
+    return out
+
+
 def _report(
     results: dict[tuple[str, str, int], list[Measurement]], load: float, ns: dict[str, float]
 ) -> str:
@@ -134,6 +161,7 @@ def _report(
             f"| {protocol} | {c} | {name} | {fmt(tput, ',.0f')} | {fmt(ratio, '.3f')} | "
             f"{fmt(p50, ',.0f')} | " + " | ".join(fmt(r, ",.1f") for r in roles) + " |"
         )
+    lines += _paired(results)
     offs = [m.cpu_us["server"] for k, ms in results.items() if k[1] == "off" for m in ms
             if m.cpu_us and "server" in m.cpu_us]  # fmt: skip
     server_ns = (_mean(offs) or 0.0) * 1e3
