@@ -370,6 +370,7 @@ def main() -> int:
     import triton_qa_suites_lifecycle  # noqa: F401
     import triton_qa_suites_python  # noqa: F401
     import triton_qa_suites_sequence  # noqa: F401
+    import triton_qa_suites_trace  # noqa: F401
 
     chosen = args.suites or list(SUITES)
     unknown = [s for s in chosen if s not in SUITES]

@@ -1,0 +1,343 @@
+"""L0_trace: the trace extension and the Triton-mode trace file.
+
+Its test.sh serves a repository of ``simple`` (onnx_int32_int32_int32), an ensemble of it,
+Python models (``bls_simple``, ``input_all_required``, ``identity_fp32``), L0_decoupled's
+``repeat_int32`` and two models of Triton's C++ ``identity`` backend that sleep
+``execute_delay_ms`` per execution (``dynamic_batch``, ``custom_identity_int32``). Neither
+C++ backend is in a source tree, so this runner writes Python models with their behaviour
+at run time (L0_decoupled's repeat stand-in; an identity that sleeps the delay). test.sh
+drives its servers with curl and with Triton's C++ ``simple_http_infer_client`` and
+``simple_grpc_infer_client`` (one inference of ``simple`` each); the runner sends the same
+requests with tritonclient, then reads the trace files with the suite's own
+``qa/common/trace_summary.py``, counting test.sh's greps one check each.
+
+Left out, with their reasons printed: the sections that need the OpenTelemetry Collector
+binary test.sh downloads (``otelcol``, opentelemetry_unittest.py), the C++ identity
+backend's custom tracing API, SageMaker, and the 120-second stress loops.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from triton_qa import PYTHON, QA, suite
+from triton_qa_suites_decoupled import REPEAT, REPEAT_CONFIG
+
+SUITE = "L0_trace"
+
+# Triton's identity backend: OUTPUTn = INPUTn, after sleeping execute_delay_ms per execution.
+IDENTITY = """
+import json
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = config.get("parameters", {})
+        delay = params.get("execute_delay_ms", {}).get("string_value", "0")
+        self.delay = int(delay) / 1000
+
+    def execute(self, requests):
+        time.sleep(self.delay)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests
+        ]
+"""
+
+# test.sh's send_inference_requests: the C++ simple clients, one inference each.
+CLIENTS = """
+import sys
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+a = np.arange(16, dtype=np.int32).reshape(1, 16)
+b = np.ones((1, 16), np.int32)
+for module, url in ((httpclient, "localhost:8000"), (grpcclient, "localhost:8001")):
+    client = module.InferenceServerClient(url)
+    inputs = [module.InferInput("INPUT0", [1, 16], "INT32"),
+              module.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = client.infer("simple", inputs)
+    if not (result.as_numpy("OUTPUT0") == a + b).all():
+        sys.exit("wrong OUTPUT0")
+    if not (result.as_numpy("OUTPUT1") == a - b).all():
+        sys.exit("wrong OUTPUT1")
+"""
+
+
+def _write(models: Path, name: str, source: str, config: str) -> None:
+    (models / name / "1").mkdir(parents=True, exist_ok=True)
+    (models / name / "1" / "model.py").write_text(source)
+    (models / name / "config.pbtxt").write_text(config)
+
+
+def _identity_config(name: str, extra: str) -> str:
+    return (
+        f'name: "{name}"\nbackend: "python"\n'
+        'input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] }]\n'
+        'output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] }]\n'
+        "instance_group [{ count: 1 kind: KIND_CPU }]\n" + extra
+    )
+
+
+def _models(qa: QA, here: Path) -> Path:
+    """test.sh's MODELSDIR, with the stand-ins in the C++ backends' place."""
+    models = qa.fresh(here / "trace_models")
+    base = qa.generated("qa_model_repository") / "onnx_int32_int32_int32"
+    for name in ("simple", "global_simple"):
+        model = qa.copy(base, models / name)
+        for version in ("2", "3"):
+            subprocess.run(["rm", "-r", str(model / version)], check=True)
+        QA.sed(model / "config.pbtxt", r"^name:.*", f'name: "{name}"')
+    ensembles = qa.generated("qa_ensemble_model_repository/qa_model_repository")
+    ens = qa.copy(ensembles / "simple_onnx_int32_int32_int32",
+                  models / "ensemble_add_sub_int32_int32_int32")  # fmt: skip
+    for version in ("2", "3"):
+        subprocess.run(["rm", "-r", str(ens / version)], check=True)
+    QA.sed(ens / "config.pbtxt", r"^name:.*", 'name: "ensemble_add_sub_int32_int32_int32"')
+    QA.sed(ens / "config.pbtxt", r"model_name:.*", 'model_name: "simple"')
+    qa.copy(here / "models" / "input_all_required", models / "input_all_required")
+    (models / "bls_simple" / "1").mkdir(parents=True)
+    bls = qa.qa / "python_models" / "bls_simple" / "bls_simple.py"
+    (models / "bls_simple" / "1" / "model.py").write_text(bls.read_text())
+    repeat = REPEAT_CONFIG.replace("decoupled: True", "decoupled: False")
+    _write(models, "repeat_int32", REPEAT, repeat)
+    delay = 'parameters [{ key: "execute_delay_ms" value: { string_value: "%s" } }]\n'
+    batching = (
+        "dynamic_batching { preferred_batch_size: [ 1 ] default_queue_policy { "
+        "timeout_action: REJECT default_timeout_microseconds: 1000000 max_queue_size: 8 } }\n"
+    )
+    _write(
+        models,
+        "dynamic_batch",
+        IDENTITY,
+        _identity_config("dynamic_batch", "max_batch_size: 1\n" + batching + delay % 8000),
+    )
+    _write(
+        models,
+        "custom_identity_int32",
+        IDENTITY,
+        _identity_config("custom_identity_int32", "max_batch_size: 1024\n" + delay % 500),
+    )
+    identity = qa.qa / "python_models" / "identity_fp32"
+    (models / "identity_fp32" / "1").mkdir(parents=True)
+    (models / "identity_fp32" / "1" / "model.py").write_text((identity / "model.py").read_text())
+    (models / "identity_fp32" / "config.pbtxt").write_text(
+        (identity / "config.pbtxt").read_text()
+    )  # fmt: skip
+    return models
+
+
+class _Curl:
+    """test.sh's curl calls and their greps; each check counts one."""
+
+    def __init__(self, qa: QA, here: Path, what: str) -> None:
+        self.qa, self.here, self.what = qa, here, what
+        self.code, self.body = 0, ""
+        self.passed = self.total = 0
+        self.failed: list[str] = []  # each failed check, and what it looked at
+
+    def call(self, model: str = "", body: dict[str, Any] | None = None) -> None:
+        path = f"/v2/models/{model}/trace/setting" if model else "/v2/trace/setting"
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"http://localhost:8000{path}", data=data)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                self.code, self.body = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            self.code, self.body = e.code, e.read().decode()
+
+    def check(self, ok: bool, what: str = "") -> None:
+        self.total += 1
+        self.passed += ok
+        if not ok:
+            self.failed.append(f"#{self.total} {what or self.body[:200]}")
+
+    def ok(self, expected: bool = True) -> None:
+        self.check((self.code == 200) == expected)
+
+    def has(self, *settings: str) -> None:
+        """test.sh's ``grep -c '"<key>":<value>' ./curl.out`` == 1, each."""
+        compact = self.body
+        for s in settings:
+            self.check(compact.count(s) == 1, f"{s} in {compact[:300]}")
+
+    def send(self, times: int) -> None:
+        """send_inference_requests: the HTTP then the gRPC client, ``times`` times."""
+        good = True
+        for _ in range(times):
+            run = subprocess.run([str(PYTHON), "-c", CLIENTS], cwd=self.here,
+                                 env=self.qa.env, capture_output=True, timeout=120)  # fmt: skip
+            good = good and run.returncode == 0
+        self.check(good)
+
+    def summary(self, file: str, counts: dict[str, int]) -> None:
+        """trace_summary.py -t <file>, then test.sh's ``grep -c <pattern>`` == n."""
+        path = self.here / file
+        if not path.exists():
+            for _ in counts:
+                self.check(False, f"no {file}")
+            return
+        run = subprocess.run(
+            [str(PYTHON), "../common/trace_summary.py", "-t", file],
+            cwd=self.here, env=self.qa.env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        lines = run.stdout.splitlines()
+        for pattern, n in counts.items():
+            got = sum(1 for x in lines if re.search(pattern, x))
+            self.check(got == n, f"{file}: {got} lines match {pattern}, not {n}")
+
+    def done(self) -> None:
+        self.qa.count(SUITE, self.passed, self.total, self.what)
+        if self.failed and self.qa.verbose:
+            print("    failed: " + "\n    failed: ".join(self.failed), flush=True)
+
+
+def _settings(level: str, rate: str, count: str, freq: str, file: str) -> tuple[str, ...]:
+    return (
+        f'"trace_level":["{level}"]',
+        f'"trace_rate":"{rate}"',
+        f'"trace_count":"{count}"',
+        f'"log_frequency":"{freq}"',
+        f'"trace_file":"{file}"',
+        '"trace_mode":"triton"',
+    )
+
+
+def _args(models: Path, file: str, level: str, rate: str, *more: str) -> Sequence[str]:
+    return (f"--trace-config=triton,file={file}", f"--trace-config=level={level}",
+            f"--trace-config=rate={rate}", *more, f"--model-repository={models}")  # fmt: skip
+
+
+def _off_to_min(qa: QA, here: Path, models: Path) -> None:
+    c = _Curl(qa, here, "level OFF, then TIMESTAMPS through the API (trace_off_to_min.log)")
+    with qa.serve(here, *_args(models, "trace_off_to_min.log", "OFF", "1"), log="off") as up:
+        if up:
+            c.call("", {"trace_level": ["TIMESTAMPS"]})
+            c.ok()
+            c.has(*(s for s in _settings("TIMESTAMPS", "1", "", "0", "trace_off_to_min.log")
+                    if "trace_count" not in s))  # fmt: skip
+            c.send(10)
+    c.summary("trace_off_to_min.log", {"COMPUTE_INPUT_END": 20, "^simple": 20})
+    c.done()
+
+
+def _model_setting(qa: QA, here: Path, models: Path) -> None:
+    c = _Curl(qa, here, "a model's own log_frequency (global_trace.log.0/.1)")
+    with qa.serve(here, *_args(models, "global_trace.log", "TIMESTAMPS", "6"), log="model") as up:
+        if up:
+            c.call("simple", {"trace_file": "global_trace.log"})
+            c.ok(False)
+            c.has('"error":"trace file location can not be updated through network protocol"')
+            c.call("simple", {"log_frequency": "2"})
+            c.ok()
+            c.has(*_settings("TIMESTAMPS", "6", "-1", "2", "global_trace.log"))
+            c.send(10)
+    c.check(not (here / "simple_trace.log").exists())
+    c.summary("global_trace.log.0", {"COMPUTE_INPUT_END": 2, "^simple": 2})
+    c.summary("global_trace.log.1", {"COMPUTE_INPUT_END": 1, "^simple": 1})
+    c.done()
+
+
+def _update_and_clear(qa: QA, here: Path, models: Path) -> None:
+    c = _Curl(qa, here, "a model's setting updated, then cleared (global_trace.log)")
+    (here / "global_trace.log").unlink(missing_ok=True)
+    with qa.serve(here, *_args(models, "global_trace.log", "TIMESTAMPS", "6"), log="clear") as up:
+        if up:
+            c.call("simple", {"trace_rate": "1"})
+            c.ok()
+            c.call("simple", {"trace_level": ["OFF"]})
+            c.ok()
+            c.has(*_settings("OFF", "1", "-1", "0", "global_trace.log"))
+            c.send(10)
+            c.call("simple", {"trace_level": None})
+            c.ok()
+            c.has(*_settings("TIMESTAMPS", "1", "-1", "0", "global_trace.log"))
+            c.send(5)
+    c.check(not (here / "update_trace.log").exists())
+    c.summary("global_trace.log", {"COMPUTE_INPUT_END": 10, "^simple": 10})
+    c.done()
+
+
+def _count(qa: QA, here: Path, models: Path) -> None:
+    c = _Curl(qa, here, "trace_count (global_count.log and .0)")
+    with qa.serve(here, *_args(models, "global_count.log", "TIMESTAMPS", "1"), log="count") as up:
+        if up:
+            c.send(10)
+            c.call("simple")
+            c.ok()
+            c.has(*_settings("TIMESTAMPS", "1", "-1", "0", "global_count.log"))
+            c.call("", {"trace_count": "5"})
+            c.ok()
+            c.has(*_settings("TIMESTAMPS", "1", "5", "0", "global_count.log"))
+            c.send(10)
+            c.call("simple")
+            c.ok()
+            c.has(*_settings("TIMESTAMPS", "1", "0", "0", "global_count.log"))
+            c.check((here / "global_count.log.0").exists())
+            for setting in ("trace_count", "trace_rate", "log_frequency"):
+                c.call("simple", {setting: "10000000000"})
+                c.ok(False)
+    c.summary("global_count.log", {"COMPUTE_INPUT_END": 20, "^simple": 20})
+    c.summary("global_count.log.0", {"COMPUTE_INPUT_END": 5, "^simple": 5})
+    c.done()
+
+
+def _bls(qa: QA, here: Path, models: Path) -> None:
+    c = _Curl(qa, here, "--trace-config rate=4 count=6; BLS calls of an ensemble (bls_trace.log)")
+    args = _args(models, "bls_trace.log", "TIMESTAMPS", "4", "--trace-config=count=6",
+                 "--trace-config=mode=triton")  # fmt: skip
+    send = ("import opentelemetry_unittest; opentelemetry_unittest.send_bls_request("
+            'model_name="ensemble_add_sub_int32_int32_int32")')  # fmt: skip
+    with qa.serve(here, *args, log="bls") as up:
+        if up:
+            c.call("simple")
+            c.ok()
+            c.has(*_settings("TIMESTAMPS", "4", "6", "0", "bls_trace.log"))
+            for _ in range(4):
+                subprocess.run([str(PYTHON), "-c", send], cwd=here, env=qa.env,
+                               capture_output=True, timeout=120)  # fmt: skip
+    ens = "^ensemble_add_sub_int32_int32_int32"
+    c.summary("bls_trace.log", {"COMPUTE_INPUT_END": 2, ens: 1, "^simple": 1})
+    text = (here / "bls_trace.log").read_text() if (here / "bls_trace.log").exists() else ""
+    c.check(text.count("parent_id") == 2)
+    c.done()
+
+
+@suite
+def l0_trace(qa: QA) -> None:
+    here = qa.suite(SUITE)
+    models = _models(qa, here)
+    _off_to_min(qa, here, models)
+    _model_setting(qa, here, models)
+    _update_and_clear(qa, here, models)
+    _count(qa, here, models)
+    args = _args(models, "global_unittest.log", "TIMESTAMPS", "1")
+    with qa.serve(here, *args, log="unittest") as ready:
+        if ready:
+            qa.test(SUITE, here, "trace_endpoint_test.py")
+        else:
+            qa.not_ready(SUITE, 6, "trace_endpoint_test.py")
+    _bls(qa, here, models)
+    qa.not_run(SUITE, 4, "tracing a model that does not exist; trace mode/level defaults",
+               "test.sh's model-control sections after the BLS one: not ported yet")  # fmt: skip
+    qa.not_run(SUITE, 19, "opentelemetry_unittest.py",
+               "needs the OpenTelemetry Collector binary test.sh downloads (otelcol), "
+               "the C++ identity backend's custom tracing API and SageMaker")  # fmt: skip
+    qa.not_run(SUITE, 24, "test.sh's opentelemetry checks (otelcol, stress loops)",
+               "the OpenTelemetry Collector binary; 120-second stress loops")  # fmt: skip
