@@ -8,7 +8,8 @@ span (COMPUTE_START -> COMPUTE_END); an ensemble's steps and a Python model's BL
 requests are model spans within their parent's. A client's W3C ``traceparent`` makes
 the top-level span a child of the client's span, in the client's trace. Beyond Triton,
 the spans say which processes did the work and which batch the request ran in
-(``shoal.*`` attributes), and each hop between processes is an event with its duration.
+(``shoal.*`` attributes), and how long each hop between processes took
+(``shoal.hop.<hop>_ns``); the spans' events are Triton's, no more (its QA checks them).
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def resource_attributes(options: dict[str, str]) -> dict[str, str]:
     return attrs
 
 
+def endpoint(url: str) -> str:
+    """``url`` as the exporter takes it: Triton's (opentelemetry-cpp's) exporter takes
+    ``host:port/path`` without a scheme, which means http."""
+    return url if "://" in url else f"http://{url}"
+
+
 class OtelExporter:
     """A tracer provider of its own (the process's global one is left alone)."""
 
@@ -53,7 +60,7 @@ class OtelExporter:
         self.provider = TracerProvider(resource=Resource.create(resource_attributes(options)))
         if processor is None:
             processor = BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=options.get("url", DEFAULT_URL)),
+                OTLPSpanExporter(endpoint=endpoint(options.get("url", DEFAULT_URL))),
                 max_queue_size=int(options.get("bsp_max_queue_size", 2048)),
                 schedule_delay_millis=float(options.get("bsp_schedule_delay", 5000)),
                 max_export_batch_size=int(options.get("bsp_max_export_batch_size", 512)),
@@ -102,11 +109,9 @@ class OtelExporter:
             if name in stamps:
                 span.add_event(name, timestamp=stamps[name] + self.offset)
         hops = r.attributes.get("hops_ns")
-        if isinstance(hops, list) and "REQUEST_START" in stamps:
-            at = stamps["REQUEST_START"]
+        if isinstance(hops, list):  # (attributes: the span's events stay Triton's own)
             for hop, ns in zip(HOPS, hops, strict=False):
-                at += ns
-                span.add_event(f"hop {hop}", {"duration_ns": ns}, timestamp=at + self.offset)
+                span.set_attribute(f"shoal.hop.{hop}_ns", ns)
         if "COMPUTE_START" in stamps and "COMPUTE_END" in stamps:
             inner = trace.set_span_in_context(span)
             compute = self.tracer.start_span(
