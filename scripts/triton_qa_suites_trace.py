@@ -82,9 +82,10 @@ for module, url in ((httpclient, "localhost:8000"), (grpcclient, "localhost:8001
 
 
 # The OpenTelemetry Collector as test.sh configures it (trace-config.yaml): an OTLP/HTTP
-# receiver on :10000, the batch processor (a batch goes out at 10 spans or after 10 s),
-# and the file exporter, which writes each batch to collected_traces.json as one line of
-# OTLP JSON (ids in hex, as the Collector writes them).
+# receiver on :10000, the batch processor (a batch goes out at 10 spans, or when its
+# timer fires: every 10 s from the start or from the last full batch),
+# and the file exporter, which starts collected_traces.json afresh and writes each batch
+# to it as one line of OTLP JSON (ids in hex, as the Collector writes them).
 OTELCOL = """
 import base64
 import gzip
@@ -98,7 +99,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
 BATCH_SPANS, BATCH_S, PATH = 10, 10.0, "./collected_traces.json"
 lock = threading.Lock()
-batch, spans, first = [], 0, 0.0
+batch, spans, first = [], 0, time.monotonic()
 
 
 def hexed(node):
@@ -111,32 +112,36 @@ def hexed(node):
 
 
 def flush():
-    global batch, spans
+    global batch, spans, first
     if batch:
         with open(PATH, "a") as f:
             f.write(json.dumps({"resourceSpans": batch}) + "\\n")
-    batch, spans = [], 0
+    batch, spans, first = [], 0, time.monotonic()
 
 
 def timer():
+    # as the Collector's batch processor: a timer that fires every BATCH_S (restarted
+    # when a full batch goes out), sending what it holds
     while True:
-        time.sleep(0.2)
+        time.sleep(0.1)
         with lock:
-            if batch and time.monotonic() - first >= BATCH_S:
+            if time.monotonic() - first >= BATCH_S:
                 flush()
 
 
 class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
-        global spans, first
+        global spans
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
         request = otlp.ExportTraceServiceRequest.FromString(body)
         doc = hexed(json_format.MessageToDict(request))
+        for rs in doc.get("resourceSpans", []):
+            for ss in rs.get("scopeSpans", []):
+                for span in ss.get("spans", []):
+                    span.setdefault("parentSpanId", "")  # (the Collector writes it empty)
         with lock:
-            if not batch:
-                first = time.monotonic()
             batch.extend(doc.get("resourceSpans", []))
             spans += sum(len(ss.get("spans", [])) for rs in doc.get("resourceSpans", [])
                          for ss in rs.get("scopeSpans", []))
@@ -153,6 +158,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+open(PATH, "w").close()  # (the exporter starts its file afresh, as the Collector's)
 threading.Thread(target=timer, daemon=True).start()
 ThreadingHTTPServer(("0.0.0.0", 10000), Handler).serve_forever()
 """
@@ -164,11 +170,11 @@ def _write(models: Path, name: str, source: str, config: str) -> None:
     (models / name / "config.pbtxt").write_text(config)
 
 
-def _identity_config(name: str, extra: str) -> str:
+def _identity_config(name: str, extra: str, dtype: str = "INT32") -> str:
     return (
         f'name: "{name}"\nbackend: "python"\n'
-        'input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] }]\n'
-        'output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] }]\n'
+        f'input [{{ name: "INPUT0" data_type: TYPE_{dtype} dims: [ -1 ] }}]\n'
+        f'output [{{ name: "OUTPUT0" data_type: TYPE_{dtype} dims: [ -1 ] }}]\n'
         "instance_group [{ count: 1 kind: KIND_CPU }]\n" + extra
     )
 
@@ -204,7 +210,7 @@ def _models(qa: QA, here: Path) -> Path:
         models,
         "dynamic_batch",
         IDENTITY,
-        _identity_config("dynamic_batch", "max_batch_size: 1\n" + batching + delay % 8000),
+        _identity_config("dynamic_batch", "max_batch_size: 1\n" + batching + delay % 8000, "FP32"),
     )
     _write(
         models,
@@ -476,28 +482,36 @@ def _opentelemetry(qa: QA, here: Path, models: Path) -> None:
                "the C++ identity backend's custom activities")  # fmt: skip
 
 
-@suite
-def l0_trace(qa: QA) -> None:
-    here = qa.suite(SUITE)
-    models = _models(qa, here)
-    _off_to_min(qa, here, models)
-    _model_setting(qa, here, models)
-    _update_and_clear(qa, here, models)
-    _count(qa, here, models)
+def _unittest(qa: QA, here: Path, models: Path) -> None:
     args = _args(models, "global_unittest.log", "TIMESTAMPS", "1")
     with qa.serve(here, *args, log="unittest") as ready:
         if ready:
             qa.test(SUITE, here, "trace_endpoint_test.py")
         else:
             qa.not_ready(SUITE, 6, "trace_endpoint_test.py")
-    _bls(qa, here, models)
-    _unknown_models(qa, here, models)
+
+
+def _custom(qa: QA, here: Path, models: Path) -> None:
     qa.not_run(SUITE, 4, "custom backend tracing (custom_tracing_triton.log)",
                "the C++ identity backend's custom activities (TRITONSERVER_InferenceTrace"
                "ReportActivity), which no Python model can report")  # fmt: skip
-    if os.environ.get("TRACE_OTEL", "1") == "1":
-        _opentelemetry(qa, here, models)
-    else:
-        qa.not_run(SUITE, 19, "opentelemetry_unittest.py", "TRACE_OTEL=0")
+
+
+_RUNS = {
+    "off_to_min": _off_to_min, "model_setting": _model_setting,
+    "update_and_clear": _update_and_clear, "count": _count, "unittest": _unittest,
+    "bls": _bls, "unknown_models": _unknown_models, "custom": _custom,
+    "opentelemetry": _opentelemetry,
+}  # fmt: skip
+
+
+@suite
+def l0_trace(qa: QA) -> None:
+    """test.sh's sections in its order; ``TRACE_RUNS`` (the runner's own, not test.sh's;
+    default all) names some of them (the keys of _RUNS)."""
+    here = qa.suite(SUITE)
+    models = _models(qa, here)
+    for run in os.environ.get("TRACE_RUNS", " ".join(_RUNS)).split():
+        _RUNS[run](qa, here, models)
     qa.not_run(SUITE, 24, "test.sh's opentelemetry checks (otelcol, stress loops)",
                "the OpenTelemetry Collector binary; 120-second stress loops")  # fmt: skip

@@ -75,6 +75,8 @@ class Outbox:
         a request an instance was given has a turn: ``ordering`` is that version's)."""
         self.finished(item)
         resp = m.InferResponse(item.request.req_id, [], m.ErrorInfo(int(err.code), err.message))
+        if isinstance(way := item.request.hops, m.TracedWay):  # its stamps so far go back
+            resp.hops = m.TracedAnswer(list(way.stamps), [])
         payload = m.encode_payload(resp)
         if item.seq and ordering is not None:
             released = ordering.answer(item.seq, item.frontend, payload)

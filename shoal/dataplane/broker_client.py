@@ -44,7 +44,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 import zmq
@@ -121,6 +121,14 @@ class ResponseStream:
             callback(self)
 
 
+def _late_answer(fut: asyncio.Future[Any]) -> m.InferResponse | None:
+    """The answer an abandoned request's future holds, if it holds one."""
+    if fut.cancelled() or fut.exception() is not None:
+        return None
+    resp = fut.result()
+    return resp if isinstance(resp, m.InferResponse) else None
+
+
 class BrokerClient:
     def __init__(self, runtime_dir: Path, index: int, summaries: bool = False) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -191,13 +199,19 @@ class BrokerClient:
     def next_id(self) -> int:
         return next(self._ids)
 
-    async def infer(self, req: m.InferRequest, on_abandoned: Callable[[], None]) -> m.InferResponse:
+    async def infer(
+        self,
+        req: m.InferRequest,
+        on_abandoned: Callable[[], None],
+        on_late: Callable[[m.InferResponse | None], None] | None = None,
+    ) -> m.InferResponse:
         """Send one request; the answer may carry an error (never raises for it).
 
         If the caller is cancelled (a client's deadline, a closed stream) once the request
         is out, a worker may still read its inputs and write its outputs: the request
         stays pending, and ``on_abandoned`` runs only when its answer finally arrives (or
-        the broker is lost). Until then the caller must not reuse the request's memory.
+        the broker is lost), after ``on_late`` (given: that answer, None without one).
+        Until then the caller must not reuse the request's memory.
         The broker is told, so a request still queued is answered (CANCELLED) at once
         rather than when it would have run, behind a slow or hung model.
         """
@@ -210,6 +224,8 @@ class BrokerClient:
         try:
             resp = await asyncio.shield(fut)
         except asyncio.CancelledError:
+            if on_late is not None:
+                fut.add_done_callback(lambda f: on_late(_late_answer(f)))
             fut.add_done_callback(lambda _: self._abandoned(req.req_id, on_abandoned))
             if not fut.done() and self.connected:
                 self._send(m.encode(m.Cancel(req.req_id)))  # dropped if still queued

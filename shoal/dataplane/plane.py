@@ -295,10 +295,14 @@ class DataPlane:
             self._free(slots)
             raise
         pool = self.pool
+        late = req.trace.late if req.trace is not None else None
         try:
-            # Cancelled after sending: the slots stay reserved until the answer comes back.
-            resp = await self.broker.infer(msg, lambda: self._free(slots, pool))
+            # Cancelled after sending: the slots stay reserved until the answer comes back
+            # (a traced request's trace waits for it too: the stamps the answer brings).
+            resp = await self.broker.infer(msg, lambda: self._free(slots, pool), late)
         except asyncio.CancelledError:
+            if req.trace is not None:
+                req.trace.waiting = True
             raise
         except BaseException:
             self._free(slots, pool)
@@ -452,10 +456,11 @@ class DataPlane:
         """Run an ensemble's steps (shoal/dataplane/ensemble_runner.py)."""
         started = time.perf_counter_ns()
         run, todo, batch = self._ensemble_run(model, req)
-        if req.trace is not None:
+        if req.trace is not None:  # (its queue: the ensemble's own scheduler, as Triton's)
             req.trace.request_id = req.id
             req.trace.version = model.version
             req.trace.stamp("REQUEST_START")
+            req.trace.stamp("QUEUE_START")
         try:
             result = await run.run(todo)
         except ServingError:
@@ -477,6 +482,7 @@ class DataPlane:
         if req.trace is not None:
             req.trace.request_id, req.trace.version = req.id, model.version
             req.trace.stamp("REQUEST_START")
+            req.trace.stamp("QUEUE_START")
         async with contextlib.aclosing(run.stream(todo)) as responses:
             async for r in responses:
                 yield r

@@ -54,6 +54,9 @@ class Trace:
     last: bool = False  # the last trace its setting's count allows
     responses: int = 0  # the responses its client got so far (a decoupled model's)
     setting: m.TraceSetting | None = None  # the setting that sampled it (its file's)
+    # its client left after it was sent: it is finished when its answer comes (``late``)
+    waiting: bool = False
+    finisher: Callable[[Trace], None] | None = None
     stamps: list[tuple[str, int]] = field(default_factory=list)
     attributes: Attrs = field(default_factory=dict)
     tensors: list[tuple[str, str, str, list[int], str]] = field(default_factory=list)
@@ -135,6 +138,16 @@ class Trace:
         if len(hops) == len(HOPS):
             points = [*hops, now]
             self.attributes["hops_ns"] = [b - a for a, b in itertools.pairwise(points)]
+
+    def late(self, resp: m.InferResponse | None) -> None:
+        """The answer of a request its client left (None: none came, the broker was
+        lost): its stamps, then the trace is finished, as Triton finishes a cancelled
+        request's trace when the request is released."""
+        if resp is not None:
+            self.answered(resp)
+        self.waiting = False
+        if self.finisher is not None:
+            self.finisher(self)
 
     def record(self) -> m.TraceRecord:
         """The trace as the sink takes it (its children's records within; the client's
@@ -223,6 +236,9 @@ class Tracer:
         """``trace`` is complete: to the sink, under the setting that sampled it (the
         last one ``count`` allows flushes its file, as Triton writes its traces when the
         count runs out)."""
+        if trace.waiting:  # (finished when its answer comes: Trace.late)
+            trace.finisher = self.finish
+            return
         setting = trace.setting or self.setting(trace.model)
         self._sink(trace.record(), setting, trace.last, self.mode)
 

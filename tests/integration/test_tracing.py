@@ -254,8 +254,8 @@ def test_the_trace_file_links_an_ensemble_its_steps_and_a_bls_call(server: Shoal
     assert [n for n, _ in stamps[generated[0]]] == HTTP
     assert [n for n, _ in stamps[failed[0]]] == ["HTTP_RECV_START", "HTTP_RECV_END"]
     names = [n for n, _ in stamps[ens]]
-    assert names == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
-                     *DONE, "HTTP_SEND_START", "HTTP_SEND_END"]  # fmt: skip
+    assert names == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START",
+                     "REQUEST_END", *DONE, "HTTP_SEND_START", "HTTP_SEND_END"]  # fmt: skip
     for child in (bls, step[0], called[0]):
         assert [n for n, _ in stamps[child]] == MODEL
     for i in alone:

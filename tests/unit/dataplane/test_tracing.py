@@ -95,3 +95,27 @@ def test_tensors_are_recorded_as_tritons_file_shows_them() -> None:
         ("TENSOR_QUEUE_INPUT", "B", "BOOL", [2], "1,0"),
         ("TENSOR_BACKEND_OUTPUT", "S", "BYTES", [1], ""),
     ]
+
+
+def test_a_request_its_client_left_is_finished_when_its_answer_comes() -> None:
+    """As Triton finishes a cancelled request's trace when the request is released: the
+    adapter's finish waits, and the late answer's stamps (here a broker's refusal of a
+    queued request, which brings back the way so far: QUEUE_START) are in the record."""
+    t, got = _tracer(m.TraceTable(default=msgspec.structs.replace(ON, rate=1, count=-1)))
+    trace = t.sample("m")
+    assert trace is not None
+    trace.sent(m.InferRequest(1, "m", -1, [], []))
+    trace.waiting = True  # (the data plane: cancelled once sent)
+    t.finish(trace)
+    assert got == []
+    error = m.InferResponse(1, [], m.ErrorInfo(7, "Request was cancelled"))
+    error.hops = m.TracedAnswer([trace.stamps[0][1], trace.stamps[0][1] + 5], [])
+    trace.late(error)
+    ((record, _),) = got
+    assert [n for n, _ in record.stamps] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    lost = t.sample("m")
+    assert lost is not None
+    lost.waiting = True
+    t.finish(lost)
+    lost.late(None)  # the broker was lost: what it has
+    assert len(got) == 2
