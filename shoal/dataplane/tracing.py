@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class Trace:
     request_id: str = ""
     tensors_level: bool = False  # TENSORS: its inputs and outputs are recorded
     traceparent: str = ""  # the client's W3C trace context, if it sent one
+    context: str = ""  # opentelemetry mode: its model span's own traceparent (otel_context)
     last: bool = False  # the last trace its setting's count allows
     responses: int = 0  # the responses its client got so far (a decoupled model's)
     setting: m.TraceSetting | None = None  # the setting that sampled it (its file's)
@@ -98,7 +100,7 @@ class Trace:
         """``msg`` leaves for the broker: REQUEST_START, and its stamps begin."""
         now = time.monotonic_ns()
         self.stamps.append(("REQUEST_START", now))
-        msg.hops = m.TracedWay(self.id, [now])
+        msg.hops = m.TracedWay(self.id, [now], self.context)
 
     def outputs(self, answer: list[OutputTensor]) -> None:
         """At TENSORS level: an answer's outputs (a decoupled model's: each response's)."""
@@ -154,6 +156,8 @@ class Trace:
         trace context, if any, as the attribute ``traceparent``)."""
         if self.traceparent:
             self.attributes["traceparent"] = self.traceparent
+        if self.context:
+            self.attributes["otel_context"] = self.context
         return m.TraceRecord(
             id=self.id,
             model=self.model,
@@ -165,6 +169,15 @@ class Trace:
             tensors=self.tensors,
             children=[c if isinstance(c, m.TraceRecord) else c.record() for c in self.children],
         )
+
+
+def otel_context(traceparent: str) -> str:
+    """The W3C traceparent a traced request's model span will have (the exporter gives
+    the span these ids): in the client's trace if it sent one, else in a new one."""
+    parts = traceparent.split("-")
+    valid = len(parts) == 4 and len(parts[1]) == 32 and len(parts[2]) == 16
+    trace_id = parts[1] if valid else secrets.token_hex(16)
+    return f"00-{trace_id}-{secrets.token_hex(8)}-01"
 
 
 def _ns(stamp: tuple[str, int]) -> int:
@@ -229,8 +242,10 @@ class Tracer:
         if s.left > 0:
             s.left -= 1
         tensors = "TENSORS" in s.setting.levels
+        context = otel_context(traceparent) if self.mode == "opentelemetry" else ""
         return Trace(self.next_id(), model, self.next_id, tensors_level=tensors,
-                     traceparent=traceparent, last=s.left == 0, setting=s.setting)  # fmt: skip
+                     traceparent=traceparent, last=s.left == 0, setting=s.setting,
+                     context=context)  # fmt: skip
 
     def finish(self, trace: Trace) -> None:
         """``trace`` is complete: to the sink, under the setting that sampled it (the

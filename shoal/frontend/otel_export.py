@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
 from shoal.dataplane.broker_client import HOPS
 from shoal.ipc import messages as m
 
@@ -45,6 +47,23 @@ def endpoint(url: str) -> str:
     return url if "://" in url else f"http://{url}"
 
 
+class _PresetIds(RandomIdGenerator):  # type: ignore[misc]
+    """The SDK's random ids, but for the ids preset for the next trace and the next span
+    (each taken once): a traced request's model span keeps the context its model was
+    given while it ran. Used on the sink's thread only."""
+
+    def __init__(self) -> None:
+        self.trace = self.span = self.model_span = 0
+
+    def generate_trace_id(self) -> int:
+        trace_id, self.trace = self.trace, 0
+        return trace_id or int(super().generate_trace_id())
+
+    def generate_span_id(self) -> int:
+        span_id, self.span = self.span, 0
+        return span_id or int(super().generate_span_id())
+
+
 class OtelExporter:
     """A tracer provider of its own (the process's global one is left alone)."""
 
@@ -57,7 +76,11 @@ class OtelExporter:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        self.provider = TracerProvider(resource=Resource.create(resource_attributes(options)))
+        self.ids = _PresetIds()
+        self.provider = TracerProvider(
+            resource=Resource.create(resource_attributes(options)),
+            id_generator=self.ids,
+        )
         if processor is None:
             processor = BatchSpanProcessor(
                 OTLPSpanExporter(endpoint=endpoint(options.get("url", DEFAULT_URL))),
@@ -76,11 +99,17 @@ class OtelExporter:
         from opentelemetry import trace
 
         traceparent = record.attributes.pop("traceparent", "")
-        assert isinstance(traceparent, str)
+        context = record.attributes.pop("otel_context", "")
+        assert isinstance(traceparent, str) and isinstance(context, str)
         ctx = self.propagator.extract({"traceparent": traceparent}) if traceparent else None
+        if context:  # the ids its model saw (request.trace().get_context())
+            _, trace_id, span_id, _ = context.split("-")
+            self.ids.trace, self.ids.model_span = int(trace_id, 16), int(span_id, 16)
         first = min((ns for _, ns in record.stamps), default=time.monotonic_ns())
         last = max((ns for _, ns in record.stamps), default=first)
         top = self.tracer.start_span("InferRequest", context=ctx, start_time=first + self.offset)
+        self.ids.trace = 0  # (unused where the client's context gave the trace)
+        self.ids.span, self.ids.model_span = self.ids.model_span, 0  # the next: its model's
         top.set_attribute("shoal.frontend.index", self.frontend)
         for name, ns in record.stamps:  # (a decoupled model's: a send per response)
             if name in _PROTOCOL:

@@ -15,6 +15,9 @@ class TracedWay(msgspec.Struct):
 
     id: int
     stamps: list[int]
+    # opentelemetry mode: the W3C traceparent of the request's model span, which a
+    # Python model reads (request.trace().get_context()); "" otherwise
+    context: str = ""
 
     def append(self, ns: int) -> None:
         self.stamps.append(ns)

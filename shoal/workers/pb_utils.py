@@ -198,14 +198,16 @@ class InferenceTrace:
     """A request's trace, as ``request.trace()`` gives it: handed to a BLS request
     (``InferenceRequest(..., trace=request.trace())``), it makes that request's trace a
     child of this one (shoal/workers/bls.py). ``trace_id`` 0: the request is not traced.
-    ``get_context()``: the OpenTelemetry context Triton passes to models; shoal's
-    traces are built in the frontend, so a model sees none (None)."""
+    ``get_context()``: for a request traced in opentelemetry mode, its W3C context as
+    Triton gives it (a JSON object: ``traceparent``, the span of the request's model),
+    else None."""
 
-    def __init__(self, trace_id: int = 0) -> None:
+    def __init__(self, trace_id: int = 0, context: str = "") -> None:
         self.trace_id = trace_id
+        self._context = context
 
     def get_context(self, mode: str = "opentelemetry") -> str | None:
-        return None
+        return json.dumps({"traceparent": self._context}) if self._context else None
 
 
 class InferenceRequest:

@@ -265,9 +265,9 @@ class PythonBackend:
                 model_name=req.model,
                 sender=senders[i] if senders is not None else None,
                 cancelled=cancelled[i] if cancelled is not None else None,
-                trace=pb_utils.InferenceTrace(
-                    req.hops.id if isinstance(req.hops, m.TracedWay) else 0
-                ),
+                trace=pb_utils.InferenceTrace(req.hops.id, req.hops.context)
+                if isinstance(req.hops, m.TracedWay)
+                else None,
             )
             for i, (req, tensors) in enumerate(items)
         ]

@@ -58,3 +58,32 @@ def test_an_ensemble_its_step_and_a_bls_call_nest_in_the_clients_trace() -> None
 
 def test_resource_attributes_start_from_tritons_service_name() -> None:
     assert resource_attributes({}) == {"service.name": "triton-inference-server"}
+
+
+def test_the_model_span_has_the_context_its_python_model_was_given() -> None:
+    """In opentelemetry mode the frontend picks the model span's ids before the request
+    runs (a Python model reads them: request.trace().get_context()); the exported span
+    has them, in the client's trace or in a new one."""
+    from shoal.dataplane.tracing import otel_context
+
+    caught = InMemorySpanExporter()
+    exporter = OtelExporter({}, 0, SimpleSpanProcessor(caught))
+    client = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    given = [otel_context(client), otel_context("")]
+    assert given[0].split("-")[1] == "ab" * 16 and given[1].split("-")[1] != "ab" * 16
+    for i, context in enumerate(given):
+        attrs: dict[str, int | str | list[int]] = {"otel_context": context}
+        if i == 0:
+            attrs["traceparent"] = client
+        exporter.export(_record_with(i + 1, attrs))
+    exporter.shutdown()
+    models = [s for s in caught.get_finished_spans() if s.name == "m"]
+    seen = [f"00-{s.context.trace_id:032x}-{s.context.span_id:016x}-01" for s in models]
+    assert seen == given
+    tops = [s for s in caught.get_finished_spans() if s.name == "InferRequest"]
+    assert [format(s.context.trace_id, "032x") for s in tops] == [g.split("-")[1] for g in given]
+
+
+def _record_with(id_: int, attributes: dict[str, int | str | list[int]]) -> TraceRecord:
+    stamps = [("REQUEST_START", 10), ("REQUEST_END", 20)]
+    return TraceRecord(id_, "m", 1, stamps=stamps, attributes=attributes)
