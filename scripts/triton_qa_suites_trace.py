@@ -11,20 +11,25 @@ drives its servers with curl and with Triton's C++ ``simple_http_infer_client`` 
 requests with tritonclient, then reads the trace files with the suite's own
 ``qa/common/trace_summary.py``, counting test.sh's greps one check each.
 
-Left out, with their reasons printed: the sections that need the OpenTelemetry Collector
-binary test.sh downloads (``otelcol``, opentelemetry_unittest.py), the C++ identity
-backend's custom tracing API, SageMaker, and the 120-second stress loops.
+test.sh downloads the OpenTelemetry Collector; the runner writes a stand-in at run time
+(``OTELCOL``: an OTLP/HTTP receiver, the batch processor and the file exporter as
+trace-config.yaml sets them) that opentelemetry_unittest.py and the opentelemetry
+sections start as ``./otelcol``. ``TRACE_RUNS`` names sections to run (default: all, in
+test.sh's order; ``TRACE_STRESS_S`` shortens the 120-second stress loops). Left out, with
+their reasons printed: the C++ identity backend's custom tracing API and SageMaker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +120,7 @@ def flush():
     global batch, spans, first
     if batch:
         with open(PATH, "a") as f:
-            f.write(json.dumps({"resourceSpans": batch}) + "\\n")
+            f.write(json.dumps({"resourceSpans": batch}, separators=(",", ":")) + "\\n")
     batch, spans, first = [], 0, time.monotonic()
 
 
@@ -393,20 +398,29 @@ def _count(qa: QA, here: Path, models: Path) -> None:
     c.done()
 
 
+CONTEXT = "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"  # test.sh's
+
+
+def _send_bls(qa: QA, here: Path, context: bool = False) -> None:
+    """test.sh's ``python -c 'import opentelemetry_unittest; ...send_bls_request(...)'``."""
+    headers = f", headers={{'traceparent': '{CONTEXT}'}}" if context else ""
+    send = ("import opentelemetry_unittest; opentelemetry_unittest.send_bls_request("
+            f'model_name="ensemble_add_sub_int32_int32_int32"{headers})')  # fmt: skip
+    subprocess.run([str(PYTHON), "-c", send], cwd=here, env=qa.env,
+                   capture_output=True, timeout=120)  # fmt: skip
+
+
 def _bls(qa: QA, here: Path, models: Path) -> None:
     c = _Curl(qa, here, "--trace-config rate=4 count=6; BLS calls of an ensemble (bls_trace.log)")
     args = _args(models, "bls_trace.log", "TIMESTAMPS", "4", "--trace-config=count=6",
                  "--trace-config=mode=triton")  # fmt: skip
-    send = ("import opentelemetry_unittest; opentelemetry_unittest.send_bls_request("
-            'model_name="ensemble_add_sub_int32_int32_int32")')  # fmt: skip
     with qa.serve(here, *args, log="bls") as up:
         if up:
             c.call("simple")
             c.ok()
             c.has(*_settings("TIMESTAMPS", "4", "6", "0", "bls_trace.log"))
             for _ in range(4):
-                subprocess.run([str(PYTHON), "-c", send], cwd=here, env=qa.env,
-                               capture_output=True, timeout=120)  # fmt: skip
+                _send_bls(qa, here)
     ens = "^ensemble_add_sub_int32_int32_int32"
     c.summary("bls_trace.log", {"COMPUTE_INPUT_END": 2, ens: 1, "^simple": 1})
     text = (here / "bls_trace.log").read_text() if (here / "bls_trace.log").exists() else ""
@@ -482,6 +496,157 @@ def _opentelemetry(qa: QA, here: Path, models: Path) -> None:
                "the C++ identity backend's custom activities")  # fmt: skip
 
 
+@contextlib.contextmanager
+def _collector(here: Path) -> Iterator[Path]:
+    """test.sh's ``$OTEL_COLLECTOR --config ./trace-config.yaml &`` (the stand-in), killed
+    at the end; its collected_traces.json."""
+    proc = subprocess.Popen(["./otelcol", "--config", "./trace-config.yaml"], cwd=here,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        time.sleep(1)  # (it listens)
+        yield here / "collected_traces.json"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _otel_args(models: Path, rate: str, *more: str) -> tuple[str, ...]:
+    return ("--trace-config=level=TIMESTAMPS", f"--trace-config=rate={rate}", *more,
+            "--trace-config=mode=opentelemetry",
+            "--trace-config=opentelemetry,url=localhost:10000/v1/traces",
+            f"--model-repository={models}")  # fmt: skip
+
+
+def _otel_settings(c: _Curl, rate: str, count: str) -> None:
+    c.call("bls_simple")
+    c.ok()
+    c.has('"trace_level":["TIMESTAMPS"]', f'"trace_rate":"{rate}"', f'"trace_count":"{count}"',
+          '"trace_mode":"opentelemetry"', '"url":"localhost:10000/v1/traces"',
+          '"bsp_max_export_batch_size":"512"', '"bsp_schedule_delay":"5000"',
+          '"bsp_max_queue_size":"2048"')  # fmt: skip
+    c.check('"trace_file":' not in c.body and '"log_frequency":' not in c.body)
+
+
+def _lines(path: Path, text: str) -> int:
+    """grep -c: the lines holding ``text``."""
+    return sum(text in line for line in path.read_text().splitlines()) if path.exists() else 0
+
+
+def _otel_rate_zero(qa: QA, here: Path, models: Path) -> None:
+    c = _Curl(qa, here, "opentelemetry at rate=0: only requests with a context are traced")
+    with (
+        _collector(here) as collected,
+        qa.serve(here, *_otel_args(models, "0", "--trace-config=count=-1"), log="otel_WAR") as up,
+    ):
+        if up:
+            _otel_settings(c, "0", "-1")
+            for _ in range(10):
+                _send_bls(qa, here)
+            c.check(not collected.exists() or collected.stat().st_size == 0, "traced")
+            _send_bls(qa, here, context=True)
+            time.sleep(20)
+            c.check(collected.exists() and collected.stat().st_size > 0, "nothing collected")
+    c.done()
+
+
+def _otel_count(qa: QA, here: Path, models: Path) -> None:
+    c = _Curl(qa, here, "opentelemetry rate=5 count=1: then only requests with a context")
+    with qa.serve(here, *_otel_args(models, "5", "--trace-config=count=1"),
+                  log="otel_count") as up, _collector(here) as collected:  # fmt: skip
+        if up:
+            _otel_settings(c, "5", "1")
+            for _ in range(20):
+                _send_bls(qa, here)
+            time.sleep(20)
+            roots = _lines(collected, '"parentSpanId":""')
+            c.check(_lines(collected, '"name":"InferRequest"') == 1 and roots == 1, "1 trace")
+            for _ in range(10):
+                _send_bls(qa, here, context=True)
+                _send_bls(qa, here)
+                time.sleep(10)
+            time.sleep(5)
+            kept = _lines(collected, '"parentSpanId":"b7ad6b7169242424"')
+            roots = _lines(collected, '"parentSpanId":""')
+            c.check(roots == 1 and kept == 10, f"{roots} roots, {kept} in the client's trace")
+    c.done()
+
+
+def _otel_bsp(qa: QA, here: Path, models: Path) -> None:
+    """The batch span processor's settings reach it: a queue of 1 drops spans (and says
+    so in the log), no delay exports in several batches, batches of 1 span one by one."""
+    c = _Curl(qa, here, "opentelemetry bsp_max_queue_size, bsp_schedule_delay, "
+              "bsp_max_export_batch_size")  # fmt: skip
+    cases = (("bsp_max_queue_size=1", 20), ("bsp_schedule_delay=0", 10),
+             ("bsp_max_export_batch_size=1", 10))  # fmt: skip
+    for setting, wait in cases:
+        args = _otel_args(models, "1", "--trace-config=count=-1",
+                          f"--trace-config=opentelemetry,{setting}", "--log-verbose=1")  # fmt: skip
+        log = "otel_" + setting.split("=")[0]
+        with qa.server(here, *args, log=log) as srv, _collector(here) as collected:
+            if not srv.up:
+                c.check(False, f"{setting}: server not ready")
+                continue
+            _send_bls(qa, here)
+            time.sleep(wait)
+            text = collected.read_text() if collected.exists() else ""
+            if setting.startswith("bsp_max_queue_size"):
+                warned = "BatchSpanProcessor queue is full - dropping span." in srv.log.read_text()
+                c.check(warned, "no warning of spans dropped")
+            elif setting.startswith("bsp_schedule_delay"):
+                c.check(text.count("scopeSpans") > 1, f"{text.count('scopeSpans')} batches")
+            else:
+                c.check(text.count("scopeSpans") == 6, f"{text.count('scopeSpans')} batches")
+    c.done()
+
+
+def _pbe_context_none(qa: QA, here: Path, models: Path) -> None:
+    c = _Curl(qa, here, "a Python model sees no trace context: triton mode; opentelemetry off")
+    body = json.dumps({"inputs": [{"name": "expect_none", "datatype": "BOOL", "shape": [1],
+                                   "data": [True]}]}).encode()  # fmt: skip
+    for level, mode in (("TIMESTAMPS", "triton"), ("OFF", "opentelemetry")):
+        args = (f"--trace-config=level={level}", "--trace-config=rate=1",
+                "--trace-config=count=-1", f"--trace-config=mode={mode}",
+                f"--model-repository={models}", "--log-verbose=1")  # fmt: skip
+        with qa.serve(here, *args, log=f"trace_context_{mode}") as up:
+            code = 0
+            if up:
+                req = urllib.request.Request(
+                    "http://localhost:8000/v2/models/trace_context/infer", data=body
+                )
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        code = r.status
+                except urllib.error.HTTPError as e:
+                    code = e.code
+            c.check(code == 200, f"{mode}: {code}")
+    c.done()
+
+
+def _stress(qa: QA, here: Path, models: Path) -> None:
+    """test.sh's stress loops: trace_stress_grpc_client.py over and over for
+    ``TRACE_STRESS_S`` seconds (test.sh's 120), each mode; the server must live on."""
+    c = _Curl(qa, here, "120 s of stress_grpc_client.py, triton and opentelemetry modes")
+    seconds = float(os.environ.get("TRACE_STRESS_S", "120"))
+    base = ("--model-control-mode=explicit", f"--model-repository={models}",
+            "--load-model=identity_fp32", "--trace-config=rate=1",
+            "--trace-config=level=TIMESTAMPS")  # fmt: skip
+    modes = (("--trace-config=mode=triton", "--trace-config=triton,file=./trace"),
+             ("--trace-config=mode=opentelemetry",
+              "--trace-config=opentelemetry,resource=test.key=test.value",
+              "--trace-config=opentelemetry,resource=service.name=test_triton",
+              "--trace-config=opentelemetry,url=localhost:10000/v1/traces"))  # fmt: skip
+    for i, mode in enumerate(modes):
+        with _collector(here), qa.server(here, *base, *mode, log=f"stress{i}") as srv:
+            if srv.up:
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    subprocess.run([str(PYTHON), "trace_stress_grpc_client.py"], cwd=here,
+                                   env=qa.env, capture_output=True, timeout=120)  # fmt: skip
+                    time.sleep(0.1)
+            c.check(srv.up and srv.proc.poll() is None, f"mode {i}: the server died")
+    c.done()
+
+
 def _unittest(qa: QA, here: Path, models: Path) -> None:
     args = _args(models, "global_unittest.log", "TIMESTAMPS", "1")
     with qa.serve(here, *args, log="unittest") as ready:
@@ -501,7 +666,9 @@ _RUNS = {
     "off_to_min": _off_to_min, "model_setting": _model_setting,
     "update_and_clear": _update_and_clear, "count": _count, "unittest": _unittest,
     "bls": _bls, "unknown_models": _unknown_models, "custom": _custom,
-    "opentelemetry": _opentelemetry,
+    "opentelemetry": _opentelemetry, "otel_rate_zero": _otel_rate_zero,
+    "otel_count": _otel_count, "otel_bsp": _otel_bsp, "pbe_context_none": _pbe_context_none,
+    "stress": _stress,
 }  # fmt: skip
 
 
@@ -513,5 +680,3 @@ def l0_trace(qa: QA) -> None:
     models = _models(qa, here)
     for run in os.environ.get("TRACE_RUNS", " ".join(_RUNS)).split():
         _RUNS[run](qa, here, models)
-    qa.not_run(SUITE, 24, "test.sh's opentelemetry checks (otelcol, stress loops)",
-               "the OpenTelemetry Collector binary; 120-second stress loops")  # fmt: skip

@@ -14,6 +14,7 @@ the spans say which processes did the work and which batch the request ran in
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -45,6 +46,16 @@ def endpoint(url: str) -> str:
     """``url`` as the exporter takes it: Triton's (opentelemetry-cpp's) exporter takes
     ``host:port/path`` without a scheme, which means http."""
     return url if "://" in url else f"http://{url}"
+
+
+class _TritonWords(logging.Filter):
+    """The SDK's warning of a full queue in opentelemetry-cpp's words, which Triton logs
+    (and its QA greps for)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Queue full, dropping span"):
+            record.msg, record.args = "BatchSpanProcessor queue is full - dropping span.", ()
+        return True
 
 
 class _PresetIds(RandomIdGenerator):  # type: ignore[misc]
@@ -89,6 +100,7 @@ class OtelExporter:
                 max_export_batch_size=int(options.get("bsp_max_export_batch_size", 512)),
             )
         self.provider.add_span_processor(processor)
+        logging.getLogger("opentelemetry.sdk._shared_internal").addFilter(_TritonWords())
         self.tracer = self.provider.get_tracer("shoal")
         self.propagator = TraceContextTextMapPropagator()
         self.frontend = frontend

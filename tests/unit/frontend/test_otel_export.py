@@ -4,6 +4,9 @@ trace."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -87,3 +90,11 @@ def test_the_model_span_has_the_context_its_python_model_was_given() -> None:
 def _record_with(id_: int, attributes: dict[str, int | str | list[int]]) -> TraceRecord:
     stamps = [("REQUEST_START", 10), ("REQUEST_END", 20)]
     return TraceRecord(id_, "m", 1, stamps=stamps, attributes=attributes)
+
+
+def test_a_full_queue_is_logged_in_tritons_words(caplog: Any) -> None:
+    exporter = OtelExporter({}, 0, SimpleSpanProcessor(InMemorySpanExporter()))
+    logging.getLogger("opentelemetry.sdk._shared_internal").warning("Queue full, dropping %s.",
+                                                                     "span")  # fmt: skip
+    exporter.shutdown()
+    assert "BatchSpanProcessor queue is full - dropping span." in caplog.messages
