@@ -14,15 +14,18 @@ request's own handling, each the best of several repeats. A record, not a test: 
 asserts a speed, and on a host shared with other work the ratios are indicative only.
 
     python bench/run_tracing.py [--concurrency 8] [--protocols http,grpc] [--rounds 2]
+        [--one-server]  # one server switched through the trace API: no placement bias
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from functools import partial
 from pathlib import Path
 
@@ -65,12 +68,21 @@ def _point(
     ))  # fmt: skip
 
 
+def _switch(srv: ServerProcess, name: str) -> None:
+    """The server's global trace setting to ``name``'s (SETTINGS): level and rate."""
+    rate = name.partition("=")[2] or "1000"
+    level = ["OFF"] if name == "off" else ["TIMESTAMPS"]
+    body = json.dumps({"trace_level": level, "trace_rate": rate}).encode()
+    req = urllib.request.Request(f"http://{srv.http_url}/v2/trace/setting", data=body)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        r.read()
+
+
 def micro() -> dict[str, float]:
     """ns of the work tracing adds in a frontend, per request: ``check`` (the one check
     when off), ``sample`` (the decision at rate=1000, its one trace in 1000 included) and
     ``traced`` (one traced request's stamps, record and file entries, which rate=1000
     pays once in 1000 requests; the worker's and broker's part is a few list appends)."""
-    import json
     import timeit
 
     from shoal.dataplane.tracing import Trace, Tracer
@@ -188,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--measurement-interval", type=int, default=3000)
     p.add_argument("--max-trials", type=int, default=6)
+    p.add_argument("--one-server", action="store_true",
+                   help="one server for every setting, switched through /v2/trace/setting "
+                   "between runs (no difference of placement between two servers)")  # fmt: skip
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     a = p.parse_args(argv)
     run = start_run(a.out_dir, "tracing")
@@ -198,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         traces.mkdir()
         link_model(a.repo, repo, "simple", (a.repo / "simple" / "config.pbtxt").read_text())
         servers = {}
-        for name in a.settings:
+        if a.one_server:  # one server, its setting changed through the trace API
+            srv = start_server(_server(run.raw, repo, "rate=1000", traces), 120, skipped)
+            servers = dict.fromkeys(a.settings, srv) if srv is not None else {}
+        for name in [] if a.one_server else a.settings:
             srv = start_server(_server(run.raw, repo, name, traces), 120, skipped)
             if srv is not None:
                 servers[name] = srv
@@ -210,11 +228,13 @@ def main(argv: list[str] | None = None) -> int:
                         names = list(servers)
                         names = names[r % len(names) :] + names[: r % len(names)]
                         for name, srv in ((n, servers[n]) for n in names):
+                            if a.one_server:
+                                _switch(srv, name)
                             csv = run.raw / f"{name.replace('=', '')}-{protocol}-c{c}-r{r}.csv"
                             m = _point(run.pa, srv, protocol, c, a, csv)
                             results.setdefault((protocol, name, c), []).append(m)
         finally:
-            for srv in servers.values():
+            for srv in set(servers.values()):
                 srv.stop()
     report = _report(results, run.load, micro())
     return write_report(a.out_dir, run.stamp, "tracing", report, skipped)
