@@ -24,11 +24,10 @@ from shoal.configs.traffic import ROUTE_KEY, ROUTE_KEY_HEADER
 from shoal.dataplane.json_limits import MAX_JSON_DEPTH, check_depth
 from shoal.dataplane.plane import DataPlane
 from shoal.dataplane.tracing import Trace
-from shoal.dataplane.types import ClientRequest, InferenceResult, ResponseError
 from shoal.frontend import (
-    generate,
     http_client_shm,
     http_codec,
+    http_generate,
     http_trace,
     json_members,
     log_settings,
@@ -215,102 +214,6 @@ async def _infer(request: web.Request, trace: Trace | None) -> web.Response:
     if "Accept-Encoding" in request.headers:
         resp.enable_compression()
     return resp
-
-
-async def _generate_request(request: web.Request) -> ClientRequest:
-    dp = _dp(request)
-    name, version = _model_args(request)
-    body = await read_body(request)
-    model = await dp.model(name, version)
-    doc = http_codec.parse_json(memoryview(body), MAX_JSON_DEPTH)
-    return generate.decode_request(json_members.read_members(body, doc), model, version)
-
-
-async def generate_one(request: web.Request) -> web.StreamResponse:
-    """Triton's generate extension: one response as one JSON object. A model error is
-    400; a decoupled model that sends no response or several answers 200 with an error,
-    as Triton 2.51 does (its headers have gone out by then)."""
-    dp = _dp(request)
-    if dp.tracer.active and (trace := http_trace.sample(request, dp.tracer)) is not None:
-        return await http_trace.traced(request, trace, dp.tracer, _generate_one)
-    return await _generate_one(request, None)
-
-
-async def _generate_one(request: web.Request, trace: Trace | None) -> web.Response:
-    req = await _generate_request(request)
-    if trace is not None:
-        trace.stamp("HTTP_RECV_END")
-        req.trace = trace
-    answers: list[bytes | ResponseError] = []
-    async with contextlib.aclosing(_dp(request).infer_stream(req)) as responses:
-        async for r in responses:
-            if trace is not None:
-                trace.stamp("INFER_RESPONSE_COMPLETE")
-            answers.append(r if isinstance(r, ResponseError) else _event(r))
-    if trace is not None:
-        trace.stamp("HTTP_SEND_START")
-    if answers and isinstance(answers[0], ResponseError):
-        return _error(answers[0].message, 400)
-    if len(answers) != 1:
-        return _error(generate.ONE_RESPONSE, 200)
-    body = answers[0]
-    assert isinstance(body, bytes)
-    return web.Response(body=body, content_type=_JSON)
-
-
-async def generate_stream(request: web.Request) -> web.StreamResponse:
-    """Triton's generate extension as server-sent events: ``data: <JSON>`` per response
-    as it comes (a model error too: 400 if it is the first, else one more event). What
-    refuses the request before it runs is a plain JSON error. A traced request's trace
-    holds INFER_RESPONSE_COMPLETE and HTTP_SEND_START/END for each event, as Triton's."""
-    dp = _dp(request)
-    if not dp.tracer.active or (trace := http_trace.sample(request, dp.tracer)) is None:
-        return await _generate_stream(request, None)
-    trace.stamp("HTTP_RECV_START")
-    try:
-        return await _generate_stream(request, trace)
-    finally:
-        dp.tracer.finish(trace)
-
-
-async def _generate_stream(request: web.Request, trace: Trace | None) -> web.StreamResponse:
-    req = await _generate_request(request)
-    if trace is not None:
-        trace.stamp("HTTP_RECV_END")
-        req.trace = trace
-    async with contextlib.aclosing(_dp(request).infer_stream(req)) as answers:
-        first = await anext(answers, None)
-        if trace is not None and first is not None:
-            trace.stamp("INFER_RESPONSE_COMPLETE")
-        resp = web.StreamResponse(status=400 if isinstance(first, ResponseError) else 200)
-        resp.content_type = "text/event-stream"
-        resp.charset = "utf-8"
-        await resp.prepare(request)
-        item = first
-        while item is not None:
-            event = b"data: " + _event(item) + b"\n\n"
-            if trace is not None:
-                trace.stamp("HTTP_SEND_START")
-            await resp.write(event)
-            if trace is not None:
-                trace.stamp("HTTP_SEND_END")
-            try:
-                item = await anext(answers, None)
-            except ServingError as exc:  # the server lost its broker: the last event
-                item = ResponseError(exc.message, True)
-            if trace is not None and item is not None:
-                trace.stamp("INFER_RESPONSE_COMPLETE")
-        await resp.write_eof()
-        return resp
-
-
-def _event(item: InferenceResult | ResponseError) -> bytes:
-    if isinstance(item, ResponseError):
-        return generate.encode_error(item.message)
-    try:
-        return generate.encode_response(item)
-    finally:
-        item.release()
 
 
 async def model_stats(request: web.Request) -> web.Response:
@@ -530,10 +433,11 @@ def build_app(
     app.add_routes(http_trace.routes(_dp))
     # aiohttp tries a prefix's dynamic routes in the order added, one regex each: infer
     # (the hot path) and ready (the probes) first.
+    gen = http_generate.Generate(_dp)
     for base in (model, versioned):
         r.add_post(base + "/infer", infer)
-        r.add_post(base + "/generate", generate_one)
-        r.add_post(base + "/generate_stream", generate_stream)
+        r.add_post(base + "/generate", gen.one)
+        r.add_post(base + "/generate_stream", gen.stream)
         r.add_get(base + "/ready", model_ready)
         r.add_get(base + "/stats", model_stats)
         r.add_get(base, model_metadata)

@@ -126,6 +126,7 @@ class WorkerProc:
                 self._read_cancels,
                 self._wake,
                 self._where,
+                self._bls_children,
             )
         elif instance.per_request:  # a Python model: its requests' is_cancelled()
             instance.cancels = self.cancels = RunningCancels(self._read_cancels)
@@ -406,8 +407,12 @@ class WorkerProc:
             return [*way, received, sent]
         where = self._where()
         others = [i.request.req_id for i, _ in answers if i is not item]
-        children = self.scripting.children(way.id) if self.scripting is not None else []
+        children = self._bls_children(way.id)
         return trace_note.traced_answer(way, others, done, received, sent, where, children)
+
+    def _bls_children(self, trace_id: int) -> list[m.TraceRecord]:
+        """The BLS traces the traced request ``trace_id`` spawned (taken)."""
+        return self.scripting.children(trace_id) if self.scripting is not None else []
 
     def _where(self) -> trace_note.Attrs:
         """What a traced request's spans say ran it: this process and its instance."""

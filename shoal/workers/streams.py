@@ -54,13 +54,15 @@ class DecoupledStreams:
         read_cancels: Callable[[], None],
         wake_fd: int,
         where: Callable[[], trace_note.Attrs],
+        children: Callable[[int], list[m.TraceRecord]] = lambda _: [],
     ) -> None:
         """``answer``: send payloads to a frontend; ``read_cancels``: read the cancels the
         broker sent while the model runs on the loop's thread; ``wake_fd``: the eventfd
         that wakes the loop; ``where``: the attributes a traced request's final response
-        names this process by (shoal/workers/trace_note.py)."""
+        names this process by (shoal/workers/trace_note.py); ``children``: the BLS
+        traces a traced request spawned (taken), by its trace id."""
         self.instance, self.instance_name = instance, instance_name
-        self._where = where
+        self._where, self._children = where, children
         self.io_lock = io_lock
         self._answer, self._read_cancels, self._wake = answer, read_cancels, wake_fd
         self.open: dict[tuple[bytes, int], Stream] = {}
@@ -181,8 +183,9 @@ class DecoupledStreams:
                 if final and stream.ran is not None:
                     assert isinstance(item.request.hops, m.TracedWay)
                     now = time.monotonic_ns()
+                    way = item.request.hops
                     resp.hops = trace_note.decoupled_answer(
-                        item.request.hops, stream.ran, now, self._where()
+                        way, stream.ran, now, self._where(), self._children(way.id)
                     )
                 payload = m.encode_payload(resp)
             except Exception as exc:  # the model's fault: the request ends with it

@@ -54,13 +54,20 @@ def where(pid: int, instance: str, cores: list[int], gpu: int | None) -> Attrs:
             "gpu": -1 if gpu is None else gpu}  # fmt: skip
 
 
-def decoupled_answer(way: m.TracedWay, ran: list[int], sent: int, attrs: Attrs) -> m.TracedAnswer:
+def decoupled_answer(
+    way: m.TracedWay,
+    ran: list[int],
+    sent: int,
+    attrs: Attrs,
+    children: list[m.TraceRecord] | None = None,
+) -> m.TracedAnswer:
     """The final response's ``hops`` for a traced request to a decoupled model, sent
     at ``sent``: ``ran`` holds the batch's receipt, then (once known) when its inputs
     were ready and when the model's ``execute`` returned. COMPUTE_START is the receipt,
     COMPUTE_INPUT_END the inputs ready, COMPUTE_OUTPUT_START ``execute``'s return (or
     the final send, if that came first), COMPUTE_END the final response's send: the
-    request's responses all went out between its COMPUTE_START and COMPUTE_END."""
+    request's responses all went out between its COMPUTE_START and COMPUTE_END.
+    ``children``: the BLS traces its model spawned."""
     received = ran[0]
     input_end = min(ran[1] if len(ran) > 1 else sent, sent)
     output_start = min(ran[2] if len(ran) > 2 else sent, sent)
@@ -70,4 +77,4 @@ def decoupled_answer(way: m.TracedWay, ran: list[int], sent: int, attrs: Attrs) 
         ("COMPUTE_OUTPUT_START", output_start),
         ("COMPUTE_END", sent),
     ]
-    return m.TracedAnswer([*way.stamps, received, sent], stamps, dict(attrs))
+    return m.TracedAnswer([*way.stamps, received, sent], stamps, dict(attrs), children or [])
