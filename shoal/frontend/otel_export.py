@@ -48,6 +48,21 @@ def endpoint(url: str) -> str:
     return url if "://" in url else f"http://{url}"
 
 
+#: The shortest export delay the SDK's processor is given (ms): it refuses 0, which
+#: opentelemetry-cpp takes as "export at once"; its worker then waits this long at most.
+MIN_DELAY_MS = 1.0
+
+
+def bsp_arguments(options: dict[str, str]) -> tuple[int, float, int]:
+    """The batch span processor's queue size, export delay (ms) and export batch size,
+    as opentelemetry-cpp takes them: the Python SDK refuses a delay of 0 (MIN_DELAY_MS
+    stands in) and a batch larger than the queue (a batch is the whole queue then)."""
+    queue = max(1, int(options.get("bsp_max_queue_size", 2048)))
+    delay = max(MIN_DELAY_MS, float(options.get("bsp_schedule_delay", 5000)))
+    batch = min(queue, max(1, int(options.get("bsp_max_export_batch_size", 512))))
+    return queue, delay, batch
+
+
 class _TritonWords(logging.Filter):
     """The SDK's warning of a full queue in opentelemetry-cpp's words, which Triton logs
     (and its QA greps for)."""
@@ -93,11 +108,12 @@ class OtelExporter:
             id_generator=self.ids,
         )
         if processor is None:
+            queue, delay, batch = bsp_arguments(options)
             processor = BatchSpanProcessor(
                 OTLPSpanExporter(endpoint=endpoint(options.get("url", DEFAULT_URL))),
-                max_queue_size=int(options.get("bsp_max_queue_size", 2048)),
-                schedule_delay_millis=float(options.get("bsp_schedule_delay", 5000)),
-                max_export_batch_size=int(options.get("bsp_max_export_batch_size", 512)),
+                max_queue_size=queue,
+                schedule_delay_millis=delay,
+                max_export_batch_size=batch,
             )
         self.provider.add_span_processor(processor)
         logging.getLogger("opentelemetry.sdk._shared_internal").addFilter(_TritonWords())

@@ -98,3 +98,12 @@ def test_a_full_queue_is_logged_in_tritons_words(caplog: Any) -> None:
                                                                      "span")  # fmt: skip
     exporter.shutdown()
     assert "BatchSpanProcessor queue is full - dropping span." in caplog.messages
+
+
+def test_batch_span_processor_settings_the_sdk_would_refuse_are_taken_as_tritons() -> None:
+    from shoal.frontend.otel_export import MIN_DELAY_MS, bsp_arguments
+
+    assert bsp_arguments({}) == (2048, 5000.0, 512)
+    assert bsp_arguments({"bsp_max_queue_size": "1"}) == (1, 5000.0, 1)  # (a batch: the queue)
+    assert bsp_arguments({"bsp_schedule_delay": "0"}) == (2048, MIN_DELAY_MS, 512)
+    OtelExporter({"bsp_max_queue_size": "1", "bsp_schedule_delay": "0"}, 0).shutdown()
