@@ -466,9 +466,6 @@ def _opentelemetry(qa: QA, here: Path, models: Path) -> None:
     """opentelemetry_unittest.py against the Collector stand-in (OTELCOL), which each test
     starts as ``./otelcol --config ./trace-config.yaml``; test.sh's flags, less
     ``--allow-sagemaker`` (shoal serves no SageMaker endpoint)."""
-    collector = here / "otelcol"
-    collector.write_text(f"#!{PYTHON}\n{OTELCOL}")
-    collector.chmod(0o755)
     (here / "collected_traces.json").touch()
     (models / "trace_context" / "1").mkdir(parents=True, exist_ok=True)
     (models / "trace_context" / "1" / "model.py").write_text(
@@ -678,5 +675,8 @@ def l0_trace(qa: QA) -> None:
     default all) names some of them (the keys of _RUNS)."""
     here = qa.suite(SUITE)
     models = _models(qa, here)
+    collector = here / "otelcol"  # (test.sh downloads the Collector: the stand-in)
+    collector.write_text(f"#!{PYTHON}\n{OTELCOL}")
+    collector.chmod(0o755)
     for run in os.environ.get("TRACE_RUNS", " ".join(_RUNS)).split():
         _RUNS[run](qa, here, models)

@@ -55,11 +55,14 @@ MIN_DELAY_MS = 1.0
 
 def bsp_arguments(options: dict[str, str]) -> tuple[int, float, int]:
     """The batch span processor's queue size, export delay (ms) and export batch size,
-    as opentelemetry-cpp takes them: the Python SDK refuses a delay of 0 (MIN_DELAY_MS
-    stands in) and a batch larger than the queue (a batch is the whole queue then)."""
+    as opentelemetry-cpp takes them: the Python SDK refuses a delay of 0 (it means at
+    once: batches of one span, the worker waking every MIN_DELAY_MS) and a batch larger
+    than the queue (a batch is the whole queue then)."""
     queue = max(1, int(options.get("bsp_max_queue_size", 2048)))
-    delay = max(MIN_DELAY_MS, float(options.get("bsp_schedule_delay", 5000)))
+    delay = float(options.get("bsp_schedule_delay", 5000))
     batch = min(queue, max(1, int(options.get("bsp_max_export_batch_size", 512))))
+    if delay <= 0:  # at once: each span goes out as it ends
+        return queue, MIN_DELAY_MS, 1
     return queue, delay, batch
 
 
@@ -68,7 +71,7 @@ class _TritonWords(logging.Filter):
     (and its QA greps for)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.getMessage().startswith("Queue full, dropping span"):
+        if record.getMessage().lower().startswith("queue full, dropping span"):
             record.msg, record.args = "BatchSpanProcessor queue is full - dropping span.", ()
         return True
 

@@ -95,7 +95,7 @@ def _record_with(id_: int, attributes: dict[str, int | str | list[int]]) -> Trac
 def test_a_full_queue_is_logged_in_tritons_words(caplog: Any) -> None:
     exporter = OtelExporter({}, 0, SimpleSpanProcessor(InMemorySpanExporter()))
     logging.getLogger("opentelemetry.sdk._shared_internal").warning("Queue full, dropping %s.",
-                                                                     "span")  # fmt: skip
+                                                                     "Span")  # fmt: skip
     exporter.shutdown()
     assert "BatchSpanProcessor queue is full - dropping span." in caplog.messages
 
@@ -105,5 +105,5 @@ def test_batch_span_processor_settings_the_sdk_would_refuse_are_taken_as_tritons
 
     assert bsp_arguments({}) == (2048, 5000.0, 512)
     assert bsp_arguments({"bsp_max_queue_size": "1"}) == (1, 5000.0, 1)  # (a batch: the queue)
-    assert bsp_arguments({"bsp_schedule_delay": "0"}) == (2048, MIN_DELAY_MS, 512)
+    assert bsp_arguments({"bsp_schedule_delay": "0"}) == (2048, MIN_DELAY_MS, 1)  # at once
     OtelExporter({"bsp_max_queue_size": "1", "bsp_schedule_delay": "0"}, 0).shutdown()
