@@ -91,16 +91,23 @@ class TraceSink:
     def follow(self, table: m.TraceTable) -> None:
         """The broker's trace settings changed: the exporter's options with them (an
         exporter already made keeps its own), and the settings no longer in effect are
-        retired, in order with the traces queued before."""
+        retired, in order with the traces queued before. In opentelemetry mode the
+        exporter is made now, as Triton's is at start: its batch span processor's
+        schedule runs from then, not from the first trace."""
         self.options = table.options
+        if table.mode == "opentelemetry" and self._exporter is None:
+            self._start()
         if self._thread is not None:
             self._queue.put(table)
 
     def put(self, record: m.TraceRecord, setting: m.TraceSetting, last: bool, mode: str) -> None:
+        self._start()
+        self._queue.put((record, setting, last, mode))
+
+    def _start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="trace-sink", daemon=True)
             self._thread.start()
-        self._queue.put((record, setting, last, mode))
 
     def close(self, timeout: float = 5.0) -> None:
         """Write what is left (Triton writes at exit), stop the thread and the exporter."""
@@ -118,6 +125,8 @@ class TraceSink:
     def _run(self) -> None:
         while (item := self._queue.get()) is not _STOP:
             if isinstance(item, m.TraceTable):
+                if item.mode == "opentelemetry" and self._exporter is None:
+                    self._exporter = _exporter(self.options, self.frontend)
                 live = {item.default, *item.models.values()}
                 for path, setting in list(self._pending):
                     if setting not in live:
@@ -134,9 +143,7 @@ class TraceSink:
 
     def _export(self, record: m.TraceRecord) -> None:
         if self._exporter is None:
-            from shoal.frontend.otel_export import OtelExporter
-
-            self._exporter = OtelExporter(self.options, self.frontend)
+            self._exporter = _exporter(self.options, self.frontend)
         self._exporter.export(record)
 
     def _keep(self, record: m.TraceRecord, setting: m.TraceSetting, last: bool) -> None:
@@ -164,6 +171,13 @@ class TraceSink:
         f = self._files.setdefault(path, _TraceFile())
         f.kept.extend(p.entries)
         f.kept_traces += p.traces
+
+
+def _exporter(options: dict[str, str], frontend: int) -> Any:
+    """The OpenTelemetry exporter (imported here: only opentelemetry mode pays for it)."""
+    from shoal.frontend.otel_export import OtelExporter
+
+    return OtelExporter(options, frontend)
 
 
 def _dump(target: str, entries: list[dict[str, Any]]) -> None:
