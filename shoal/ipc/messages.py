@@ -255,6 +255,22 @@ class ModelInfo(msgspec.Struct, array_like=True):
     config: bytes = b""  # serialized ModelConfig of `version`
 
 
+class ModelFileQuery(msgspec.Struct, array_like=True):
+    """A file of a loaded model's directory (a tokenizer, a chat template the config's
+    parameters name): ``path`` relative to the version's directory, else the model's."""
+
+    query_id: int
+    model: str
+    version: int
+    path: str
+
+
+class ModelFileReply(msgspec.Struct, array_like=True):
+    query_id: int
+    error: ErrorInfo | None = None
+    data: bytes = b""
+
+
 class ServerQuery(msgspec.Struct, array_like=True):
     query_id: int
     memory_of: str = ""  # this model's instances in detail (/proc reads: not for probes)
@@ -634,6 +650,8 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     Welcome: b"W",
     ModelQuery: b"q",
     ModelInfo: b"m",
+    ModelFileQuery: b"f",
+    ModelFileReply: b"b",
     ServerQuery: b"s",
     ServerState: b"S",
     Shutdown: b"Z",
