@@ -5,7 +5,9 @@ Templates are Jinja2, written as Hugging Face writes them (``tokenizer_config.js
 ``add_generation_prompt``, ``bos_token`` and ``eos_token``, may call
 ``raise_exception(message)``, and use the ``tojson`` filter. They run in Jinja2's
 immutable sandbox, so a template from a model repository can read its variables and
-nothing else. A model that declares none gets ``DEFAULT_TEMPLATE`` (ChatML).
+nothing else. A model that declares none gets ``DEFAULT_TEMPLATE`` (ChatML). Jinja2 is
+imported with the first template (a frontend that serves no generative model never
+imports it).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+if TYPE_CHECKING:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 #: ChatML: each message as ``<|im_start|>role\ncontent<|im_end|>\n``, then the
 #: assistant's opening when a reply is wanted.
@@ -43,6 +45,8 @@ def _tojson(value: Any, indent: int | None = None) -> str:
 
 @functools.cache
 def _environment() -> ImmutableSandboxedEnvironment:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
@@ -56,6 +60,8 @@ class ChatTemplate:
     pure and safe to call from any coroutine."""
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
+        import jinja2
+
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateError as exc:
@@ -65,6 +71,8 @@ class ChatTemplate:
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt for ``messages``; raises TemplateError when the template refuses
         them or fails."""
+        import jinja2
+
         try:
             return self._template.render(
                 messages=list(messages),

@@ -7,7 +7,7 @@ any of the optional ones. Its config's parameters may name a tokenizer (a ``toke
 JSON file) and a chat template (a Jinja2 file, or the template itself), and give
 ``bos_token`` / ``eos_token`` for the template; the files are read through the broker
 (``RepositoryExtension.model_file``), relative to the version's directory, else the
-model's.
+model's. ``tokenizers`` is imported with the first model that names a tokenizer.
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Final
-
-from tokenizers import Tokenizer
+from typing import TYPE_CHECKING, Final
 
 from shoal.dataplane.model_handle import ModelHandle
 from shoal.dataplane.plane import DataPlane
 from shoal.frontend.openai.chat_template import DEFAULT_TEMPLATE, ChatTemplate, TemplateError
 from shoal.ipc.errors import Code, ServingError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 TEXT_INPUT: Final = "text_input"
 TEXT_OUTPUT: Final = "text_output"
@@ -123,6 +124,8 @@ class GenerativeModels:
         params = handle.spec.parameters
         tokenizer = None
         if path := params.get(TOKENIZER_PARAM, ""):
+            from tokenizers import Tokenizer  # (with the first model that has one)
+
             data = await self._file(handle, path)
             try:
                 tokenizer = await asyncio.to_thread(Tokenizer.from_str, data.decode())
