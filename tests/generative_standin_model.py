@@ -9,11 +9,12 @@ characters reversed; sampled, 64 letters drawn by ``random.Random(seed)``. It ho
 ``ignore_eos`` (the text repeated up to ``max_tokens``), ``stream`` (a response per
 token) and ``exclude_input_in_output``, and sends the extras it is asked for. A prompt
 containing ``[raise]`` makes ``execute`` raise; ``[fail-mid]`` sends three tokens, then
-an error; ``[slow]`` waits 50 ms per token and logs ``standin cancelled after N`` when
-its request is cancelled.
+an error; ``[crash]`` three tokens, then its process exits; ``[slow]`` waits 50 ms per
+token and logs ``standin cancelled after N`` when its request is cancelled.
 """
 
 import json
+import os
 import random
 import threading
 import time
@@ -114,6 +115,8 @@ class TritonPythonModel:
                     pb_utils.Logger.log_info(f"standin cancelled after {i}")
                     sender.send(flags=FINAL)
                     return
+            if "[crash]" in prompt and i == 3:
+                os._exit(1)  # the instance dies mid-stream
             if "[fail-mid]" in prompt and i == 3:
                 error = pb_utils.TritonError("standin failed mid-stream")
                 sender.send(pb_utils.InferenceResponse(error=error), FINAL)

@@ -235,3 +235,19 @@ def test_a_client_that_leaves_cancels_the_request_in_the_model(server: ShoalServ
     while server.log().count("standin cancelled after") == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.log().count("standin cancelled after") == before + 1
+
+
+def test_an_instance_that_dies_mid_stream_ends_the_stream_with_an_error(
+    client: openai.OpenAI, server: ShoalServer
+) -> None:
+    """(Last: the instance restarts after it.)"""
+    chunks = client.completions.create(
+        model="standin", prompt="abcdefgh[crash]", max_tokens=50, stream=True
+    )
+    texts = []
+    with pytest.raises(openai.APIError) as err:
+        for ch in chunks:
+            texts.append(ch.choices[0].text)
+    assert "".join(texts) == "]hs"
+    assert "worker process" in err.value.message and "exited" in err.value.message
+    assert server.http_status("/v2/health/live") == 200
