@@ -100,6 +100,8 @@ def _plan(
         base["stop"] = stops
     if req.ignore_eos:
         base["ignore_eos"] = True
+    if top:
+        base["logprobs"] = top  # alternatives per token (vLLM's SamplingParams.logprobs)
     seed = req.seed
     if seed is None and req.n > 1:
         seed = rng.getrandbits(31)

@@ -90,7 +90,7 @@ class ContentPart(msgspec.Struct):
 
 class ChatMessage(msgspec.Struct):
     """A message as chat templates read it (other keys a client sends, such as
-    ``tool_calls``, pass through to the template unread here)."""
+    ``tool_calls``, are ignored)."""
 
     role: str
     content: str | list[ContentPart] | None = None

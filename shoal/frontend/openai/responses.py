@@ -3,7 +3,8 @@ stream chunks (pure: the caller passes the id and the time).
 
 A model's ``logprobs`` output (one JSON list per response: one entry per new token, a
 map from token id to ``{"logprob", "rank", "decoded_token"}`` whose first key is the
-token chosen, the others its alternatives) becomes OpenAI's two forms: the legacy one
+token chosen, the others its alternatives; the most likely of all are the top ones)
+becomes OpenAI's two forms: the legacy one
 of completions (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``) and
 chat's ``content`` list.
 """
@@ -52,7 +53,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def _tokens(entries: list[dict[str, Any]]) -> list[tuple[str, float, list[tuple[str, float]]]]:
-    """Each entry as (chosen token, its logprob, [(token, logprob)] of all by rank)."""
+    """Each entry as (chosen token, its logprob, [(token, logprob)] of all, most likely
+    first)."""
     out = []
     for entry in entries:
         options = []
@@ -63,7 +65,7 @@ def _tokens(entries: list[dict[str, Any]]) -> list[tuple[str, float, list[tuple[
         if not options:
             continue
         chosen = options[0]
-        ranked = sorted(options, key=lambda o: o[2] if o[2] > 0 else len(options) + 1)
+        ranked = sorted(options, key=lambda o: -o[1])  # (stable: ties keep their order)
         out.append((chosen[0], chosen[1], [(t, lp) for t, lp, _ in ranked]))
     return out
 

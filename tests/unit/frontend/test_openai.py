@@ -114,6 +114,21 @@ def test_a_plan_refuses_what_the_model_cannot_do(body: bytes, param: str) -> Non
     assert (err.value.status, err.value.param) == (400, param)
 
 
+def test_top_logprobs_ask_the_model_for_alternatives() -> None:
+    config = CONFIG + 'output { name: "logprobs" data_type: TYPE_STRING dims: [ -1 ] }'
+    body = b'{"model": "g", "messages": [{"role": "user", "content": "a"}], "logprobs": true, '
+    wants = b'"top_logprobs": 3}'
+    plan = chat_plan(decode(body + wants, ChatCompletionRequest), _model(config), random.Random())
+    assert (plan.top_logprobs, plan.sampling[0]["logprobs"], "logprobs" in plan.want) == (
+        3,
+        3,
+        True,
+    )
+    chosen_only = chat_plan(decode(body[:-2] + b"}", ChatCompletionRequest), _model(config),
+                            random.Random())  # fmt: skip
+    assert chosen_only.top_logprobs == 0 and "logprobs" not in chosen_only.sampling[0]
+
+
 def test_token_prompts_need_a_tokenizer() -> None:
     req = decode(b'{"model": "g", "prompt": [[104, 105], [111]]}', CompletionRequest)
     assert completion_plan(req, _model(), random.Random(0)).prompts == ["hi", "o"]
