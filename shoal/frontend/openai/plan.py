@@ -39,6 +39,7 @@ class Plan:
     max_tokens: int | None
     stops: list[str]
     stream: bool
+    model_stream: bool  # the model sends a response per token (the API may not stream)
     include_usage: bool
     want: tuple[str, ...]
     echo: bool = False
@@ -117,6 +118,9 @@ def _plan(
         max_tokens=max_tokens,
         stops=stops,
         stream=req.stream,
+        # Logprobs come per response ("new tokens since the last"): a model asked for one
+        # response may send only the last step's, so they are read token by token.
+        model_stream=req.stream or top is not None,
         include_usage=req.stream_options is not None and req.stream_options.include_usage,
         want=want,
         echo=echo,
