@@ -11,8 +11,11 @@ chat's ``content`` list.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Final, Literal
+
+import msgspec
 
 from shoal.dataplane.plane import SERVER_VERSION
 
@@ -29,6 +32,11 @@ class Head:
     created: int
     model: str
     kind: Kind
+
+    @functools.cached_property
+    def chunk_prefix(self) -> bytes:
+        """``data: {"id":...,"choices":[``: every stream chunk's start."""
+        return b"data: " + msgspec.json.encode(self.object(True))[:-1] + b',"choices":['
 
     def object(self, chunk: bool) -> dict[str, Any]:
         if self.kind == "completion":
@@ -130,10 +138,16 @@ def whole(head: Head, choices: list[dict[str, Any]], use: dict[str, int]) -> dic
 
 def chunk(
     head: Head, choices: list[dict[str, Any]], use: dict[str, int] | None, with_usage: bool
-) -> dict[str, Any]:
-    """A stream chunk; with ``stream_options.include_usage`` every chunk has ``usage``
-    (null but in the last, which has no choices), as OpenAI sends them."""
-    out = {**head.object(True), "choices": choices}
-    if with_usage:
-        out["usage"] = use
-    return out
+) -> bytes:
+    """A stream chunk as its server-sent event (``data: {...}``, then a blank line);
+    with ``stream_options.include_usage`` every chunk has ``usage`` (null but in the
+    last, which has no choices), as OpenAI sends them. What every chunk repeats is
+    encoded once per request."""
+    tail = b"]" if not with_usage else b'],"usage":' + msgspec.json.encode(use)
+    items = msgspec.json.encode(choices)[1:-1]  # (the list's items, without its brackets)
+    return b"".join((head.chunk_prefix, items, tail, b"}\n\n"))
+
+
+def event(obj: dict[str, Any]) -> bytes:
+    """Any object (an error) as a server-sent event."""
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"

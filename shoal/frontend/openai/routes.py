@@ -226,9 +226,9 @@ class _Answer:
                 item = responses.chat_delta(i, delta, None, None)
                 await self._event(responses.chunk(self.head, [item], None, self.plan.include_usage))
 
-    async def _event(self, obj: dict[str, Any]) -> None:
+    async def _event(self, data: bytes) -> None:
         assert self.stream is not None
-        await self.stream.write(b"data: " + msgspec.json.encode(obj) + b"\n\n")
+        await self.stream.write(data)
 
     def _usage(self) -> dict[str, int]:
         tok = self.model.tokenizer
@@ -266,7 +266,7 @@ class _Answer:
     async def _fail(self, err: OpenAIError) -> web.StreamResponse:
         if self.stream is None:
             return _answer(err.status, err.body())
-        await self._event(err.body())
+        await self._event(responses.event(err.body()))
         await self.stream.write(_SSE_DONE)
         await self.stream.write_eof()
         return self.stream

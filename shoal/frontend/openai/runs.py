@@ -2,16 +2,18 @@
 
 Each choice's request streams through ``DataPlane.infer_stream`` in a task of its own;
 their responses come out of one queue in the order they arrive, each tagged with its
-choice. Leaving the ``async with`` (the answer written, a failure, or the client gone,
-which cancels the handler) cancels every request still running: closing its stream
-tells the broker, which cancels it in the model (the decoupled cancel path).
+choice. A request of one choice (the common case) is read directly, without a task or a
+queue between its stream and the handler. Leaving the ``async with`` (the answer
+written, a failure, or the client gone, which cancels the handler) cancels every request
+still running: closing its stream tells the broker, which cancels it in the model (the
+decoupled cancel path).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import TypeAlias
 
@@ -32,8 +34,12 @@ class ChoiceRuns:
         self._requests = requests
         self._queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._only: AsyncGenerator[InferenceResult | ResponseError, None] | None = None
 
     async def __aenter__(self) -> ChoiceRuns:
+        if len(self._requests) == 1:
+            self._only = self._dataplane.infer_stream(self._requests[0])
+            return self
         self._tasks = [
             asyncio.create_task(self._pump(i, req)) for i, req in enumerate(self._requests)
         ]
@@ -45,6 +51,9 @@ class ChoiceRuns:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._only is not None:
+            await asyncio.shield(self._only.aclose())  # (its stream closed: a cancel)
+            return
         for task in self._tasks:
             task.cancel()
         # Each task closes its stream as it ends; none is left behind (even if this
@@ -56,11 +65,18 @@ class ChoiceRuns:
                 event.release()
 
     def stop(self, index: int) -> None:
-        """Cancel choice ``index``'s request (its text is complete)."""
-        self._tasks[index].cancel()
+        """Cancel choice ``index``'s request (its text is complete); a request read
+        directly is closed on leaving."""
+        if self._tasks:
+            self._tasks[index].cancel()
 
     async def next(self) -> tuple[int, Event]:
-        return await self._queue.get()
+        if self._only is None:
+            return await self._queue.get()
+        try:
+            return 0, await anext(self._only, None)
+        except ServingError as err:
+            return 0, err
 
     async def _pump(self, index: int, req: ClientRequest) -> None:
         put = self._queue.put_nowait
