@@ -167,14 +167,16 @@ class ChoiceText:
         if piece.num_output_tokens is not None:
             self.tokens_seen = piece.num_output_tokens
         new, stopped = self.stops.feed(self._decoder.decode(piece.text, final=final))
-        if final and not stopped:
+        # a model that said it reached the limit, yet goes on: the limit holds here
+        over = self.max_tokens is not None and self.tokens_seen >= self.max_tokens
+        if (final or over) and not stopped:
             new += self.stops.flush()
         self.text += new
         entries = piece.logprobs or []
         self.logprobs.extend(entries)
         if stopped:
             self.finish_reason = "stop"
-        elif final:
+        elif final or over:
             self.finish_reason = self._final_reason(piece.finish_reason)
         return new, entries
 

@@ -195,6 +195,9 @@ def test_a_choice_decodes_utf8_across_responses_and_ends_with_a_reason() -> None
     said = ChoiceText(0, StopScanner([]), max_tokens=3)
     said.add(Piece(text=b"ab", finish_reason="stop", num_output_tokens=7), True)
     assert (said.finish_reason, said.completion_tokens()) == ("stop", 7)
+    over = ChoiceText(0, StopScanner([]), max_tokens=2)
+    over.add(Piece(text=b"ab", num_output_tokens=2), False)  # the model goes on
+    assert (over.done, over.finish_reason, over.text) == (True, "length", "ab")
     cut = ChoiceText(0, StopScanner(["b"]), max_tokens=None)
     assert cut.add(Piece(text=b"abc"), False) == ("a", [])
     assert cut.done and cut.finish_reason == "stop"
