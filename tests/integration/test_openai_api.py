@@ -20,7 +20,7 @@ import pytest
 
 from tests.generative import write_standin
 from tests.repos import write_identity
-from tests.serverctl import ShoalServer, served
+from tests.serverctl import ShoalServer, free_port, served
 
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -37,7 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         repo, "standin_bare", tokenizer=False, outputs=("num_input_tokens", "num_output_tokens")
     )
     write_identity(repo, "identity")
-    with served(repo) as srv:
+    with served(repo, f"--openai-port={free_port()}") as srv:
         yield srv
 
 
@@ -58,6 +58,15 @@ def test_models_lists_the_generative_models_only(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("identity")
     assert err.value.code == "model_not_found"
+
+
+def test_the_openai_port_serves_the_api_too(server: ShoalServer) -> None:
+    port = next(a.split("=")[1] for a in server.args if a.startswith("--openai-port="))
+    with openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30
+    ) as other:
+        c = other.completions.create(model="standin", prompt="port", max_tokens=10)
+    assert c.choices[0].text == "trop"
 
 
 def test_a_completion_and_its_usage(client: openai.OpenAI) -> None:
