@@ -54,10 +54,13 @@ def write_standin(
     tokenizer: bool = True,
     template: str | None = None,
     outputs: tuple[str, ...] = tuple(_OUTPUTS),
+    exclude_input: bool = True,
 ) -> None:
     """The stand-in as model ``name``: with the tokenizer parameter (``tokenizer``), a
-    chat template file (``template``, else none: the API's default), and the extra
-    ``outputs`` named (their ``return_*`` inputs with them)."""
+    chat template file (``template``, else none: the API's default), the extra
+    ``outputs`` named (their ``return_*`` inputs with them), and the
+    ``exclude_input_in_output`` input (``exclude_input``; without it the model repeats
+    the prompt first, the contract's default)."""
     version = repo / name / "1"
     version.mkdir(parents=True)
     shutil.copy(STANDIN, version / "model.py")
@@ -66,6 +69,8 @@ def write_standin(
         '{ name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true }',
     ]
     for flag in _OPTIONAL_INPUTS:
+        if flag == "exclude_input_in_output" and not exclude_input:
+            continue
         if not flag.startswith("return_") or flag.removeprefix("return_") in outputs:
             inputs.append(f'{{ name: "{flag}" data_type: TYPE_BOOL dims: [ 1 ] optional: true }}')
     outs = ['{ name: "text_output" data_type: TYPE_STRING dims: [ -1 ] }']

@@ -5,7 +5,8 @@ per UTF-8 byte, so every answer and count is known in advance.
 
 ``standin`` has a tokenizer, a chat template of its own and every extra output;
 ``standin_bare`` has no tokenizer (counts from its num_*_tokens outputs), the default
-(ChatML) template and no logprobs; ``identity`` is no generative model."""
+(ChatML) template, no logprobs, and no exclude_input_in_output (it repeats the prompt
+first, which the API takes off); ``identity`` is no generative model."""
 
 from __future__ import annotations
 
@@ -34,7 +35,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo: Path = tmp_path_factory.mktemp("openai_repo")
     write_standin(repo, "standin", template=TEMPLATE)
     write_standin(
-        repo, "standin_bare", tokenizer=False, outputs=("num_input_tokens", "num_output_tokens")
+        repo,
+        "standin_bare",
+        tokenizer=False,
+        outputs=("num_input_tokens", "num_output_tokens"),
+        exclude_input=False,
     )
     write_identity(repo, "identity")
     with served(repo, f"--openai-port={free_port()}") as srv:
@@ -146,7 +151,8 @@ def test_a_chat_completion_through_the_models_template(client: openai.OpenAI) ->
 def test_a_streamed_chat_without_a_tokenizer_counts_from_the_model(
     client: openai.OpenAI,
 ) -> None:
-    """standin_bare: the default template (ChatML), counts from num_*_tokens."""
+    """standin_bare: the default template (ChatML), counts from num_*_tokens, the
+    prompt it repeats taken off."""
     chunks = list(
         client.chat.completions.create(
             model="standin_bare",
@@ -163,6 +169,8 @@ def test_a_streamed_chat_without_a_tokenizer_counts_from_the_model(
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
     usage = chunks[-1].usage
     assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (len(CHATML), 10)
+    whole = client.completions.create(model="standin_bare", prompt="xyz", max_tokens=5)
+    assert (whole.choices[0].text, whole.choices[0].finish_reason) == ("zyx", "stop")
 
 
 def test_logprobs_where_the_model_gives_them(client: openai.OpenAI) -> None:

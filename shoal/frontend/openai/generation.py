@@ -152,6 +152,10 @@ class ChoiceText:
     finish_reason: str | None = None
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     count: Callable[[str], int] | None = None  # the tokenizer's count of a text
+    # the prompt, when the model may repeat it first (it has no exclude_input_in_output
+    # input: the contract's default is to include it): taken off the text's start
+    echoed: bytes = b""
+    _head: bytes = b""  # the text's first bytes, held while they may be ``echoed``
     _decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
     )
@@ -168,7 +172,8 @@ class ChoiceText:
             self.prompt_tokens = piece.num_input_tokens
         if piece.num_output_tokens is not None:
             self.tokens_seen = piece.num_output_tokens
-        new, stopped = self.stops.feed(self._decoder.decode(piece.text, final=final))
+        raw = self._without_echo(piece.text, final)
+        new, stopped = self.stops.feed(self._decoder.decode(raw, final=final))
         # a model that said it reached the limit, yet goes on: the limit holds here
         over = self.max_tokens is not None and self.tokens_seen >= self.max_tokens
         if (final or over) and not stopped:
@@ -181,6 +186,16 @@ class ChoiceText:
         elif final or over:
             self.finish_reason = self._final_reason(piece.finish_reason)
         return new, entries
+
+    def _without_echo(self, raw: bytes, final: bool) -> bytes:
+        if not self.echoed:
+            return raw
+        head = self._head + raw
+        if self.echoed.startswith(head) and len(head) < len(self.echoed) and not final:
+            self._head = head  # all of it may still be the prompt
+            return b""
+        echoed, self.echoed, self._head = self.echoed, b"", b""
+        return head[len(echoed) :] if head.startswith(echoed) else head
 
     def completion_tokens(self) -> int:
         """The model's count of the tokens it generated, else the tokenizer's count of

@@ -131,10 +131,12 @@ class _Answer:
         self.request, self.model, self.plan, self.head = request, model, plan, head
         tok = model.tokenizer
         count = None if tok is None else (lambda s: len(tok.encode(s, add_special_tokens=False)))
+        echoes = not model.has_input("exclude_input_in_output")
         self.choices = [
-            ChoiceText(i, StopScanner(plan.stops), plan.max_tokens, count=count)
+            ChoiceText(i, StopScanner(plan.stops), plan.max_tokens, count=count,
+                       echoed=plan.prompt_of(i).encode() if echoes else b"")
             for i in range(len(plan.sampling))
-        ]
+        ]  # fmt: skip
         # per choice: whether its first chunk went out, the characters sent so far
         self.started = [False] * len(self.choices)
         self.sent = [0] * len(self.choices)

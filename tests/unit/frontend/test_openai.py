@@ -204,6 +204,21 @@ def test_a_choice_decodes_utf8_across_responses_and_ends_with_a_reason() -> None
     assert cut.add(Piece(text=b"more"), True) == ("", [])
 
 
+def test_a_prompt_the_model_repeats_is_taken_off() -> None:
+    """A model without exclude_input_in_output repeats the prompt first (vLLM's default),
+    whole or across responses; a text that only looks like it at first is kept."""
+    whole = ChoiceText(0, StopScanner([]), None, echoed=b"hi ")
+    assert whole.add(Piece(text=b"hi there"), True) == ("there", [])
+    split = ChoiceText(0, StopScanner([]), None, echoed=b"hi ")
+    assert [split.add(Piece(text=t), False)[0] for t in (b"h", b"i", b" t", b"o")] == [
+        "", "", "t", "o"
+    ]  # fmt: skip
+    other = ChoiceText(0, StopScanner([]), None, echoed=b"hi ")
+    assert [other.add(Piece(text=t), False)[0] for t in (b"h", b"o")] == ["", "ho"]
+    short = ChoiceText(0, StopScanner([]), None, echoed=b"hi ")
+    assert short.add(Piece(text=b"h"), True) == ("h", [])
+
+
 def test_requests_carry_only_the_inputs_the_model_has() -> None:
     model = _model()
     req = model_request(model, "hi", {"max_tokens": 2}, True, ("finish_reason",
