@@ -1,18 +1,15 @@
 """The OpenAI API's pure parts: request bodies, plans, chat templates, a choice's text as
-it grows (stop strings, UTF-8 across responses, finish reasons), logprobs' two forms,
-and the broker's reading of a model's files."""
+it grows (stop strings, UTF-8 across responses, finish reasons), logprobs' two forms."""
 
 from __future__ import annotations
 
 import random
 import struct
-from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from shoal.broker.model_files import read_model_file
 from shoal.dataplane.model_handle import ModelHandle
 from shoal.dataplane.types import InferenceResult, OutputTensor
 from shoal.frontend.openai import responses
@@ -33,7 +30,6 @@ from shoal.frontend.openai.protocol import (
     OpenAIError,
     decode,
 )
-from shoal.ipc import messages as m
 from tests.generative import byte_tokenizer
 
 CONFIG = """
@@ -267,22 +263,3 @@ def test_logprobs_in_both_of_openais_forms() -> None:
         ("h", [104], ["h"]),
         ("!", [33], ["."]),
     ]
-
-
-def test_model_files_are_read_from_the_version_then_the_model(tmp_path: Path) -> None:
-    (tmp_path / "1").mkdir()
-    (tmp_path / "tok.json").write_text("model")
-    (tmp_path / "1" / "tok.json").write_text("version")
-    (tmp_path / "tmpl.jinja").write_text("t")
-
-    def read(path: str, version: int = 1, model_dir: Path | None = tmp_path) -> m.ModelFileReply:
-        return read_model_file(model_dir, m.ModelFileQuery(7, "g", version, path))
-
-    assert read("tok.json").data == b"version"
-    assert read("tok.json", version=2).data == b"model"
-    assert read("tmpl.jinja").data == b"t"
-    for path, code in [("../x", 4), ("nope", 3), ("/", 4)]:
-        reply = read(path)
-        assert reply.error is not None and reply.error.code == code, path
-    gone = read("tok.json", model_dir=None)
-    assert gone.error is not None and "not loaded" in gone.error.message
