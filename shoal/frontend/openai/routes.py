@@ -219,6 +219,7 @@ class _Answer:
     async def _open_stream(self) -> None:
         resp = web.StreamResponse(status=200)
         resp.content_type = "text/event-stream"
+        resp.charset = "utf-8"
         resp.headers["Cache-Control"] = "no-cache"
         await resp.prepare(self.request)
         self.stream = resp
