@@ -3,7 +3,8 @@ the official ``openai`` client against a real server, over the stand-in generati
 (tests/generative_standin_model.py): greedy, it answers the prompt reversed, one token
 per UTF-8 byte, so every answer and count is known in advance.
 
-``standin`` has a tokenizer, a chat template of its own and every extra output;
+``standin`` has a tokenizer (it counts usage: the model sends no counts), a chat template
+of its own, finish reasons and logprobs;
 ``standin_bare`` has no tokenizer (counts from its num_*_tokens outputs), the default
 (ChatML) template, no logprobs, and no exclude_input_in_output (it repeats the prompt
 first, which the API takes off); ``identity`` is no generative model."""
@@ -33,7 +34,8 @@ CHATML = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo: Path = tmp_path_factory.mktemp("openai_repo")
-    write_standin(repo, "standin", template=TEMPLATE)
+    extras = ("finish_reason", "cumulative_logprob", "logprobs")
+    write_standin(repo, "standin", template=TEMPLATE, outputs=extras)
     write_standin(
         repo,
         "standin_bare",
@@ -81,6 +83,14 @@ def test_a_completion_and_its_usage(client: openai.OpenAI) -> None:
     assert [(ch.index, ch.text, ch.finish_reason) for ch in c.choices] == [(0, "olléh", "stop")]
     assert c.usage is not None
     assert (c.usage.prompt_tokens, c.usage.completion_tokens, c.usage.total_tokens) == (6, 6, 12)
+
+
+def test_a_long_prompt_is_counted_all_the_same(client: openai.OpenAI) -> None:
+    """(Counted by the tokenizer off the event loop: over 4 KiB of text.)"""
+    c = client.completions.create(model="standin", prompt="aé" * 3000, max_tokens=6)
+    assert (c.choices[0].text, c.choices[0].finish_reason) == ("éaéa", "length")
+    assert c.usage is not None
+    assert (c.usage.prompt_tokens, c.usage.completion_tokens) == (9000, 6)
 
 
 def test_max_tokens_ends_with_length_and_echo_repeats_the_prompt(client: openai.OpenAI) -> None:

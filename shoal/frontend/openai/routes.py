@@ -12,6 +12,7 @@ handler, and with it the model's requests.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import random
 import time
@@ -50,6 +51,8 @@ GENERATIVE: web.AppKey[GenerativeModels] = web.AppKey("generative_models", Gener
 OWNED_BY = "shoal"
 _SSE_DONE = b"data: [DONE]\n\n"
 _RNG = random.Random()
+#: Texts longer than this are counted by the tokenizer in a thread (about a millisecond).
+_COUNT_IN_THREAD_CHARS = 4 * 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -233,7 +236,17 @@ class _Answer:
         assert self.stream is not None
         await self.stream.write(data)
 
-    def _usage(self) -> dict[str, int]:
+    async def _usage(self) -> dict[str, int]:
+        """The request's token counts. Where the tokenizer counts (the model sent no
+        counts) a long text, it counts in a thread: the event loop serves the others."""
+        if self.model.tokenizer is None:
+            return self._counted()
+        size = sum(map(len, self.plan.prompts)) + sum(len(c.text) for c in self.choices)
+        if size < _COUNT_IN_THREAD_CHARS:
+            return self._counted()
+        return await asyncio.to_thread(self._counted)
+
+    def _counted(self) -> dict[str, int]:
         tok = self.model.tokenizer
         prompt_tokens = 0
         for p, prompt in enumerate(self.plan.prompts):
@@ -249,7 +262,7 @@ class _Answer:
             if self.stream is None:
                 await self._open_stream()
             if self.plan.include_usage:
-                await self._event(responses.chunk(self.head, [], self._usage(), True))
+                await self._event(responses.chunk(self.head, [], await self._usage(), True))
             assert self.stream is not None
             await self.stream.write(_SSE_DONE)
             await self.stream.write_eof()
@@ -264,7 +277,7 @@ class _Answer:
                 else responses.chat_choice
             )
             items.append(make(c.index, text, c.finish_reason, lp))
-        return _answer(200, responses.whole(self.head, items, self._usage()))
+        return _answer(200, responses.whole(self.head, items, await self._usage()))
 
     async def _fail(self, err: OpenAIError) -> web.StreamResponse:
         if self.stream is None:
