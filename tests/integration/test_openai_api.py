@@ -249,19 +249,30 @@ def test_a_model_that_raises_fails_the_request_and_the_server_stays(
     assert client.completions.create(model="standin", prompt="ok").choices[0].text == "ko"
 
 
-def test_a_client_that_leaves_cancels_the_request_in_the_model(server: ShoalServer) -> None:
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_client_that_leaves_cancels_the_request_in_the_model(server: ShoalServer, n: int) -> None:
+    """Each choice's request (one read directly, two side by side) is cancelled."""
     before = server.log().count("standin cancelled after")
     conn = http.client.HTTPConnection(server.url, timeout=30)
-    body = {"model": "standin", "prompt": "[slow]" * 20, "max_tokens": 100, "stream": True}
+    body = {"model": "standin", "prompt": "[slow]" * 20, "max_tokens": 100, "stream": True, "n": n}
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
-    assert resp.readline().startswith(b"data: ")  # the first token came
+    running: set[int] = set()  # choices whose first token came: their requests run
+    while len(running) < n:
+        line = resp.readline()
+        assert line, "the stream ended before every choice began"
+        if line.startswith(b"data: "):
+            running.add(json.loads(line[6:])["choices"][0]["index"])
     conn.close()
     deadline = time.monotonic() + 20
-    while server.log().count("standin cancelled after") == before and time.monotonic() < deadline:
+
+    def cancelled() -> int:
+        return server.log().count("standin cancelled after") - before
+
+    while cancelled() < n and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert server.log().count("standin cancelled after") == before + 1
+    assert cancelled() == n
 
 
 def test_an_instance_that_dies_mid_stream_ends_the_stream_with_an_error(
