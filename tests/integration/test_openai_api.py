@@ -286,6 +286,8 @@ def test_an_instance_that_dies_mid_stream_ends_the_stream_with_an_error(
     with pytest.raises(openai.APIError) as err:
         for ch in chunks:
             texts.append(ch.choices[0].text)
-    assert "".join(texts) == "]hs"
+    # what came before the end: the tokens sent before the exit, or fewer (the broker's
+    # word of the exit and the worker's last answers travel on different sockets)
+    assert "]hs".startswith("".join(texts))
     assert "worker process" in err.value.message and "exited" in err.value.message
     assert server.http_status("/v2/health/live") == 200
