@@ -90,7 +90,7 @@ def _plan(
         raise invalid("stream_options", "stream_options is only allowed when stream is true")
     if top is not None and not model.has_output("logprobs"):
         raise invalid("logprobs", f"the model '{model.name}' does not provide logprobs")
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    stops = [s for s in ([req.stop] if isinstance(req.stop, str) else req.stop or []) if s]
     base: dict[str, Any] = {}
     if max_tokens is not None:
         base["max_tokens"] = max_tokens
