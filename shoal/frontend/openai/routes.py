@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import random
 import time
 import uuid
@@ -46,6 +47,8 @@ from shoal.frontend.openai.protocol import (
 )
 from shoal.frontend.openai.runs import ChoiceRuns
 from shoal.ipc.errors import HTTP_STATUS, ServingError
+
+log = logging.getLogger("shoal.frontend.openai")
 
 GENERATIVE: web.AppKey[GenerativeModels] = web.AppKey("generative_models", GenerativeModels)
 OWNED_BY = "shoal"
@@ -146,6 +149,22 @@ class _Answer:
         self.stream: web.StreamResponse | None = None
 
     async def run(self) -> web.StreamResponse:
+        """The answer; a failure after the stream began is its last event, never an
+        answer left open (a client that went away is not written to)."""
+        try:
+            return await self._run()
+        except ConnectionError:
+            raise
+        except (OpenAIError, ServingError) as err:
+            if self.stream is None:
+                raise
+            return await self._fail(err if isinstance(err, OpenAIError) else from_serving(err))
+        except Exception as exc:
+            log.exception("unhandled error answering %s", self.head.id)
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            return await self._fail(OpenAIError(500, message, "server_error"))
+
+    async def _run(self) -> web.StreamResponse:
         p = self.plan
         rid = self.head.id
         reqs = [
