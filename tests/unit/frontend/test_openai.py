@@ -3,6 +3,7 @@ it grows (stop strings, UTF-8 across responses, finish reasons), logprobs' two f
 
 from __future__ import annotations
 
+import json
 import random
 import struct
 
@@ -263,3 +264,20 @@ def test_logprobs_in_both_of_openais_forms() -> None:
         ("h", [104], ["h"]),
         ("!", [33], ["."]),
     ]
+
+
+def test_stream_chunks_are_whole_json_events() -> None:
+    head = responses.Head("cmpl-1", 7, "g", "completion")
+    item = responses.completion_choice(0, "hé", None, None)
+    plain = responses.chunk(head, [item], None, False)
+    assert plain.startswith(b"data: ") and plain.endswith(b"\n\n")
+    assert json.loads(plain[6:]) == {**head.object(True), "choices": [item]}
+    with_usage = json.loads(responses.chunk(head, [item], None, True)[6:])
+    assert with_usage["usage"] is None and with_usage["choices"] == [item]
+    last = json.loads(responses.chunk(head, [], responses.usage(2, 3), True)[6:])
+    assert (last["choices"], last["usage"]["total_tokens"]) == ([], 5)
+    assert json.loads(responses.chunk(head, [], None, False)[6:])["choices"] == []
+    chat = responses.Head("chatcmpl-1", 7, "g", "chat")
+    assert json.loads(responses.chunk(chat, [], None, False)[6:])["object"] == (
+        "chat.completion.chunk"
+    )
