@@ -1,0 +1,246 @@
+"""tiny_llm: a small decoder-only transformer with random weights, seeded by its config
+(nothing downloaded, no weight file), over a byte-level tokenizer (tokenizer.json).
+
+``TinyLlm`` is the generative model shoal's engine drives (config parameter
+``generative_model: "TinyLlm"``): paged attention over the engine's KV-cache blocks,
+the decode step batched across sequences. ``TinyLlm.generate`` is the model's own
+generation loop (a private cache, one sequence, greedy). ``TritonPythonModel`` serves
+that loop as a plain decoupled Python model, one request at a time (the config without
+``generative_model``): the request-level baseline of bench/run_llm.py.
+
+Parameters (strings): seed, d_model, layers, heads, max_positions, dtype ("float32" or
+"float64"), torch_threads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+VOCAB, BOS, EOS = 258, 256, 257
+
+
+def _param(params: dict[str, Any], key: str, default: str) -> str:
+    value = params.get(key, default)
+    if isinstance(value, dict):  # (Triton's JSON form: {"string_value": ...})
+        value = value.get("string_value", default)
+    return str(value)
+
+
+class _Layer(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, d // heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        shape = (x.shape[0], self.heads, self.head_dim)
+        return q.reshape(shape), k.reshape(shape), v.reshape(shape)
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        x = x + self.out(attended.reshape(x.shape))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLlm(nn.Module):
+    def __init__(self, params: dict[str, Any], device: str = "cpu") -> None:
+        super().__init__()
+        threads = int(_param(params, "torch_threads", "0"))
+        if threads > 0:
+            torch.set_num_threads(threads)
+        d = int(_param(params, "d_model", "64"))
+        self.heads = int(_param(params, "heads", "4"))
+        self.max_positions = int(_param(params, "max_positions", "1024"))
+        self.dtype = getattr(torch, _param(params, "dtype", "float32"))
+        self.eos_token_id = EOS
+        self.embed = nn.Embedding(VOCAB, d)
+        self.pos = nn.Embedding(self.max_positions, d)
+        self.layers = nn.ModuleList(
+            _Layer(d, self.heads) for _ in range(int(_param(params, "layers", "2")))
+        )
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+        # Printable ASCII and newlines, now and then the end: what a random model says.
+        bias = torch.full((VOCAB,), -30.0)
+        bias[32:127] = 0.0
+        bias[10] = -1.0
+        bias[EOS] = -2.0
+        self.register_buffer("bias", bias)
+        self._seed(int(_param(params, "seed", "0")))
+        self.to(device=device, dtype=self.dtype).eval()
+        self.device = device
+
+    def _seed(self, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            with torch.no_grad():
+                if ".ln" in name or name.startswith("ln_"):
+                    continue  # (LayerNorm starts at ones and zeros)
+                if name.endswith("bias"):
+                    p.zero_()
+                    continue
+                std = {"embed.weight": 1.0, "pos.weight": 1.0, "head.weight": 0.5}.get(
+                    name, 1 / math.sqrt(p.shape[-1])
+                )
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    # -- shoal's generative-model interface ---------------------------------------------
+
+    def kv_layout(self) -> Any:
+        from shoal.workers.generative.interface import KvLayout
+
+        d = self.embed.embedding_dim
+        return KvLayout(len(self.layers), self.heads, d // self.heads, self.dtype)
+
+    def decode_step(self, batch: Any, kv: Any) -> torch.Tensor:
+        """Every sequence's one new token, batched: paged attention over padded block
+        tables (the padding masked out)."""
+        b = kv.block_size
+        tokens = torch.tensor([t[0] for t in batch.tokens], device=self.device)
+        starts = torch.tensor(batch.starts, device=self.device)
+        width = int(starts.max()) + 1
+        tables = torch.zeros((len(batch), -(-width // b)), dtype=torch.long, device=self.device)
+        for i, table in enumerate(batch.block_tables):
+            used = -(-(batch.starts[i] + 1) // b)
+            tables[i, :used] = torch.tensor(table[:used])
+        pos = torch.arange(width, device=self.device)
+        blk, off = tables[:, pos // b], (pos % b).expand(len(batch), width)
+        mask = pos[None, :] > starts[:, None]  # [n, width]: past each sequence's end
+        x = self.embed(tokens) + self.pos(starts)
+        rows = torch.arange(len(batch), device=self.device)
+        for li, layer in enumerate(self.layers):
+            q, k, v = layer.split(x)
+            kv.k[li, blk[rows, starts], starts % b] = k
+            kv.v[li, blk[rows, starts], starts % b] = v
+            keys, values = kv.k[li][blk, off], kv.v[li][blk, off]  # [n, width, h, dh]
+            scores = torch.einsum("nhd,nlhd->nhl", q, keys) / math.sqrt(q.shape[-1])
+            scores = scores.masked_fill(mask[:, None, :], float("-inf"))
+            x = layer.finish(x, torch.einsum("nhl,nlhd->nhd", scores.softmax(-1), values))
+        return self._logits(x)
+
+    def prefill(self, batch: Any, kv: Any) -> torch.Tensor:
+        """Each sequence's chunk in turn, causal over its whole context."""
+        rows = [
+            self._chunk(tokens, start, table, kv)
+            for tokens, start, table in zip(
+                batch.tokens, batch.starts, batch.block_tables, strict=True
+            )
+        ]
+        return torch.stack(rows)
+
+    def _chunk(self, tokens: list[int], start: int, table: list[int], kv: Any) -> torch.Tensor:
+        b, end = kv.block_size, start + len(tokens)
+        pos = torch.arange(end, device=self.device)
+        blocks = torch.tensor(table, device=self.device)[pos // b]
+        off = pos % b
+        new = pos[start:]
+        x = self.embed(torch.tensor(tokens, device=self.device)) + self.pos(new)
+        causal = pos[None, :] > new[:, None]  # [t, end]
+        for li, layer in enumerate(self.layers):
+            q, k, v = layer.split(x)
+            kv.k[li, blocks[start:], off[start:]] = k
+            kv.v[li, blocks[start:], off[start:]] = v
+            keys, values = kv.k[li, blocks, off], kv.v[li, blocks, off]  # [end, h, dh]
+            scores = torch.einsum("thd,lhd->htl", q, keys) / math.sqrt(q.shape[-1])
+            scores = scores.masked_fill(causal[None], float("-inf"))
+            x = layer.finish(x, torch.einsum("htl,lhd->thd", scores.softmax(-1), values))
+        return self._logits(x[-1:])[0]
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln_f(x)) + self.bias
+
+    # -- the model's own loop -----------------------------------------------------------
+
+    def generate(self, prompt: list[int], max_tokens: int, ignore_eos: bool = False) -> Any:
+        """Greedy tokens for one prompt, one by one, on a private cache."""
+        from shoal.workers.generative.interface import KvCache, StepBatch
+
+        block = 16
+        total = min(len(prompt) + max_tokens, self.max_positions)
+        table = list(range(-(-total // block)))
+        kv = KvCache.allocate(self.kv_layout(), len(table), block, self.device)
+        step, start = prompt, 0
+        with torch.inference_mode():
+            for _ in range(total - len(prompt)):
+                batch = StepBatch([step], [start], [table])
+                logits = (self.prefill if len(step) > 1 else self.decode_step)(batch, kv)
+                token = int(logits[0].argmax())
+                yield token
+                if token == EOS and not ignore_eos:
+                    return
+                start, step = start + len(step), [token]
+
+
+def tokenizer_path(model_dir: Path, version: str, name: str) -> Path:
+    """The tokenizer file, beside the version's files or else in the model's folder."""
+    here = model_dir / version / name
+    return here if here.exists() else model_dir / name
+
+
+class TritonPythonModel:
+    """Request-level serving of ``TinyLlm.generate`` (greedy), the vLLM backend's inputs
+    and outputs (text_input, stream, sampling_parameters' max_tokens and ignore_eos,
+    exclude_input_in_output; text_output)."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        import triton_python_backend_utils as pb_utils
+        from tokenizers import Tokenizer
+
+        self.pb = pb_utils
+        config = json.loads(args["model_config"])
+        params = config.get("parameters", {})
+        self.model = TinyLlm(params)
+        folder = Path(args["model_repository"])
+        name = _param(params, "tokenizer", "tokenizer.json")
+        self.tokenizer = Tokenizer.from_file(
+            str(tokenizer_path(folder, args["model_version"], name))
+        )
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            self._generate(request)
+
+    def _input(self, request: Any, name: str, default: Any) -> Any:
+        tensor = self.pb.get_input_tensor_by_name(request, name)
+        return default if tensor is None else tensor.as_numpy().reshape(-1)[0]
+
+    def _generate(self, request: Any) -> None:
+        sender = request.get_response_sender()
+        prompt = self._input(request, "text_input", b"").decode()
+        stream = bool(self._input(request, "stream", False))
+        exclude = bool(self._input(request, "exclude_input_in_output", False))
+        sampling = json.loads(self._input(request, "sampling_parameters", b"{}") or b"{}")
+        ids = self.tokenizer.encode(prompt).ids
+        outs: list[int] = []
+        sent = ""
+        for token in self.model.generate(
+            ids, int(sampling.get("max_tokens", 16)), bool(sampling.get("ignore_eos", False))
+        ):
+            outs.append(token)
+            text = self.tokenizer.decode(outs)
+            if stream and not text.endswith("\ufffd") and len(text) > len(sent):
+                sender.send(self._response(text[len(sent) :]))
+                sent = text
+            if sender.is_cancelled():
+                break
+        text = self.tokenizer.decode(outs)
+        if stream:
+            sender.send(
+                self._response(text[len(sent) :]), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            )
+        else:
+            full = text if exclude else prompt + text
+            sender.send(self._response(full), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _response(self, text: str) -> Any:
+        out = self.pb.Tensor("text_output", np.array([text.encode()], dtype=np.object_))
+        return self.pb.InferenceResponse(output_tensors=[out])
