@@ -118,6 +118,7 @@ _SLOWEST_FIRST = (
     "test_batching.py",
     "test_object_storage.py",
     "test_openvino_backend.py",
+    "test_generative.py",
 )
 
 
