@@ -1,0 +1,216 @@
+"""Generative serving on tiny_llm: in-flight batching against request-level batching and
+against the model's own generation loop.
+
+Three ways to generate the same greedy tokens with the same torch module
+(model_repository/tiny_llm/1/model.py), in one run on the same machine:
+
+* ``inflight``: shoal's generative engine (``generative_model: "TinyLlm"``): requests join
+  the running batch between steps, KV cache in blocks;
+* ``request-level``: the same model.py as a plain decoupled Python model (its
+  ``TritonPythonModel``: ``TinyLlm.generate`` for one request at a time, streaming each
+  token through its response sender), today's decoupled path;
+* ``in-process``: ``TinyLlm.generate`` called in this process, one request after another,
+  no server.
+
+Clients: one thread per concurrent stream (tritonclient gRPC ``start_stream`` /
+``async_stream_infer``), each sending its next request when the last one's final response
+came; every request asks for ``--tokens`` tokens (``ignore_eos``), streamed. The report
+gives tokens/s and the median time to first token (TTFT) at each concurrency, and the
+ratios inflight/request-level and inflight/in-process. The Triton peer is not in it: its
+build serves Python models through a wrapper of its own that runs ONNX models, in an
+environment without torch. A record, not a test.
+
+    python bench/run_llm.py [--concurrency 1,8,32] [--tokens 64] [--requests-per-stream 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import queue
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from common import csv_ints, git_commit
+from servers import REPO_ROOT, shoal_server
+
+TINY = REPO_ROOT / "model_repository" / "tiny_llm"
+MODES = {"inflight": "tiny_llm", "request-level": "tiny_llm_plain"}
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--concurrency", type=csv_ints, default=[1, 8, 32])
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--requests-per-stream", type=int, default=4)
+    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    return p.parse_args(argv)
+
+
+def _repo(tmp: Path) -> Path:
+    """tiny_llm as shipped, and tiny_llm_plain: the same files without generative_model."""
+    repo = tmp / "repo"
+    shutil.copytree(TINY, repo / "tiny_llm")
+    shutil.copytree(TINY, repo / "tiny_llm_plain")
+    config = (
+        (TINY / "config.pbtxt").read_text().replace('name: "tiny_llm"', 'name: "tiny_llm_plain"')
+    )
+    lines = [ln for ln in config.splitlines() if '"generative_model"' not in ln]
+    (repo / "tiny_llm_plain" / "config.pbtxt").write_text("\n".join(lines) + "\n")
+    return repo
+
+
+def _prompt(i: int) -> str:
+    return f"Request {i}: tell me a story about the number {i * 7919 % 1000}."
+
+
+def _inputs(prompt: str, tokens: int) -> list[Any]:
+    params = {"temperature": 0, "max_tokens": tokens, "ignore_eos": True}
+    values = {
+        "text_input": np.array([prompt.encode()], dtype=np.object_),
+        "sampling_parameters": np.array([json.dumps(params).encode()], dtype=np.object_),
+        "stream": np.array([True]),
+    }
+    out = []
+    for name, value in values.items():
+        tensor = grpcclient.InferInput(name, [1], "BYTES" if value.dtype == np.object_ else "BOOL")
+        tensor.set_data_from_numpy(value)
+        out.append(tensor)
+    return out
+
+
+def _stream_client(
+    url: str, model: str, first: int, count: int, tokens: int, ttfts: list[float]
+) -> None:
+    """``count`` requests one after another on one stream; each one's TTFT to ``ttfts``."""
+    events: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    try:
+        for i in range(first, first + count):
+            sent = time.perf_counter()
+            client.async_stream_infer(
+                model, _inputs(_prompt(i), tokens), enable_empty_final_response=True
+            )
+            got_first = False
+            while True:
+                result, error = events.get(timeout=300)
+                if error is not None:
+                    raise RuntimeError(str(error))
+                if not got_first:
+                    ttfts.append(time.perf_counter() - sent)
+                    got_first = True
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    break
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def _served_point(
+    url: str, model: str, concurrency: int, a: argparse.Namespace
+) -> tuple[float, float]:
+    """Tokens/s and median TTFT (s) of ``concurrency`` streams."""
+    ttfts: list[float] = []
+    per = a.requests_per_stream
+    threads = [
+        threading.Thread(target=_stream_client, args=(url, model, c * per, per, a.tokens, ttfts))
+        for c in range(concurrency)
+    ]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if len(ttfts) != concurrency * per:
+        raise RuntimeError(f"{model}: {len(ttfts)} of {concurrency * per} requests answered")
+    return concurrency * per * a.tokens / elapsed, statistics.median(ttfts)
+
+
+def _in_process(a: argparse.Namespace, count: int) -> tuple[float, float]:
+    """The model's own loop, one request after another: tokens/s and median TTFT."""
+    spec = importlib.util.spec_from_file_location("tiny_llm_model", TINY / "1" / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(TINY / "tokenizer.json"))
+    model = module.TinyLlm({"torch_threads": "1"})
+    ttfts = []
+    start = time.perf_counter()
+    for i in range(count):
+        sent = time.perf_counter()
+        for n, _ in enumerate(model.generate(tokenizer.encode(_prompt(i)).ids, a.tokens, True)):
+            if n == 0:
+                ttfts.append(time.perf_counter() - sent)
+    return count * a.tokens / (time.perf_counter() - start), statistics.median(ttfts)
+
+
+def _report(
+    a: argparse.Namespace, load: float, got: dict[tuple[str, int], tuple[float, float]]
+) -> str:
+    own_tps, own_ttft = got[("in-process", 1)]
+    lines = [
+        f"# Generative serving, tiny_llm ({time.strftime('%Y-%m-%d %H:%M')})",
+        "",
+        f"commit {git_commit()}; load average at start {load:.2f}; "
+        f"{len(os.sched_getaffinity(0))} cores (shared with other work: the load says how much); "
+        f"{a.tokens} tokens per request, greedy, streamed; "
+        f"{a.requests_per_stream} requests per stream",
+        "",
+        f"In-process (the model's own loop, one request at a time): {own_tps:,.0f} tokens/s, "
+        f"TTFT {own_ttft * 1e3:.1f} ms",
+        "",
+        "| concurrency | inflight tok/s | request-level tok/s | inflight / request-level | "
+        "inflight / in-process | TTFT p50 inflight | TTFT p50 request-level |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in a.concurrency:
+        (itps, ittft), (rtps, rttft) = got[("inflight", c)], got[("request-level", c)]
+        lines.append(
+            f"| {c} | {itps:,.0f} | {rtps:,.0f} | {itps / rtps:.2f} | {itps / own_tps:.2f} | "
+            f"{ittft * 1e3:.1f} ms | {rttft * 1e3:.1f} ms |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse_args(argv)
+    load = os.getloadavg()[0]
+    got: dict[tuple[str, int], tuple[float, float]] = {}
+    got[("in-process", 1)] = _in_process(a, max(4, a.requests_per_stream))
+    with tempfile.TemporaryDirectory(prefix="shoal-bench-llm-") as tmp:
+        srv = shoal_server(_repo(Path(tmp)), Path(tmp) / "shoal.log")
+        srv.start(300)
+        try:
+            assert srv.grpc_url is not None
+            for mode, model in MODES.items():
+                _served_point(srv.grpc_url, model, 1, a)  # (warm: the first steps, the caches)
+                for c in a.concurrency:
+                    got[(mode, c)] = _served_point(srv.grpc_url, model, c, a)
+                    print(f"[bench] {mode} c={c}: {got[(mode, c)][0]:,.0f} tok/s", flush=True)
+        finally:
+            srv.stop()
+    report = _report(a, load, got)
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    out = a.out_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-llm.md"
+    out.write_text(report)
+    print(report)
+    print(f"[bench] wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
