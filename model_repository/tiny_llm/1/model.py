@@ -102,30 +102,46 @@ class TinyLlm(nn.Module):
         return KvLayout(len(self.layers), self.heads, d // self.heads, self.dtype)
 
     def decode_step(self, batch: Any, kv: Any) -> torch.Tensor:
-        """Every sequence's one new token, batched: paged attention over padded block
-        tables (the padding masked out)."""
-        b = kv.block_size
-        tokens = torch.tensor([t[0] for t in batch.tokens], device=self.device)
+        """Every sequence's one new token, batched: paged attention over the sequences'
+        cache slots, padded to the longest and the padding masked out."""
+        b, n = kv.block_size, len(batch)
         starts = torch.tensor(batch.starts, device=self.device)
         width = int(starts.max()) + 1
-        tables = torch.zeros((len(batch), -(-width // b)), dtype=torch.long, device=self.device)
-        for i, table in enumerate(batch.block_tables):
-            used = -(-(batch.starts[i] + 1) // b)
-            tables[i, :used] = torch.tensor(table[:used])
+        blocks = -(-width // b)
+        tables = torch.tensor(
+            [t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in batch.block_tables],
+            device=self.device,
+        )
         pos = torch.arange(width, device=self.device)
-        blk, off = tables[:, pos // b], (pos % b).expand(len(batch), width)
+        slots = (tables[:, pos // b] * b + pos % b).reshape(-1)  # [n * width]
+        new = tables.gather(1, (starts // b)[:, None])[:, 0] * b + starts % b  # [n]
         mask = pos[None, :] > starts[:, None]  # [n, width]: past each sequence's end
-        x = self.embed(tokens) + self.pos(starts)
-        rows = torch.arange(len(batch), device=self.device)
+        x = self.embed(torch.tensor([t[0] for t in batch.tokens], device=self.device))
+        x = x + self.pos(starts)
         for li, layer in enumerate(self.layers):
             q, k, v = layer.split(x)
-            kv.k[li, blk[rows, starts], starts % b] = k
-            kv.v[li, blk[rows, starts], starts % b] = v
-            keys, values = kv.k[li][blk, off], kv.v[li][blk, off]  # [n, width, h, dh]
+            keys, values = self._cached(kv, li, new, k, v, slots)
+            keys, values = keys.view(n, width, *k.shape[1:]), values.view(n, width, *k.shape[1:])
             scores = torch.einsum("nhd,nlhd->nhl", q, keys) / math.sqrt(q.shape[-1])
             scores = scores.masked_fill(mask[:, None, :], float("-inf"))
             x = layer.finish(x, torch.einsum("nhl,nlhd->nhd", scores.softmax(-1), values))
         return self._logits(x)
+
+    @staticmethod
+    def _cached(
+        kv: Any,
+        layer: int,
+        new: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new tokens' K and V at their slots; read K and V at ``slots``."""
+        flat_k = kv.k[layer].view(-1, *k.shape[1:])
+        flat_v = kv.v[layer].view(-1, *v.shape[1:])
+        flat_k.index_copy_(0, new, k)
+        flat_v.index_copy_(0, new, v)
+        return flat_k.index_select(0, slots), flat_v.index_select(0, slots)
 
     def prefill(self, batch: Any, kv: Any) -> torch.Tensor:
         """Each sequence's chunk in turn, causal over its whole context."""
@@ -140,16 +156,13 @@ class TinyLlm(nn.Module):
     def _chunk(self, tokens: list[int], start: int, table: list[int], kv: Any) -> torch.Tensor:
         b, end = kv.block_size, start + len(tokens)
         pos = torch.arange(end, device=self.device)
-        blocks = torch.tensor(table, device=self.device)[pos // b]
-        off = pos % b
+        slots = torch.tensor(table, device=self.device)[pos // b] * b + pos % b
         new = pos[start:]
         x = self.embed(torch.tensor(tokens, device=self.device)) + self.pos(new)
         causal = pos[None, :] > new[:, None]  # [t, end]
         for li, layer in enumerate(self.layers):
             q, k, v = layer.split(x)
-            kv.k[li, blocks[start:], off[start:]] = k
-            kv.v[li, blocks[start:], off[start:]] = v
-            keys, values = kv.k[li, blocks, off], kv.v[li, blocks, off]  # [end, h, dh]
+            keys, values = self._cached(kv, li, slots[start:], k, v, slots)  # [end, h, dh]
             scores = torch.einsum("thd,lhd->htl", q, keys) / math.sqrt(q.shape[-1])
             scores = scores.masked_fill(causal[None], float("-inf"))
             x = layer.finish(x, torch.einsum("htl,lhd->thd", scores.softmax(-1), values))
