@@ -4,9 +4,10 @@ others decode gets its tokens before they finish; a request's tokens do not depe
 its batch companions nor on preemptions (greedy and seeded sampling); a cancelled
 request's blocks are freed; after a soak of requests, some cancelled, no block is held.
 
-One server for the module: ``tiny`` (the shipped tiny_llm in float64, so that the
-batched and the lone computations cannot round to different tokens) and ``small`` (the
-same with a pool too small for all its requests at once: it preempts)."""
+One server for the module, two models, both the shipped tiny_llm in float64 (so that
+batched and lone computations cannot round to different tokens): ``tp2``, over two
+processes (tensor parallelism on the CPU, gloo between them), and ``small``, in one, with
+a pool too small for all its requests at once (it preempts)."""
 
 from __future__ import annotations
 
@@ -44,10 +45,15 @@ def _model(repo: Path, name: str, extra: dict[str, str]) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("generative")
-    _model(repo, "tiny", {"dtype": "float64"})
     _model(repo, "small", {"dtype": "float64", "kv_cache_blocks": "12", "kv_block_size": "8"})
+    _model(repo, "tp2", {"dtype": "float64", "tensor_parallel_size": "2"})
     with served(repo) as srv:
         yield srv
+    for pid in FOLLOWERS:  # a tensor-parallel instance's processes end with it
+        assert not Path(f"/proc/{pid}").exists(), f"follower {pid} left behind"
+
+
+FOLLOWERS: list[int] = []
 
 
 class Stream:
@@ -133,9 +139,9 @@ def test_a_request_arriving_during_decoding_finishes_before_the_long_one(
 ) -> None:
     s = Stream(server)
     try:
-        s.send("tiny", "long", "A long story", {**GREEDY, "max_tokens": 400})
+        s.send("tp2", "long", "A long story", {**GREEDY, "max_tokens": 200})
         assert s.next()[0] == "long"  # it decodes now
-        s.send("tiny", "short", "Hi", {**GREEDY, "max_tokens": 4})
+        s.send("tp2", "short", "Hi", {**GREEDY, "max_tokens": 4})
         order = []
         while len(order) < 2:
             rid, _, reason, final = s.next()
@@ -146,7 +152,7 @@ def test_a_request_arriving_during_decoding_finishes_before_the_long_one(
         s.close()
 
 
-@pytest.mark.parametrize("model", ["tiny", "small"])
+@pytest.mark.parametrize("model", ["tp2", "small"])
 def test_outputs_with_in_flight_batching_equal_outputs_alone(
     server: ShoalServer, model: str
 ) -> None:
@@ -176,14 +182,14 @@ def test_outputs_with_in_flight_batching_equal_outputs_alone(
 
 
 def test_a_cancelled_request_frees_its_blocks(server: ShoalServer) -> None:
-    before = _metric(server, "shoal_llm_generated_tokens_total", "tiny")
+    before = _metric(server, "shoal_llm_generated_tokens_total", "tp2")
     s = Stream(server)
-    s.send("tiny", "c", "Cancel me", {**GREEDY, "max_tokens": 1000})
+    s.send("tp2", "c", "Cancel me", {**GREEDY, "max_tokens": 1000})
     assert s.next()[0] == "c"
-    assert _metric(server, "shoal_llm_kv_blocks_used", "tiny") > 0
+    assert _metric(server, "shoal_llm_kv_blocks_used", "tp2") > 0
     s.close(cancel=True)
-    assert _until_blocks_free(server, "tiny") == 0
-    generated = _metric(server, "shoal_llm_generated_tokens_total", "tiny") - before
+    assert _until_blocks_free(server, "tp2") == 0
+    generated = _metric(server, "shoal_llm_generated_tokens_total", "tp2") - before
     assert 0 < generated < 1000  # retired, not run to its end
 
 
@@ -210,17 +216,17 @@ def test_a_soak_with_cancels_leaves_no_block_held(server: ShoalServer) -> None:
 def test_bad_sampling_parameters_fail_the_request_alone(server: ShoalServer) -> None:
     s = Stream(server)
     try:
-        s.send("tiny", "bad", "Hello", {"temperature": -1})
+        s.send("tp2", "bad", "Hello", {"temperature": -1})
         event = s.next()
         assert event[0] == "error" and "temperature must be at least 0.0" in event[1]
-        s.send("tiny", "good", "Hello", {**GREEDY, "max_tokens": 3}, stream=False)
+        s.send("tp2", "good", "Hello", {**GREEDY, "max_tokens": 3}, stream=False)
         assert s.texts(1)["good"]
     finally:
         s.close()
     body = json.dumps(
         {"text_input": "Hello", "sampling_parameters": json.dumps({**GREEDY, "max_tokens": 3})}
     )
-    status, answer = server.http("/v2/models/tiny/generate", body.encode())
+    status, answer = server.http("/v2/models/tp2/generate", body.encode())
     assert status == 200 and json.loads(answer)["text_output"].startswith("Hello")
 
 
@@ -232,3 +238,23 @@ def test_too_long_a_request_is_refused(server: ShoalServer) -> None:
         assert event[0] == "error" and "KV cache" in event[1]
     finally:
         s.close()
+
+
+def test_a_tensor_parallel_instance_gives_the_tokens_of_one_process(server: ShoalServer) -> None:
+    worker = server.worker_pid("tp2")
+    children = Path(f"/proc/{worker}/task/{worker}/children").read_text().split()
+    followers = [
+        int(c) for c in children if "tensor_parallel" in Path(f"/proc/{c}/cmdline").read_text()
+    ]
+    assert len(followers) == 1  # rank 1; the worker is rank 0
+    FOLLOWERS.extend(followers)
+    s = Stream(server)
+    try:
+        for model in ("small", "tp2"):
+            s.send(model, f"{model}-greedy", "Split me", {**GREEDY, "max_tokens": 30})
+            s.send(model, f"{model}-seeded", "Split me", {**SEEDED, "max_tokens": 30})
+        texts = s.texts(4)
+    finally:
+        s.close()
+    assert texts["tp2-greedy"] == texts["small-greedy"]
+    assert texts["tp2-seeded"] == texts["small-seeded"]

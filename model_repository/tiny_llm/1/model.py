@@ -9,7 +9,9 @@ that loop as a plain decoupled Python model, one request at a time (the config w
 ``generative_model``): the request-level baseline of bench/run_llm.py.
 
 Parameters (strings): seed, d_model, layers, heads, max_positions, dtype ("float32" or
-"float64"), torch_threads.
+"float64"), torch_threads; tensor_parallel_rank and tensor_parallel_size (shoal's engine
+sets them for each rank of a tensor-parallel instance: the heads and the MLP are split
+over the ranks, their outputs summed with torch.distributed's all-reduce).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class _Layer(nn.Module):
     def __init__(self, d: int, heads: int) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, d // heads
+        self.sharded = False  # (tensor parallelism: its outputs are summed over ranks)
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
@@ -47,8 +50,45 @@ class _Layer(nn.Module):
         return q.reshape(shape), k.reshape(shape), v.reshape(shape)
 
     def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        x = x + self.out(attended.reshape(x.shape))
-        return x + self.mlp(self.ln2(x))
+        x = x + self._reduced(self.out(attended.reshape(x.shape[0], -1)))
+        return x + self._reduced(self.mlp(self.ln2(x)))
+
+    def _reduced(self, partial: torch.Tensor) -> torch.Tensor:
+        if self.sharded:
+            torch.distributed.all_reduce(partial)
+        return partial
+
+    def shard(self, rank: int, size: int) -> None:
+        """Keep this rank's heads and MLP slice (Megatron-style: the first linear of each
+        pair split by rows, the second by columns, its bias on rank 0 alone)."""
+        d = self.qkv.in_features
+        part = d // size
+        mine = torch.arange(rank * part, (rank + 1) * part)
+        self.qkv = _rows(self.qkv, torch.cat([mine, mine + d, mine + 2 * d]))
+        self.out = _columns(self.out, mine, rank == 0)
+        hidden = self.mlp[0].out_features // size
+        cols = torch.arange(rank * hidden, (rank + 1) * hidden)
+        self.mlp[0] = _rows(self.mlp[0], cols)
+        self.mlp[2] = _columns(self.mlp[2], cols, rank == 0)
+        self.heads //= size
+        self.sharded = True
+
+
+def _rows(linear: nn.Linear, rows: torch.Tensor) -> nn.Linear:
+    out = nn.Linear(linear.in_features, len(rows))
+    with torch.no_grad():
+        out.weight.copy_(linear.weight[rows])
+        out.bias.copy_(linear.bias[rows])
+    return out
+
+
+def _columns(linear: nn.Linear, cols: torch.Tensor, bias: bool) -> nn.Linear:
+    out = nn.Linear(len(cols), linear.out_features, bias=bias)
+    with torch.no_grad():
+        out.weight.copy_(linear.weight[:, cols])
+        if bias:
+            out.bias.copy_(linear.bias)
+    return out
 
 
 class TinyLlm(nn.Module):
@@ -76,6 +116,13 @@ class TinyLlm(nn.Module):
         bias[EOS] = -2.0
         self.register_buffer("bias", bias)
         self._seed(int(_param(params, "seed", "0")))
+        size = int(_param(params, "tensor_parallel_size", "1"))
+        if size > 1:
+            if self.heads % size:
+                raise ValueError(f"heads ({self.heads}) must divide by tensor_parallel_size")
+            rank = int(_param(params, "tensor_parallel_rank", "0"))
+            for layer in self.layers:
+                layer.shard(rank, size)
         self.to(device=device, dtype=self.dtype).eval()
         self.device = device
 
@@ -98,8 +145,8 @@ class TinyLlm(nn.Module):
     def kv_layout(self) -> Any:
         from shoal.workers.generative.interface import KvLayout
 
-        d = self.embed.embedding_dim
-        return KvLayout(len(self.layers), self.heads, d // self.heads, self.dtype)
+        first = self.layers[0]
+        return KvLayout(len(self.layers), first.heads, first.head_dim, self.dtype)
 
     def decode_step(self, batch: Any, kv: Any) -> torch.Tensor:
         """Every sequence's one new token, batched: paged attention over the sequences'

@@ -30,6 +30,7 @@ from shoal.workers.generative.interface import KvCache
 from shoal.workers.generative.metrics import EngineMetrics
 from shoal.workers.generative.sampler import InvalidSampling, SamplingParams
 from shoal.workers.generative.settings import EngineSettings
+from shoal.workers.generative.tensor_parallel import TensorParallelGroup
 
 log = logging.getLogger("shoal.worker")
 
@@ -78,11 +79,6 @@ class GenerativeRunner:
             )
         params = _parameters(config)
         settings = EngineSettings.from_parameters(params)
-        if settings.tensor_parallel_size != 1:
-            raise ValueError(
-                f"parameter tensor_parallel_size: {settings.tensor_parallel_size}; this build "
-                "runs generative models on one device per instance (1)"
-            )
         from tokenizers import Tokenizer
 
         folder = Path(args["model_repository"])
@@ -90,10 +86,22 @@ class GenerativeRunner:
         tokenizer = Tokenizer.from_file(str(path if path.exists() else folder / settings.tokenizer))
         self.tokenizer = tokenizer
         device = "cuda" if args.get("model_instance_kind") == "GPU" else "cpu"
-        model = self.model_class(params, device)
+        self._group: TensorParallelGroup | None = None
+        if settings.tensor_parallel_size > 1:
+            if device != "cpu":
+                raise ValueError("tensor_parallel_size > 1 runs on CPU instances only (gloo)")
+            self._group = TensorParallelGroup(
+                settings.tensor_parallel_size, self.model_class, params, device
+            )
+            model = self._group.model()
+        else:
+            model = self.model_class(params, device)
         layout = model.kv_layout()
         blocks = settings.num_blocks(layout.bytes_per_token())
         kv = KvCache.allocate(layout, blocks, settings.kv_block_size, device)
+        if self._group is not None:
+            self._group.start(blocks, settings.kv_block_size)
+            model, kv = self._group.leader(model), self._group.cache(kv)
         self.engine = Engine(
             model, kv, blocks, settings.scheduler(),
             lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
@@ -119,6 +127,8 @@ class GenerativeRunner:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=30)
+        if self._group is not None:
+            self._group.stop()
 
     # -- the engine's thread --------------------------------------------------------------
 
