@@ -108,18 +108,22 @@ class Sampled:
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]
 ) -> list[Sampled]:
-    """The next token of each row of ``logits`` [n, vocab]."""
+    """The next token of each row of ``logits`` [n, vocab] (on any device: the rows that
+    are drawn from come to the CPU, where their generators are)."""
     logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
-    greedy = logprobs.argmax(dim=-1).tolist()
-    out: list[Sampled] = []
+    tokens = logprobs.argmax(dim=-1).tolist()
     for i, (p, g) in enumerate(zip(params, gens, strict=True)):
-        row = logprobs[i]
-        token = greedy[i] if g is None else _draw(row, p, g)
+        if g is not None:
+            tokens[i] = _draw(logprobs[i].cpu(), p, g)
+    rows = torch.arange(len(tokens), device=logprobs.device)
+    chosen = logprobs[rows, torch.tensor(tokens, device=logprobs.device)].tolist()
+    out: list[Sampled] = []
+    for i, p in enumerate(params):
         top: list[tuple[int, float]] = []
         if p.logprobs:
-            values, ids = row.topk(min(p.logprobs, row.numel()))
+            values, ids = logprobs[i].topk(min(p.logprobs, logprobs.shape[-1]))
             top = list(zip(ids.tolist(), values.tolist(), strict=True))
-        out.append(Sampled(token, float(row[token]), top))
+        out.append(Sampled(tokens[i], chosen[i], top))
     return out
 
 
