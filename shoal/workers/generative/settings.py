@@ -53,7 +53,8 @@ class EngineSettings:
             try:
                 values[f.name] = kind(raw)
             except ValueError:
-                raise ValueError(f"parameter {f.name}: '{raw}' is not a {kind.__name__}") from None
+                what = "an integer" if kind is int else "a number"
+                raise ValueError(f"parameter {f.name}: '{raw}' is not {what}") from None
             if kind is not str and values[f.name] < (0 if f.name in _ZERO_OK else 1):
                 raise ValueError(f"parameter {f.name}: '{raw}' is out of range")
         settings = cls(**values)
