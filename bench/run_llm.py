@@ -21,6 +21,10 @@ build serves Python models through a wrapper of its own that runs ONNX models, i
 environment without torch. A record, not a test.
 
     python bench/run_llm.py [--concurrency 1,8,32] [--tokens 64] [--requests-per-stream 4]
+        [--model-params d_model=512,layers=8,heads=8] [--gpu]
+
+``--model-params`` overrides tiny_llm's parameters (a larger configuration of the same
+model); ``--gpu`` serves it on KIND_GPU instances and runs the in-process loop on CUDA.
 """
 
 from __future__ import annotations
@@ -54,19 +58,33 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--requests-per-stream", type=int, default=4)
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    p.add_argument("--model-params", type=_key_values, default={})
+    p.add_argument("--gpu", action="store_true")
     return p.parse_args(argv)
 
 
-def _repo(tmp: Path) -> Path:
-    """tiny_llm as shipped, and tiny_llm_plain: the same files without generative_model."""
+def _key_values(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in text.split(",") if item)
+
+
+def _config(a: argparse.Namespace, name: str, generative: bool) -> str:
+    """tiny_llm's config as ``name``, with ``--model-params`` and ``--gpu`` applied."""
+    lines = (TINY / "config.pbtxt").read_text().replace('"tiny_llm"', f'"{name}"').splitlines()
+    if not generative:
+        lines = [ln for ln in lines if '"generative_model"' not in ln]
+    lines = [ln for ln in lines if not any(f'key: "{k}"' in ln for k in a.model_params)]
+    for key, value in a.model_params.items():
+        lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}')
+    text = "\n".join(lines) + "\n"
+    return text.replace("KIND_CPU", "KIND_GPU") if a.gpu else text
+
+
+def _repo(tmp: Path, a: argparse.Namespace) -> Path:
+    """tiny_llm, and tiny_llm_plain: the same files without generative_model."""
     repo = tmp / "repo"
-    shutil.copytree(TINY, repo / "tiny_llm")
-    shutil.copytree(TINY, repo / "tiny_llm_plain")
-    config = (
-        (TINY / "config.pbtxt").read_text().replace('name: "tiny_llm"', 'name: "tiny_llm_plain"')
-    )
-    lines = [ln for ln in config.splitlines() if '"generative_model"' not in ln]
-    (repo / "tiny_llm_plain" / "config.pbtxt").write_text("\n".join(lines) + "\n")
+    for name, generative in (("tiny_llm", True), ("tiny_llm_plain", False)):
+        shutil.copytree(TINY, repo / name)
+        (repo / name / "config.pbtxt").write_text(_config(a, name, generative))
     return repo
 
 
@@ -147,7 +165,8 @@ def _in_process(a: argparse.Namespace, count: int) -> tuple[float, float]:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(TINY / "tokenizer.json"))
-    model = module.TinyLlm({"torch_threads": "1"})
+    device = "cuda" if a.gpu else "cpu"
+    model = module.TinyLlm({"torch_threads": "1", **a.model_params}, device)
     ttfts = []
     start = time.perf_counter()
     for i in range(count):
@@ -168,7 +187,8 @@ def _report(
         f"commit {git_commit()}; load average at start {load:.2f}; "
         f"{len(os.sched_getaffinity(0))} cores (shared with other work: the load says how much); "
         f"{a.tokens} tokens per request, greedy, streamed; "
-        f"{a.requests_per_stream} requests per stream",
+        f"{a.requests_per_stream} requests per stream; model parameters "
+        f"{a.model_params or 'as shipped'}{' on the GPU' if a.gpu else ''}",
         "",
         f"In-process (the model's own loop, one request at a time): {own_tps:,.0f} tokens/s, "
         f"TTFT {own_ttft * 1e3:.1f} ms",
@@ -192,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     got: dict[tuple[str, int], tuple[float, float]] = {}
     got[("in-process", 1)] = _in_process(a, max(4, a.requests_per_stream))
     with tempfile.TemporaryDirectory(prefix="shoal-bench-llm-") as tmp:
-        srv = shoal_server(_repo(Path(tmp)), Path(tmp) / "shoal.log")
+        srv = shoal_server(_repo(Path(tmp), a), Path(tmp) / "shoal.log")
         srv.start(300)
         try:
             assert srv.grpc_url is not None
