@@ -10,15 +10,16 @@ Three ways to generate the same greedy tokens with the same torch module
   ``TritonPythonModel``: ``TinyLlm.generate`` for one request at a time, streaming each
   token through its response sender), today's decoupled path;
 * ``in-process``: ``TinyLlm.generate`` called in this process, one request after another,
-  no server.
+  no server;
+* ``triton request-level``: the request-level model served by the real tritonserver
+  (the Triton peer's build, Python backend), its model.py finding torch and tokenizers in
+  shoal's environment (``--no-peer`` leaves it out).
 
 Clients: one thread per concurrent stream (tritonclient gRPC ``start_stream`` /
 ``async_stream_infer``), each sending its next request when the last one's final response
 came; every request asks for ``--tokens`` tokens (``ignore_eos``), streamed. The report
 gives tokens/s and the median time to first token (TTFT) at each concurrency, and the
-ratios inflight/request-level and inflight/in-process. The Triton peer is not in it: its
-build serves Python models through a wrapper of its own that runs ONNX models, in an
-environment without torch. A record, not a test.
+ratio of in-flight batching's tokens/s to each other way's. A record, not a test.
 
     python bench/run_llm.py [--concurrency 1,8,32] [--tokens 64] [--requests-per-stream 4]
         [--model-params d_model=512,layers=8,heads=8] [--gpu]
@@ -46,10 +47,12 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 from common import csv_ints, git_commit
-from servers import REPO_ROOT, shoal_server
+from servers import REPO_ROOT, ServerProcess, shoal_server, triton_python_server
 
 TINY = REPO_ROOT / "model_repository" / "tiny_llm"
 MODES = {"inflight": "tiny_llm", "request-level": "tiny_llm_plain"}
+#: (mode, concurrency) -> (tokens/s, median TTFT in seconds)
+Points = dict[tuple[str, int], tuple[float, float]]
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,6 +63,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     p.add_argument("--model-params", type=_key_values, default={})
     p.add_argument("--gpu", action="store_true")
+    p.add_argument("--no-peer", action="store_true", help="leave out the Triton peer")
     return p.parse_args(argv)
 
 
@@ -177,10 +181,9 @@ def _in_process(a: argparse.Namespace, count: int) -> tuple[float, float]:
     return count * a.tokens / (time.perf_counter() - start), statistics.median(ttfts)
 
 
-def _report(
-    a: argparse.Namespace, load: float, got: dict[tuple[str, int], tuple[float, float]]
-) -> str:
+def _report(a: argparse.Namespace, load: float, got: Points) -> str:
     own_tps, own_ttft = got[("in-process", 1)]
+    peer = any(mode == "triton request-level" for mode, _ in got)
     lines = [
         f"# Generative serving, tiny_llm ({time.strftime('%Y-%m-%d %H:%M')})",
         "",
@@ -193,36 +196,66 @@ def _report(
         f"In-process (the model's own loop, one request at a time): {own_tps:,.0f} tokens/s, "
         f"TTFT {own_ttft * 1e3:.1f} ms",
         "",
-        "| concurrency | inflight tok/s | request-level tok/s | inflight / request-level | "
-        "inflight / in-process | TTFT p50 inflight | TTFT p50 request-level |",
-        "|---|---|---|---|---|---|---|",
+        "| concurrency | mode | tokens/s | TTFT p50 | inflight / this (tokens/s) |",
+        "|---|---|---|---|---|",
     ]
+    modes = [*MODES, *(["triton request-level"] if peer else [])]
     for c in a.concurrency:
-        (itps, ittft), (rtps, rttft) = got[("inflight", c)], got[("request-level", c)]
+        inflight = got[("inflight", c)][0]
+        for mode in modes:
+            tps, ttft = got[(mode, c)]
+            lines.append(
+                f"| {c} | {mode} | {tps:,.0f} | {ttft * 1e3:.1f} ms | {inflight / tps:.2f} |"
+            )
         lines.append(
-            f"| {c} | {itps:,.0f} | {rtps:,.0f} | {itps / rtps:.2f} | {itps / own_tps:.2f} | "
-            f"{ittft * 1e3:.1f} ms | {rttft * 1e3:.1f} ms |"
+            f"| {c} | in-process (own loop, serial) | {own_tps:,.0f} | {own_ttft * 1e3:.1f} ms "
+            f"| {inflight / own_tps:.2f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _peer_repo(tmp: Path, a: argparse.Namespace) -> Path:
+    """tiny_llm_plain for the Triton peer: its model.py runs the shipped one with torch,
+    tokenizers and shoal (the model's own loop uses its cache types) found in shoal's
+    environment, after the peer's own numpy (its stub ignores $PYTHONPATH)."""
+    repo = tmp / "peer-repo"
+    shutil.copytree(TINY, repo / "tiny_llm_plain")
+    (repo / "tiny_llm_plain" / "config.pbtxt").write_text(_config(a, "tiny_llm_plain", False))
+    site = next(p for p in sys.path if p.endswith("site-packages") and str(REPO_ROOT) in p)
+    (repo / "tiny_llm_plain" / "1" / "model.py").write_text(
+        "import os, sys\n"
+        "sys.path += [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep)"
+        " if p not in sys.path]\n"
+        f"sys.path += [{site!r}, {str(REPO_ROOT)!r}]\n"
+        f"exec(compile(open({str(TINY / '1' / 'model.py')!r}).read(), 'model.py', 'exec'))\n"
+    )
+    return repo
+
+
+def _measure(srv: ServerProcess, modes: dict[str, str], a: argparse.Namespace, got: Points) -> None:
+    srv.start(300)
+    try:
+        assert srv.grpc_url is not None
+        for mode, model in modes.items():
+            _served_point(srv.grpc_url, model, 1, a)  # (warm: the first steps, the caches)
+            for c in a.concurrency:
+                got[(mode, c)] = _served_point(srv.grpc_url, model, c, a)
+                print(f"[bench] {mode} c={c}: {got[(mode, c)][0]:,.0f} tok/s", flush=True)
+    finally:
+        srv.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
     a = _parse_args(argv)
     load = os.getloadavg()[0]
-    got: dict[tuple[str, int], tuple[float, float]] = {}
+    got: Points = {}
     got[("in-process", 1)] = _in_process(a, max(4, a.requests_per_stream))
     with tempfile.TemporaryDirectory(prefix="shoal-bench-llm-") as tmp:
         srv = shoal_server(_repo(Path(tmp), a), Path(tmp) / "shoal.log")
-        srv.start(300)
-        try:
-            assert srv.grpc_url is not None
-            for mode, model in MODES.items():
-                _served_point(srv.grpc_url, model, 1, a)  # (warm: the first steps, the caches)
-                for c in a.concurrency:
-                    got[(mode, c)] = _served_point(srv.grpc_url, model, c, a)
-                    print(f"[bench] {mode} c={c}: {got[(mode, c)][0]:,.0f} tok/s", flush=True)
-        finally:
-            srv.stop()
+        _measure(srv, MODES, a, got)
+        if not a.no_peer and not a.gpu:
+            peer = triton_python_server(_peer_repo(Path(tmp), a), Path(tmp) / "triton.log")
+            _measure(peer, {"triton request-level": "tiny_llm_plain"}, a, got)
     report = _report(a, load, got)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     out = a.out_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-llm.md"
