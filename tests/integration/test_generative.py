@@ -275,3 +275,55 @@ def test_a_tensor_parallel_instance_gives_the_tokens_of_one_process(server: Shoa
         s.close()
     assert texts["tp2-greedy"] == texts["small-greedy"]
     assert texts["tp2-seeded"] == texts["small-seeded"]
+
+
+def test_the_return_flags_add_their_outputs_to_every_response(server: ShoalServer) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    events: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    flags = [
+        "finish_reason",
+        "cumulative_logprob",
+        "logprobs",
+        "num_input_tokens",
+        "num_output_tokens",
+    ]
+    values: dict[str, np.ndarray] = {
+        "text_input": np.array([b"Hi"], dtype=np.object_),
+        "sampling_parameters": np.array(
+            [json.dumps({**GREEDY, "max_tokens": 3}).encode()], dtype=np.object_
+        ),
+        "stream": np.array([True]),
+        **{f"return_{f}": np.array([True]) for f in flags},
+    }
+    inputs = []
+    for name, value in values.items():
+        tensor = grpcclient.InferInput(name, [1], "BYTES" if value.dtype == np.object_ else "BOOL")
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    try:
+        client.async_stream_infer("small", inputs, enable_empty_final_response=True)
+        responses = []
+        while not responses or not responses[-1][1]:
+            result, error = events.get(timeout=60)
+            assert error is None, error
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            responses.append((result, final))
+    finally:
+        client.stop_stream()
+        client.close()
+    assert len(responses) == 3  # one per token, the last one final
+    total = 0.0
+    for i, (result, _) in enumerate(responses, start=1):
+        assert result.as_numpy("num_input_tokens").tolist() == [3]  # <bos> H i
+        assert result.as_numpy("num_output_tokens").tolist() == [i]
+        (entry,) = json.loads(result.as_numpy("logprobs")[0])
+        (info,) = entry.values()
+        assert (
+            info["rank"] == 0
+            and info["decoded_token"] == result.as_numpy("text_output")[0].decode()
+        )
+        total += info["logprob"]
+        assert result.as_numpy("cumulative_logprob")[0] == pytest.approx(total, abs=1e-5)
+        reason = result.as_numpy("finish_reason")[0].decode()
+        assert reason == ("length" if i == 3 else "None")
