@@ -1,10 +1,10 @@
 """In-flight batching's scheduler: which sequences run in the next model step, and how
 many of their tokens (pure: no torch, no clock, no threads).
 
-Each step has a token budget (``max_step_tokens``). The running sequences come first, in
-the order they were admitted: a decoding one needs one token; one whose prompt is not all
-computed yet needs a chunk of it (at most ``prefill_chunk``), so that a long prompt is
-computed over several steps while the others keep decoding. What budget is left admits
+Each step has a token budget (``max_step_tokens``). The running sequences come first:
+those decoding (one token each), then those whose prompt is not all computed yet (a chunk
+of it each, at most ``prefill_chunk``), so that a long prompt is computed over several
+steps while the others keep decoding. What budget is left admits
 waiting sequences, oldest first, while fewer than ``max_running`` run and the pool has
 the blocks for their first chunk (a new sequence first takes the registered blocks of
 its prompt's prefix: ``BlockPool.share``).
@@ -79,15 +79,17 @@ class Scheduler:
     def schedule(self) -> Plan:
         plan = Plan()
         budget = self.config.max_step_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        decoding = [s for s in self.running if len(s.tokens) - s.computed == 1]
+        chunked = [s for s in self.running if len(s.tokens) - s.computed > 1]
+        for seq in decoding + chunked:  # (decodes first: a prompt chunk never stalls them)
+            if budget <= 0:
+                break
+            if seq in plan.preempted:
+                continue
             n = min(len(seq.tokens) - seq.computed, budget, self.config.prefill_chunk)
-            if not self._reserve(seq, n, plan):
-                continue  # it was preempted itself: the next one is at ``i`` now
-            plan.items.append((seq, n))
-            budget -= n
-            i += 1
+            if self._reserve(seq, n, plan):
+                plan.items.append((seq, n))
+                budget -= n
         while not plan.preempted and budget > 0 and self.waiting:
             if len(self.running) >= self.config.max_running:
                 break

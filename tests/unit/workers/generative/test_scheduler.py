@@ -100,3 +100,16 @@ def test_a_sequence_writing_into_a_shared_block_gets_its_own_copy_first() -> Non
     plan = s.schedule()
     assert plan.copies == [(other[0], a.blocks[0])] and a.blocks[0] != other[0]
     assert s.pool.refs(other[0]) == 1
+
+
+def test_decodes_come_before_prompt_chunks_of_sequences_admitted_earlier() -> None:
+    s = Scheduler(
+        SchedulerConfig(block_size=4, max_step_tokens=100, prefill_chunk=4), BlockPool(64)
+    )
+    a, b, c = _seq(0, 20), _seq(1, 20, base=100), _seq(2, 2, base=200)
+    for q in (a, b, c):
+        s.add(q)
+    _run(s, s.schedule())  # all three admitted, in that order; c decodes from now on
+    s.config = SchedulerConfig(block_size=4, max_step_tokens=8, prefill_chunk=4)
+    plan = s.schedule()  # a and b's chunks alone would take the whole budget
+    assert [(q.seq_id, n) for q, n in plan.items] == [(2, 1), (0, 4), (1, 3)]
