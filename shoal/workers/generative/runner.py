@@ -72,6 +72,8 @@ class GenerativeRunner:
     model_class: type
 
     def initialize(self, args: dict[str, Any]) -> None:
+        """Build the model, its KV cache and the engine, then start the engine's thread;
+        raises (the load fails with it) on a config the engine cannot serve."""
         config = json.loads(args["model_config"])
         if not config.get("model_transaction_policy", {}).get("decoupled", False):
             raise ValueError(
@@ -87,21 +89,7 @@ class GenerativeRunner:
         self.tokenizer = tokenizer
         device = "cuda" if args.get("model_instance_kind") == "GPU" else "cpu"
         self._group: TensorParallelGroup | None = None
-        if settings.tensor_parallel_size > 1:
-            if device != "cpu":
-                raise ValueError("tensor_parallel_size > 1 runs on CPU instances only (gloo)")
-            self._group = TensorParallelGroup(
-                settings.tensor_parallel_size, self.model_class, params, device
-            )
-            model = self._group.model()
-        else:
-            model = self.model_class(params, device)
-        layout = model.kv_layout()
-        blocks = settings.num_blocks(layout.bytes_per_token())
-        kv = KvCache.allocate(layout, blocks, settings.kv_block_size, device)
-        if self._group is not None:
-            self._group.start(blocks, settings.kv_block_size)
-            model, kv = self._group.leader(model), self._group.cache(kv)
+        model, kv, blocks = self._model(params, settings, device)
         self.engine = Engine(
             model, kv, blocks, settings.scheduler(),
             lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
@@ -117,6 +105,28 @@ class GenerativeRunner:
         self._live: list[_Live] = []
         self._thread = threading.Thread(target=self._loop, name="generative-engine", daemon=True)
         self._thread.start()
+
+    def _model(
+        self, params: dict[str, str], settings: EngineSettings, device: str
+    ) -> tuple[Any, KvCache, int]:
+        """The model (this rank's shard, wrapped, for a tensor-parallel group, whose other
+        ranks start here), its KV cache, and the cache's block count."""
+        if settings.tensor_parallel_size > 1:
+            if device != "cpu":
+                raise ValueError("tensor_parallel_size > 1 runs on CPU instances only (gloo)")
+            self._group = TensorParallelGroup(
+                settings.tensor_parallel_size, self.model_class, params, device
+            )
+            model = self._group.model()
+        else:
+            model = self.model_class(params, device)
+        layout = model.kv_layout()
+        blocks = settings.num_blocks(layout.bytes_per_token())
+        kv = KvCache.allocate(layout, blocks, settings.kv_block_size, device)
+        if self._group is not None:
+            self._group.start(blocks, settings.kv_block_size)
+            model, kv = self._group.leader(model), self._group.cache(kv)
+        return model, kv, blocks
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -135,20 +145,19 @@ class GenerativeRunner:
     def _loop(self) -> None:
         while not self._stop:
             self._wake.clear()
-            self._take_requests()
-            self._retire_cancelled()
-            if not self.engine.has_work():
-                self._wake.wait()
-                continue
             try:
+                self._take_requests()
+                self._retire_cancelled()
+                if not self.engine.has_work():
+                    self._wake.wait()
+                    continue
                 outputs = self.engine.step(time.monotonic())
+                self.metrics.update(self.engine.stats(), self.engine.times)
+                for out in outputs:
+                    self._respond(out)
             except Exception as exc:  # the model's fault: its requests end, the loop goes on
                 log.exception("generative model step failed")
                 self._fail_all(f"{type(exc).__name__}: {exc}")
-                continue
-            self.metrics.update(self.engine.stats(), self.engine.times)
-            for out in outputs:
-                self._respond(out)
         self._fail_all("the model is being unloaded")
 
     def _take_requests(self) -> None:
@@ -165,6 +174,9 @@ class GenerativeRunner:
                 self._live.append(live)
             except (InvalidSampling, ValueError, UnicodeDecodeError) as exc:
                 self._error(sender, pb_utils.TritonError.INVALID_ARG, str(exc))
+            except Exception as exc:  # (the model's or the tokenizer's fault)
+                log.exception("a generative request could not be read")
+                self._error(sender, pb_utils.TritonError.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     def _read(self, request: Any, sender: Any) -> tuple[_Live, list[int], SamplingParams]:
         def scalar(name: str, default: Any) -> Any:
@@ -237,8 +249,13 @@ class GenerativeRunner:
             log.debug("an error response of a generative request could not be sent")
 
     def _fail_all(self, message: str) -> None:
+        """End every request with ``message`` (a client never waits for ever, even when
+        the engine's own state is what failed)."""
         for live in list(self._live):
-            self.engine.cancel(live, "abort")
             self._error(live.sender, pb_utils.TritonError.INTERNAL, message)
+            try:
+                self.engine.cancel(live, "abort")
+            except Exception:
+                log.exception("a failed generative request could not be retired")
         self._live = []
         self.metrics.update(self.engine.stats(), self.engine.times)
