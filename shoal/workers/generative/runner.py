@@ -44,6 +44,27 @@ _RETURNS = (
 )
 
 
+#: The inputs and outputs of Triton's vLLM backend, as its auto-complete fills them.
+_INPUTS: list[dict[str, Any]] = [
+    {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
+    {"name": "stream", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
+    {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+    {"name": "exclude_input_in_output", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
+    *(
+        {"name": f"return_{r}", "data_type": "TYPE_BOOL", "dims": [1], "optional": True}
+        for r in _RETURNS
+    ),
+]
+_OUTPUTS: list[dict[str, Any]] = [
+    {"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "cumulative_logprob", "data_type": "TYPE_FP32", "dims": [-1]},
+    {"name": "logprobs", "data_type": "TYPE_STRING", "dims": [-1]},
+    {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
+    {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]},
+]
+
+
 @dataclass(eq=False)
 class _Live:
     """A request the engine runs (its handle there)."""
@@ -70,6 +91,24 @@ def _parameters(config: dict[str, Any]) -> dict[str, str]:
 
 class GenerativeRunner:
     model_class: type
+
+    @staticmethod
+    def auto_complete_config(config: Any) -> Any:
+        """As Triton's vLLM backend completes a config: each input and output of the
+        contract the config does not list, decoupled, no batch dimension (a config that
+        says otherwise fails the load, in Triton's words)."""
+        have = config.as_dict()
+        inputs = {t.get("name") for t in have.get("input", [])}
+        outputs = {t.get("name") for t in have.get("output", [])}
+        for spec in _INPUTS:
+            if spec["name"] not in inputs:
+                config.add_input(dict(spec))
+        for spec in _OUTPUTS:
+            if spec["name"] not in outputs:
+                config.add_output(dict(spec))
+        config.set_max_batch_size(0)
+        config.set_model_transaction_policy({"decoupled": True})
+        return config
 
     def initialize(self, args: dict[str, Any]) -> None:
         """Build the model, its KV cache and the engine, then start the engine's thread;

@@ -108,3 +108,24 @@ def test_bad_and_failing_requests_fail_alone_and_the_engine_goes_on(runner: Any)
 def test_a_config_that_is_not_decoupled_fails_the_load() -> None:
     with pytest.raises(ValueError, match="must be decoupled"):
         runner_for(Echo)().initialize(_args(decoupled=False))
+
+
+def test_auto_complete_fills_the_vllm_backends_inputs_and_outputs() -> None:
+    given = {
+        "name": "m",
+        "backend": "python",
+        "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]}],
+    }
+    config = runner_for(Echo).auto_complete_config(pb_utils.ModelConfig(json.dumps(given)))
+    done = config.as_dict()
+    assert [i["name"] for i in done["input"]][:3] == ["text_input", "stream", "sampling_parameters"]
+    assert len(done["input"]) == 9 and all(i.get("optional") for i in done["input"][1:])
+    assert {o["name"] for o in done["output"]} >= {
+        "text_output",
+        "finish_reason",
+        "num_output_tokens",
+    }
+    assert done["max_batch_size"] == 0 and done["model_transaction_policy"] == {"decoupled": True}
+    not_decoupled = {"name": "m", "model_transaction_policy": {"decoupled": False}}
+    with pytest.raises(ValueError, match="trying to change decoupled property"):
+        runner_for(Echo).auto_complete_config(pb_utils.ModelConfig(json.dumps(not_decoupled)))
