@@ -7,7 +7,8 @@ request's blocks are freed; after a soak of requests, some cancelled, no block i
 One server for the module, two models, both the shipped tiny_llm in float64 (so that
 batched and lone computations cannot round to different tokens): ``tp2``, over two
 processes (tensor parallelism on the CPU, gloo between them), and ``small``, in one, with
-a pool too small for all its requests at once (it preempts)."""
+a pool too small for all its requests at once (it preempts), and a config that names
+only the backend, the class and the parameters (auto-complete gives the rest)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,14 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 SEEDED = {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "seed": 5, "ignore_eos": True}
 
 
-def _model(repo: Path, name: str, extra: dict[str, str]) -> None:
+def _model(repo: Path, name: str, extra: dict[str, str], minimal: bool = False) -> None:
+    """The shipped tiny_llm as ``name`` with these parameters; ``minimal``: its config
+    without inputs, outputs and transaction policy (auto-complete gives them)."""
     shutil.copytree(SHIPPED, repo / name)
     config = (repo / name / "config.pbtxt").read_text().replace('"tiny_llm"', f'"{name}"')
+    if minimal:
+        kept = ("name:", "backend:", "parameters", "instance_group")
+        config = "".join(f"{ln}\n" for ln in config.splitlines() if ln.startswith(kept))
     for key, value in extra.items():
         config = re.sub(rf'(key: "{key}" value: {{ string_value: )"[^"]*"', rf'\1"{value}"', config)
         if f'key: "{key}"' not in config:
@@ -46,7 +52,8 @@ def _model(repo: Path, name: str, extra: dict[str, str]) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("generative")
-    _model(repo, "small", {"dtype": "float64", "kv_cache_blocks": "12", "kv_block_size": "8"})
+    small = {"dtype": "float64", "kv_cache_blocks": "12", "kv_block_size": "8"}
+    _model(repo, "small", small, minimal=True)
     _model(repo, "tp2", {"dtype": "float64", "tensor_parallel_size": "2"})
     with served(repo) as srv:
         yield srv
