@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 VOCAB, BOS, EOS = 258, 256, 257
 
@@ -162,16 +163,17 @@ class TinyLlm(nn.Module):
         pos = torch.arange(width, device=self.device)
         slots = (tables[:, pos // b] * b + pos % b).reshape(-1)  # [n * width]
         new = tables.gather(1, (starts // b)[:, None])[:, 0] * b + starts % b  # [n]
-        mask = pos[None, :] > starts[:, None]  # [n, width]: past each sequence's end
+        seen = (pos[None, :] <= starts[:, None])[:, None, None, :]  # [n, 1, 1, width]
         x = self.embed(torch.tensor([t[0] for t in batch.tokens], device=self.device))
         x = x + self.pos(starts)
         for li, layer in enumerate(self.layers):
             q, k, v = layer.split(x)
             keys, values = self._cached(kv, li, new, k, v, slots)
             keys, values = keys.view(n, width, *k.shape[1:]), values.view(n, width, *k.shape[1:])
-            scores = torch.einsum("nhd,nlhd->nhl", q, keys) / math.sqrt(q.shape[-1])
-            scores = scores.masked_fill(mask[:, None, :], float("-inf"))
-            x = layer.finish(x, torch.einsum("nhl,nlhd->nhd", scores.softmax(-1), values))
+            attended = F.scaled_dot_product_attention(
+                q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), attn_mask=seen
+            )  # [n, h, 1, dh]
+            x = layer.finish(x, attended[:, :, 0, :])
         return self._logits(x)
 
     @staticmethod
@@ -206,13 +208,14 @@ class TinyLlm(nn.Module):
         slots = torch.tensor(table, device=self.device)[pos // b] * b + pos % b
         new = pos[start:]
         x = self.embed(torch.tensor(tokens, device=self.device)) + self.pos(new)
-        causal = pos[None, :] > new[:, None]  # [t, end]
+        seen = pos[None, :] <= new[:, None]  # [t, end]: causal
         for li, layer in enumerate(self.layers):
             q, k, v = layer.split(x)
             keys, values = self._cached(kv, li, slots[start:], k, v, slots)  # [end, h, dh]
-            scores = torch.einsum("thd,lhd->htl", q, keys) / math.sqrt(q.shape[-1])
-            scores = scores.masked_fill(causal[None], float("-inf"))
-            x = layer.finish(x, torch.einsum("htl,lhd->thd", scores.softmax(-1), values))
+            attended = F.scaled_dot_product_attention(
+                q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=seen
+            )  # [h, t, dh]
+            x = layer.finish(x, attended.transpose(0, 1))
         return self._logits(x[-1:])[0]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
