@@ -27,7 +27,7 @@ class TpStart(msgspec.Struct):
 
     rank: int
     size: int
-    init_method: str
+    store_port: int  # the leader's torch.distributed TCPStore, on the loopback
     model_file: str
     model_class: str
     parameters: dict[str, str]

@@ -22,7 +22,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from shoal.ipc.tp_messages import TpStart, TpStep
 from shoal.workers.generative.interface import KvCache, StepBatch
 
 _TIMEOUT = datetime.timedelta(seconds=120)  # a follower gone: the leader's step fails
+_HOST = "127.0.0.1"
 
 
 def _dist() -> Any:
@@ -85,28 +85,29 @@ class TensorParallelGroup:
 
     def __init__(self, size: int, model_class: type, params: dict[str, str], device: str) -> None:
         self.size = size
-        self._dir = tempfile.mkdtemp(prefix="shoal-tp-")
-        self._init = f"file://{self._dir}/rendezvous"
         self._class, self._params, self._device = model_class, params, device
         self._followers: list[subprocess.Popen[bytes]] = []
 
     def start(self, num_blocks: int, block_size: int) -> None:
-        """Start the followers and join the group (rank 0); raises when it cannot."""
+        """Start the followers and join the group (rank 0); raises when it cannot. The
+        rendezvous is the leader's TCPStore on a port the kernel picks: nothing on disk."""
         import inspect
 
-        model_file = inspect.getfile(self._class)
+        dist = _dist()
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        store = dist.TCPStore(
+            _HOST, 0, self.size, is_master=True, timeout=_TIMEOUT, wait_for_workers=False
+        )
+        model_file = inspect.getfile(self._class)
         for rank in range(1, self.size):
             start = TpStart(
-                rank, self.size, self._init, model_file, self._class.__name__,
+                rank, self.size, store.port, model_file, self._class.__name__,
                 rank_parameters(self._params, rank, self.size), self._device,
                 num_blocks, block_size, os.getpid(),
             )  # fmt: skip
             argv = [sys.executable, "-m", __name__, msgspec.json.encode(start).decode()]
             self._followers.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL))
-        _dist().init_process_group(
-            "gloo", init_method=self._init, rank=0, world_size=self.size, timeout=_TIMEOUT
-        )
+        dist.init_process_group("gloo", store=store, rank=0, world_size=self.size, timeout=_TIMEOUT)
 
     def model(self) -> Any:
         """The leader's shard of the model (rank 0)."""
@@ -130,10 +131,6 @@ class TensorParallelGroup:
                 proc.wait()
         with contextlib.suppress(Exception):
             _dist().destroy_process_group()
-        with contextlib.suppress(OSError):
-            for f in Path(self._dir).iterdir():
-                f.unlink()
-            os.rmdir(self._dir)
 
 
 class _Leader:
@@ -168,10 +165,11 @@ def follow(start: TpStart) -> None:
 
     die_with_parent(start.parent, sig=9)
     dist = _dist()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.TCPStore(_HOST, start.store_port, start.size, is_master=False, timeout=_TIMEOUT)
     dist.init_process_group(
-        "gloo", init_method=start.init_method, rank=start.rank, world_size=start.size,
-        timeout=_TIMEOUT,
-    )  # fmt: skip
+        "gloo", store=store, rank=start.rank, world_size=start.size, timeout=_TIMEOUT
+    )
     model = load_class(start.model_file, start.model_class)(start.parameters, start.device)
     kv = KvCache.allocate(model.kv_layout(), start.num_blocks, start.block_size, start.device)
     while True:
