@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import queue
 import re
 import shutil
+import signal
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -334,3 +336,28 @@ def test_the_return_flags_add_their_outputs_to_every_response(server: ShoalServe
         assert result.as_numpy("cumulative_logprob")[0] == pytest.approx(total, abs=1e-5)
         reason = result.as_numpy("finish_reason")[0].decode()
         assert reason == ("length" if i == 3 else "None")
+
+
+def test_a_killed_tensor_parallel_instance_takes_its_follower_and_fails_its_requests(
+    server: ShoalServer,
+) -> None:
+    """(Last in the module: the instance is restarted after it.)"""
+    worker = server.worker_pid("tp2")
+    (follower,) = (
+        int(c) for c in Path(f"/proc/{worker}/task/{worker}/children").read_text().split()
+    )
+    FOLLOWERS.append(follower)
+    s = Stream(server)
+    try:
+        s.send("tp2", "doomed", "Run", {**GREEDY, "max_tokens": 1000})
+        assert s.next()[0] == "doomed"
+        os.kill(worker, signal.SIGKILL)
+        while (event := s.next())[0] == "doomed" and not event[3]:
+            pass  # (tokens already on their way)
+        assert event[0] == "error"  # the request fails: its instance died
+    finally:
+        s.close()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{follower}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # (the kernel delivers the follower's PDEATHSIG)
+    assert not Path(f"/proc/{follower}").exists()
