@@ -4,9 +4,13 @@ sequences hold each one, and which full prompt blocks can be shared (pure: no to
 A block holds ``block_size`` tokens' KV. A sequence holds its blocks through its block
 table; a full block of prompt tokens whose KV is computed is registered under the hash
 of every token up to its end, so that a later sequence with the same prompt prefix takes
-it (its reference count goes up) instead of computing it again. A block goes back to the
-free list, and out of the prefix table, when its last holder lets go of it: nothing is
-kept for sequences to come, so an idle pool has every block free.
+it (its reference count goes up) instead of computing it again.
+
+A block whose last holder lets go of it is free, but keeps its KV and its place in the
+prefix table until it is handed out again: free blocks are handed out least recently
+freed first, so a prompt prefix used a moment ago (a chat's system prompt) is still there
+for the next request. Such a block counts as free: it is reused the moment a sequence
+needs a fresh block and no other is left.
 
 A sequence about to write into a block it shares (``needs_copy``) gets its own copy
 first (``copy_on_write``): the caller copies the KV, then writes. One thread (the
@@ -15,7 +19,7 @@ engine's) uses it.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 #: A full block's identity: the hash of its tokens and of every token before them.
 PrefixHash = int
@@ -36,7 +40,8 @@ class BlockPool:
         if num_blocks < 1:
             raise ValueError("a KV-cache pool needs at least one block")
         self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        # free blocks, least recently freed first (a dict: in order, removable by key)
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._refs = [0] * num_blocks
         self._by_hash: dict[PrefixHash, int] = {}
         self._hash_of: dict[int, PrefixHash] = {}
@@ -53,13 +58,18 @@ class BlockPool:
         return self._refs[block]
 
     def allocate(self, count: int) -> list[int] | None:
-        """``count`` fresh blocks (one reference each), or None (and none taken) when
-        fewer are free."""
+        """``count`` fresh blocks (one reference each; a cached prefix block handed out
+        leaves the prefix table), or None (and none taken) when fewer are free."""
         if count > len(self._free):
             return None
-        blocks = [self._free.popleft() for _ in range(count)]
-        for b in blocks:
+        blocks = []
+        for _ in range(count):
+            b, _ = self._free.popitem(last=False)
+            h = self._hash_of.pop(b, None)
+            if h is not None and self._by_hash.get(h) == b:
+                del self._by_hash[h]
             self._refs[b] = 1
+            blocks.append(b)
         return blocks
 
     def free(self, blocks: list[int]) -> None:
@@ -69,19 +79,18 @@ class BlockPool:
                 raise ValueError(f"block {b} is already free")
             self._refs[b] -= 1
             if self._refs[b] == 0:
-                h = self._hash_of.pop(b, None)
-                if h is not None and self._by_hash.get(h) == b:
-                    del self._by_hash[h]
-                self._free.append(b)
+                self._free[b] = None
 
     def share(self, hashes: list[PrefixHash]) -> list[int]:
         """The registered blocks of the longest prefix of ``hashes``, each with one more
-        reference (the caller's)."""
+        reference (the caller's); a free one among them is taken back from the free list."""
         found: list[int] = []
         for h in hashes:
             b = self._by_hash.get(h)
             if b is None:
                 break
+            if self._refs[b] == 0:
+                del self._free[b]
             self._refs[b] += 1
             found.append(b)
         return found

@@ -7,7 +7,7 @@ of it each, at most ``prefill_chunk``), so that a long prompt is computed over s
 steps while the others keep decoding. What budget is left admits
 waiting sequences, oldest first, while fewer than ``max_running`` run and the pool has
 the blocks for their first chunk (a new sequence first takes the registered blocks of
-its prompt's prefix: ``BlockPool.share``).
+its prompt's prefix, held by running sequences or cached free: ``BlockPool.share``).
 
 A running sequence that needs a block when none is free takes one by preemption: the
 sequence admitted last gives back all its blocks and waits, first in line, to be

@@ -18,7 +18,7 @@ def test_allocation_is_all_or_nothing_and_free_returns_blocks() -> None:
         pool.free([a[0]])
 
 
-def test_identical_prompt_blocks_are_shared_until_their_last_holder_lets_go() -> None:
+def test_identical_prompt_blocks_are_shared_and_stay_cached_once_free() -> None:
     pool = BlockPool(8)
     tokens = list(range(40))
     hashes = block_hashes(tokens, 16, 2)
@@ -34,8 +34,15 @@ def test_identical_prompt_blocks_are_shared_until_their_last_holder_lets_go() ->
     pool.free(first)
     pool.free(shared)
     pool.free(first[:1])
-    assert pool.num_used == 0
-    assert pool.share(hashes) == []  # a freed block leaves the prefix table
+    assert pool.num_used == 0 and pool.num_free == 8
+    # free, yet still in the prefix table: a later prompt takes them back
+    assert pool.share(hashes) == first[:2] and pool.num_used == 2
+    pool.free(first[:2])
+    # handed out again (least recently freed first: the cached ones last), they leave it
+    fresh = pool.allocate(8)
+    assert fresh is not None and fresh[-2:] == first[:2]
+    pool.free(fresh)
+    assert pool.share(hashes) == []
 
 
 def test_a_shared_block_is_copied_before_a_holder_writes_into_it() -> None:

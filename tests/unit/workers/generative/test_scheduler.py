@@ -113,3 +113,16 @@ def test_decodes_come_before_prompt_chunks_of_sequences_admitted_earlier() -> No
     s.config = SchedulerConfig(block_size=4, max_step_tokens=8, prefill_chunk=4)
     plan = s.schedule()  # a and b's chunks alone would take the whole budget
     assert [(q.seq_id, n) for q, n in plan.items] == [(2, 1), (0, 4), (1, 3)]
+
+
+def test_a_prompt_prefix_stays_cached_for_the_next_request_after_the_last_one_ended() -> None:
+    s = Scheduler(SchedulerConfig(block_size=4), BlockPool(16))
+    a = _seq(0, 10)
+    s.add(a)
+    _run(s, s.schedule())
+    s.finish(a)
+    assert s.pool.num_used == 0
+    b = Sequence(1, [*range(8), 50, 51], 10)  # a's first two blocks, then its own
+    s.add(b)
+    plan = s.schedule()
+    assert plan.items == [(b, 2)]  # only what follows the two cached blocks
