@@ -173,6 +173,7 @@ def test_outputs_with_in_flight_batching_equal_outputs_alone(
         )
     }
     preempted = _metric(server, "shoal_llm_preemptions_total", model)
+    hits = _metric(server, "shoal_llm_prefix_cache_hit_tokens_total", model)
     s = Stream(server)
     try:
         for rid, (prompt, params) in requests.items():
@@ -189,6 +190,8 @@ def test_outputs_with_in_flight_batching_equal_outputs_alone(
     if model == "small":  # 96 tokens of pool: these need about 300
         assert _metric(server, "shoal_llm_preemptions_total", model) > preempted
     assert _metric(server, "shoal_llm_kv_blocks_used", model) == 0
+    if model == "tp2":  # the lone runs found their prompts' blocks cached
+        assert _metric(server, "shoal_llm_prefix_cache_hit_tokens_total", model) > hits
 
 
 def test_a_cancelled_request_frees_its_blocks(server: ShoalServer) -> None:

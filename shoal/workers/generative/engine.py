@@ -236,6 +236,8 @@ class Engine:
             "running": len(s.running),
             "waiting": len(s.waiting),
             "preemptions": s.preemptions,
+            "prompt_tokens": s.prompt_tokens,
+            "prefix_hit_tokens": s.prefix_hit_tokens,
             "generated_tokens": self.generated_tokens,
         }
 

@@ -1,8 +1,9 @@
 """A generative instance's metrics on /metrics, through the worker's custom-metrics
 registry (shoal/workers/pb_metrics.py), labelled by model, version and instance:
-KV-cache blocks used and free, running and waiting sequences (gauges), preemptions and
-generated tokens (counters: tokens per second is the latter's rate), time to first
-token and inter-token latency (histograms, seconds)."""
+KV-cache blocks used and free, running and waiting sequences (gauges), preemptions,
+generated tokens (tokens per second is its rate), prompt tokens and those of them found
+in shared or cached blocks (counters), time to first token and inter-token latency
+(histograms, seconds)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ _GAUGES = {
 _COUNTERS = {
     "preemptions": ("shoal_llm_preemptions_total", "Sequences preempted (to be recomputed)"),
     "generated_tokens": ("shoal_llm_generated_tokens_total", "Tokens generated"),
+    "prompt_tokens": ("shoal_llm_prompt_tokens_total", "Prompt tokens of the requests admitted"),
+    "prefix_hit_tokens": (
+        "shoal_llm_prefix_cache_hit_tokens_total",
+        "Prompt tokens whose KV came from shared or cached blocks",
+    ),
 }
 _TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 _ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]

@@ -67,6 +67,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.prompt_tokens = 0  # of the sequences admitted (the first time)
+        self.prefix_hit_tokens = 0  # of those, taken from shared or cached blocks
 
     def add(self, seq: Sequence) -> None:
         b = self.config.block_size
@@ -165,6 +167,9 @@ class Scheduler:
             self._release(seq)
             return 0
         seq.blocks.extend(grown)
+        if not seq.preemptions:
+            self.prompt_tokens += seq.prompt_len
+            self.prefix_hit_tokens += seq.computed
         return n
 
     def _preempt(self, seq: Sequence, plan: Plan) -> None:

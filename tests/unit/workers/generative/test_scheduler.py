@@ -126,3 +126,4 @@ def test_a_prompt_prefix_stays_cached_for_the_next_request_after_the_last_one_en
     s.add(b)
     plan = s.schedule()
     assert plan.items == [(b, 2)]  # only what follows the two cached blocks
+    assert (s.prompt_tokens, s.prefix_hit_tokens) == (20, 8)
