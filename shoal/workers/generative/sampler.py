@@ -44,6 +44,8 @@ class SamplingParams:
         if not isinstance(raw, dict):
             raise InvalidSampling("sampling_parameters must be a JSON object")
         p = cls()
+        if (_opt_int(raw, "n", minimum=1) or 1) > 1:
+            raise InvalidSampling("n > 1 is not supported: send n requests")
         p.max_tokens = _opt_int(raw, "max_tokens", minimum=1)
         p.temperature = _num(raw, "temperature", 1.0, minimum=0.0)
         p.top_p = _num(raw, "top_p", 1.0, minimum=0.0)

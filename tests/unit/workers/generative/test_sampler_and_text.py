@@ -45,6 +45,7 @@ def test_a_seed_gives_the_same_tokens_and_top_k_top_p_bound_them() -> None:
         ('{"stop": [1]}', "stop must be a string or a list of strings"),
         ("[1]", "sampling_parameters must be a JSON object"),
         ("{", "sampling_parameters is not valid JSON"),
+        ('{"n": 2}', "n > 1 is not supported: send n requests"),
     ],
 )
 def test_invalid_sampling_parameters_say_what_is_wrong(text: str, message: str) -> None:
