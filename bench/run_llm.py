@@ -1,7 +1,7 @@
 """Generative serving on tiny_llm: in-flight batching against request-level batching and
 against the model's own generation loop.
 
-Three ways to generate the same greedy tokens with the same torch module
+Four ways to generate the same greedy tokens with the same torch module
 (model_repository/tiny_llm/1/model.py), in one run on the same machine:
 
 * ``inflight``: shoal's generative engine (``generative_model: "TinyLlm"``): requests join
@@ -15,11 +15,13 @@ Three ways to generate the same greedy tokens with the same torch module
   (the Triton peer's build, Python backend), its model.py finding torch and tokenizers in
   shoal's environment (``--no-peer`` leaves it out).
 
-Clients: one thread per concurrent stream (tritonclient gRPC ``start_stream`` /
-``async_stream_infer``), each sending its next request when the last one's final response
-came; every request asks for ``--tokens`` tokens (``ignore_eos``), streamed. The report
-gives tokens/s and the median time to first token (TTFT) at each concurrency, and the
-ratio of in-flight batching's tokens/s to each other way's. A record, not a test.
+The client: one gRPC stream per concurrent client (``ModelStreamInfer``), each sending
+its next request when the last one's final response came, all on one asyncio loop and
+channel (``--client threads``: tritonclient's ``start_stream`` / ``async_stream_infer``,
+a thread per stream, about three times the client's CPU). Every request asks for
+``--tokens`` tokens (``ignore_eos``), streamed. The report gives tokens/s and the median
+time to first token (TTFT) at each concurrency, and the ratio of in-flight batching's
+tokens/s to each other way's. A record, not a test.
 
     python bench/run_llm.py [--concurrency 1,8,32] [--tokens 64] [--requests-per-stream 4]
         [--model-params d_model=512,layers=8,heads=8] [--gpu]
@@ -64,6 +66,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model-params", type=_key_values, default={})
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--no-peer", action="store_true", help="leave out the Triton peer")
+    p.add_argument("--client", choices=("asyncio", "threads"), default="asyncio")
     return p.parse_args(argv)
 
 
@@ -109,6 +112,80 @@ def _inputs(prompt: str, tokens: int) -> list[Any]:
         tensor.set_data_from_numpy(value)
         out.append(tensor)
     return out
+
+
+def _request_proto(model: str, prompt: str, tokens: int) -> Any:
+    """One streamed request as the gRPC message, the final flag asked for (built once:
+    the asyncio client sends the same bytes each time)."""
+    from tritonclient.grpc import _utils
+
+    request = _utils._get_inference_request(
+        model_name=model, inputs=_inputs(prompt, tokens), model_version="", request_id="",
+        outputs=None, sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
+        timeout=None, parameters=None,
+    )  # fmt: skip
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    return request
+
+
+async def _aio_stream(stub: Any, requests: list[Any], ttfts: list[float]) -> None:
+    """One gRPC stream sending ``requests`` one after another, each when the last one's
+    final response came; each one's TTFT to ``ttfts``."""
+    import asyncio
+
+    turn: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def outgoing() -> Any:
+        for request in requests:
+            yield request
+            await turn.get()
+
+    sent = time.perf_counter()
+    first = True
+    call = stub.ModelStreamInfer(outgoing())
+    done = 0
+    async for response in call:
+        if response.error_message:
+            raise RuntimeError(response.error_message)
+        if first:
+            ttfts.append(time.perf_counter() - sent)
+            first = False
+        if response.infer_response.parameters["triton_final_response"].bool_param:
+            done += 1
+            if done == len(requests):
+                break
+            sent, first = time.perf_counter(), True
+            turn.put_nowait(None)
+    call.cancel()
+
+
+def _aio_point(
+    url: str, model: str, concurrency: int, a: argparse.Namespace
+) -> tuple[float, float]:
+    """Tokens/s and median TTFT of ``concurrency`` streams, all on one asyncio loop and
+    one channel (a lighter client than a thread per stream: more of the cores for the
+    server)."""
+    import asyncio
+
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    per = a.requests_per_stream
+
+    async def run() -> tuple[float, list[float]]:
+        ttfts: list[float] = []
+        async with grpc.aio.insecure_channel(url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            streams = [
+                [_request_proto(model, _prompt(c * per + i), a.tokens) for i in range(per)]
+                for c in range(concurrency)
+            ]
+            start = time.perf_counter()
+            await asyncio.gather(*(_aio_stream(stub, reqs, ttfts) for reqs in streams))
+            return time.perf_counter() - start, ttfts
+
+    elapsed, ttfts = asyncio.run(run())
+    return concurrency * per * a.tokens / elapsed, statistics.median(ttfts)
 
 
 def _stream_client(
@@ -189,8 +266,8 @@ def _report(a: argparse.Namespace, load: float, got: Points) -> str:
         "",
         f"commit {git_commit()}; load average at start {load:.2f}; "
         f"{len(os.sched_getaffinity(0))} cores (shared with other work: the load says how much); "
-        f"{a.tokens} tokens per request, greedy, streamed; "
-        f"{a.requests_per_stream} requests per stream; model parameters "
+        f"{a.tokens} tokens per request, greedy, streamed; {a.requests_per_stream} requests "
+        f"per stream; client {a.client}; model parameters "
         f"{a.model_params or 'as shipped'}{' on the GPU' if a.gpu else ''}",
         "",
         f"In-process (the model's own loop, one request at a time): {own_tps:,.0f} tokens/s, "
@@ -237,9 +314,10 @@ def _measure(srv: ServerProcess, modes: dict[str, str], a: argparse.Namespace, g
     try:
         assert srv.grpc_url is not None
         for mode, model in modes.items():
-            _served_point(srv.grpc_url, model, 1, a)  # (warm: the first steps, the caches)
+            point = _aio_point if a.client == "asyncio" else _served_point
+            point(srv.grpc_url, model, 1, a)  # (warm: the first steps, the caches)
             for c in a.concurrency:
-                got[(mode, c)] = _served_point(srv.grpc_url, model, c, a)
+                got[(mode, c)] = point(srv.grpc_url, model, c, a)
                 print(f"[bench] {mode} c={c}: {got[(mode, c)][0]:,.0f} tok/s", flush=True)
     finally:
         srv.stop()
