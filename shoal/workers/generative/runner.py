@@ -77,6 +77,18 @@ class _Live:
     text: list[str] = field(default_factory=list)  # what a request that does not stream gets
 
 
+def _returned(name: str, out: Output) -> np.ndarray:
+    """The output ``name`` (one of ``_RETURNS``) of a response carrying ``out``."""
+    if name == "finish_reason":
+        return np.array([str(out.finish).encode()], dtype=np.object_)
+    if name == "cumulative_logprob":
+        return np.array([out.cumulative_logprob], dtype=np.float32)
+    if name == "logprobs":
+        return np.array([json.dumps(out.logprobs).encode()], dtype=np.object_)
+    count = out.num_input_tokens if name == "num_input_tokens" else out.num_output_tokens
+    return np.array([count], dtype=np.uint32)
+
+
 def runner_for(model_class: type) -> type:
     """The TritonPythonModel class that serves ``model_class`` with the engine."""
     return type("GenerativeRunner", (GenerativeRunner,), {"model_class": model_class})
@@ -268,15 +280,8 @@ class GenerativeRunner:
 
     def _response(self, live: _Live, out: Output, text: str) -> pb_utils.InferenceResponse:
         tensors = [pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_))]
-        values: dict[str, Any] = {
-            "finish_reason": np.array([str(out.finish).encode()], dtype=np.object_),
-            "cumulative_logprob": np.array([out.cumulative_logprob], dtype=np.float32),
-            "logprobs": np.array([json.dumps(out.logprobs).encode()], dtype=np.object_),
-            "num_input_tokens": np.array([out.num_input_tokens], dtype=np.uint32),
-            "num_output_tokens": np.array([out.num_output_tokens], dtype=np.uint32),
-        }
-        tensors += [
-            pb_utils.Tensor(name, values[name]) for name in _RETURNS if name in live.returns
+        tensors += [  # (most requests ask for none: built only when asked)
+            pb_utils.Tensor(name, _returned(name, out)) for name in _RETURNS if name in live.returns
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
