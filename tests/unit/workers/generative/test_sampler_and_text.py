@@ -3,8 +3,12 @@ decoding, stop strings)."""
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from shoal.workers.generative.sampler import InvalidSampling, SamplingParams, sample
 from shoal.workers.generative.text import OutputText
@@ -76,3 +80,21 @@ def test_a_stop_string_ends_the_text_and_is_never_half_sent() -> None:
     ids += list(b"Dxyz")
     assert text.update(ids)
     assert "".join(out) + text.take(True) == "abc"
+
+
+def test_incremental_text_is_the_whole_outputs_decoding() -> None:
+    """Token by token, invalid and partial UTF-8 and skipped special tokens included."""
+    repo = Path(__file__).resolve().parents[4] / "model_repository" / "tiny_llm"
+    tok = Tokenizer.from_file(str(repo / "tokenizer.json"))
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=True)
+
+    rng = random.Random(3)
+    pieces = [*range(256), *"héllo wörld ✓".encode(), 257]
+    for _ in range(200):
+        ids = [rng.choice(pieces) for _ in range(rng.randrange(1, 60))]
+        text = OutputText(decode, [])
+        for i in range(1, len(ids) + 1):
+            text.update(ids[:i], final=i == len(ids))
+        assert text.text == decode(ids)
