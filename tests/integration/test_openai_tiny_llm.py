@@ -14,9 +14,6 @@ import pytest
 from tests.serverctl import served
 
 SHIPPED = Path(__file__).resolve().parents[2] / "model_repository" / "tiny_llm"
-# (the model and its engine come with the generative engine's branch: until it is merged
-# there is nothing here to serve)
-pytestmark = pytest.mark.skipif(not SHIPPED.is_dir(), reason="no model_repository/tiny_llm")
 
 
 @pytest.fixture(scope="module")
