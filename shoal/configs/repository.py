@@ -265,12 +265,6 @@ def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
                 "only, without preserve_ordering or Direct sequence batching (this one has "
                 f"{what})",
             )
-    if config.backend == PYTHON_BACKEND and len(config.sequence_batching.state):
-        raise ConfigError(
-            name,
-            f"failed to load '{name}': implicit state (sequence_batching.state) is not "
-            "supported for Python models yet",
-        )
     if config.sequence_batching.iterative_sequence:
         # Iterative sequences re-queue a decoupled model's request after each of its
         # steps; shoal serves no decoupled model.

@@ -222,9 +222,11 @@ class ModelInstance:
             if self.cancels is not None:
                 self.cancels.end()
         t2 = time.perf_counter_ns()
-        for (pos, it, _), result in zip(live, results, strict=True):
+        for (pos, it, tensors), result in zip(live, results, strict=True):
             asked = it.request.outputs
             if not isinstance(result, ServingError):
+                if self.sequence is not None:  # (its output states: the next inputs)
+                    self.sequence.keep(it, result, tensors)
                 # a requested output the model did not give is left out, as Triton's
                 # Python backend leaves it (the response has the others)
                 asked = [s for s in asked if s.name in result]
@@ -388,6 +390,8 @@ class ModelInstance:
             info = m.ErrorInfo(int(error_code(err.code())), str(err.message()))
             return m.InferResponse(item.request.req_id, [], info, version, final=final)
         given = {t.name(): t.data() for t in response.output_tensors()}
+        if self.sequence is not None:
+            self.sequence.keep_given(item, given)
         asked = [s for s in item.request.outputs if s.name in given]
         checked = self.model_outputs(item, given, asked)
         if isinstance(checked, ServingError):
