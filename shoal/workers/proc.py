@@ -37,6 +37,7 @@ from shoal.workers.cancels import RunningCancels
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.instance import Answers, ModelInstance
 from shoal.workers.loading import WorkerSettings
+from shoal.workers.readiness import ReadinessCheck, ReadinessServer
 from shoal.workers.streams import DecoupledStreams
 
 log = logging.getLogger("shoal.worker")
@@ -78,6 +79,7 @@ class WorkerProc:
         self.io_lock = threading.RLock()
         self.streams: DecoupledStreams | None = None  # a decoupled model's open requests
         self.cancels: RunningCancels | None = None  # another Python model's cancels
+        self.readiness: ReadinessServer | None = None  # its model's own readiness check
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._welcomed = False
         self._last_hello = self._last_sweep = 0.0
@@ -127,8 +129,10 @@ class WorkerProc:
                 self._wake,
             )
         elif instance.per_request:  # a Python model: its requests' is_cancelled()
-            instance.cancels = self.cancels = RunningCancels(self._read_cancels)
+            instance.cancels = self.cancels = RunningCancels(self._read_cancels, self.sock)
+            loaded.backend.wait_async = self.cancels.wait  # type: ignore[attr-defined]
         self.config_bytes = loaded.config_bytes
+        self._serve_readiness(loaded.backend)
         threads = loaded.threads
         log.info(
             "loaded '%s' version %d instance %d (%s) on %s",
@@ -139,7 +143,21 @@ class WorkerProc:
             f"GPU {s.gpu}" if s.gpu is not None else f"cores {s.cores or 'any'}",
         )
         self.threads = threads
-        return m.WorkerReady(self.config_bytes, list(s.cores), threads)
+        return self._ready()
+
+    def _ready(self) -> m.WorkerReady:
+        s, checks = self.s, self.readiness is not None
+        return m.WorkerReady(self.config_bytes, list(s.cores), self.threads, checks)
+
+    def _serve_readiness(self, backend: Any) -> None:
+        """A model with a readiness check of its own (a Python model's ``is_ready``)
+        answers probes on its socket (shoal/workers/readiness.py)."""
+        readiness = getattr(backend, "readiness", None)
+        call = readiness() if readiness is not None else None
+        if call is not None and self.readiness is None:
+            path = sockets.readiness_path(self.s.runtime_dir, os.getpid())
+            name = self.s.instance_name or self.s.model
+            self.readiness = ReadinessServer(path, ReadinessCheck(call), name)
 
     def _start_scripting(self) -> None:
         """A Python model may call other models (shoal/workers/bls.py) and keep metrics of
@@ -257,8 +275,7 @@ class WorkerProc:
             self._welcomed = self._welcomed or self.broker_pidfd is not None
         if not self._welcomed and time.monotonic() - self._last_hello > _HELLO_RETRY_S:
             self._hello()
-            ready = m.WorkerReady(self.config_bytes, self.s.cores, self.threads)
-            self.sock.send_multipart(m.encode(ready))
+            self.sock.send_multipart(m.encode(self._ready()))
             self._last_hello = time.monotonic()
         return ""
 
@@ -497,6 +514,10 @@ class WorkerProc:
             self.scripting.close()
             pb_metrics.stop_publishing()
             custom_metrics.snapshot_path(self.s.runtime_dir, os.getpid()).unlink(missing_ok=True)
+        if self.cancels is not None:
+            self.cancels.close()
+        if self.readiness is not None:
+            self.readiness.close()
         with self.io_lock:
             self._end_open_streams()
             self.cuda.close()

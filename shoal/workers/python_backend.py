@@ -28,6 +28,8 @@ As Triton's Python backend:
 
 * ``EXECUTION_ENV_PATH`` (a conda-pack or venv tarball, or a folder): the worker runs in
   that environment's interpreter, exec'd before it connects (shoal/workers/python_env.py).
+* ``TritonPythonModel.is_ready()`` (if defined; sync or async) answers each readiness
+  probe of the model, beside ``execute`` (shoal/workers/readiness.py).
 * ``pb_utils.MetricFamily`` / ``Metric`` (shoal/workers/pb_metrics.py), and
   ``load_model`` / ``unload_model`` / ``is_model_ready`` (shoal/workers/pb_control.py).
 * Each request's inputs are the model's own copies, in host memory; a KIND_GPU instance
@@ -48,6 +50,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +122,11 @@ class _EventLoop:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="async-execute", daemon=True).start()
 
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def run(self, coro: Any, wait: Callable[[Future[Any]], Any] | None = None) -> Any:
+        """The coroutine's result, got by ``wait`` (the worker's, which reads its cancels
+        meanwhile; ``Future.result`` by default)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result() if wait is None else wait(future)
 
     def background(self, coro: Any, done: Any) -> None:
         asyncio.run_coroutine_threadsafe(coro, self.loop).add_done_callback(done)
@@ -140,6 +146,10 @@ class PythonBackend:
         # as ``model_config``; the worker sets it before ``load``
         self.model_config: dict[str, Any] | None = None
         self._loop: _EventLoop | None = None  # made for the first async execute
+        self._loop_lock = threading.Lock()
+        #: How the worker's thread waits for an async execute (shoal/workers/cancels.py's
+        #: ``RunningCancels.wait``: it reads the cancels meanwhile): set by the worker.
+        self.wait_async: Callable[[Future[Any]], Any] | None = None
         self._cls: Any = None  # TritonPythonModel, once imported
 
     def _model_class(self, model_file: Path) -> Any:
@@ -335,9 +345,23 @@ class PythonBackend:
         return done
 
     def _event_loop(self) -> _EventLoop:
-        if self._loop is None:
-            self._loop = _EventLoop()
-        return self._loop
+        with self._loop_lock:  # (the readiness check's thread may ask first)
+            if self._loop is None:
+                self._loop = _EventLoop()
+            return self._loop
+
+    def readiness(self) -> Callable[[], Any] | None:
+        """The model's ``is_ready`` (an async one run on the instance's event loop), or
+        None if it has none (shoal/workers/readiness.py calls it)."""
+        check = getattr(self.model, "is_ready", None)
+        if check is None:
+            return None
+
+        def call() -> Any:
+            value = check()
+            return self._event_loop().run(value) if inspect.iscoroutine(value) else value
+
+        return call
 
     def execute_requests(self, requests: list[Any]) -> list[dict[str, np.ndarray] | ServingError]:
         """``TritonPythonModel.execute``: each request's outputs by name (``Answered``,
@@ -345,7 +369,7 @@ class PythonBackend:
         try:
             responses = self.model.execute(requests)
             if inspect.iscoroutine(responses):  # an async execute, as Triton runs it
-                responses = self._event_loop().run(responses)
+                responses = self._event_loop().run(responses, self.wait_async)
         except Exception as exc:
             return self._all_fail(f"{type(exc).__name__}: {exc}", len(requests))
         if not isinstance(responses, list):
