@@ -246,7 +246,8 @@ class WorkerProc:
         self._welcomed = self.broker_pidfd is not None
         self._last_hello = self._last_sweep = time.monotonic()
         while not self.stop:
-            events = dict(poller.poll(500))
+            # (requests a model rescheduled run again once nothing waits to be read)
+            events = dict(poller.poll(0 if self._rescheduled() else 500))
             with self.io_lock:
                 try:
                     if self._turn(poller, events) == "shutdown":
@@ -273,6 +274,8 @@ class WorkerProc:
             if self._drain(poller) == "shutdown":
                 return "shutdown"
             self._welcomed = self._welcomed or self.broker_pidfd is not None
+        if self._rescheduled() and not events:
+            self._run_rescheduled()
         if not self._welcomed and time.monotonic() - self._last_hello > _HELLO_RETRY_S:
             self._hello()
             self.sock.send_multipart(m.encode(self._ready()))
@@ -280,10 +283,29 @@ class WorkerProc:
         return ""
 
     def _report_ended(self) -> None:
-        """Tell the broker which open streams got their final response."""
-        if self.streams is not None and self.streams.ended:
-            keys = self.streams.take_ended()
+        """Tell the broker which open streams got their final response, and which
+        rescheduled requests ended (shoal/workers/rescheduling.py)."""
+        keys = self.streams.take_ended() if self.streams is not None else []
+        if self.instance is not None and self.instance.rescheduled.ended:
+            keys += self.instance.rescheduled.take_ended()
+        if keys:
             sockets.send_frames(self.sock, m.encode(m.StreamsEnded(keys)))
+
+    def _rescheduled(self) -> bool:
+        return self.instance is not None and bool(self.instance.rescheduled)
+
+    def _run_rescheduled(self) -> None:
+        """Run the requests the model rescheduled (``io_lock`` held): a decoupled model's
+        answer through their senders; the others' answers go to their frontends here."""
+        assert self.instance is not None
+        if self.streams is not None:
+            self.streams.rerun()
+            return
+        direct: dict[bytes, list[bytes]] = {}
+        for item, resp in self.instance.rerun():
+            direct.setdefault(item.frontend, []).append(m.encode_payload(resp))
+        for frontend, payloads in direct.items():
+            self._answer_frontend(frontend, payloads)
 
     def _drain(self, poller: zmq.Poller) -> str:
         while True:
@@ -476,6 +498,8 @@ class WorkerProc:
             self.streams.cancel(msg.frontend, msg.req_id)
         elif self.cancels is not None:
             self.cancels.cancel(msg.frontend, msg.req_id)
+            if self.instance is not None:  # (one it holds, rescheduled, ends)
+                self.instance.rescheduled.drop(msg.frontend, msg.req_id)
 
     def _answer_ordered(self, item: m.WorkItem, resp: m.InferResponse) -> None:
         """Through the broker, for a model that preserves ordering (it releases answers

@@ -61,7 +61,7 @@ from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
-from shoal.workers import pb_utils
+from shoal.workers import pb_utils, rescheduling
 from shoal.workers.tensors import on_host
 
 log = logging.getLogger("shoal.worker")
@@ -104,11 +104,19 @@ class Answered(dict[str, np.ndarray]):
         self.parameters = parameters
 
 
-def _flags(req: m.InferRequest) -> int:
+def rescheduled(request: Any) -> bool:
+    """The model released ``request`` with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
+    flags = getattr(request, "release_flags", None)
+    return flags is not None and bool(flags() & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+
+
+def _flags(req: m.InferRequest, iterative: bool = False) -> int:
+    """The request's flags; an iterative sequence's first run has START alone (the
+    broker makes each of its requests a sequence of its own), as Triton's."""
     flags = 0
     if req.sequence_start:
         flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-    if req.sequence_end:
+    if req.sequence_end and not iterative:
         flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
     return flags
 
@@ -140,6 +148,7 @@ class PythonBackend:
         self.name = ""
         self.instance_name = ""
         self.decoupled = False  # its config's model_transaction_policy
+        self.iterative = False  # its config's iterative_sequence: it may reschedule
         self.gpu_inputs = False  # inputs in CUDA shared memory stay on the GPU
         self.bf16_inputs: set[str] = set()  # (their tensors refuse as_numpy, as Triton's)
         # the completed config as Triton's JSON form (its /config), given to ``initialize``
@@ -207,6 +216,8 @@ class PythonBackend:
         JSON form)."""
         self.name = config.name
         self.decoupled = config.decoupled
+        sb = config.sequence_batching
+        self.iterative = sb is not None and sb.iterative_sequence
         force_cpu = config.parameters.get(_FORCE_CPU, "")
         self.bf16_inputs = {i.name for i in config.inputs if i.datatype == "BF16"}
         self.gpu_inputs = gpu and force_cpu.strip().lower() in ("no", "false", "0", "off")
@@ -251,6 +262,8 @@ class PythonBackend:
         (result,) = self.execute_requests([req])
         if isinstance(result, ServingError):
             raise result
+        if not isinstance(result, dict):  # (nothing would run it again)
+            raise ServingError(Code.INTERNAL, "a warmup request cannot be rescheduled")
         return [result[name] for name in outputs]
 
     def requests(
@@ -270,7 +283,7 @@ class PythonBackend:
                 [o.name for o in req.outputs],
                 request_id=req.request_id,
                 correlation_id=req.sequence_id,
-                flags=_flags(req),
+                flags=_flags(req, self.iterative),
                 parameters=dict(req.parameters),
                 model_name=req.model,
                 sender=senders[i] if senders is not None else None,
@@ -363,9 +376,12 @@ class PythonBackend:
 
         return call
 
-    def execute_requests(self, requests: list[Any]) -> list[dict[str, np.ndarray] | ServingError]:
+    def execute_requests(
+        self, requests: list[Any]
+    ) -> list[dict[str, np.ndarray] | ServingError | rescheduling.Rescheduled]:
         """``TritonPythonModel.execute``: each request's outputs by name (``Answered``,
-        with them, where its response has parameters), or its error."""
+        with them, where its response has parameters), or its error, or RESCHEDULED
+        (shoal/workers/rescheduling.py)."""
         try:
             responses = self.model.execute(requests)
             if inspect.iscoroutine(responses):  # an async execute, as Triton runs it
@@ -384,15 +400,25 @@ class PythonBackend:
                 f"InferenceResponse(s) size is:{len(responses)}",
                 len(requests),
             )
-        for resp in responses:
-            if not isinstance(resp, pb_utils.InferenceResponse):
+        again = [rescheduled(r) for r in requests]
+        for resp, later in zip(responses, again, strict=True):
+            if later and resp is not None:
+                return self._all_fail(rescheduling.not_none(resp), len(requests))
+            if not later and not isinstance(resp, pb_utils.InferenceResponse):
                 return self._all_fail(
                     "Expected an 'InferenceResponse' object in the execute function return "
                     f"list, found type '{type(resp).__name__}'.",
                     len(requests),
                 )
-        out: list[dict[str, np.ndarray] | ServingError] = []
-        for resp in responses:
+        out: list[dict[str, np.ndarray] | ServingError | rescheduling.Rescheduled] = []
+        for resp, later in zip(responses, again, strict=True):
+            if later:
+                out.append(
+                    rescheduling.RESCHEDULED
+                    if self.iterative
+                    else ServingError(Code.INTERNAL, rescheduling.NOT_CONFIGURED)
+                )
+                continue
             err = resp.error()
             if err is not None:
                 out.append(ServingError(error_code(err.code()), err.message()))
@@ -402,7 +428,7 @@ class PythonBackend:
             out.append(Answered(tensors, params) if params else tensors)
         return out
 
-    def _all_fail(self, message: str, count: int) -> list[dict[str, np.ndarray] | ServingError]:
+    def _all_fail(self, message: str, count: int) -> list[Any]:
         error = ServingError(
             Code.INTERNAL,
             f"Failed to process the request(s) for model instance '{self.instance_name}', "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from tests.serverctl import ShoalServer, served
 
@@ -94,6 +96,80 @@ STATE = """
 """
 
 
+# Request rescheduling (iterative sequences): each request runs IN times, rescheduled
+# after each run but the last; OUT: [its runs, its flags on the first run, on the last].
+# IN -1: a response for a request it rescheduled (Triton refuses it).
+ITERATIVE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+AGAIN = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            want = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            runs, first = self.runs.get(id(request), (0, request.flags()))
+            runs += 1
+            out = np.array([runs, first, request.flags()], np.int32)
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)])
+            if runs < abs(want):
+                self.runs[id(request)] = (runs, first)
+                request.set_release_flags(AGAIN)
+                responses.append(response if want < 0 else None)
+            else:
+                self.runs.pop(id(request), None)
+                responses.append(response)
+        return responses
+"""
+# Triton's decoupled example: IN responses, counting down, rescheduled after each but
+# the last, which is final.
+ITERATIVE_DECOUPLED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.left = {}
+
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            left = self.left.get(id(request), n) - 1
+            out = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([left], np.int32))])
+            sender = request.get_response_sender()
+            if left <= 0:
+                self.left.pop(id(request), None)
+                sender.send(out, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                self.left[id(request)] = left
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                sender.send(out)
+        return None
+"""
+ITERATIVE_CONFIG = """
+name: "{name}"
+backend: "python"
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{extra}
+"""
+ITERATIVE_SEQUENCE = "sequence_batching { iterative_sequence: true }"
+
+
+def _write_iterative(repo: Path, name: str, source: str, extra: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
+    (repo / name / "config.pbtxt").write_text(ITERATIVE_CONFIG.format(name=name, extra=extra))
+
+
 def _write(repo: Path, name: str, strategy: str, source: str = COUNTER) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
@@ -110,8 +186,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     _write(repo, "direct", "")
     _write(repo, "accumulator", STATE.format(), ACCUMULATOR)
     _write(repo, "streamed_accumulator", "oldest { } " + STATE.format(), ACCUMULATOR)
+    _write_iterative(repo, "iterative", ITERATIVE, ITERATIVE_SEQUENCE)
+    _write_iterative(repo, "rescheduler", ITERATIVE, "")  # (no iterative sequences)
+    decoupled = "model_transaction_policy { decoupled: true }\n" + ITERATIVE_SEQUENCE
+    _write_iterative(repo, "iterative_decoupled", ITERATIVE_DECOUPLED, decoupled)
     with served(repo, "--exit-on-error=false", "--strict-readiness=false") as srv:
         srv.wait_settled(("counter", "direct", "accumulator", "streamed_accumulator"))
+        srv.wait_settled(("iterative", "rescheduler", "iterative_decoupled"))
         yield srv
 
 
@@ -188,6 +269,79 @@ def test_a_decoupled_python_models_responses_carry_its_state(server: ShoalServer
     client.start_stream(callback=lambda result, error: answers.put(error or result))
     try:
         assert _sums(client, "streamed_accumulator", SENT, answers) == SUMS
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def _in(value: int, mod: Any = grpcclient) -> Any:
+    x = mod.InferInput("IN", [1], "INT32")
+    x.set_data_from_numpy(np.array([value], np.int32))
+    return x
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_rescheduled_request_runs_again_until_the_model_releases_it(
+    server: ShoalServer, protocol: str
+) -> None:
+    """``set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`` and None in the
+    responses: the request runs again, with no flags (START on its first run, as the
+    iterative sequence batcher gives it), until its answer comes; requests rescheduled
+    together run again together, each answered once."""
+    url, mod = server.client(protocol)
+    answers: dict[int, Any] = {}
+
+    def call(n: int) -> None:  # (a client each: tritonclient.http's are not thread-safe)
+        client = mod.InferenceServerClient(url)
+        answers[n] = client.infer("iterative", [_in(n, mod)]).as_numpy("OUT").tolist()
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in (1, 3, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    start = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    assert answers == {1: [1, start, start], 3: [3, start, 0], 5: [5, start, 0]}
+
+
+def test_rescheduling_is_refused_in_tritons_words_where_it_is_not_allowed(
+    server: ShoalServer,
+) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("rescheduler", [_in(2)])  # no iterative_sequence in its config
+    assert (
+        "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model "
+        "is not configured to handle such a flag."
+    ) in refused.value.message()
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("iterative", [_in(-2)])  # a response for the rescheduled request
+    assert (
+        "Expected a None object in the execute function return list for reschduled request, "
+        "found type '<class 'shoal.workers.pb_utils.InferenceResponse'>'."
+    ) in refused.value.message()
+    assert client.infer("iterative", [_in(2)]).as_numpy("OUT").tolist() == [2, 1, 0]
+
+
+def test_a_decoupled_model_streams_from_each_run_of_a_rescheduled_request(
+    server: ShoalServer,
+) -> None:
+    """Triton's iterative_sequence example: one response per run, the last final."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    try:
+        client.async_stream_infer("iterative_decoupled", [_in(3)], enable_empty_final_response=True)
+        got = []
+        while True:
+            result = answers.get(timeout=20)
+            assert not isinstance(result, Exception), result
+            response = result.get_response()
+            if result.as_numpy("OUT") is not None:
+                got.append(int(result.as_numpy("OUT")[0]))
+            if response.parameters["triton_final_response"].bool_param:
+                break
+        assert got == [2, 1, 0]
     finally:
         client.stop_stream()
         client.close()

@@ -61,7 +61,9 @@ def test_the_index_lists_every_version_and_why_one_is_not_ready(server: ShoalSer
     assert "max_batch_size" in broken["reason"]
     # a valid config shoal cannot serve yet fails its load saying so
     (seq,) = [e for e in index if e["name"] == "seq"]
-    assert seq["reason"] == "failed to load 'seq': iterative sequence batching is not supported yet"
+    assert seq["reason"] == (
+        "failed to load 'seq': iterative sequence batching is supported for Python models only"
+    )
     assert [e for e in index if e["name"] not in ("broken", "seq")] == [
         {"name": "ens", "version": "1", "state": "READY"},  # an ensemble: no instances
         {"name": "mlp", "version": "1", "state": "READY"},
