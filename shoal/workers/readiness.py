@@ -69,6 +69,13 @@ class ReadinessCheck:
         future.set_result(answer)
 
 
+class _Listener(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    # many probes at once (a load balancer's, Triton's tests' 16 threads): socketserver's
+    # backlog of 5 would refuse the others' connections, which a prober reads as "not ready"
+    request_queue_size = 256
+
+
 class ReadinessServer:
     """``check``'s socket at ``path``, served by threads of its own until ``close``."""
 
@@ -86,8 +93,7 @@ class ReadinessServer:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # (a pid's leftover: pids are reused)
         self.path = path
-        self._server = socketserver.ThreadingUnixStreamServer(path, Handler)
-        self._server.daemon_threads = True
+        self._server = _Listener(path, Handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="readiness", daemon=True
         )

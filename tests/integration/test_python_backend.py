@@ -648,3 +648,20 @@ def test_is_ready_answers_while_execute_runs(server: ShoalServer) -> None:
     finally:
         busy.join(30)
     assert answered == [3.0]
+
+
+def test_many_probes_at_once_are_each_answered(server: ShoalServer) -> None:
+    """Probes that come together (Triton's test sends 16) share the running check, and
+    none is turned away (a refused connection would read as "not ready")."""
+    statuses: list[int] = []
+    probes = [
+        threading.Thread(
+            target=lambda: statuses.append(server.http_status("/v2/models/gated/ready"))
+        )
+        for _ in range(32)
+    ]
+    for probe in probes:
+        probe.start()
+    for probe in probes:
+        probe.join(30)
+    assert statuses == [200] * 32
