@@ -7,13 +7,23 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
-# Unit and integration tests in two processes (pytest-xdist; a file's tests stay together,
-# sharing its servers; the slowest files first, in tests/conftest.py's order); the fault
-# tests, which kill processes and time recoveries, and the tests that compare measurements
-# (tests/measured), alone.
+# Types are checked beside the first test phase (mypy is one process; the tests leave some
+# of the two cores idle): its verdict is printed, and counted, after that phase.
+types_log=$(mktemp)
+.venv/bin/mypy >"$types_log" 2>&1 &
+types=$!
+# Unit, integration and fault tests in three processes (pytest-xdist; a file's tests stay
+# together, sharing its servers; the slowest files first, in tests/conftest.py's order):
+# most fault tests wait on timeouts more than they compute, so a third process fills the
+# two cores. Then, alone, the tests marked serial: those that need a /dev/shm no other
+# server sweeps, and those that compare measurements (tests/measured).
 status=0
-.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
-  tests/unit tests/integration "$@" || status=$?
-.venv/bin/python -m pytest -q tests/fault tests/measured "$@" || status=$?
+.venv/bin/python -m pytest -q -n "${SHOAL_TEST_PROCESSES:-3}" --dist loadfile \
+  --no-loadscope-reorder -m "not gpu and not container and not serial" \
+  tests/unit tests/integration tests/fault "$@" || status=$?
+wait "$types" || status=$?
+cat "$types_log"
+rm -f "$types_log"
+.venv/bin/python -m pytest -q -m "serial and not gpu and not container" \
+  tests/fault tests/measured "$@" || status=$?
 exit "$status"

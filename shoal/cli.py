@@ -78,6 +78,22 @@ def serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  #
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     """``shoal serve``'s flags (tritonserver's names), also taken by supervisord-conf."""
+    _add_endpoint_flags(p)
+    add_metrics_flags(p)
+    add_restriction_flags(p)
+    add_grpc_flags(p)
+    add_connection_flags(p)
+    add_no_effect_flags(p)
+    add_trace_flags(p)
+    p.add_argument("--model-namespacing", type=bool_flag, default=False)
+    p.add_argument("--id", default="triton", help="server name in /v2 metadata")
+    add_log_flags(p)
+    _add_model_control_flags(p)
+    _add_process_flags(p)
+
+
+def _add_endpoint_flags(p: argparse.ArgumentParser) -> None:
+    """The repositories served, and where and how clients reach the server."""
     # Repeatable (one server over several repositories); a folder or object storage
     # (s3://, gs://, az://): shoal/configs/repository_view.py
     p.add_argument("--model-repository", "--model-store", required=True, action="append")
@@ -95,15 +111,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=False,
         help="allow clients to register system/CUDA shared memory (as Triton)",
     )
-    add_metrics_flags(p)
-    add_restriction_flags(p)
-    add_grpc_flags(p)
-    add_connection_flags(p)
-    add_no_effect_flags(p)
-    add_trace_flags(p)
-    p.add_argument("--model-namespacing", type=bool_flag, default=False)
-    p.add_argument("--id", default="triton", help="server name in /v2 metadata")
-    add_log_flags(p)
+
+
+def _add_model_control_flags(p: argparse.ArgumentParser) -> None:
+    """What loads when, from which config, and what a failure to load does."""
     p.add_argument("--exit-on-error", type=bool_flag, default=True)
     p.add_argument("--strict-readiness", type=bool_flag, default=True)
     p.add_argument("--disable-auto-complete-config", action="store_true")
@@ -140,6 +151,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         help="how many times an instance whose model fails to load tries again (Triton's)",
     )
+
+
+def _add_process_flags(p: argparse.ArgumentParser) -> None:
+    """The processes' timeouts, sizes and counts, and the cores and memory they get."""
     p.add_argument("--exit-timeout-secs", default=30.0, type=float)
     p.add_argument(
         "--broker-silence-timeout-secs",
@@ -373,42 +388,10 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     Flags that have no effect are named in warnings."""
     from shoal.launcher import ServeSettings
 
-    locations: list[str] = []
-    init_error = ""
-    for location in args.model_repository:
-        if is_remote(location):
-            locations.append(location)
-        elif not Path(location).is_dir():
-            message = f"model repository '{location}' is not a directory"
-            if args.exit_on_error:
-                raise ValueError(message)
-            # Triton's failed-to-initialize server: it runs, neither live nor ready
-            log.error("failed to initialize: %s (--exit-on-error=false: no models)", message)
-            init_error = init_error or message
-            locations.append(location)
-        else:
-            locations.append(str(Path(location).resolve()))
-    locations = list(dict.fromkeys(locations))  # one repository named twice is one (Triton's set)
+    locations, init_error = _repository_locations(args)
     view = needs_view(locations) and not init_error
     repo = cache_dir() if view else Path(locations[0])
-    refusal = check_flags(args.model_control_mode, args.load_model) or check_values(args)
-    if refusal is None and args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
-        refusal = "--repository-poll-secs must be more than 0 in poll mode"
-    if refusal is not None:
-        raise ValueError(refusal)
-    trace_settings(args)  # the broker reads them again; refused here at once
-    frontend_flags(args)  # each frontend reads them again; refused here at once
-    response_cache_bytes = cache_bytes(args.cache_config, args.response_cache_byte_size)
-    if args.response_cache_byte_size is not None:
-        log.warning(
-            "--response-cache-byte-size is deprecated (as in Triton): it means "
-            "--cache-config=local,size=%s",
-            args.response_cache_byte_size,
-        )
-    for line in no_effect(args):
-        log.warning("%s", line)
-    if args.rate_limit_resource and args.rate_limit == "off":
-        log.warning("--rate-limit-resource has no effect: --rate-limit is off")
+    response_cache_bytes = _checked(args)
     autocomplete = not args.disable_auto_complete_config and not args.strict_model_config
     backend_cfg = _backend_config(args.backend_config)
     return ServeSettings(
@@ -461,6 +444,53 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         reuse_http_port=args.reuse_http_port,
         runtime_dir=args.runtime_dir,
     )
+
+
+def _repository_locations(args: argparse.Namespace) -> tuple[list[str], str]:
+    """The repositories to serve, each once (local ones resolved), and the reason the
+    server fails to initialize, if one is not a directory and --exit-on-error is off
+    (ValueError when it is on)."""
+    locations: list[str] = []
+    init_error = ""
+    for location in args.model_repository:
+        if is_remote(location):
+            locations.append(location)
+        elif not Path(location).is_dir():
+            message = f"model repository '{location}' is not a directory"
+            if args.exit_on_error:
+                raise ValueError(message)
+            # Triton's failed-to-initialize server: it runs, neither live nor ready
+            log.error("failed to initialize: %s (--exit-on-error=false: no models)", message)
+            init_error = init_error or message
+            locations.append(location)
+        else:
+            locations.append(str(Path(location).resolve()))
+    locations = list(dict.fromkeys(locations))  # one repository named twice is one (Triton's set)
+    return locations, init_error
+
+
+def _checked(args: argparse.Namespace) -> int:
+    """Refuses (ValueError) flags Triton refuses, warns of those that have no effect or
+    are deprecated; returns the response cache's size in bytes."""
+    refusal = check_flags(args.model_control_mode, args.load_model) or check_values(args)
+    if refusal is None and args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
+        refusal = "--repository-poll-secs must be more than 0 in poll mode"
+    if refusal is not None:
+        raise ValueError(refusal)
+    trace_settings(args)  # the broker reads them again; refused here at once
+    frontend_flags(args)  # each frontend reads them again; refused here at once
+    response_cache_bytes = cache_bytes(args.cache_config, args.response_cache_byte_size)
+    if args.response_cache_byte_size is not None:
+        log.warning(
+            "--response-cache-byte-size is deprecated (as in Triton): it means "
+            "--cache-config=local,size=%s",
+            args.response_cache_byte_size,
+        )
+    for line in no_effect(args):
+        log.warning("%s", line)
+    if args.rate_limit_resource and args.rate_limit == "off":
+        log.warning("--rate-limit-resource has no effect: --rate-limit is off")
+    return response_cache_bytes
 
 
 if __name__ == "__main__":

@@ -351,25 +351,35 @@ class ModelControl:
     def _begin(self, op: Operation, now: float, out: Effects) -> bool:
         """Start ``op``, unless another started operation touches one of its models."""
         if op.action == "unload":
-            names = [op.model]
-            if op.unload_dependents:  # Triton's: the composing models no one else uses
-                names += self._composing_only(op.model)
-            if not self._claim(op, set(names)):
-                return False
-            op.started, op.parts = True, names
-            for name in names:
-                gone = self.table.remove(name)
-                self.loaded.pop(name, None)
-                self.stamps.of.pop(name, None)
-                self.named.discard(name)
-                earlier = dict.fromkeys(self.gone_versions.pop(name, set()), "unloaded")
-                if gone:
-                    self.unloaded[name] = {**earlier, **{v.version: "unloaded" for v in gone}}
-                    out.changed.add(name)
-                    log.info("unloading %s (%d version(s))", name, len(gone))
-                elif self.unloaded.get(name):  # a failed load's versions: unloaded now
-                    self.unloaded[name] = dict.fromkeys(self.unloaded[name], "unloaded")
-            return True
+            return self._begin_unload(op, out)
+        return self._begin_load(op, now, out)
+
+    def _begin_unload(self, op: Operation, out: Effects) -> bool:
+        """An unload takes its model (and, when asked, the composing models no one else
+        uses) out of the table at once; their workers drain and stop."""
+        names = [op.model]
+        if op.unload_dependents:  # Triton's: the composing models no one else uses
+            names += self._composing_only(op.model)
+        if not self._claim(op, set(names)):
+            return False
+        op.started, op.parts = True, names
+        for name in names:
+            gone = self.table.remove(name)
+            self.loaded.pop(name, None)
+            self.stamps.of.pop(name, None)
+            self.named.discard(name)
+            earlier = dict.fromkeys(self.gone_versions.pop(name, set()), "unloaded")
+            if gone:
+                self.unloaded[name] = {**earlier, **{v.version: "unloaded" for v in gone}}
+                out.changed.add(name)
+                log.info("unloading %s (%d version(s))", name, len(gone))
+            elif self.unloaded.get(name):  # a failed load's versions: unloaded now
+                self.unloaded[name] = dict.fromkeys(self.unloaded[name], "unloaded")
+        return True
+
+    def _begin_load(self, op: Operation, now: float, out: Effects) -> bool:
+        """A load reads its config (and files) and stages the workers of its versions,
+        unless it has nothing to do or is refused first."""
         if op.blocked_by and any(self._claimed.get(n, op) is not op for n in op.blocked_by):
             return False  # (tried again once those are released, not on every turn)
         if self.view_sync is not None and self.explicit and not op.files and not op.fetched:

@@ -186,33 +186,47 @@ def check_composition(
         # in the model's config order (a protobuf map has no order of its own)
         in_map = in_order(step.input_map, list(inputs))
         out_map = in_order(step.output_map, list(outputs))
-        for key, tensor in in_map:
-            if key not in inputs:
-                raise ConfigError(
-                    name,
-                    f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing "
-                    f"input {key} in model {model}",
-                )
-        for key, spec in inputs.items():
-            if key not in step.input_map and not spec.optional:
-                raise ConfigError(
-                    name,
-                    f"in ensemble {name}, input {key} in model {model} is not mapped to any "
-                    "ensemble tensors",
-                )
-        for key, tensor in out_map:  # (one tensor twice: check_graph refused it)
-            if key not in outputs:
-                raise ConfigError(
-                    name,
-                    f"in ensemble {name}, ensemble tensor {tensor} is mapped from "
-                    f"non-existing output {key} in model {model}",
-                )
+        _check_step_maps(name, step, inputs, outputs, in_map, out_map)
         for key, tensor in in_map:
             t = inputs[key]
             meet(tensor, t.data_type, list(t.dims), cfg)
         for key, tensor in out_map:
             t = outputs[key]
             meet(tensor, t.data_type, list(t.dims), cfg)
+
+
+def _check_step_maps(
+    name: str,
+    step: pb.ModelEnsembling.Step,
+    inputs: Mapping[str, pb.ModelInput],
+    outputs: Mapping[str, pb.ModelOutput],
+    in_map: list[tuple[str, str]],
+    out_map: list[tuple[str, str]],
+) -> None:
+    """Raise ConfigError when a step maps a tensor to an input or from an output its
+    model does not have, or leaves a required input of its model unmapped."""
+    model = step.model_name
+    for key, tensor in in_map:
+        if key not in inputs:
+            raise ConfigError(
+                name,
+                f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing "
+                f"input {key} in model {model}",
+            )
+    for key, spec in inputs.items():
+        if key not in step.input_map and not spec.optional:
+            raise ConfigError(
+                name,
+                f"in ensemble {name}, input {key} in model {model} is not mapped to any "
+                "ensemble tensors",
+            )
+    for key, tensor in out_map:  # (one tensor twice: check_graph refused it)
+        if key not in outputs:
+            raise ConfigError(
+                name,
+                f"in ensemble {name}, ensemble tensor {tensor} is mapped from "
+                f"non-existing output {key} in model {model}",
+            )
 
 
 #: Where an ensemble tensor comes from: the request (-1), or the responses of the

@@ -45,7 +45,6 @@ __all__ = [
     "model_metadata",
     "parse_config_json",
     "parse_config_text",
-    "rendered",
     "validate",
     "validate_instance_groups",
     "validate_io",
@@ -290,13 +289,6 @@ def _int64_to_numbers(doc: dict[str, Any], desc: Descriptor) -> None:
             for child, child_desc in _children(field, value):
                 if isinstance(child, dict):
                     _int64_to_numbers(child, child_desc)
-
-
-def rendered(config: bytes, versions: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A serialized config as Triton's ``/config`` (`config_to_json`) and its metadata
-    (`model_metadata`), for a frontend that got the bytes from the broker."""
-    cfg = pb.ModelConfig.FromString(config)
-    return config_to_json(cfg), model_metadata(cfg, versions)
 
 
 def model_metadata(config: pb.ModelConfig, versions: list[int]) -> dict[str, Any]:

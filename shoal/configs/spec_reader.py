@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from shoal.configs.model_config import v2_datatype
+from shoal.configs.model_config import config_to_json, model_metadata, v2_datatype
 from shoal.configs.model_spec import (
     Accelerator,
     BatchInput,
@@ -55,6 +55,16 @@ _CONTROL_KINDS: dict[int, ControlKind] = {
 def spec_from_bytes(data: bytes) -> ModelSpec:
     """The spec of a serialized, completed ModelConfig."""
     return read_spec(pb.ModelConfig.FromString(data))
+
+
+def served_view(
+    data: bytes, versions: list[int]
+) -> tuple[ModelSpec, dict[str, Any], dict[str, Any]]:
+    """A serialized, completed config (as a frontend gets it from the broker), parsed
+    once: its spec, Triton's ``/config`` JSON (`config_to_json`) and its metadata
+    (`model_metadata`)."""
+    config = pb.ModelConfig.FromString(data)
+    return read_spec(config), config_to_json(config), model_metadata(config, versions)
 
 
 def read_spec(config: pb.ModelConfig) -> ModelSpec:

@@ -7,9 +7,8 @@ scales with the number of frontend processes. Messages follow Triton's wording.
 
 from __future__ import annotations
 
-from shoal.configs.model_config import rendered
 from shoal.configs.model_spec import InputSpec, OutputSpec
-from shoal.configs.spec_reader import spec_from_bytes
+from shoal.configs.spec_reader import served_view
 from shoal.configs.traffic import loaded_policy
 from shoal.dataplane.json_tensors import check_bytes_elements
 from shoal.dataplane.types import ClientRequest, InputTensor
@@ -35,7 +34,7 @@ class ModelHandle:
     ``metadata`` rendered from it as Triton's, ``spec`` what validation reads."""
 
     def __init__(self, name: str, version: int, versions: list[int], config_bytes: bytes) -> None:
-        spec = spec_from_bytes(config_bytes)
+        spec, self.config_json, self.metadata = served_view(config_bytes, versions)
         self.name = name
         self.version = version
         self.versions = versions
@@ -50,7 +49,6 @@ class ModelHandle:
         self.is_python = spec.backend == "python"  # its model reads the request's id, params
         # any number of answers per request, through streams only (ModelStreamInfer)
         self.decoupled = spec.decoupled
-        self.config_json, self.metadata = rendered(config_bytes, versions)
         self.traffic = loaded_policy(spec)
 
     def batch_size(self, req: ClientRequest) -> int:

@@ -290,6 +290,22 @@ def render(
     for v, labels in rows:
         t.sample(pending, labels, v.pending)
     _instance_families(t, rows)
+    _device_families(t, gpus, host)
+    if cache is not None:
+        _cache_families(t, cache)
+    if custom:
+        custom_families(t, custom)
+    if connections is not None:
+        _connection_families(t, *connections)
+        if hops is not None and hops.observed:  # (once a measured request came back)
+            t.family(hop_histogram.FAMILY, hop_histogram.HELP, "histogram")
+            for suffix, labels, value in hops.samples(connections[0]):
+                t.sample(hop_histogram.FAMILY + suffix, labels, value)
+    return t.render()
+
+
+def _device_families(t: Text, gpus: GpuSampler | None, host: HostSampler | None) -> None:
+    """Triton's GPU families (when there are GPUs) and its CPU and memory gauges."""
     if gpus is not None:
         for name, help_, kind, attr in GPU_FAMILIES:
             t.family(name, help_, kind)
@@ -304,44 +320,38 @@ def render(
         ):
             t.family(name, help_, "gauge")
             t.sample(name, [], value)
-    if cache is not None:
-        for name, help_, value in (
-            ("nv_cache_util", "Cache utilization [0.0 - 1.0]", cache.used / cache.capacity),
-            ("nv_cache_num_entries", "Number of responses stored in response cache", len(cache)),
-            ("nv_cache_num_hits", "Number of cache hits in response cache", cache.hits),
-            ("nv_cache_num_misses", "Number of cache misses in response cache", cache.misses),
-            (
-                "nv_cache_num_lookups",
-                "Number of cache lookups in response cache",
-                cache.hits + cache.misses,
-            ),
-            (
-                "nv_cache_num_evictions",
-                "Number of cache evictions in response cache",
-                cache.evictions,
-            ),
-            (
-                "nv_cache_lookup_duration",
-                "Total cache lookup duration (hit and miss), in microseconds",
-                cache.lookup_ns // 1000,
-            ),
-            (
-                "nv_cache_insertion_duration",
-                "Total cache insertion duration, in microseconds",
-                cache.insertion_ns // 1000,
-            ),
-        ):
-            t.family(name, help_, "gauge")
-            t.sample(name, [], value)
-    if custom:
-        custom_families(t, custom)
-    if connections is not None:
-        _connection_families(t, *connections)
-        if hops is not None and hops.observed:  # (once a measured request came back)
-            t.family(hop_histogram.FAMILY, hop_histogram.HELP, "histogram")
-            for suffix, labels, value in hops.samples(connections[0]):
-                t.sample(hop_histogram.FAMILY + suffix, labels, value)
-    return t.render()
+
+
+def _cache_families(t: Text, cache: ResponseCache) -> None:
+    """Triton's response-cache gauges, of this frontend's cache."""
+    for name, help_, value in (
+        ("nv_cache_util", "Cache utilization [0.0 - 1.0]", cache.used / cache.capacity),
+        ("nv_cache_num_entries", "Number of responses stored in response cache", len(cache)),
+        ("nv_cache_num_hits", "Number of cache hits in response cache", cache.hits),
+        ("nv_cache_num_misses", "Number of cache misses in response cache", cache.misses),
+        (
+            "nv_cache_num_lookups",
+            "Number of cache lookups in response cache",
+            cache.hits + cache.misses,
+        ),
+        (
+            "nv_cache_num_evictions",
+            "Number of cache evictions in response cache",
+            cache.evictions,
+        ),
+        (
+            "nv_cache_lookup_duration",
+            "Total cache lookup duration (hit and miss), in microseconds",
+            cache.lookup_ns // 1000,
+        ),
+        (
+            "nv_cache_insertion_duration",
+            "Total cache insertion duration, in microseconds",
+            cache.insertion_ns // 1000,
+        ),
+    ):
+        t.family(name, help_, "gauge")
+        t.sample(name, [], value)
 
 
 _Count = Callable[[ConnectionCounts], int]
