@@ -32,7 +32,7 @@ from shoal.ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, raise_open_file_limit,
 from shoal.ipc.result_link import ResultSender
 from shoal.ipc.shm import RegionMap
 from shoal.workers import backend as backends
-from shoal.workers import faults, loading, pb_metrics, pb_utils, trace_note
+from shoal.workers import faults, loading, pb_metrics, pb_utils, trace_note, welcome
 from shoal.workers.cancels import RunningCancels
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.instance import Answers, ModelInstance
@@ -44,10 +44,6 @@ log = logging.getLogger("shoal.worker")
 
 _HELLO_RETRY_S = 1.0
 _SWEEP_MAPPINGS_S = 5.0
-_FAILED_REPORT_WAIT_S = 10.0
-# How long a starting worker waits for the broker's welcome before it loads its model:
-# the welcome carries the server's log settings, which the load's own lines should obey.
-_WELCOME_BEFORE_LOAD_S = 0.5
 _CLOSE_LINGER_MS = 1000  # how long unsent answers may hold a stopping worker
 
 
@@ -168,53 +164,13 @@ class WorkerProc:
         pid = os.getpid()
         pb_metrics.publish_to(custom_metrics.snapshot_path(self.s.runtime_dir, pid), pid)
 
-    def _await_welcome(self) -> None:
-        """Stay until a broker has read this worker's hello, and so the failure queued
-        behind it (at most _FAILED_REPORT_WAIT_S, or until told to stop).
-
-        The socket drops unsent messages when it closes: a worker that fails before the
-        broker binds (a loaded host, or supervisord starting it first) would otherwise
-        leave its model LOADING for good, with the reason lost.
-        """
-        deadline = time.monotonic() + _FAILED_REPORT_WAIT_S
-        while not self.stop and time.monotonic() < deadline:
-            if not self.sock.poll(100, zmq.POLLIN):
-                continue
-            frames = self.sock.recv_multipart(copy=True)
-            with contextlib.suppress(ValueError, IndexError):
-                if isinstance(m.decode(frames[0], frames[1]), m.Welcome):
-                    return
-
     # -- loop ------------------------------------------------------------------------
-
-    def _welcome_before_load(self) -> int | None:
-        """The broker's pid from its welcome, if one comes within _WELCOME_BEFORE_LOAD_S
-        (its log settings applied); None if the broker is not there yet. Nothing else
-        the broker sends before WorkerReady needs this worker (no region is mapped yet),
-        but a shutdown."""
-        deadline = time.monotonic() + _WELCOME_BEFORE_LOAD_S
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                return None
-            frames = self.sock.recv_multipart(copy=True)
-            try:
-                msg = m.decode(frames[0], frames[1])
-            except (ValueError, IndexError):
-                continue
-            if isinstance(msg, m.Welcome | m.LogSettings):
-                settings = msg.log if isinstance(msg, m.Welcome) else msg
-                if settings is not None:
-                    logs.apply(settings)
-            if isinstance(msg, m.Welcome):
-                return msg.broker_pid
-            if isinstance(msg, m.Shutdown):
-                self.stop = True
-                self.retired = msg.retire
-        return None
 
     def run(self) -> int:
         self._hello()
-        broker_pid = self._welcome_before_load()
+        broker_pid, shutdown = welcome.before_load(self.sock)
+        if shutdown is not None:
+            self.stop, self.retired = True, shutdown.retire
         if self.retired:  # unloaded (or replaced) before it loaded
             return EXIT_RETIRED
         # One descriptor per client region it maps; raised (and logged) once the
@@ -234,7 +190,7 @@ class WorkerProc:
         self.sock.send_multipart(m.encode(outcome))
         if isinstance(outcome, m.WorkerFailed):
             if broker_pid is None:  # welcomed already: the broker reads what follows
-                self._await_welcome()
+                welcome.after_failure(self.sock, lambda: self.stop)
             time.sleep(0.2)  # the failure is read before the broker sees this pid exit
             return EXIT_FATAL  # a restart would fail the same way
         settle_gc()
