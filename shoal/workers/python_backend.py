@@ -30,6 +30,10 @@ As Triton's Python backend:
   that environment's interpreter, exec'd before it connects (shoal/workers/python_env.py).
 * ``TritonPythonModel.is_ready()`` (if defined; sync or async) answers each readiness
   probe of the model, beside ``execute`` (shoal/workers/readiness.py).
+* ``request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`` (iterative
+  sequences): the request runs again later (shoal/workers/rescheduling.py).
+* A sequence model's implicit state: the state input is one of the request's inputs, the
+  output state a tensor of its response (shoal/workers/sequence_io.py keeps it).
 * ``pb_utils.MetricFamily`` / ``Metric`` (shoal/workers/pb_metrics.py), and
   ``load_model`` / ``unload_model`` / ``is_model_ready`` (shoal/workers/pb_control.py).
 * Each request's inputs are the model's own copies, in host memory; a KIND_GPU instance
