@@ -108,9 +108,9 @@ _close_on_the_main_thread_only()
 # integration modules, then the unit tests, short ones that fill the gaps at the end.
 _SLOWEST_FIRST = (
     "test_torch_pt2.py",
-    "test_tf_backend.py",
     "test_process_faults.py",  # the fault tests mostly wait: they fill the others' gaps
     "test_triton_flags.py",
+    "test_tf_backend.py",  # (not at once with the compile above: both need the cores)
     "test_server_lifecycle.py",
     "test_torch_backend.py",
     "test_model_control.py",

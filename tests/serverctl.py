@@ -253,7 +253,7 @@ class ShoalServer:
         with urllib.request.urlopen(f"http://{self.url}/v2/shoal/models/{model}", timeout=5) as r:
             return dict(json.loads(r.read())["versions"][0])
 
-    def wait_settled(self, models: tuple[str, ...], timeout: float = 60.0) -> None:
+    def wait_settled(self, models: tuple[str, ...], timeout: float = 180.0) -> None:
         """Until every model is READY or UNAVAILABLE (a server that is not strict about
         readiness answers before its models have loaded)."""
         deadline = time.monotonic() + timeout

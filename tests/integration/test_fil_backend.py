@@ -26,6 +26,10 @@ from tests.serverctl import ShoalServer, settled_server
 from tools import treegen
 from tools.treegen import fil_config, write_fil_model
 
+# A server of many models of a heavy framework (a worker per model, each importing it)
+# starts slowly on a busy 2-core host: more than the usual 120 s for the module's first test.
+pytestmark = pytest.mark.timeout(300)
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "fil"
 F = 6  # features of the trained models
 SHAP = 'output [ {{ name: "treeshap_output" data_type: TYPE_FP32 dims: [ {dims} ] }} ]'

@@ -23,6 +23,10 @@ from tritonclient.utils import InferenceServerException
 from tests.serverctl import ShoalServer, settled_server
 from tools import ovgen
 
+# A server of many models of a heavy framework (a worker per model, each importing it)
+# starts slowly on a busy 2-core host: more than the usual 120 s for the module's first test.
+pytestmark = pytest.mark.timeout(300)
+
 TOL = {"rtol": 3e-2, "atol": 3e-2}
 BATCHED = (
     'backend: "openvino"\nmax_batch_size: 4\n'

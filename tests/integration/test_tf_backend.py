@@ -18,6 +18,10 @@ import tritonclient.http as httpclient
 from tests.serverctl import ShoalServer, settled_server
 from tools import tfgen
 
+# A server of many models of a heavy framework (a worker per model, each importing it)
+# starts slowly on a busy 2-core host: more than the usual 120 s for the module's first test.
+pytestmark = pytest.mark.timeout(300)
+
 PAIR = (
     'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
     ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'

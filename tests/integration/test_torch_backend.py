@@ -20,6 +20,10 @@ from tritonclient.utils import InferenceServerException
 from tests.serverctl import ShoalServer, settled_server
 from tools import modelgen, torchgen
 
+# A server of many models of a heavy framework (a worker per model, each importing it)
+# starts slowly on a busy 2-core host: more than the usual 120 s for the module's first test.
+pytestmark = pytest.mark.timeout(300)
+
 
 def _write(repo: Path, name: str, model: bytes, config: str) -> None:
     modelgen.write_model(repo, name, model, config, filename="model.pt")

@@ -19,6 +19,10 @@ from tritonclient.utils import InferenceServerException
 from tests.serverctl import ShoalServer, settled_server
 from tools import modelgen, torchgen
 
+# A server of many models of a heavy framework (a worker per model, each importing it)
+# starts slowly on a busy 2-core host: more than the usual 120 s for the module's first test.
+pytestmark = pytest.mark.timeout(300)
+
 
 def _tensors(kind: str, names: list[str], dims: str) -> str:
     entries = ", ".join(f'{{ name: "{n}" data_type: TYPE_FP32 dims: [ {dims} ] }}' for n in names)
