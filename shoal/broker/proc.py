@@ -45,6 +45,7 @@ from shoal.broker.wake_timer import WakeTimer
 from shoal.ipc import custom_metrics, logs, shm, sockets
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, RequestError, ServingError
+from shoal.ipc.event_wait import EventWait
 from shoal.ipc.lifecycle import EXIT_FATAL, raise_open_file_limit, settle_gc
 
 log = logging.getLogger("shoal.broker")
@@ -83,7 +84,7 @@ class BrokerProc:
         )
         self.out = Outbox(self.fsock, self.wsock, self.table, self.client_regions, self.peers)
         self._leaving: set[bytes] = set()  # frontends stopping on request (FrontendLeaving)
-        self.poller = zmq.Poller()
+        self.poller = EventWait()
         self.poller.register(self.fsock, zmq.POLLIN)
         self.poller.register(self.wsock, zmq.POLLIN)
         self.poller.register(self.peers.fileno(), zmq.POLLIN)
@@ -587,6 +588,7 @@ class BrokerProc:
             self.control.view_sync.close()
         self.peers.close()
         self.timer.close()
+        self.poller.close()
         self.fsock.close(0)
         self.wsock.close(0)
         self.client_regions.table.close()

@@ -209,8 +209,12 @@ class BrokerClient:
             req.hops = [time.monotonic_ns()]
         self._queue(m.encode_payload(req))
         try:
-            resp = await asyncio.shield(fut)
+            # (awaited bare, not through asyncio.shield: a shield's own future and
+            # callbacks cost more than half of this wait's CPU)
+            resp = await fut
         except asyncio.CancelledError:
+            if fut.cancelled():  # the caller's cancel reached it: the answer is yet to come
+                fut = self._expect(req.req_id)  # and its arrival still ends the request
             fut.add_done_callback(lambda _: self._abandoned(req.req_id, on_abandoned))
             if not fut.done() and self.connected:
                 self._send(m.encode(m.Cancel(req.req_id)))  # dropped if still queued

@@ -28,6 +28,7 @@ import zmq
 from shoal.configs.model_config import ConfigError
 from shoal.ipc import custom_metrics, logs, sockets
 from shoal.ipc import messages as m
+from shoal.ipc.event_wait import EventWait
 from shoal.ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, raise_open_file_limit, settle_gc
 from shoal.ipc.result_link import ResultSender
 from shoal.ipc.shm import RegionMap
@@ -194,25 +195,28 @@ class WorkerProc:
             time.sleep(0.2)  # the failure is read before the broker sees this pid exit
             return EXIT_FATAL  # a restart would fail the same way
         settle_gc()
-        poller = zmq.Poller()
+        poller = EventWait()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self._wake, zmq.POLLIN)
         if broker_pid is not None:
             self._watch_broker(broker_pid, poller)
         self._welcomed = self.broker_pidfd is not None
         self._last_hello = self._last_sweep = time.monotonic()
-        while not self.stop:
-            # (requests a model rescheduled run again once nothing waits to be read)
-            events = dict(poller.poll(0 if self._rescheduled() else 500))
-            with self.io_lock:
-                try:
-                    if self._turn(poller, events) == "shutdown":
-                        break
-                finally:
-                    self._report_ended()  # also those that ended while the model ran
+        try:
+            while not self.stop:
+                # (requests a model rescheduled run again once nothing waits to be read)
+                events = dict(poller.poll(0 if self._rescheduled() else 500))
+                with self.io_lock:
+                    try:
+                        if self._turn(poller, events) == "shutdown":
+                            break
+                    finally:
+                        self._report_ended()  # also those that ended while the model ran
+        finally:
+            poller.close()
         return EXIT_RETIRED if self.retired else 0
 
-    def _turn(self, poller: zmq.Poller, events: dict[Any, int]) -> str:
+    def _turn(self, poller: EventWait, events: dict[Any, int]) -> str:
         """One turn of the loop over what the poll found (``io_lock`` held)."""
         if self._wake in events:
             with contextlib.suppress(BlockingIOError):
@@ -263,7 +267,7 @@ class WorkerProc:
         for frontend, payloads in direct.items():
             self._answer_frontend(frontend, payloads)
 
-    def _drain(self, poller: zmq.Poller) -> str:
+    def _drain(self, poller: EventWait) -> str:
         while True:
             if self._deferred:
                 frames = self._deferred.popleft()
@@ -331,7 +335,7 @@ class WorkerProc:
         if pid is not None:
             self.regions.forget_owner(pid)
 
-    def _watch_broker(self, pid: int, poller: zmq.Poller) -> None:
+    def _watch_broker(self, pid: int, poller: EventWait) -> None:
         if self.broker_pidfd is not None:
             poller.unregister(self.broker_pidfd)
             os.close(self.broker_pidfd)
@@ -351,7 +355,7 @@ class WorkerProc:
         fd = self.broker_pidfd
         return fd is not None and not select.select([fd], [], [], 0)[0]
 
-    def _broker_lost(self, poller: zmq.Poller) -> None:
+    def _broker_lost(self, poller: EventWait) -> None:
         log.warning("broker exited; waiting for a new one")
         assert self.broker_pidfd is not None
         poller.unregister(self.broker_pidfd)

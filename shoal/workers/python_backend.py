@@ -19,6 +19,10 @@ As Triton's Python backend:
   each request's response sender, any number of times, and its ``execute`` returns None
   (``execute_decoupled``). The worker gives the senders (shoal/workers/streams.py).
 
+* A config parameter ``generative_model`` names a class of ``model.py`` that shoal's
+  generative engine serves in place of ``TritonPythonModel`` (in-flight batching over a
+  paged KV cache: shoal/workers/generative/, docs/generative-models.md).
+
 * A model's own requests to other models (business logic scripting,
   ``pb_utils.InferenceRequest(...).exec()``) go through shoal/workers/bls.py.
 
@@ -88,6 +92,8 @@ def error_code(code: int) -> Code:
 
 
 _FORCE_CPU = "FORCE_CPU_ONLY_INPUT_TENSORS"
+#: The parameter that makes a model.py class a generative model shoal's engine serves.
+_GENERATIVE = "generative_model"
 #: What Triton's Python backend refuses in a stub's name (the model's, for its
 #: auto-complete stub; the instance's): the characters a shell would act on.
 _INVALID_NAME_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
@@ -165,8 +171,10 @@ class PythonBackend:
         self.wait_async: Callable[[Future[Any]], Any] | None = None
         self._cls: Any = None  # TritonPythonModel, once imported
 
-    def _model_class(self, model_file: Path) -> Any:
-        """``TritonPythonModel`` of ``model.py``, imported once."""
+    def _model_class(self, model_file: Path, generative: str = "") -> Any:
+        """``TritonPythonModel`` of ``model.py``, imported once; with ``generative`` (the
+        config's ``generative_model``), shoal's engine serving that class of it
+        (shoal/workers/generative/runner.py)."""
         if self._cls is not None:
             return self._cls
         if not model_file.is_file():
@@ -187,9 +195,15 @@ class PythonBackend:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # (dataclasses and pickle look it up there)
         spec.loader.exec_module(module)
-        cls = getattr(module, "TritonPythonModel", None)
+        cls = getattr(module, generative or "TritonPythonModel", None)
         if cls is None:
-            raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+            raise AttributeError(
+                f"{model_file} defines no class {generative or 'TritonPythonModel'}"
+            )
+        if generative:
+            from shoal.workers.generative.runner import runner_for
+
+            cls = runner_for(cls)
         self._cls = cls
         return cls
 
@@ -197,7 +211,10 @@ class PythonBackend:
         """The config as the model's ``auto_complete_config`` completes it (the config
         itself when it has none); its refusals (ValueError) fail the load."""
         _check_stub_name(config.name)
-        cls = self._model_class(model_file)
+        generative = (
+            config.parameters[_GENERATIVE].string_value if _GENERATIVE in config.parameters else ""
+        )
+        cls = self._model_class(model_file, generative)
         complete = getattr(cls, "auto_complete_config", None)
         if complete is None:
             return config
@@ -226,7 +243,7 @@ class PythonBackend:
         self.bf16_inputs = {i.name for i in config.inputs if i.datatype == "BF16"}
         self.gpu_inputs = gpu and force_cpu.strip().lower() in ("no", "false", "0", "off")
         _check_stub_name(self.instance_name or config.name)
-        cls = self._model_class(model_file)
+        cls = self._model_class(model_file, config.parameters.get(_GENERATIVE, ""))
         self.model = cls()
         init = getattr(self.model, "initialize", None)
         if init is not None:
