@@ -490,6 +490,7 @@ class BrokerProc:
         """A LOADING instance loaded its model: READY, on its cores (lent while idle)."""
         inst.state = "READY"
         inst.cores = list(msg.cores)
+        inst.checks_ready = msg.checks_ready
         mv = self.table.owner(inst)
         if self.lender is not None and inst.gpu is None:
             passive = mv is not None and inst.index in mv.passive

@@ -32,6 +32,12 @@ As Triton's Python backend:
 
 * ``EXECUTION_ENV_PATH`` (a conda-pack or venv tarball, or a folder): the worker runs in
   that environment's interpreter, exec'd before it connects (shoal/workers/python_env.py).
+* ``TritonPythonModel.is_ready()`` (if defined; sync or async) answers each readiness
+  probe of the model, beside ``execute`` (shoal/workers/readiness.py).
+* ``request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`` (iterative
+  sequences): the request runs again later (shoal/workers/rescheduling.py).
+* A sequence model's implicit state: the state input is one of the request's inputs, the
+  output state a tensor of its response (shoal/workers/sequence_io.py keeps it).
 * ``pb_utils.MetricFamily`` / ``Metric`` (shoal/workers/pb_metrics.py), and
   ``load_model`` / ``unload_model`` / ``is_model_ready`` (shoal/workers/pb_control.py).
 * Each request's inputs are the model's own copies, in host memory; a KIND_GPU instance
@@ -52,6 +58,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +69,7 @@ from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
-from shoal.workers import pb_utils
+from shoal.workers import pb_utils, rescheduling
 from shoal.workers.tensors import on_host
 
 log = logging.getLogger("shoal.worker")
@@ -107,11 +114,19 @@ class Answered(dict[str, np.ndarray]):
         self.parameters = parameters
 
 
-def _flags(req: m.InferRequest) -> int:
+def rescheduled(request: Any) -> bool:
+    """The model released ``request`` with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
+    flags = getattr(request, "release_flags", None)
+    return flags is not None and bool(flags() & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+
+
+def _flags(req: m.InferRequest, iterative: bool = False) -> int:
+    """The request's flags; an iterative sequence's first run has START alone (the
+    broker makes each of its requests a sequence of its own), as Triton's."""
     flags = 0
     if req.sequence_start:
         flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-    if req.sequence_end:
+    if req.sequence_end and not iterative:
         flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
     return flags
 
@@ -125,8 +140,11 @@ class _EventLoop:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="async-execute", daemon=True).start()
 
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def run(self, coro: Any, wait: Callable[[Future[Any]], Any] | None = None) -> Any:
+        """The coroutine's result, got by ``wait`` (the worker's, which reads its cancels
+        meanwhile; ``Future.result`` by default)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result() if wait is None else wait(future)
 
     def background(self, coro: Any, done: Any) -> None:
         asyncio.run_coroutine_threadsafe(coro, self.loop).add_done_callback(done)
@@ -140,12 +158,17 @@ class PythonBackend:
         self.name = ""
         self.instance_name = ""
         self.decoupled = False  # its config's model_transaction_policy
+        self.iterative = False  # its config's iterative_sequence: it may reschedule
         self.gpu_inputs = False  # inputs in CUDA shared memory stay on the GPU
         self.bf16_inputs: set[str] = set()  # (their tensors refuse as_numpy, as Triton's)
         # the completed config as Triton's JSON form (its /config), given to ``initialize``
         # as ``model_config``; the worker sets it before ``load``
         self.model_config: dict[str, Any] | None = None
         self._loop: _EventLoop | None = None  # made for the first async execute
+        self._loop_lock = threading.Lock()
+        #: How the worker's thread waits for an async execute (shoal/workers/cancels.py's
+        #: ``RunningCancels.wait``: it reads the cancels meanwhile): set by the worker.
+        self.wait_async: Callable[[Future[Any]], Any] | None = None
         self._cls: Any = None  # TritonPythonModel, once imported
 
     def _model_class(self, model_file: Path, generative: str = "") -> Any:
@@ -214,6 +237,8 @@ class PythonBackend:
         JSON form)."""
         self.name = config.name
         self.decoupled = config.decoupled
+        sb = config.sequence_batching
+        self.iterative = sb is not None and sb.iterative_sequence
         force_cpu = config.parameters.get(_FORCE_CPU, "")
         self.bf16_inputs = {i.name for i in config.inputs if i.datatype == "BF16"}
         self.gpu_inputs = gpu and force_cpu.strip().lower() in ("no", "false", "0", "off")
@@ -258,6 +283,8 @@ class PythonBackend:
         (result,) = self.execute_requests([req])
         if isinstance(result, ServingError):
             raise result
+        if not isinstance(result, dict):  # (nothing would run it again)
+            raise ServingError(Code.INTERNAL, "a warmup request cannot be rescheduled")
         return [result[name] for name in outputs]
 
     def requests(
@@ -277,7 +304,7 @@ class PythonBackend:
                 [o.name for o in req.outputs],
                 request_id=req.request_id,
                 correlation_id=req.sequence_id,
-                flags=_flags(req),
+                flags=_flags(req, self.iterative),
                 parameters=dict(req.parameters),
                 model_name=req.model,
                 sender=senders[i] if senders is not None else None,
@@ -352,17 +379,34 @@ class PythonBackend:
         return done
 
     def _event_loop(self) -> _EventLoop:
-        if self._loop is None:
-            self._loop = _EventLoop()
-        return self._loop
+        with self._loop_lock:  # (the readiness check's thread may ask first)
+            if self._loop is None:
+                self._loop = _EventLoop()
+            return self._loop
 
-    def execute_requests(self, requests: list[Any]) -> list[dict[str, np.ndarray] | ServingError]:
+    def readiness(self) -> Callable[[], Any] | None:
+        """The model's ``is_ready`` (an async one run on the instance's event loop), or
+        None if it has none (shoal/workers/readiness.py calls it)."""
+        check = getattr(self.model, "is_ready", None)
+        if check is None:
+            return None
+
+        def call() -> Any:
+            value = check()
+            return self._event_loop().run(value) if inspect.iscoroutine(value) else value
+
+        return call
+
+    def execute_requests(
+        self, requests: list[Any]
+    ) -> list[dict[str, np.ndarray] | ServingError | rescheduling.Rescheduled]:
         """``TritonPythonModel.execute``: each request's outputs by name (``Answered``,
-        with them, where its response has parameters), or its error."""
+        with them, where its response has parameters), or its error, or RESCHEDULED
+        (shoal/workers/rescheduling.py)."""
         try:
             responses = self.model.execute(requests)
             if inspect.iscoroutine(responses):  # an async execute, as Triton runs it
-                responses = self._event_loop().run(responses)
+                responses = self._event_loop().run(responses, self.wait_async)
         except Exception as exc:
             return self._all_fail(f"{type(exc).__name__}: {exc}", len(requests))
         if not isinstance(responses, list):
@@ -377,15 +421,25 @@ class PythonBackend:
                 f"InferenceResponse(s) size is:{len(responses)}",
                 len(requests),
             )
-        for resp in responses:
-            if not isinstance(resp, pb_utils.InferenceResponse):
+        again = [rescheduled(r) for r in requests]
+        for resp, later in zip(responses, again, strict=True):
+            if later and resp is not None:
+                return self._all_fail(rescheduling.not_none(resp), len(requests))
+            if not later and not isinstance(resp, pb_utils.InferenceResponse):
                 return self._all_fail(
                     "Expected an 'InferenceResponse' object in the execute function return "
                     f"list, found type '{type(resp).__name__}'.",
                     len(requests),
                 )
-        out: list[dict[str, np.ndarray] | ServingError] = []
-        for resp in responses:
+        out: list[dict[str, np.ndarray] | ServingError | rescheduling.Rescheduled] = []
+        for resp, later in zip(responses, again, strict=True):
+            if later:
+                out.append(
+                    rescheduling.RESCHEDULED
+                    if self.iterative
+                    else ServingError(Code.INTERNAL, rescheduling.NOT_CONFIGURED)
+                )
+                continue
             err = resp.error()
             if err is not None:
                 out.append(ServingError(error_code(err.code()), err.message()))
@@ -395,7 +449,7 @@ class PythonBackend:
             out.append(Answered(tensors, params) if params else tensors)
         return out
 
-    def _all_fail(self, message: str, count: int) -> list[dict[str, np.ndarray] | ServingError]:
+    def _all_fail(self, message: str, count: int) -> list[Any]:
         error = ServingError(
             Code.INTERNAL,
             f"Failed to process the request(s) for model instance '{self.instance_name}', "
