@@ -125,8 +125,8 @@ def _prepare(qa: QA, here: Path) -> None:
             QA.sed(expected, r"^(\s*)gpus: 0\n\s*kind: KIND_GPU", r"\1kind: KIND_CPU")
 
 
-# A Python stand-in for Triton's C++ ``identity`` backend (and, never run here, its
-# ``repeat``): each input, by position in the config, is the output of that position.
+# A Python stand-in for Triton's C++ ``repeat`` backend (never run here): each input, by
+# position in the config, is the output of that position. (``identity`` is built in.)
 IDENTITY = """
 import json
 import triton_python_backend_utils as pb_utils
@@ -150,12 +150,12 @@ class TritonPythonModel:
 
 
 def _as_python(model: Path) -> None:
-    """An ensemble step served by Triton's C++ ``identity`` or ``repeat`` backend becomes
-    a Python model of the same config (its inputs, outputs and policy), so that the
-    ensemble, not its missing backend, is what the case judges."""
+    """An ensemble step served by Triton's C++ ``repeat`` backend becomes a Python model
+    of the same config (its inputs, outputs and policy), so that the ensemble, not its
+    missing backend, is what the case judges."""
     config = model / "config.pbtxt"
     text = config.read_text()
-    if not re.search(r'^backend:\s*"(identity|repeat)"', text, flags=re.M):
+    if not re.search(r'^backend:\s*"repeat"', text, flags=re.M):
         return
     config.write_text(re.sub(r"^backend:.*$", 'backend: "python"', text, flags=re.M))
     for version in model.iterdir():

@@ -3,9 +3,10 @@
 Its test.sh serves Triton's C++ ``repeat`` and ``square`` backends (``repeat_int32``,
 ``square_int32``) and its ``identity`` backend (``identity_int32``), which Triton's CI
 puts beside the suite's ensembles (``models/``) or as Python models (``python_models``)
-before it runs. Neither is in a source tree, so this runner writes Python models of its
-own with the same behaviour at run time (``REPEAT``, ``SQUARE``, ``IDENTITY`` below, as
-the repeat backend's documentation describes it), serves them with the suite's ensembles
+before it runs. ``identity`` is built into shoal; the other two are in no source tree, so
+this runner writes Python models of its own with the same behaviour at run time
+(``REPEAT``, ``SQUARE`` below, as the repeat backend's documentation describes it), and
+serves them with the suite's ensembles
 and ``libtorch_nobatch_int32_int32_int32`` from ``gen_qa_models.py --libtorch``, and runs
 the suite's trial once (test.sh's two trials, ``python`` and ``custom``, differ only in
 those models).
@@ -116,19 +117,6 @@ input [{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }]
 output [{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }]
 """
 
-IDENTITY = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor(
-                "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests
-        ]
-"""
-
 _TESTS = ("test_one_to_none", "test_one_to_one", "test_one_to_many", "test_no_streaming",
           "test_response_order", "test_wrong_shape")  # fmt: skip
 
@@ -145,9 +133,7 @@ def _models(qa: QA, here: Path) -> Path:
     models = qa.copy(here / "models", qa.fresh(here / "python_models"))
     _write(models, "repeat_int32", REPEAT, REPEAT_CONFIG)
     _write(models, "square_int32", SQUARE, SQUARE_CONFIG)
-    identity = models / "identity_int32" / "config.pbtxt"
-    _write(models, "identity_int32", IDENTITY, None)
-    QA.sed(identity, r"^backend:.*", 'backend: "python"')
+    # identity_int32: Triton's identity backend, built into shoal (its config as it is)
     torch = qa.copy(
         qa.generated("qa_model_repository") / "libtorch_nobatch_int32_int32_int32",
         models / "libtorch_nobatch_int32_int32_int32",

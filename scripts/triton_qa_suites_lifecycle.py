@@ -19,6 +19,7 @@ import contextlib
 import re
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -428,6 +429,112 @@ def _new_model_version(qa: QA, here: Path) -> None:
             qa.not_ready(SUITE, 1, "test_load_new_model_version")
 
 
+def _loaded_case(
+    qa: QA, here: Path, name: str, args: Sequence[str], model: str, *, log: str,
+    test_env: dict[str, str] | None = None,
+) -> Path:  # fmt: skip
+    """``_case``, once the startup model ``model`` has loaded: tritonserver opens its
+    endpoints after its startup loads, shoal (``--strict-readiness=false``) before them.
+    Returns the server's log."""
+    with qa.server(here, *args, log=log) as server:
+        deadline = time.monotonic() + 60
+        url = f"http://localhost:8000/v2/models/{model}/ready"
+        while server.up and _http_code(url) != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if server.up:
+            env = {**ENV, "SERVER_PID": str(server.proc.pid), "SERVER_LOG": str(server.log)}
+            qa.test(SUITE, here, TEST, f"LifeCycleTest.{name}", note="", **env, **(test_env or {}))
+        else:
+            qa.not_ready(SUITE, 1, name)
+    return server.log
+
+
+def _identity_reloads(qa: QA, here: Path) -> None:
+    """test_model_availability_on_reload(_2, _3) over both protocols and
+    test_model_reload_fail: ``identity_zero_1_int32``, Triton's identity backend (built
+    into shoal) with a 10 s creation delay, reloaded while it serves."""
+    args = ("--model-control-mode=explicit", "--exit-timeout-secs=5",
+            "--strict-model-config=false", "--load-model=identity_zero_1_int32",
+            "--strict-readiness=false")  # fmt: skip
+    source = here / "identity_zero_1_int32"
+    only_1 = "version_policy: { specific { versions: [1] }}\n"
+    only_2 = "version_policy: { specific { versions: [2] }}\n"
+    base = (source / "config.pbtxt").read_text()
+    # name: (the versions, the served config, test.sh's copies of a config beside it)
+    cases = {
+        "test_model_availability_on_reload": ((1,), base, {}),
+        "test_model_availability_on_reload_2": ((1, 2), base + only_1,
+                                                {"config.pbtxt.v2": base + only_2}),
+        "test_model_availability_on_reload_3": ((1, 2), base + only_1,
+                                                {"config.pbtxt.new": base + only_1}),
+    }  # fmt: skip
+    gpu = (base + only_2).replace("KIND_CPU", "KIND_GPU")
+    reload_fail = ((1, 2), base + only_1, {"config.pbtxt.v2.gpu": gpu})
+    runs = [(n, p) for n in cases for p in ("grpc", "http")] + [("test_model_reload_fail", "")]
+    for name, protocol in runs:
+        versions, config, copies = cases.get(name, reload_fail)
+        (models,) = _fresh(here, "models")
+        for old in here.glob("config.pbtxt.*"):
+            old.unlink()
+        model = qa.copy(source, models / "identity_zero_1_int32")
+        (model / "config.pbtxt").write_text(config)
+        for v in versions:
+            (model / str(v)).mkdir(parents=True, exist_ok=True)
+        for copy, text in copies.items():
+            (here / copy).write_text(text)
+        env = {"TRITONSERVER_USE_GRPC": "1"} if protocol == "grpc" else {}
+        repo = f"--model-repository={models}"
+        what = f"{name}_{protocol}" if protocol else name
+        log = _loaded_case(qa, here, name, (repo, *args), "identity_zero_1_int32", log=what,
+                           test_env=env)  # fmt: skip
+    words = (
+        "failed to load 'identity_zero_1_int32' version 2: Internal: GPU instances not supported"
+    )
+    _check(qa, _grep_count(log, re.escape(words)) > 0, f"test_model_reload_fail log: {words!r}")
+
+
+def _renamed(model: Path, old: str, new: str) -> Path:
+    """``mv``/``cp`` of a model folder to ``new``, with ``sed -i s/old/new/`` on its config."""
+    QA.sed(model / "config.pbtxt", re.escape(old), new)
+    return model
+
+
+def _explicit(models: Path) -> tuple[str, ...]:
+    return (f"--model-repository={models}", "--model-control-mode=explicit")
+
+
+def _concurrent_loads(qa: QA, here: Path) -> None:
+    """test_concurrent_model_load_speedup, _load and _load_unload: models whose load
+    takes 10 s (identity's creation_delay_sec, a Python model's sleep in initialize)."""
+    identity = here / "identity_zero_1_int32"
+    (models,) = _fresh(here, "models")
+    for k in (1, 2):
+        model = qa.copy(identity, models / f"identity_zero_1_int32_{k}")
+        (model / "1").mkdir(exist_ok=True)
+        _renamed(model, "identity_zero_1_int32", f"identity_zero_1_int32_{k}")
+        python = _python_model(qa, "identity_fp32", models / f"python_identity_fp32_{k}",
+                               append=_sleep_in_initialize(10))  # fmt: skip
+        _renamed(python, "identity_fp32", f"python_identity_fp32_{k}")
+    _case(qa, here, "test_concurrent_model_load_speedup", _explicit(models))
+    models, models_v2 = _fresh(here, "models", "models_v2")
+    model = qa.copy(identity, models / "identity_model")
+    (model / "1").mkdir(exist_ok=True)
+    _renamed(model, "identity_zero_1_int32", "identity_model")
+    python = _python_model(qa, "identity_fp32", models_v2 / "identity_model")
+    _renamed(python, "identity_fp32", "identity_model")
+    _case(qa, here, "test_concurrent_model_load", _explicit(models))
+    (models,) = _fresh(here, "models")
+    for name in ("identity_zero_1_int32", "ensemble_zero_1_float32"):
+        (qa.copy(here / name, models / name) / "1").mkdir(exist_ok=True)
+    custom = qa.copy(
+        qa.qa / "custom_models" / "custom_zero_1_float32", models / "custom_zero_1_float32"
+    )
+    (custom / "1").mkdir(exist_ok=True)
+    with (custom / "config.pbtxt").open("a") as f:
+        f.write('parameters [\n{ key: "creation_delay_sec"; value: { string_value: "10" }}\n]\n')
+    _case(qa, here, "test_concurrent_model_load_unload", _explicit(models))
+
+
 @suite
 def l0_lifecycle(qa: QA) -> None:
     here = qa.suite("L0_lifecycle")
@@ -445,8 +552,7 @@ def l0_lifecycle(qa: QA) -> None:
     qa.not_run(SUITE, 2, "test_multiple_model_repository_control_startup_models (2 runs)", _PLAN)
     _startup_refusals(qa, here)
     qa.not_run(SUITE, 1, "test_model_repository_index", _PLAN)
-    qa.not_run(SUITE, 6, "test_model_availability_on_reload(_2, _3), gRPC and HTTP", _IDENTITY)
-    qa.not_run(SUITE, 2, "test_model_reload_fail and its log check", _IDENTITY)
+    _identity_reloads(qa, here)
     qa.not_run(SUITE, 4, "test_load_same_model_different_platform (4 runs)", _PLAN)
     qa.not_run(SUITE, 4, "poll mode: load/unload refused, model stays ready (curl)", _OPENVINO)
     _invalid_endpoints(qa, here)
@@ -454,7 +560,8 @@ def l0_lifecycle(qa: QA) -> None:
     qa.not_run(SUITE, 6, "test_shutdown_dynamic, _sequence, _ensemble, their log checks", _CUSTOM)
     _gpu_limit_flags(qa, here)
     qa.not_run(SUITE, 1, "test_load_gpu_limit", "a GPU and cuda-python (CUDA memory consumer)")
-    qa.not_run(SUITE, 4, "test_concurrent_model_load(_speedup, _unload), _stress", _IDENTITY)
+    _concurrent_loads(qa, here)
+    qa.not_run(SUITE, 1, "test_concurrent_model_load_stress", _IDENTITY)
     _concurrent_instances(qa, here)
     _load_retry(qa, here)
     qa.not_run(

@@ -5,9 +5,10 @@ Sub-suites (``SUBTESTS``, test.sh's name, read from the environment; default all
 these): ``model_control`` (explicit load and unload of a Python model and its ensemble,
 model-name validation), ``lifecycle`` (errors, cancellation, models that fail in
 initialize, finalize and auto_complete_config), ``argument_validation`` (pb_utils'
-argument checks), ``parameters`` (response parameters, decoupled and BLS) and
-``async_execute`` (async def execute, concurrency). Left out: what needs a GPU (KIND_GPU
-models, GPU tensors through DLPack) or a clone of the python_backend repository
+argument checks), ``parameters`` (response parameters, decoupled and BLS),
+``async_execute`` (async def execute, concurrency), ``model_readiness`` (a model's own
+``is_ready``) and ``request_rescheduling`` (iterative sequences). Left out: what needs a
+GPU (KIND_GPU models, GPU tensors through DLPack) or a clone of the python_backend repository
 (``decoupled``'s example models), and the shared-memory page counts of Triton's stub
 processes (shoal's Python models run in its workers); docs/triton-qa.md.
 """
@@ -133,12 +134,81 @@ def _async_execute(qa: QA, root: Path) -> None:
     _served_pytest(qa, root / "async_execute", sources, "concurrency_test.py", "async_execute")
 
 
+def _model_readiness(qa: QA, root: Path) -> None:
+    """User-defined ``is_ready()``: test.sh's models (readiness_model.py with its
+    parameters, the coroutine one, the decoupled one) and TestUserDefinedModelReadinessFunction.
+    Its first part kills Triton's stub process and greps for the stub's words; shoal has
+    no stub (the model runs in its worker, which is restarted), so it is left out."""
+    here = root / "model_readiness"
+    models = qa.fresh(here / "models")
+    identity = _model(qa, models, "identity_fp32") / "config.pbtxt"
+    setups = {
+        "is_ready_fn_returns_true": ("true", "0.1"),
+        "is_ready_fn_returns_false": ("false", "0.1"),
+        "is_ready_fn_raises_error": ("exception", "0.1"),
+        "is_ready_fn_returns_non_boolean": ("non_boolean", "0.1"),
+        "is_ready_fn_timeout": ("true", "8"),
+        "is_ready_fn_coroutine_returns_true": ("coroutine", "0.1"),
+    }
+    for name, (value, delay) in setups.items():
+        (models / name / "1").mkdir(parents=True)
+        source = "readiness_coroutine_model.py" if "coroutine" in name else "readiness_model.py"
+        shutil.copy(here / "test_models" / source, models / name / "1" / "model.py")
+        config = models / name / "config.pbtxt"
+        shutil.copy(identity, config)
+        QA.sed(config, r"^name:.*", f'name: "{name}"')
+        with config.open("a") as f:
+            for key, v in (
+                ("READINESS_FN_RETURN_VALUE", value),
+                ("READINESS_FN_DELAY_SECS", delay),
+            ):
+                f.write(f'parameters: {{\n  key: "{key}"\n  value: {{ string_value: "{v}" }}\n}}\n')
+    shutil.copytree(
+        here / "test_models" / "is_ready_fn_returns_true_decoupled",
+        models / "is_ready_fn_returns_true_decoupled" / "1",
+    )
+    shutil.move(
+        models / "is_ready_fn_returns_true_decoupled" / "1" / "config.pbtxt",
+        models / "is_ready_fn_returns_true_decoupled" / "config.pbtxt",
+    )
+    args = (f"--model-repository={models}", "--log-verbose=1", "--strict-readiness=false")
+    with qa.serve(here, *args, log="test_user_defined_model_readiness_function_server") as ready:
+        if ready:
+            qa.test(SUITE, here, "test_model_readiness.py",
+                    "TestUserDefinedModelReadinessFunction", note="")  # fmt: skip
+        else:
+            qa.not_ready(SUITE, 7, "test_model_readiness.py")
+    qa.not_run(SUITE, 2, "model_readiness signal 11 and 9 runs", "they kill Triton's stub process")
+
+
+def _request_rescheduling(qa: QA, root: Path) -> None:
+    here = root / "request_rescheduling"
+    models = qa.fresh(here / "models")
+    sources = ["bls_request_rescheduling", "request_rescheduling_addsub", "iterative_sequence",
+               "wrong_return_type"]  # fmt: skip
+    for source in sources:
+        _model(qa, models, source)
+    args = (f"--model-repository={models}", "--model-control-mode=explicit", "--load-model=*",
+            "--log-verbose=1")  # fmt: skip
+    with qa.serve(here, *args, log="request_rescheduling_server") as ready:
+        for target, env in (
+            ("../test_infer_shm_leak.py", {"MODEL_NAME": "bls_request_rescheduling"}),
+            ("grpc_endpoint_test.py", {}),
+        ):
+            if ready:
+                qa.pytest(SUITE, here, target, **env)
+            else:
+                qa.not_ready(SUITE, 1, target)
+
+
 _SUBTESTS = {
     "model_control": _model_control,
     "lifecycle": _lifecycle,
     "argument_validation": _argument_validation,
     "parameters": _parameters,
     "async_execute": _async_execute,
+    "model_readiness": _model_readiness,
+    "request_rescheduling": _request_rescheduling,
 }
 
 

@@ -121,6 +121,7 @@ _SLOWEST_FIRST = (
     "test_openvino_backend.py",
     "test_instance_limits.py",
     "test_model_control_races.py",
+    "test_generative.py",
 )
 
 

@@ -76,7 +76,8 @@ def sequence_config(spec: ModelSpec) -> SequenceConfig | None:
     corrid_type = next((c.datatype for c in sb.controls if c.kind == "CORRID"), "")
     per_instance = max(1, spec.max_batch_size)
     idle = sb.max_sequence_idle_us or _DEFAULT_IDLE_US
-    if sb.strategy == "oldest":
+    # an iterative sequence is one request: its batches need no null rows (Oldest)
+    if sb.strategy == "oldest" or sb.iterative_sequence:
         return SequenceConfig(
             "oldest",
             spec.max_batch_size,
@@ -86,6 +87,7 @@ def sequence_config(spec: ModelSpec) -> SequenceConfig | None:
             preferred_batch_sizes=sb.preferred_batch_sizes,
             preserve_ordering=sb.preserve_ordering,
             corrid_type=corrid_type,
+            iterative=sb.iterative_sequence,
         )
     return SequenceConfig(
         "direct",
@@ -95,4 +97,5 @@ def sequence_config(spec: ModelSpec) -> SequenceConfig | None:
         sb.max_queue_delay_us,
         minimum_slot_utilization=sb.minimum_slot_utilization,
         corrid_type=corrid_type,
+        iterative=sb.iterative_sequence,
     )

@@ -43,6 +43,7 @@ class Instance:
     gpu: int | None = None  # the server's id of its GPU; None: a CPU instance
     name: str = ""  # Triton's instance name (<group>_<k>), as the worker reported it
     generation: int = 0  # the load it belongs to (model control)
+    checks_ready: bool = False  # its model checks its own readiness (WorkerReady)
     retiring: bool = False  # told to stop for good (its version was unloaded or replaced)
     # (when reported, [(frontend, req_id)]): requests it answered straight to their
     # frontends lately; if it dies, those answers may not have left it (router.py).

@@ -34,6 +34,7 @@ from shoal.broker.cores import CoreLender
 from shoal.broker.endings import Endings
 from shoal.broker.ensemble_readiness import EnsembleReadiness
 from shoal.broker.frontend_watch import FrontendWatch
+from shoal.broker.model_files import read_model_file
 from shoal.broker.models import Instance, ModelTable, ModelVersion
 from shoal.broker.outbox import Outbox
 from shoal.broker.peers import PeerWatch, pin_threads
@@ -320,6 +321,9 @@ class BrokerProc:
             return self.queries.model_info(msg)
         if isinstance(msg, m.StatsQuery):
             return self.queries.stats(msg)
+        if isinstance(msg, m.ModelFileQuery):
+            entry = self.control.loaded.get(msg.model)
+            return read_model_file(entry.path if entry is not None else None, msg)
         if isinstance(msg, m.LogQuery):
             if msg.changes:
                 self._change_log_settings(msg.changes)
@@ -486,6 +490,7 @@ class BrokerProc:
         """A LOADING instance loaded its model: READY, on its cores (lent while idle)."""
         inst.state = "READY"
         inst.cores = list(msg.cores)
+        inst.checks_ready = msg.checks_ready
         mv = self.table.owner(inst)
         if self.lender is not None and inst.gpu is None:
             passive = mv is not None and inst.index in mv.passive

@@ -109,8 +109,9 @@ class Queries:
             return m.ModelInfo(q.query_id, m.ErrorInfo(int(err.code), err.message), q.model)
         entry = self.table.models[q.model]
         ready = sorted(v.version for v in entry.versions.values() if v.state == "READY")
+        checks = [i.pid for i in mv.live() if i.checks_ready]
         return m.ModelInfo(
-            q.query_id, None, q.model, mv.version, ready, True, mv.platform, mv.config
+            q.query_id, None, q.model, mv.version, ready, True, mv.platform, mv.config, checks
         )
 
     def stats(self, q: m.StatsQuery) -> m.StatsReply:

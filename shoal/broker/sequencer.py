@@ -65,6 +65,9 @@ from shoal.ipc.errors import Code, RequestError, ServingError
 
 log = logging.getLogger("shoal.broker")
 
+#: Where the IDs the server gives iterative sequences start (far from clients' own).
+_ITERATIVE_IDS = 1 << 62
+
 Strategy = Literal["direct", "oldest"]
 CorrId = int | str
 
@@ -80,6 +83,9 @@ class SequenceConfig:
     preferred_batch_sizes: tuple[int, ...] = ()  # oldest
     preserve_ordering: bool = False  # oldest
     corrid_type: str = ""  # the CORRID control's: "BYTES", "UINT64"...; "" without one
+    # iterative_sequence: a request without a correlation ID is a sequence of its own,
+    # which its worker runs again while its model reschedules it
+    iterative: bool = False
 
 
 class SequenceRefused(ServingError):
@@ -115,6 +121,7 @@ class SequenceBatcher:
     def __init__(self, model: str, cfg: SequenceConfig, hold: HoldCounts = NO_HOLD) -> None:
         self.model = model
         self.cfg = cfg
+        self._iterations = 0  # iterative sequences given an ID of the server's
         # TRITONSERVER_(BACKLOG_)DELAY_SCHEDULER (shoal/broker/scheduler_hold.py): Direct holds
         # every instance until the slots' and the backlog's counts are reached; Oldest,
         # Triton's dynamic batcher per instance, holds each instance on its own count.
@@ -197,6 +204,12 @@ class SequenceBatcher:
                 f"inference request to model '{model}' must specify batch-size 1 due to "
                 "requirements of sequence batcher",
             )
+        if (corrid == 0 or corrid == "") and self.cfg.iterative:
+            # Triton's IterativeSequencer: an ID of the server's, with START; here END
+            # too, as the worker runs it again (shoal/workers/rescheduling.py)
+            self._iterations += 1
+            corrid = req.sequence_id = _ITERATIVE_IDS + self._iterations
+            req.sequence_start = req.sequence_end = True
         if corrid == 0 or corrid == "":
             raise SequenceRefused(
                 Code.INVALID_ARG,

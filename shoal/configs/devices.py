@@ -72,7 +72,7 @@ _GPU_BUILD_FILES: dict[str, tuple[str, tuple[str, ...]]] = {
 #: Backends that shoal runs on the CPU whatever is installed (tree models: the CPU
 #: builds of XGBoost, LightGBM and Treelite; OpenVINO, as Triton's backend: KIND_CPU only;
 #: TensorFlow's CPU build).
-_CPU_BACKENDS: frozenset[str] = frozenset({"fil", "openvino", "tensorflow"})
+_CPU_BACKENDS: frozenset[str] = frozenset({"fil", "openvino", "tensorflow", "identity"})
 
 
 @functools.cache

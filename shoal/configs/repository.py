@@ -253,8 +253,10 @@ def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
             what = f"backend '{config.backend or config.platform}'"
         elif config.dynamic_batching.preserve_ordering:
             what = "dynamic_batching.preserve_ordering"
-        elif config.HasField("sequence_batching") and not config.sequence_batching.HasField(
-            "oldest"
+        elif (
+            config.HasField("sequence_batching")
+            and not config.sequence_batching.HasField("oldest")
+            and not config.sequence_batching.iterative_sequence  # (batched as Oldest)
         ):
             # (a Direct batch's null rows would need requests whose answers go nowhere)
             what = "sequence_batching with the Direct strategy"
@@ -265,17 +267,12 @@ def _refuse_unsupported(config: pb.ModelConfig, name: str) -> None:
                 "only, without preserve_ordering or Direct sequence batching (this one has "
                 f"{what})",
             )
-    if config.backend == PYTHON_BACKEND and len(config.sequence_batching.state):
+    if config.sequence_batching.iterative_sequence and config.backend != PYTHON_BACKEND:
+        # (a request runs again while its model reschedules it: Python models only)
         raise ConfigError(
             name,
-            f"failed to load '{name}': implicit state (sequence_batching.state) is not "
-            "supported for Python models yet",
-        )
-    if config.sequence_batching.iterative_sequence:
-        # Iterative sequences re-queue a decoupled model's request after each of its
-        # steps; shoal serves no decoupled model.
-        raise ConfigError(
-            name, f"failed to load '{name}': iterative sequence batching is not supported yet"
+            f"failed to load '{name}': iterative sequence batching is supported for Python "
+            "models only",
         )
 
 

@@ -90,10 +90,12 @@ FILENAME_TO_BACKEND: Final[dict[str, str]] = {
 #: Tree models (Triton's FIL backend): no platform, and no one default file name (the
 #: file's name follows its `model_type` parameter: shoal.configs.fil_params).
 FIL_BACKEND: Final = "fil"
+#: Triton's test backend, built in (shoal/workers/identity_backend.py): no model file.
+IDENTITY_BACKEND: Final = "identity"
 
 # Backends shoal can run. Callers with a plug-in registry pass their own set.
 KNOWN_BACKENDS: Final[frozenset[str]] = frozenset(
-    [*DEFAULT_MODEL_FILENAME, FIL_BACKEND, TENSORFLOW_BACKEND]
+    [*DEFAULT_MODEL_FILENAME, FIL_BACKEND, TENSORFLOW_BACKEND, IDENTITY_BACKEND]
 )
 KNOWN_PLATFORMS: Final[frozenset[str]] = frozenset([*PLATFORM_TO_BACKEND, ENSEMBLE_PLATFORM])
 

@@ -134,6 +134,7 @@ class BrokerClient:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.identity = sockets.frontend_identity(index)
         self.index = index
+        self.runtime_dir = runtime_dir
         self.summaries = summaries  # it serves latency summaries: the broker keeps windows
         # Bound before the first hello, so a worker's first result always finds it.
         self._results_path = sockets.result_path(runtime_dir, self.identity)

@@ -24,6 +24,7 @@ from shoal.configs.trace_settings import Changes
 from shoal.dataplane import client_shm_refs, ensemble_runner
 from shoal.dataplane.broker_client import BrokerClient
 from shoal.dataplane.model_handle import ModelHandle, check_byte_size
+from shoal.dataplane.readiness_checks import instances_ready
 from shoal.dataplane.repository_extension import RepositoryExtension, server_state
 from shoal.dataplane.request_message import outputs, parse_version, request_message, uint_param
 from shoal.dataplane.response_cache import ResponseCache
@@ -176,7 +177,7 @@ class DataPlane:
         none under them). The broker keeps them and sends them to every frontend, this
         one before its answer. A model not ready is refused, in Triton's words, before
         the request's changes are read, as Triton does."""
-        if model and not await self.model_ready(model, ""):
+        if model and not await self.model_ready(model, "", own_check=False):
             raise ServingError(Code.INVALID_ARG, f"Request for unknown model : {model}")
         query = m.TraceQuery(self.broker.next_id(), model, changes() or {})
         reply = await self.broker.query(query, m.TraceReply)
@@ -243,14 +244,18 @@ class DataPlane:
             raise ServingError(Code(reply.error.code), reply.error.message)
         return reply.regions
 
-    async def model_ready(self, name: str, version: str) -> bool:
-        """Whether that version (or the model, for "") is ready: an unknown one is not.
-        A version string that is no version is refused, as Triton refuses it."""
+    async def model_ready(self, name: str, version: str, own_check: bool = True) -> bool:
+        """Whether that version (or the model, for "") is ready: an unknown one is not,
+        nor one whose model's own readiness check (a Python model's ``is_ready``) says
+        no on one of its instances (unless not ``own_check``). A version string that is
+        no version is refused, as Triton refuses it."""
         number = parse_version(version)
         try:
             info = await self._info(name, number)
         except ServingError:
             return False
+        if own_check and info.ready and info.ready_checks:  # (a Python model's is_ready)
+            return await instances_ready(self.broker.runtime_dir, info.ready_checks)
         return info.ready
 
     # -- inference -------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Triton's model repository extension through the broker: the index, and load and unload
-(explicit model control), with shoal's view of one model's versions and instances. What the
-HTTP and gRPC adapters call as ``DataPlane.repository``; the broker keeps the state.
+(explicit model control), with shoal's view of one model's versions and instances and
+of the files in its directory. What the HTTP and gRPC adapters call as
+``DataPlane.repository``; the broker keeps the state.
 """
 
 from __future__ import annotations
@@ -63,6 +64,17 @@ class RepositoryExtension:
         if not versions:
             raise unknown_model(name)
         return {"name": name, "versions": [_version_state(s) for s in versions]}
+
+    async def model_file(self, name: str, version: int, path: str) -> bytes:
+        """A file of a loaded model's directory, as the broker reads it
+        (shoal/broker/model_files.py): ``path`` relative to version ``version``'s
+        directory, else the model's. Raises ServingError (NOT_FOUND, INVALID_ARG)."""
+        reply = await self.broker.query(
+            m.ModelFileQuery(self.broker.next_id(), name, version, path), m.ModelFileReply
+        )
+        if reply.error is not None:
+            raise ServingError(Code(reply.error.code), reply.error.message)
+        return reply.data
 
     @staticmethod
     def refuse_named_repository() -> ServingError:

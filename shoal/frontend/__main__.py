@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             header_timeout_s=args.http_header_timeout_secs,
             keepalive_timeout_s=args.http_keepalive_timeout_secs,
             body=BodyDeadline(args.http_body_timeout_secs, args.http_body_min_rate),
+            openai_port=args.openai_port or None,
         ),
     )
     return uvloop.run(serve(settings))

@@ -41,6 +41,8 @@ from shoal.frontend.http_body import (
     read_body,
 )
 from shoal.frontend.http_raw_input import RawInputMeta
+from shoal.frontend.openai import routes as openai_routes
+from shoal.frontend.openai.generative import GenerativeModels
 from shoal.ipc import logs
 from shoal.ipc.errors import DECOUPLED_HTTP, Code, ServingError, invalid_arg
 
@@ -431,6 +433,8 @@ def build_app(
         r.add_post(repo + "/models/{model:[^/]+}/unload", repository_unload)
     app.add_routes(http_client_shm.routes(_dp))
     app.add_routes(http_trace.routes(_dp))
+    app[openai_routes.GENERATIVE] = GenerativeModels(dataplane)
+    app.add_routes(openai_routes.routes())
     # aiohttp tries a prefix's dynamic routes in the order added, one regex each: infer
     # (the hot path) and ready (the probes) first.
     gen = http_generate.Generate(_dp)

@@ -61,6 +61,7 @@ class Connections:
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 75.0
     body: BodyDeadline = field(default_factory=BodyDeadline)
+    openai_port: int | None = None  # the HTTP service's second port (--openai-port)
 
 
 @dataclass
@@ -136,13 +137,16 @@ async def _start_http(s: FrontendSettings, dataplane: DataPlane, max_connections
         max_connections, c.header_timeout_s, c.keepalive_timeout_s, RESERVE_CONNECTIONS
     )
     http = _Http(runner, reserve, ConnectionGate("HTTP", runner.server, limits, reserve.server))
-    site = GatedSite(runner, http.gate, s.http_address, s.http_port, reuse_port=s.reuse_http_port)
+    # The same application and gate on the second port: one service, one connection cap.
+    ports = [s.http_port] + ([c.openai_port] if c.openai_port else [])
     try:
-        await site.start()
+        for port in ports:
+            site = GatedSite(runner, http.gate, s.http_address, port, reuse_port=s.reuse_http_port)
+            await site.start()
     except OSError:
         await http.close()
         raise
-    log.info("HTTP on %s:%d", s.http_address, s.http_port)
+    log.info("HTTP on %s:%s", s.http_address, ",".join(map(str, ports)))
     return http
 
 
@@ -262,7 +266,8 @@ async def serve(s: FrontendSettings) -> int:
         service, address = "", ""
         try:
             if s.allow_http:
-                service, address = "HTTP", f"{s.http_address}:{s.http_port}"
+                ports = f"{s.http_port}" + (f",{p}" if (p := s.connections.openai_port) else "")
+                service, address = "HTTP", f"{s.http_address}:{ports}"
                 http = await _start_http(s, dataplane, budget.http)
             if s.allow_grpc:
                 service, address = "GRPC", f"{s.grpc_address}:{s.grpc_port}"

@@ -48,6 +48,9 @@ _HTTP: Final[list[tuple[re.Pattern[str], str]]] = [
     (re.compile(r"/v2/logging"), "logging"),
     (re.compile(r"/v2/(?:system|cuda)sharedmemory(?:/.*)?"), "shared-memory"),
     (re.compile(r"/v2/repository(?:/.*)?"), "model-repository"),
+    # The OpenAI-compatible API, in the groups Triton's OpenAI frontend puts it
+    (re.compile(r"/v1/(?:chat/)?completions"), "inference"),
+    (re.compile(r"/v1/models(?:/.*)?"), "model-repository"),
     (re.compile(r"/v2/?"), "metadata"),
     (re.compile(_MODEL + r"/?"), "metadata"),
 ]

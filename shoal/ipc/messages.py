@@ -198,6 +198,9 @@ class WorkerReady(msgspec.Struct, array_like=True):
     # intra-op threads its backend was given; more than len(cores): it may borrow the
     # cores of idle instances (shoal/broker/cores.py)
     threads: int = 0
+    # its model has a readiness check of its own (a Python model's ``is_ready``): the
+    # worker answers it on its readiness socket (shoal/workers/readiness.py)
+    checks_ready: bool = False
 
 
 class WorkerFailed(msgspec.Struct, array_like=True):
@@ -253,6 +256,25 @@ class ModelInfo(msgspec.Struct, array_like=True):
     ready: bool = False
     platform: str = ""
     config: bytes = b""  # serialized ModelConfig of `version`
+    # pids of the version's READY instances whose model checks its own readiness: a
+    # readiness probe asks each (shoal/dataplane/readiness_checks.py)
+    ready_checks: list[int] = []
+
+
+class ModelFileQuery(msgspec.Struct, array_like=True):
+    """A file of a loaded model's directory (a tokenizer, a chat template the config's
+    parameters name): ``path`` relative to the version's directory, else the model's."""
+
+    query_id: int
+    model: str
+    version: int
+    path: str
+
+
+class ModelFileReply(msgspec.Struct, array_like=True):
+    query_id: int
+    error: ErrorInfo | None = None
+    data: bytes = b""
 
 
 class ServerQuery(msgspec.Struct, array_like=True):
@@ -634,6 +656,8 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     Welcome: b"W",
     ModelQuery: b"q",
     ModelInfo: b"m",
+    ModelFileQuery: b"f",
+    ModelFileReply: b"b",
     ServerQuery: b"s",
     ServerState: b"S",
     Shutdown: b"Z",

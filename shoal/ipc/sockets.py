@@ -104,6 +104,12 @@ def frontend_pid(frontend: bytes) -> int | None:
     return int(frontend.rsplit(b"-", 1)[1])
 
 
+def readiness_path(runtime_dir: Path | str, pid: int) -> str:
+    """Where the worker ``pid`` answers its model's readiness checks (a unix socket:
+    shoal/workers/readiness.py)."""
+    return str(Path(runtime_dir) / f"ready-{pid}.sock")
+
+
 def result_path(runtime_dir: Path | str, frontend: bytes) -> str:
     """Where a frontend receives results straight from the workers: the unix socket it
     listens on (shoal.ipc.result_link)."""

@@ -55,6 +55,7 @@ _BACKENDS: dict[str, str] = {
     "openvino": "shoal.workers.openvino_backend:OpenVinoBackend",
     "tensorflow": "shoal.workers.tf_backend:TensorFlowBackend",
     "tensorrt": "shoal.workers.tensorrt_backend:TensorRtBackend",
+    "identity": "shoal.workers.identity_backend:IdentityBackend",
 }
 
 

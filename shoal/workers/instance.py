@@ -31,6 +31,7 @@ from shoal.workers.cancels import RunningCancels
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.loading import LoadedModel
 from shoal.workers.python_backend import error_code
+from shoal.workers.rescheduling import Rescheduled, RescheduledRequests
 from shoal.workers.tensors import (
     OutputTooLarge,
     host_span,
@@ -83,6 +84,8 @@ class ModelInstance:
         self.streams: DecoupledRun | None = None
         #: Which running requests were cancelled (a Python model's): set by the worker.
         self.cancels: RunningCancels | None = None
+        #: Requests a Python model rescheduled, to run again (shoal/workers/rescheduling.py).
+        self.rescheduled = RescheduledRequests()
 
     def run(self, batch: m.ExecuteBatch, t0: int) -> tuple[m.BatchDone, Answers]:
         """Run one batch; ``t0``: when the worker took it (perf_counter_ns). Returns its
@@ -99,7 +102,7 @@ class ModelInstance:
             if self.streams is not None:
                 t1, t2, samples = self.streams.execute(live, failed, still_open)
             elif self.per_request:
-                t1, t2, samples = self.run_requests(live, failed, answers, batch.rows)
+                t1, t2, samples = self.run_requests(live, failed, answers, batch.rows, still_open)
             else:
                 t1, t2, samples = self.run_batch(live, failed, answers, batch.rows, t0)
         t3 = time.perf_counter_ns()
@@ -188,17 +191,24 @@ class ModelInstance:
         return t1, t2, samples
 
     def run_requests(
-        self, live: Live, failed: list[int], answers: Answers, rows: int = 0
+        self,
+        live: Live,
+        failed: list[int],
+        answers: Answers,
+        rows: int = 0,
+        still_open: list[int] | None = None,
     ) -> tuple[int, int, int]:
         """A backend that takes the batch's requests one by one (Python models): each
         request's own tensors in, its own outputs or error out. A Direct sequence batch
         of ``rows`` rows also gets a null request (READY false) for each row without a
-        request, as Triton gives the model, and their answers are dropped. Returns as
-        ``run_batch``."""
+        request, as Triton gives the model, and their answers are dropped. A request the
+        model rescheduled is held (``rescheduled``), its position in ``still_open``.
+        Returns as ``run_batch``."""
         backend = self.backend
         t1 = time.perf_counter_ns()
         pairs = [(it.request, tensors) for _, it, tensors in live]
         positions = list(range(len(live)))  # each live request's place among the requests
+        requests: list[Any] = []
         try:
             if self.sequence is not None:
                 for _, it, tensors in live:
@@ -215,6 +225,7 @@ class ModelInstance:
             t1 = time.perf_counter_ns()
             results = backend.execute_requests(requests)
             results = [results[i] for i in positions]
+            requests = [requests[i] for i in positions]
         except Exception as exc:  # the model's fault, never the worker's end
             log.exception("model '%s': requests could not be run", self.model)
             results = [ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")] * len(live)
@@ -222,28 +233,64 @@ class ModelInstance:
             if self.cancels is not None:
                 self.cancels.end()
         t2 = time.perf_counter_ns()
-        for (pos, it, _), result in zip(live, results, strict=True):
-            asked = it.request.outputs
-            if not isinstance(result, ServingError):
-                # a requested output the model did not give is left out, as Triton's
-                # Python backend leaves it (the response has the others)
-                asked = [s for s in asked if s.name in result]
-                result = self.model_outputs(it, result, asked)
-            if isinstance(result, ServingError):
-                if result.code == Code.INTERNAL:
-                    log.error("%s", result.message)
-                failed.append(pos)
-                answers.append((it, error(it, result.code, result.message)))
+        for i, ((pos, it, tensors), result) in enumerate(zip(live, results, strict=True)):
+            if isinstance(result, Rescheduled):
+                self.rescheduled.add(it, tensors, requests[i])
+                if still_open is not None:
+                    still_open.append(pos)
                 continue
-            resp = self.result(it, result, asked)
-            if resp.error is not None:
+            answer = self.answer(it, tensors, result)
+            if answer.error is not None:
                 failed.append(pos)
-            elif params := getattr(result, "parameters", None):  # (python_backend.Answered)
-                resp.parameters = params
-            answers.append((it, resp))
+            answers.append((it, answer))
         if rows > len(live):
             return t1, t2, rows
         return t1, t2, self.samples(live)
+
+    def answer(self, it: m.WorkItem, tensors: dict[str, Any], result: Any) -> m.InferResponse:
+        """A Python model's result for the request ``it`` (fed ``tensors``) as its
+        answer, its outputs written where it asked."""
+        asked = it.request.outputs
+        if not isinstance(result, ServingError):
+            if self.sequence is not None:  # (its output states: the next inputs)
+                self.sequence.keep(it, result, tensors)
+            # a requested output the model did not give is left out, as Triton's
+            # Python backend leaves it (the response has the others)
+            asked = [s for s in asked if s.name in result]
+            result = self.model_outputs(it, result, asked)
+        if isinstance(result, ServingError):
+            if result.code == Code.INTERNAL:
+                log.error("%s", result.message)
+            return error(it, result.code, result.message)
+        resp = self.result(it, result, asked)
+        if resp.error is None and (params := getattr(result, "parameters", None)):
+            resp.parameters = params  # (python_backend.Answered)
+        return resp
+
+    def rerun(self) -> Answers:
+        """Run the requests the model rescheduled, together (a model that is not
+        decoupled): the answers of those it does not reschedule again, whose keys go to
+        ``rescheduled.ended``."""
+        pending = self.rescheduled.take()
+        items = [p.item for p in pending]
+        try:
+            if self.cancels is not None:
+                self.cancels.begin(items)
+            results = self.backend.execute_requests([p.request for p in pending])
+        except Exception as exc:  # the model's fault, never the worker's end
+            log.exception("model '%s': requests could not be run", self.model)
+            results = [ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")] * len(items)
+        finally:
+            if self.cancels is not None:
+                self.cancels.end()
+        answers: Answers = []
+        for p, result in zip(pending, results, strict=True):
+            if isinstance(result, Rescheduled):
+                self.rescheduled.pending.append(p)
+                continue
+            answers.append((p.item, self.answer(p.item, p.tensors, result)))
+            self.rescheduled.ended.append((p.item.frontend, p.item.request.req_id))
+        return answers
 
     def samples(self, live: Live) -> int:
         """The samples a batch of these requests runs (one each without batching)."""
@@ -388,6 +435,8 @@ class ModelInstance:
             info = m.ErrorInfo(int(error_code(err.code())), str(err.message()))
             return m.InferResponse(item.request.req_id, [], info, version, final=final)
         given = {t.name(): t.data() for t in response.output_tensors()}
+        if self.sequence is not None:
+            self.sequence.keep_given(item, given)
         asked = [s for s in item.request.outputs if s.name in given]
         checked = self.model_outputs(item, given, asked)
         if isinstance(checked, ServingError):

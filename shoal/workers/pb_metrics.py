@@ -29,6 +29,7 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +98,14 @@ class Registry:
         self.families: dict[str, _Family] = {}
         self.writer: cm.SnapshotWriter | None = None
         self.pid = 0
+        self._held = 0  # ``batched`` blocks under way: their changes wait for the last
+        self._dirty = False
 
     def changed(self) -> None:
         """(Under ``lock``.) Write the registry."""
+        if self._held:
+            self._dirty = True
+            return
         if self.writer is not None:
             with contextlib.suppress(OSError):  # (a full disk: the next change tries again)
                 self.writer.write(self.snapshot())
@@ -120,6 +126,21 @@ class Registry:
 
 
 registry = Registry()
+
+
+@contextlib.contextmanager
+def batched() -> Iterator[None]:
+    """Several changes, one snapshot write at the end (shoal's, for its own models'
+    metrics: a generative model's engine updates a dozen of them per step)."""
+    with registry.lock:
+        registry._held += 1
+        try:
+            yield
+        finally:
+            registry._held -= 1
+            if not registry._held and registry._dirty:
+                registry._dirty = False
+                registry.changed()
 
 
 def publish_to(path: Path, pid: int) -> None:

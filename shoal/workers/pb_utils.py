@@ -38,6 +38,14 @@ from shoal.workers.pb_errors import TritonError, TritonModelException, expect
 from shoal.workers.pb_logger import Logger
 from shoal.workers.pb_metrics import Metric, MetricFamily
 from shoal.workers.pb_model_config import ModelConfig
+from shoal.workers.pb_types import (
+    as_bytes,
+    deserialize_bytes_tensor,
+    numpy_to_triton_type,
+    serialize_byte_tensor,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+)
 
 # Triton's names, defined beside (the rest is used by name, as Triton's module is)
 __all__ = [
@@ -47,8 +55,13 @@ __all__ = [
     "ModelConfig",
     "TritonError",
     "TritonModelException",
+    "deserialize_bytes_tensor",
     "is_model_ready",
     "load_model",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor",
+    "triton_string_to_numpy",
+    "triton_to_numpy_type",
     "unload_model",
 ]
 
@@ -57,27 +70,10 @@ _log = logging.getLogger("shoal.worker.model")
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-
-_TYPES: dict[str, Any] = {
-    "TYPE_BOOL": np.bool_,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
-    "TYPE_STRING": np.object_,
-}
-# model_config.proto's DataType numbers
-_TYPE_NUMBERS = {1: "TYPE_BOOL", 2: "TYPE_UINT8", 3: "TYPE_UINT16", 4: "TYPE_UINT32",
-                 5: "TYPE_UINT64", 6: "TYPE_INT8", 7: "TYPE_INT16", 8: "TYPE_INT32",
-                 9: "TYPE_INT64", 10: "TYPE_FP16", 11: "TYPE_FP32", 12: "TYPE_FP64",
-                 13: "TYPE_STRING"}  # fmt: skip
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+#: ``request.set_release_flags(...)``: run the request again, in a later batch (a model
+#: with ``sequence_batching { iterative_sequence: true }``; shoal/workers/rescheduling.py)
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 
 class Tensor:
@@ -100,7 +96,7 @@ class Tensor:
             )
         array = np.asarray(data)
         if array.dtype.kind in "US":  # text or bytes: BYTES, as Triton keeps them
-            array = np.array([_as_bytes(v) for v in array.reshape(-1)], dtype=object).reshape(
+            array = np.array([as_bytes(v) for v in array.reshape(-1)], dtype=object).reshape(
                 array.shape
             )
         self._name = name
@@ -165,10 +161,6 @@ class Tensor:
         except ValueError as exc:
             raise TritonModelException(str(exc)) from None
         return Tensor._of(name, host, on_device, bf16)
-
-
-def _as_bytes(v: Any) -> bytes:
-    return v if isinstance(v, bytes) else str(v).encode()
 
 
 class MemoryType(enum.Enum):
@@ -266,6 +258,7 @@ class InferenceRequest:
         self._parameters = parameters or {}
         self._model_name = model_name
         self._trace = trace if trace is not None else InferenceTrace()
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def trace(self) -> InferenceTrace:
         """Its trace (given to a BLS request, that request's trace is its child)."""
@@ -291,6 +284,21 @@ class InferenceRequest:
 
     def model_name(self) -> str:
         return self._model_name
+
+    def set_release_flags(self, flags: int) -> None:
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: run this request again, in a later
+        batch, once this ``execute`` is done (its response then None)."""
+        expect("set_release_flags()", "flags", flags, int)
+        self._release_flags = flags
+
+    def release_flags(self) -> int:
+        return self._release_flags
+
+    def _rerun(self) -> None:
+        """The worker runs it again (rescheduled): no flags, released in full unless
+        the model reschedules it again."""
+        self._flags = 0
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def is_cancelled(self) -> bool:
         """Whether the request's client gave up (shoal/workers/cancels.py)."""
@@ -487,43 +495,3 @@ def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[st
 
 def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((t for t in model_config.get("output", []) if t.get("name") == name), None)
-
-
-def triton_string_to_numpy(triton_type_string: str) -> Any:
-    return _TYPES[triton_type_string]
-
-
-def triton_to_numpy_type(data_type: int) -> Any:
-    return _TYPES[_TYPE_NUMBERS[data_type]]
-
-
-def numpy_to_triton_type(data_type: Any) -> int | None:
-    dtype = np.dtype(data_type)
-    if dtype.kind in "OSU":
-        return 13  # TYPE_STRING
-    for number, name in _TYPE_NUMBERS.items():
-        if np.dtype(_TYPES[name]) == dtype:
-            return number
-    return None
-
-
-def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray:
-    """Triton's layout of a BYTES tensor (each element: a 4-byte little-endian length,
-    then its bytes), as a flat uint8 array."""
-    parts = []
-    for v in np.asarray(input_tensor, dtype=object).reshape(-1):
-        b = _as_bytes(v)
-        parts += [len(b).to_bytes(4, "little"), b]
-    return np.frombuffer(b"".join(parts), dtype=np.uint8)
-
-
-def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
-    """The elements of a serialized BYTES tensor, as an object array of bytes."""
-    raw, items, at = bytes(np.asarray(encoded_tensor, dtype=np.uint8)), [], 0
-    while at + 4 <= len(raw):
-        n = int.from_bytes(raw[at : at + 4], "little")
-        items.append(raw[at + 4 : at + 4 + n])
-        at += 4 + n
-    out = np.empty(len(items), dtype=object)
-    out[:] = items
-    return out

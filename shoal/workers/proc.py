@@ -33,21 +33,18 @@ from shoal.ipc.lifecycle import EXIT_FATAL, EXIT_RETIRED, raise_open_file_limit,
 from shoal.ipc.result_link import ResultSender
 from shoal.ipc.shm import RegionMap
 from shoal.workers import backend as backends
-from shoal.workers import faults, loading, pb_metrics, pb_utils, trace_note
+from shoal.workers import faults, loading, pb_metrics, pb_utils, trace_note, welcome
 from shoal.workers.cancels import RunningCancels
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.instance import Answers, ModelInstance
 from shoal.workers.loading import WorkerSettings
+from shoal.workers.readiness import ReadinessCheck, ReadinessServer
 from shoal.workers.streams import DecoupledStreams
 
 log = logging.getLogger("shoal.worker")
 
 _HELLO_RETRY_S = 1.0
 _SWEEP_MAPPINGS_S = 5.0
-_FAILED_REPORT_WAIT_S = 10.0
-# How long a starting worker waits for the broker's welcome before it loads its model:
-# the welcome carries the server's log settings, which the load's own lines should obey.
-_WELCOME_BEFORE_LOAD_S = 0.5
 _CLOSE_LINGER_MS = 1000  # how long unsent answers may hold a stopping worker
 
 
@@ -79,6 +76,7 @@ class WorkerProc:
         self.io_lock = threading.RLock()
         self.streams: DecoupledStreams | None = None  # a decoupled model's open requests
         self.cancels: RunningCancels | None = None  # another Python model's cancels
+        self.readiness: ReadinessServer | None = None  # its model's own readiness check
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._welcomed = False
         self._last_hello = self._last_sweep = 0.0
@@ -130,8 +128,10 @@ class WorkerProc:
                 self._bls_children,
             )
         elif instance.per_request:  # a Python model: its requests' is_cancelled()
-            instance.cancels = self.cancels = RunningCancels(self._read_cancels)
+            instance.cancels = self.cancels = RunningCancels(self._read_cancels, self.sock)
+            loaded.backend.wait_async = self.cancels.wait  # type: ignore[attr-defined]
         self.config_bytes = loaded.config_bytes
+        self._serve_readiness(loaded.backend)
         threads = loaded.threads
         log.info(
             "loaded '%s' version %d instance %d (%s) on %s",
@@ -142,7 +142,21 @@ class WorkerProc:
             f"GPU {s.gpu}" if s.gpu is not None else f"cores {s.cores or 'any'}",
         )
         self.threads = threads
-        return m.WorkerReady(self.config_bytes, list(s.cores), threads)
+        return self._ready()
+
+    def _ready(self) -> m.WorkerReady:
+        s, checks = self.s, self.readiness is not None
+        return m.WorkerReady(self.config_bytes, list(s.cores), self.threads, checks)
+
+    def _serve_readiness(self, backend: Any) -> None:
+        """A model with a readiness check of its own (a Python model's ``is_ready``)
+        answers probes on its socket (shoal/workers/readiness.py)."""
+        readiness = getattr(backend, "readiness", None)
+        call = readiness() if readiness is not None else None
+        if call is not None and self.readiness is None:
+            path = sockets.readiness_path(self.s.runtime_dir, os.getpid())
+            name = self.s.instance_name or self.s.model
+            self.readiness = ReadinessServer(path, ReadinessCheck(call), name)
 
     def _start_scripting(self) -> None:
         """A Python model may call other models (shoal/workers/bls.py) and keep metrics of
@@ -153,53 +167,13 @@ class WorkerProc:
         pid = os.getpid()
         pb_metrics.publish_to(custom_metrics.snapshot_path(self.s.runtime_dir, pid), pid)
 
-    def _await_welcome(self) -> None:
-        """Stay until a broker has read this worker's hello, and so the failure queued
-        behind it (at most _FAILED_REPORT_WAIT_S, or until told to stop).
-
-        The socket drops unsent messages when it closes: a worker that fails before the
-        broker binds (a loaded host, or supervisord starting it first) would otherwise
-        leave its model LOADING for good, with the reason lost.
-        """
-        deadline = time.monotonic() + _FAILED_REPORT_WAIT_S
-        while not self.stop and time.monotonic() < deadline:
-            if not self.sock.poll(100, zmq.POLLIN):
-                continue
-            frames = self.sock.recv_multipart(copy=True)
-            with contextlib.suppress(ValueError, IndexError):
-                if isinstance(m.decode(frames[0], frames[1]), m.Welcome):
-                    return
-
     # -- loop ------------------------------------------------------------------------
-
-    def _welcome_before_load(self) -> int | None:
-        """The broker's pid from its welcome, if one comes within _WELCOME_BEFORE_LOAD_S
-        (its log settings applied); None if the broker is not there yet. Nothing else
-        the broker sends before WorkerReady needs this worker (no region is mapped yet),
-        but a shutdown."""
-        deadline = time.monotonic() + _WELCOME_BEFORE_LOAD_S
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                return None
-            frames = self.sock.recv_multipart(copy=True)
-            try:
-                msg = m.decode(frames[0], frames[1])
-            except (ValueError, IndexError):
-                continue
-            if isinstance(msg, m.Welcome | m.LogSettings):
-                settings = msg.log if isinstance(msg, m.Welcome) else msg
-                if settings is not None:
-                    logs.apply(settings)
-            if isinstance(msg, m.Welcome):
-                return msg.broker_pid
-            if isinstance(msg, m.Shutdown):
-                self.stop = True
-                self.retired = msg.retire
-        return None
 
     def run(self) -> int:
         self._hello()
-        broker_pid = self._welcome_before_load()
+        broker_pid, shutdown = welcome.before_load(self.sock)
+        if shutdown is not None:
+            self.stop, self.retired = True, shutdown.retire
         if self.retired:  # unloaded (or replaced) before it loaded
             return EXIT_RETIRED
         # One descriptor per client region it maps; raised (and logged) once the
@@ -219,7 +193,7 @@ class WorkerProc:
         self.sock.send_multipart(m.encode(outcome))
         if isinstance(outcome, m.WorkerFailed):
             if broker_pid is None:  # welcomed already: the broker reads what follows
-                self._await_welcome()
+                welcome.after_failure(self.sock, lambda: self.stop)
             time.sleep(0.2)  # the failure is read before the broker sees this pid exit
             return EXIT_FATAL  # a restart would fail the same way
         settle_gc()
@@ -232,7 +206,8 @@ class WorkerProc:
         self._last_hello = self._last_sweep = time.monotonic()
         try:
             while not self.stop:
-                events = dict(poller.poll(500))
+                # (requests a model rescheduled run again once nothing waits to be read)
+                events = dict(poller.poll(0 if self._rescheduled() else 500))
                 with self.io_lock:
                     try:
                         if self._turn(poller, events) == "shutdown":
@@ -261,18 +236,38 @@ class WorkerProc:
             if self._drain(poller) == "shutdown":
                 return "shutdown"
             self._welcomed = self._welcomed or self.broker_pidfd is not None
+        if self._rescheduled() and not events:
+            self._run_rescheduled()
         if not self._welcomed and time.monotonic() - self._last_hello > _HELLO_RETRY_S:
             self._hello()
-            ready = m.WorkerReady(self.config_bytes, self.s.cores, self.threads)
-            self.sock.send_multipart(m.encode(ready))
+            self.sock.send_multipart(m.encode(self._ready()))
             self._last_hello = time.monotonic()
         return ""
 
     def _report_ended(self) -> None:
-        """Tell the broker which open streams got their final response."""
-        if self.streams is not None and self.streams.ended:
-            keys = self.streams.take_ended()
+        """Tell the broker which open streams got their final response, and which
+        rescheduled requests ended (shoal/workers/rescheduling.py)."""
+        keys = self.streams.take_ended() if self.streams is not None else []
+        if self.instance is not None and self.instance.rescheduled.ended:
+            keys += self.instance.rescheduled.take_ended()
+        if keys:
             sockets.send_frames(self.sock, m.encode(m.StreamsEnded(keys)))
+
+    def _rescheduled(self) -> bool:
+        return self.instance is not None and bool(self.instance.rescheduled)
+
+    def _run_rescheduled(self) -> None:
+        """Run the requests the model rescheduled (``io_lock`` held): a decoupled model's
+        answer through their senders; the others' answers go to their frontends here."""
+        assert self.instance is not None
+        if self.streams is not None:
+            self.streams.rerun()
+            return
+        direct: dict[bytes, list[bytes]] = {}
+        for item, resp in self.instance.rerun():
+            direct.setdefault(item.frontend, []).append(m.encode_payload(resp))
+        for frontend, payloads in direct.items():
+            self._answer_frontend(frontend, payloads)
 
     def _drain(self, poller: EventWait) -> str:
         while True:
@@ -469,6 +464,8 @@ class WorkerProc:
             self.streams.cancel(msg.frontend, msg.req_id)
         elif self.cancels is not None:
             self.cancels.cancel(msg.frontend, msg.req_id)
+            if self.instance is not None:  # (one it holds, rescheduled, ends)
+                self.instance.rescheduled.drop(msg.frontend, msg.req_id)
 
     def _answer_ordered(self, item: m.WorkItem, resp: m.InferResponse) -> None:
         """Through the broker, for a model that preserves ordering (it releases answers
@@ -507,6 +504,10 @@ class WorkerProc:
             self.scripting.close()
             pb_metrics.stop_publishing()
             custom_metrics.snapshot_path(self.s.runtime_dir, os.getpid()).unlink(missing_ok=True)
+        if self.cancels is not None:
+            self.cancels.close()
+        if self.readiness is not None:
+            self.readiness.close()
         with self.io_lock:
             self._end_open_streams()
             self.cuda.close()

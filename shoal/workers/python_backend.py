@@ -19,6 +19,10 @@ As Triton's Python backend:
   each request's response sender, any number of times, and its ``execute`` returns None
   (``execute_decoupled``). The worker gives the senders (shoal/workers/streams.py).
 
+* A config parameter ``generative_model`` names a class of ``model.py`` that shoal's
+  generative engine serves in place of ``TritonPythonModel`` (in-flight batching over a
+  paged KV cache: shoal/workers/generative/, docs/generative-models.md).
+
 * A model's own requests to other models (business logic scripting,
   ``pb_utils.InferenceRequest(...).exec()``) go through shoal/workers/bls.py.
 
@@ -28,6 +32,12 @@ As Triton's Python backend:
 
 * ``EXECUTION_ENV_PATH`` (a conda-pack or venv tarball, or a folder): the worker runs in
   that environment's interpreter, exec'd before it connects (shoal/workers/python_env.py).
+* ``TritonPythonModel.is_ready()`` (if defined; sync or async) answers each readiness
+  probe of the model, beside ``execute`` (shoal/workers/readiness.py).
+* ``request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`` (iterative
+  sequences): the request runs again later (shoal/workers/rescheduling.py).
+* A sequence model's implicit state: the state input is one of the request's inputs, the
+  output state a tensor of its response (shoal/workers/sequence_io.py keeps it).
 * ``pb_utils.MetricFamily`` / ``Metric`` (shoal/workers/pb_metrics.py), and
   ``load_model`` / ``unload_model`` / ``is_model_ready`` (shoal/workers/pb_control.py).
 * Each request's inputs are the model's own copies, in host memory; a KIND_GPU instance
@@ -48,6 +58,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +69,7 @@ from shoal.configs.model_spec import ModelSpec
 from shoal.configs.schema import ConfigError
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
-from shoal.workers import pb_utils
+from shoal.workers import pb_utils, rescheduling
 from shoal.workers.tensors import on_host
 
 log = logging.getLogger("shoal.worker")
@@ -81,6 +92,8 @@ def error_code(code: int) -> Code:
 
 
 _FORCE_CPU = "FORCE_CPU_ONLY_INPUT_TENSORS"
+#: The parameter that makes a model.py class a generative model shoal's engine serves.
+_GENERATIVE = "generative_model"
 #: What Triton's Python backend refuses in a stub's name (the model's, for its
 #: auto-complete stub; the instance's): the characters a shell would act on.
 _INVALID_NAME_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
@@ -101,11 +114,19 @@ class Answered(dict[str, np.ndarray]):
         self.parameters = parameters
 
 
-def _flags(req: m.InferRequest) -> int:
+def rescheduled(request: Any) -> bool:
+    """The model released ``request`` with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
+    flags = getattr(request, "release_flags", None)
+    return flags is not None and bool(flags() & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+
+
+def _flags(req: m.InferRequest, iterative: bool = False) -> int:
+    """The request's flags; an iterative sequence's first run has START alone (the
+    broker makes each of its requests a sequence of its own), as Triton's."""
     flags = 0
     if req.sequence_start:
         flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-    if req.sequence_end:
+    if req.sequence_end and not iterative:
         flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
     return flags
 
@@ -119,8 +140,11 @@ class _EventLoop:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="async-execute", daemon=True).start()
 
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def run(self, coro: Any, wait: Callable[[Future[Any]], Any] | None = None) -> Any:
+        """The coroutine's result, got by ``wait`` (the worker's, which reads its cancels
+        meanwhile; ``Future.result`` by default)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result() if wait is None else wait(future)
 
     def background(self, coro: Any, done: Any) -> None:
         asyncio.run_coroutine_threadsafe(coro, self.loop).add_done_callback(done)
@@ -134,16 +158,23 @@ class PythonBackend:
         self.name = ""
         self.instance_name = ""
         self.decoupled = False  # its config's model_transaction_policy
+        self.iterative = False  # its config's iterative_sequence: it may reschedule
         self.gpu_inputs = False  # inputs in CUDA shared memory stay on the GPU
         self.bf16_inputs: set[str] = set()  # (their tensors refuse as_numpy, as Triton's)
         # the completed config as Triton's JSON form (its /config), given to ``initialize``
         # as ``model_config``; the worker sets it before ``load``
         self.model_config: dict[str, Any] | None = None
         self._loop: _EventLoop | None = None  # made for the first async execute
+        self._loop_lock = threading.Lock()
+        #: How the worker's thread waits for an async execute (shoal/workers/cancels.py's
+        #: ``RunningCancels.wait``: it reads the cancels meanwhile): set by the worker.
+        self.wait_async: Callable[[Future[Any]], Any] | None = None
         self._cls: Any = None  # TritonPythonModel, once imported
 
-    def _model_class(self, model_file: Path) -> Any:
-        """``TritonPythonModel`` of ``model.py``, imported once."""
+    def _model_class(self, model_file: Path, generative: str = "") -> Any:
+        """``TritonPythonModel`` of ``model.py``, imported once; with ``generative`` (the
+        config's ``generative_model``), shoal's engine serving that class of it
+        (shoal/workers/generative/runner.py)."""
         if self._cls is not None:
             return self._cls
         if not model_file.is_file():
@@ -164,9 +195,15 @@ class PythonBackend:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # (dataclasses and pickle look it up there)
         spec.loader.exec_module(module)
-        cls = getattr(module, "TritonPythonModel", None)
+        cls = getattr(module, generative or "TritonPythonModel", None)
         if cls is None:
-            raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+            raise AttributeError(
+                f"{model_file} defines no class {generative or 'TritonPythonModel'}"
+            )
+        if generative:
+            from shoal.workers.generative.runner import runner_for
+
+            cls = runner_for(cls)
         self._cls = cls
         return cls
 
@@ -174,7 +211,10 @@ class PythonBackend:
         """The config as the model's ``auto_complete_config`` completes it (the config
         itself when it has none); its refusals (ValueError) fail the load."""
         _check_stub_name(config.name)
-        cls = self._model_class(model_file)
+        generative = (
+            config.parameters[_GENERATIVE].string_value if _GENERATIVE in config.parameters else ""
+        )
+        cls = self._model_class(model_file, generative)
         complete = getattr(cls, "auto_complete_config", None)
         if complete is None:
             return config
@@ -197,11 +237,13 @@ class PythonBackend:
         JSON form)."""
         self.name = config.name
         self.decoupled = config.decoupled
+        sb = config.sequence_batching
+        self.iterative = sb is not None and sb.iterative_sequence
         force_cpu = config.parameters.get(_FORCE_CPU, "")
         self.bf16_inputs = {i.name for i in config.inputs if i.datatype == "BF16"}
         self.gpu_inputs = gpu and force_cpu.strip().lower() in ("no", "false", "0", "off")
         _check_stub_name(self.instance_name or config.name)
-        cls = self._model_class(model_file)
+        cls = self._model_class(model_file, config.parameters.get(_GENERATIVE, ""))
         self.model = cls()
         init = getattr(self.model, "initialize", None)
         if init is not None:
@@ -241,6 +283,8 @@ class PythonBackend:
         (result,) = self.execute_requests([req])
         if isinstance(result, ServingError):
             raise result
+        if not isinstance(result, dict):  # (nothing would run it again)
+            raise ServingError(Code.INTERNAL, "a warmup request cannot be rescheduled")
         return [result[name] for name in outputs]
 
     def requests(
@@ -260,7 +304,7 @@ class PythonBackend:
                 [o.name for o in req.outputs],
                 request_id=req.request_id,
                 correlation_id=req.sequence_id,
-                flags=_flags(req),
+                flags=_flags(req, self.iterative),
                 parameters=dict(req.parameters),
                 model_name=req.model,
                 sender=senders[i] if senders is not None else None,
@@ -338,17 +382,34 @@ class PythonBackend:
         return done
 
     def _event_loop(self) -> _EventLoop:
-        if self._loop is None:
-            self._loop = _EventLoop()
-        return self._loop
+        with self._loop_lock:  # (the readiness check's thread may ask first)
+            if self._loop is None:
+                self._loop = _EventLoop()
+            return self._loop
 
-    def execute_requests(self, requests: list[Any]) -> list[dict[str, np.ndarray] | ServingError]:
+    def readiness(self) -> Callable[[], Any] | None:
+        """The model's ``is_ready`` (an async one run on the instance's event loop), or
+        None if it has none (shoal/workers/readiness.py calls it)."""
+        check = getattr(self.model, "is_ready", None)
+        if check is None:
+            return None
+
+        def call() -> Any:
+            value = check()
+            return self._event_loop().run(value) if inspect.iscoroutine(value) else value
+
+        return call
+
+    def execute_requests(
+        self, requests: list[Any]
+    ) -> list[dict[str, np.ndarray] | ServingError | rescheduling.Rescheduled]:
         """``TritonPythonModel.execute``: each request's outputs by name (``Answered``,
-        with them, where its response has parameters), or its error."""
+        with them, where its response has parameters), or its error, or RESCHEDULED
+        (shoal/workers/rescheduling.py)."""
         try:
             responses = self.model.execute(requests)
             if inspect.iscoroutine(responses):  # an async execute, as Triton runs it
-                responses = self._event_loop().run(responses)
+                responses = self._event_loop().run(responses, self.wait_async)
         except Exception as exc:
             return self._all_fail(f"{type(exc).__name__}: {exc}", len(requests))
         if not isinstance(responses, list):
@@ -363,15 +424,25 @@ class PythonBackend:
                 f"InferenceResponse(s) size is:{len(responses)}",
                 len(requests),
             )
-        for resp in responses:
-            if not isinstance(resp, pb_utils.InferenceResponse):
+        again = [rescheduled(r) for r in requests]
+        for resp, later in zip(responses, again, strict=True):
+            if later and resp is not None:
+                return self._all_fail(rescheduling.not_none(resp), len(requests))
+            if not later and not isinstance(resp, pb_utils.InferenceResponse):
                 return self._all_fail(
                     "Expected an 'InferenceResponse' object in the execute function return "
                     f"list, found type '{type(resp).__name__}'.",
                     len(requests),
                 )
-        out: list[dict[str, np.ndarray] | ServingError] = []
-        for resp in responses:
+        out: list[dict[str, np.ndarray] | ServingError | rescheduling.Rescheduled] = []
+        for resp, later in zip(responses, again, strict=True):
+            if later:
+                out.append(
+                    rescheduling.RESCHEDULED
+                    if self.iterative
+                    else ServingError(Code.INTERNAL, rescheduling.NOT_CONFIGURED)
+                )
+                continue
             err = resp.error()
             if err is not None:
                 out.append(ServingError(error_code(err.code()), err.message()))
@@ -381,7 +452,7 @@ class PythonBackend:
             out.append(Answered(tensors, params) if params else tensors)
         return out
 
-    def _all_fail(self, message: str, count: int) -> list[dict[str, np.ndarray] | ServingError]:
+    def _all_fail(self, message: str, count: int) -> list[Any]:
         error = ServingError(
             Code.INTERNAL,
             f"Failed to process the request(s) for model instance '{self.instance_name}', "

@@ -208,10 +208,15 @@ class SequenceIO:
         flags = {"START": req.sequence_start, "END": req.sequence_end, "READY": True}
         for c in self.controls:
             feed[c.name] = self._value(c, flags.get(c.kind), req.sequence_id)
+        feed.update(self.state_inputs(item))
+
+    def state_inputs(self, item: m.WorkItem) -> dict[str, np.ndarray]:
+        """The state inputs of the request ``item``: its sequence's output states of its
+        previous request, or the initial ones."""
+        req = item.request
         held = None if req.sequence_start else self._held.get(item.slot)
         values = held[1] if held is not None and held[0] == req.sequence_id else {}
-        for s in self.states:
-            feed[s.input] = values.get(s.input, s.initial)
+        return {s.input: values.get(s.input, s.initial) for s in self.states}
 
     def null_row(self, like: dict[str, Any]) -> dict[str, Any]:
         """A Direct batch's row for a slot without a request, shaped after ``like`` (a
@@ -238,9 +243,23 @@ class SequenceIO:
             row[s.input] = s.initial
         return row
 
-    def keep(self, item: m.WorkItem, outs: dict[str, Any]) -> None:
-        """The output states of the request ``item``: its sequence's next state inputs."""
+    def keep(
+        self, item: m.WorkItem, outs: dict[str, Any], fed: dict[str, Any] | None = None
+    ) -> None:
+        """The output states of the request ``item``: its sequence's next state inputs.
+        With ``fed`` (a Python model's, which may leave an output state out of a
+        response), a state the outputs lack stays the one the request was fed."""
         if not self.states:
             return
-        values = {s.input: np.array(on_host(outs[s.output]), copy=True) for s in self.states}
+        values = {
+            s.input: np.array(on_host(outs[s.output] if fed is None or s.output in outs
+                                      else fed[s.input]), copy=True)
+            for s in self.states
+        }  # fmt: skip
         self._held[item.slot] = (item.request.sequence_id, values)
+
+    def keep_given(self, item: m.WorkItem, outs: dict[str, Any]) -> None:
+        """A decoupled Python model's response to ``item``: the output states it gives
+        (if any) become its sequence's next state inputs."""
+        if any(s.output in outs for s in self.states):
+            self.keep(item, outs, self.state_inputs(item))

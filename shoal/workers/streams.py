@@ -27,6 +27,8 @@ from shoal.ipc import messages as m
 from shoal.ipc.errors import Code
 from shoal.workers import pb_utils, trace_note
 from shoal.workers.instance import Live, ModelInstance, error
+from shoal.workers.python_backend import rescheduled as _rescheduled
+from shoal.workers.rescheduling import NOT_CONFIGURED, Pending
 
 log = logging.getLogger("shoal.worker")
 
@@ -81,6 +83,7 @@ class DecoupledStreams:
         sequence = self.instance.sequence
         senders = [self._sender(it) for _, it, _ in live]
         t1 = time.perf_counter_ns()
+        requests: list[Any] = [None] * len(live)
         try:
             if sequence is not None:  # (Oldest only: no null requests to answer)
                 for _, it, tensors in live:
@@ -98,18 +101,18 @@ class DecoupledStreams:
                 f"message: {type(exc).__name__}: {exc}"
             )
         t2 = time.perf_counter_ns()
+        ran = [
+            (sender, Pending(it, tensors, r) if r is not None else None)
+            for (_, it, tensors), r, sender in zip(live, requests, senders, strict=True)
+        ]
         # (the model's requests, and so their senders, are let go of: a sender the model
         # kept no reference to ends its request when this returns, through its __del__)
         requests = []
-        if failure is not None:
-            log.error("%s", failure)
+        ended = self._after(ran, failure)
+        del ran
         for (pos, it, _), sender in zip(live, senders, strict=True):
-            if failure is not None and not sender.closed:
+            if sender in ended:
                 failed.append(pos)
-                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(failure))
-                # (a model thread's final flag may win the race: then it is closed)
-                with contextlib.suppress(pb_utils.TritonModelException):
-                    sender.send(response, _FINAL)
             stream = self.open.get((it.frontend, it.request.req_id))
             if stream is not None:
                 stream.reported_open = True
@@ -122,6 +125,43 @@ class DecoupledStreams:
             stream = self.open.get((it.frontend, it.request.req_id))
             if stream is not None and stream.ran is not None:
                 stream.ran.append(time.monotonic_ns())
+
+    def _after(self, ran: list[tuple[Any, Pending | None]], failure: str | None) -> list[Any]:
+        """After ``execute`` ran these requests (each one's sender, and its request if it
+        was made): each one still open ends with the ``failure`` (if any); one the model
+        rescheduled is held to run again (or ends with Triton's refusal, where its model
+        has no iterative sequences). Returns the senders a failure ended."""
+        if failure is not None:
+            log.error("%s", failure)
+        ended = []
+        for sender, p in ran:
+            message = failure
+            if p is not None and message is None and _rescheduled(p.request) and not sender.closed:
+                if self.instance.backend.iterative:
+                    self.instance.rescheduled.add(p.item, p.tensors, p.request)
+                    continue
+                message = NOT_CONFIGURED
+            if message is not None and not sender.closed:
+                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+                # (a model thread's final flag may win the race: then it is closed)
+                with contextlib.suppress(pb_utils.TritonModelException):
+                    sender.send(response, _FINAL)
+                    ended.append(sender)
+        return ended
+
+    def rerun(self) -> None:
+        """Run the requests the model rescheduled, together, with their senders."""
+        pending = self.instance.rescheduled.take()
+        try:
+            with self._unlocked():
+                failure = self.instance.backend.execute_decoupled([p.request for p in pending])
+        except Exception as exc:  # the model's fault, never the worker's end
+            log.exception("model '%s': requests could not be run", self.instance.model)
+            failure = (
+                f"Failed to process the request(s) for model '{self.instance_name}', "
+                f"message: {type(exc).__name__}: {exc}"
+            )
+        self._after([(p.request.get_response_sender(), p) for p in pending], failure)
 
     def cancel(self, frontend: bytes, req_id: int) -> None:
         """The broker says the client of this request gave up: the model may look."""

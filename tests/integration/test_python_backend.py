@@ -187,6 +187,67 @@ class TritonPythonModel:
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("ARGS", text)]))
         return out
 """,
+    "async_wait": """
+import asyncio
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):  # as "waiter", awaiting between its looks
+        out = []
+        for r in requests:
+            limit = float(pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()[0])
+            pb_utils.Logger.log_info(f"async_wait: waiting {limit} s")
+            end = time.monotonic() + limit
+            while not r.is_cancelled() and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+            said = "cancelled" if r.is_cancelled() else "not cancelled"
+            pb_utils.Logger.log_info(f"async_wait: {said}")
+            text = np.array([said.encode()], dtype=object)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("ARGS", text)]))
+        return out
+""",
+    "gated": """
+import time
+from pathlib import Path
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.mode = Path(args["model_repository"]) / "mode"
+
+    def is_ready(self):  # as its folder's file "mode" says
+        mode = self.mode.read_text() if self.mode.exists() else "true"
+        if mode == "raise":
+            raise RuntimeError("the feature store is unreachable")
+        return 1 if mode == "int" else mode == "true"
+
+    def execute(self, requests):  # an identity; INPUT0's first value: seconds to take
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            if x.flat[0]:
+                pb_utils.Logger.log_info(f"gated: taking {x.flat[0]} s")
+                time.sleep(float(x.flat[0]))
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+""",
+    "gated_async": """
+import asyncio
+from pathlib import Path
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.warm = Path(args["model_repository"]) / "warm"
+
+    async def is_ready(self):  # ready once its folder's file "warm" exists
+        await asyncio.sleep(0)
+        return self.warm.exists()
+
+    def execute(self, requests):
+        return []
+""",
     "broken": """
 class TritonPythonModel:
     def initialize(self, args):
@@ -241,6 +302,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     _write(repo, "sloppy", MODELS["sloppy"], _config("sloppy", _io("INPUT0"), _io("OUTPUT0")))
     waits = _config("waiter", _io("INPUT0", dims="1"), _io("ARGS", "TYPE_STRING", "1"), mbs=0)
     _write(repo, "waiter", MODELS["waiter"], waits)
+    _write(repo, "async_wait", MODELS["async_wait"], waits.replace('"waiter"', '"async_wait"'))
+    for name in ("gated", "gated_async"):
+        _write(repo, name, MODELS[name], _config(name, _io("INPUT0"), _io("OUTPUT0"), mbs=0))
     decoupled = "model_transaction_policy { decoupled: true }\n" + (
         "dynamic_batching { preserve_ordering: true }"
     )
@@ -260,7 +324,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
         )
     )
     with served(repo, "--exit-on-error=false", "--strict-readiness=false") as srv:
-        srv.wait_settled(("add_sub", "ort_mlp", "broken", "args", "inplace", "decoupled", "waiter"))
+        settled = ("add_sub", "ort_mlp", "broken", "args", "inplace", "decoupled", "waiter")
+        srv.wait_settled((*settled, "async_wait", "gated", "gated_async"))
         yield srv
 
 
@@ -445,25 +510,27 @@ def _logged(server: ShoalServer, line: str, count: int, timeout: float = 20.0) -
     return server.log().count(line)
 
 
+@pytest.mark.parametrize("model", ["waiter", "async_wait"])
 def test_a_cancelled_grpc_request_reaches_a_model_that_is_not_decoupled(
-    server: ShoalServer,
+    server: ShoalServer, model: str
 ) -> None:
     """The client cancels while execute runs: ``request.is_cancelled()`` says so (as in
-    Triton's Python backend), the model returns early, and the instance serves on."""
-    cancels = server.log().count("waiter: cancelled")
-    waits = server.log().count("waiter: waiting 30.0 s")
+    Triton's Python backend), the model returns early, and the instance serves on. An
+    async execute sees it while it awaits (the worker reads its cancels meanwhile)."""
+    cancels = server.log().count(f"{model}: cancelled")
+    waits = server.log().count(f"{model}: waiting 30.0 s")
     with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
         x = grpcclient.InferInput("INPUT0", [1], "FP32")
         x.set_data_from_numpy(np.array([30.0], np.float32))
         answers: list[Any] = []
-        call = client.async_infer("waiter", [x], lambda result, error: answers.append(error))
-        assert _logged(server, "waiter: waiting 30.0 s", waits + 1) == waits + 1
+        call = client.async_infer(model, [x], lambda result, error: answers.append(error))
+        assert _logged(server, f"{model}: waiting 30.0 s", waits + 1) == waits + 1
         started = time.monotonic()
         call.cancel()
-        assert _logged(server, "waiter: cancelled", cancels + 1) == cancels + 1
+        assert _logged(server, f"{model}: cancelled", cancels + 1) == cancels + 1
         assert time.monotonic() - started < 10  # (not the 30 s the model would wait)
         x.set_data_from_numpy(np.array([0.0], np.float32))
-        assert client.infer("waiter", [x]).as_numpy("ARGS")[0] == b"not cancelled"
+        assert client.infer(model, [x]).as_numpy("ARGS")[0] == b"not cancelled"
     assert len(answers) == 1 and answers[0].status() == "StatusCode.CANCELLED"
 
 
@@ -523,3 +590,78 @@ def test_a_decoupled_model_that_preserves_ordering_is_refused_at_load(
         "without preserve_ordering or Direct sequence batching (this one has "
         "dynamic_batching.preserve_ordering)"
     )
+
+
+def _ready(server: ShoalServer, model: str) -> tuple[bool, bool, int]:
+    """What the gRPC and HTTP clients, and the HTTP status, say of ``model``'s readiness."""
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    http = httpclient.InferenceServerClient(server.url)
+    return (
+        grpc.is_model_ready(model),
+        http.is_model_ready(model),
+        server.http_status(f"/v2/models/{model}/ready"),
+    )
+
+
+def _identity(server: ShoalServer, x: np.ndarray) -> np.ndarray:
+    client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+    t = httpclient.InferInput("INPUT0", [4], "FP32")
+    t.set_data_from_numpy(x)
+    return client.infer("gated", [t]).as_numpy("OUTPUT0")
+
+
+@pytest.mark.parametrize(
+    ("mode", "ready"), [("true", True), ("false", False), ("raise", False), ("int", False)]
+)
+def test_is_ready_answers_each_readiness_probe(server: ShoalServer, mode: str, ready: bool) -> None:
+    """The model's ``is_ready`` answers ``/v2/models/{m}/ready`` and ModelReady: False,
+    an exception or a value that is not a bool is not ready (HTTP 400). Inference goes
+    on as before, and the version stays READY in the repository's index."""
+    (server.repo / "gated" / "mode").write_text(mode)
+    try:
+        assert _ready(server, "gated") == (ready, ready, 200 if ready else 400)
+        x = np.arange(4, dtype=np.float32) * 0
+        np.testing.assert_array_equal(_identity(server, x), x)
+        assert server.model_version("gated")["state"] == "READY"
+    finally:
+        (server.repo / "gated" / "mode").unlink()
+
+
+def test_an_async_is_ready_is_awaited(server: ShoalServer) -> None:
+    assert _ready(server, "gated_async")[:2] == (False, False)
+    (server.repo / "gated_async" / "warm").touch()
+    assert _ready(server, "gated_async")[:2] == (True, True)
+
+
+def test_is_ready_answers_while_execute_runs(server: ShoalServer) -> None:
+    """The check runs beside ``execute`` (as Triton's stub runs it): a probe of an
+    instance busy with a request is answered before that request is."""
+    x = np.full(4, 3.0, dtype=np.float32)  # execute takes 3 s
+    answered: list[float] = []
+    taking = server.log().count("gated: taking 3.0 s")
+    busy = threading.Thread(target=lambda: answered.append(_identity(server, x)[0]))
+    busy.start()
+    try:
+        assert _logged(server, "gated: taking 3.0 s", taking + 1) == taking + 1
+        assert _ready(server, "gated")[0] is True
+        assert not answered  # (the request still runs)
+    finally:
+        busy.join(30)
+    assert answered == [3.0]
+
+
+def test_many_probes_at_once_are_each_answered(server: ShoalServer) -> None:
+    """Probes that come together (Triton's test sends 16) share the running check, and
+    none is turned away (a refused connection would read as "not ready")."""
+    statuses: list[int] = []
+    probes = [
+        threading.Thread(
+            target=lambda: statuses.append(server.http_status("/v2/models/gated/ready"))
+        )
+        for _ in range(32)
+    ]
+    for probe in probes:
+        probe.start()
+    for probe in probes:
+        probe.join(30)
+    assert statuses == [200] * 32

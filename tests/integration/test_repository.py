@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -49,9 +50,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     (repo / "seq" / "config.pbtxt").write_text(
         config + "sequence_batching { iterative_sequence: true }\n"
     )
+    _identity(repo, "identity", "TYPE_FP32", 'parameters { key: "execute_delay_ms" '
+              'value: { string_value: "1" } }\ndynamic_batching { }\n')  # fmt: skip
+    _identity(repo, "identity_bad", "TYPE_INT32")
     with served(repo, "--exit-on-error=false", "--strict-readiness=false") as srv:
-        srv.wait_settled(("simple", "mlp"))
+        srv.wait_settled(("simple", "mlp", "identity", "identity_bad"))
         yield srv
+
+
+def _identity(repo: Path, name: str, output0: str, extra: str = "") -> None:
+    """A model of Triton's identity backend (no model file): two input/output pairs."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "identity"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, '
+        '{ name: "INPUT1" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
+        f'output [ {{ name: "OUTPUT0" data_type: {output0} dims: [ 4 ] }}, '
+        '{ name: "OUTPUT1" data_type: TYPE_STRING dims: [ -1 ] } ]\n' + extra
+    )
 
 
 def test_the_index_lists_every_version_and_why_one_is_not_ready(server: ShoalServer) -> None:
@@ -61,9 +77,17 @@ def test_the_index_lists_every_version_and_why_one_is_not_ready(server: ShoalSer
     assert "max_batch_size" in broken["reason"]
     # a valid config shoal cannot serve yet fails its load saying so
     (seq,) = [e for e in index if e["name"] == "seq"]
-    assert seq["reason"] == "failed to load 'seq': iterative sequence batching is not supported yet"
-    assert [e for e in index if e["name"] not in ("broken", "seq")] == [
+    assert seq["reason"] == (
+        "failed to load 'seq': iterative sequence batching is supported for Python models only"
+    )
+    (bad,) = [e for e in index if e["name"] == "identity_bad"]
+    assert bad["state"] == "UNAVAILABLE"
+    assert bad["reason"].endswith(
+        "expected input and output datatype to match, got TYPE_FP32 and TYPE_INT32"
+    )  # (Triton's identity backend's words)
+    assert [e for e in index if e["name"] not in ("broken", "seq", "identity_bad")] == [
         {"name": "ens", "version": "1", "state": "READY"},  # an ensemble: no instances
+        {"name": "identity", "version": "1", "state": "READY"},
         {"name": "mlp", "version": "1", "state": "READY"},
         {"name": "simple", "version": "1", "state": "READY"},
     ]
@@ -73,13 +97,14 @@ def test_the_index_lists_every_version_and_why_one_is_not_ready(server: ShoalSer
     assert over_grpc == index
     # ready: READY versions only (both protocols); a named repository is the same one
     ready = [e for e in index if e["state"] == "READY"]
-    assert len(ready) == 3
+    assert len(ready) == 4
     assert server.http("/v2/repository/index", b'{"ready":true}') == (200, _json(ready))
     assert server.http("/v2/repository/mine/index", b'{"ready":true}') == (200, _json(ready))
     request = grpcclient.service_pb2.RepositoryIndexRequest(ready=True)
     reply = client._client_stub.RepositoryIndex(request)
     assert [(m.name, m.state) for m in reply.models] == [
         ("ens", "READY"),
+        ("identity", "READY"),
         ("mlp", "READY"),
         ("simple", "READY"),
     ]
@@ -204,3 +229,20 @@ def test_model_control_flags_triton_refuses_are_refused_at_start(
     done = subprocess.run([*argv, *flags], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert words in done.stderr
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritons_identity_backend_is_built_in(server: ShoalServer, protocol: str) -> None:
+    """``backend: "identity"``: each OUTPUT<i> is the request's INPUT<i>, BYTES too."""
+    url, mod = server.client(protocol)
+    client = mod.InferenceServerClient(url)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    text = np.array([[b"a", b"bc", b""], [b"d", b"\x00e", b"f"]], dtype=object)
+    inputs = [mod.InferInput("INPUT0", [2, 4], "FP32"), mod.InferInput("INPUT1", [2, 3], "BYTES")]
+    inputs[0].set_data_from_numpy(x)
+    inputs[1].set_data_from_numpy(text)
+    result = client.infer("identity", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+    assert result.as_numpy("OUTPUT1").tolist() == text.tolist()
+    only = client.infer("identity", inputs, outputs=[mod.InferRequestedOutput("OUTPUT1")])
+    assert only.as_numpy("OUTPUT0") is None

@@ -231,7 +231,15 @@ def frontend_flags(args: argparse.Namespace) -> FrontendFlags:
 
 def add_connection_flags(p: argparse.ArgumentParser) -> None:
     """shoal's bounds on each frontend process's connections and on slow clients
-    (shoal.frontend.http_connections; gRPC's own are in GRPC_OPTION_FLAGS)."""
+    (shoal.frontend.http_connections; gRPC's own are in GRPC_OPTION_FLAGS), and the
+    HTTP listener's second port (``--openai-port``)."""
+    p.add_argument(
+        "--openai-port",
+        type=count_flag,
+        default=None,
+        help="a second port for the HTTP service, where clients of Triton's OpenAI "
+        "frontend (port 9000) find /v1/... (the HTTP port serves it too; default: none)",
+    )
     p.add_argument(
         "--http-max-connections",
         type=count_flag,
@@ -278,6 +286,7 @@ def add_connection_flags(p: argparse.ArgumentParser) -> None:
 
 
 _CONNECTION_FLAGS: Final = (
+    "--openai-port",
     "--http-max-connections",
     "--grpc-max-connections",
     "--http-header-timeout-secs",

@@ -408,3 +408,18 @@ def test_a_cancelled_request_ends_its_whole_sequence() -> None:
     assert not sb.backlog and 2 not in sb.open and len(sb) == 1
     with pytest.raises(SequenceRefused, match="sequence 2 to model 'acc' must specify"):
         sb.enqueue(_item(2), 0.2)
+
+
+def test_an_iterative_sequence_without_an_id_is_a_sequence_of_its_own() -> None:
+    """iterative_sequence: a request with no correlation ID gets one of the server's, with
+    START and END (its worker runs it again while the model reschedules it), and its slot
+    is free for the next once it was taken."""
+    sb = _batcher("oldest", mbs=0, iterative=True)
+    first, second = _item(0), _item(0)
+    sb.enqueue(first, 0.0)
+    sb.enqueue(second, 0.0)
+    ids = [first.request.sequence_id, second.request.sequence_id]
+    assert all(isinstance(i, int) and i > 0 for i in ids) and ids[0] != ids[1]
+    assert first.request.sequence_start and first.request.sequence_end
+    assert _run(sb, 1.0) == [first]
+    assert _run(sb, 2.0) == [second]

@@ -89,13 +89,16 @@ def test_unknown_model_file_gives_clear_error(repo: Path, make_model: MakeModel)
 
 
 def test_a_model_named_for_its_backend_gets_that_backend(repo: Path, make_model: MakeModel) -> None:
-    """Core's custom-backend rule: "model.identity" is the identity backend's (shoal has
-    none, so it fails as an unknown backend)."""
+    """Core's custom-backend rule: "model.identity" is the identity backend's (built in:
+    shoal/workers/identity_backend.py); "model.nosuch" names a backend shoal has not."""
     make_model("model.identity", filename="")
-    (entry,) = scan(repo)
-    assert entry.config is not None and entry.config.backend == "identity"
-    assert entry.config.default_model_filename == "model.identity"
-    assert entry.error is not None and "backend 'identity'" in entry.error
+    make_model("model.nosuch", filename="")
+    identity, nosuch = scan(repo)
+    assert identity.config is not None and identity.config.backend == "identity"
+    assert identity.config.default_model_filename == "model.identity"
+    assert identity.error is None
+    assert nosuch.config is not None and nosuch.config.backend == "nosuch"
+    assert nosuch.error is not None and "backend 'nosuch'" in nosuch.error
 
 
 def test_bad_models_do_not_stop_the_scan(repo: Path, make_model: MakeModel) -> None:
@@ -237,7 +240,7 @@ def test_missing_repository_raises(tmp_path: Path) -> None:
         scan(tmp_path / "nope")
 
 
-IDENTITY = 'backend: "identity"\nmax_batch_size: 2\n'
+IDENTITY = 'backend: "repeat"\nmax_batch_size: 2\n'
 
 
 @pytest.mark.parametrize(
@@ -245,10 +248,10 @@ IDENTITY = 'backend: "identity"\nmax_batch_size: 2\n'
     [
         ("__invalid_runtime__", None, "unable to find backend library '__invalid_runtime__' "
          "for model 'rt', searched: "),
-        ("../dummy_runtime/libtriton_identity.so", "dummy_runtime/libtriton_identity.so",
-         "backend library name '../dummy_runtime/libtriton_identity.so' escapes backend "
+        ("../dummy_runtime/libtriton_repeat.so", "dummy_runtime/libtriton_repeat.so",
+         "backend library name '../dummy_runtime/libtriton_repeat.so' escapes backend "
          "directory"),
-        ("libtriton_identity.so", "1/libtriton_identity.so", "shoal runs no C++ backend"),
+        ("libtriton_repeat.so", "1/libtriton_repeat.so", "shoal runs no C++ backend"),
     ],
 )  # fmt: skip
 def test_a_runtime_library_is_looked_for_as_triton_looks(

@@ -46,7 +46,7 @@ def test_valid_minimal_config_passes() -> None:
         ),
         ("", "must specify 'platform' or 'backend' for 'm'"),
         ('platform: "caffe2_netdef"', "unexpected platform type 'caffe2_netdef'"),
-        ('backend: "identity"', "unable to find backend library for backend 'identity'"),
+        ('backend: "repeat"', "unable to find backend library for backend 'repeat'"),
         (
             'platform: "onnxruntime_onnx" backend: "pytorch"',
             "unexpected 'platform' and 'backend' pair, got:onnxruntime_onnx, pytorch",

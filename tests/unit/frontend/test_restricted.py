@@ -41,7 +41,8 @@ def test_groups_parse_and_refuse_as_triton() -> None:
 
 
 def test_every_http_route_is_in_a_group() -> None:
-    app = build_app(SimpleNamespace(broker=SimpleNamespace(index=0)), 1024)  # type: ignore[arg-type]
+    broker = SimpleNamespace(index=0, on_models_changed=[], on_broker_lost=[])
+    app = build_app(SimpleNamespace(broker=broker), 1024)  # type: ignore[arg-type]
     paths = {
         re.sub(r"\{[^}]*\}", "1", r.resource.canonical)
         for r in app.router.routes()
@@ -56,6 +57,8 @@ def test_every_http_route_is_in_a_group() -> None:
     assert restricted.http_category("/v2/models/m/ready") == "health"
     assert restricted.http_category("/v2/models/m") == "metadata"
     assert restricted.http_category("/v2/models/m/config") == "model-config"
+    assert restricted.http_category("/v1/chat/completions") == "inference"
+    assert restricted.http_category("/v1/models/m") == "model-repository"
     assert restricted.http_category("/metrics") is None
 
 

@@ -162,3 +162,25 @@ def test_a_dead_workers_snapshot_is_not_shown_and_is_swept(tmp_path: Path) -> No
     writer.close()
     assert cm.read_all(runtime) == []
     assert cm.sweep(runtime) == [path] and not path.exists()
+
+
+def test_batched_changes_are_written_once_at_the_end(
+    published: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gauges = pb.MetricFamily("g", "a gauge", pb.MetricFamily.GAUGE)
+    counters = pb.MetricFamily("c", "a counter", pb.MetricFamily.COUNTER)
+    gauge, counter = gauges.Metric(), counters.Metric()
+    writes: list[cm.Snapshot] = []
+    writer = pb_metrics.registry.writer
+    assert writer is not None
+    real = writer.write
+    monkeypatch.setattr(writer, "write", lambda snap: (writes.append(snap), real(snap)))
+    with pb_metrics.batched():
+        gauge.set(3)
+        counter.increment(2)
+        with pb_metrics.batched():  # (nested: still one write, at the outer end)
+            gauge.set(4)
+        assert writes == []
+    assert len(writes) == 1
+    values = {f.name: f.metrics[0].value for f in writes[0].families}
+    assert values == {"g": 4.0, "c": 2.0}

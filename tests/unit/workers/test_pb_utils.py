@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 
 from shoal.configs.model_spec import ModelSpec
+from shoal.ipc import messages as m
+from shoal.ipc.errors import Code, ServingError
 from shoal.workers import pb_utils
 from shoal.workers.python_backend import PythonBackend
+from shoal.workers.rescheduling import RESCHEDULED, RescheduledRequests
 
 
 def test_a_model_imports_it_under_tritons_name_and_finalize_errors_are_logged(
@@ -166,3 +169,39 @@ def test_a_bls_request_takes_a_name_read_from_bytes_and_a_trace_to_continue() ->
     assert req.model_name() == "simple" and req.trace().trace_id == 7
     plain = pb_utils.InferenceRequest([], [])
     assert plain.trace().trace_id == 0 and plain.trace().get_context() is None
+
+
+class _Rescheduler:
+    """A model that reschedules every request (None for each), or answers one."""
+
+    answer = False
+
+    def execute(self, requests: list) -> list:
+        for r in requests:
+            r.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+        out = pb_utils.InferenceResponse([])
+        return [out if self.answer else None for _ in requests]
+
+
+def test_a_rescheduled_request_is_held_where_iterative_and_refused_elsewhere() -> None:
+    backend = PythonBackend()
+    backend.instance_name, backend.model = "m_0", _Rescheduler()
+    start = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    request = pb_utils.InferenceRequest([], [], flags=start)
+    backend.iterative = True
+    assert backend.execute_requests([request]) == [RESCHEDULED]
+    held = RescheduledRequests()
+    held.add(m.WorkItem(b"f", m.InferRequest(7, "m", 1, [], [])), {}, request)
+    (again,) = held.take()  # run again as Triton runs it: no flags, released in full
+    assert again.request.flags() == 0
+    assert again.request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
+    backend.iterative = False
+    (refused,) = backend.execute_requests([request])
+    assert isinstance(refused, ServingError) and refused.code == Code.INTERNAL
+    assert "while the model is not configured to handle such a flag" in refused.message
+    backend.iterative, backend.model.answer = True, True
+    (failed,) = backend.execute_requests([request])
+    assert isinstance(failed, ServingError)
+    assert "Expected a None object in the execute function return list for reschduled" in (
+        failed.message
+    )

@@ -1,0 +1,148 @@
+"""Sampling parameters (the ``sampling_parameters`` JSON of Triton's vLLM backend) and
+the sampling of each sequence's next token.
+
+Greedy when ``temperature`` is 0; otherwise softmax at that temperature over the
+``top_k`` most likely tokens, then the smallest set of them whose probability reaches
+``top_p``, drawn with the sequence's own ``torch.Generator`` (seeded from ``seed``, or
+from the OS when none is given). One draw per token, from that generator alone, so a
+sequence's tokens do not depend on the sequences it is batched with, nor on a
+preemption. Logprobs are those of the model's distribution (before temperature).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class InvalidSampling(ValueError):
+    """The request's sampling parameters are not valid (its client's fault)."""
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: all tokens
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int = 0  # alternatives reported beside the sampled token
+    timeout_s: float = 0.0  # shoal's: the request ends ("abort") after this long
+
+    @classmethod
+    def parse(cls, text: str) -> SamplingParams:
+        """From the request's JSON; raises InvalidSampling with what is wrong."""
+        try:
+            raw = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise InvalidSampling(f"sampling_parameters is not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise InvalidSampling("sampling_parameters must be a JSON object")
+        p = cls()
+        if (_opt_int(raw, "n", minimum=1) or 1) > 1:
+            raise InvalidSampling("n > 1 is not supported: send n requests")
+        p.max_tokens = _opt_int(raw, "max_tokens", minimum=1)
+        p.temperature = _num(raw, "temperature", 1.0, minimum=0.0)
+        p.top_p = _num(raw, "top_p", 1.0, minimum=0.0)
+        if not 0.0 < p.top_p <= 1.0:
+            raise InvalidSampling("top_p must be in (0, 1]")
+        p.top_k = _opt_int(raw, "top_k", minimum=-1) or 0
+        p.seed = _opt_int(raw, "seed")
+        p.ignore_eos = bool(raw.get("ignore_eos", False))
+        p.logprobs = _opt_int(raw, "logprobs", minimum=0) or 0
+        p.timeout_s = _num(raw, "timeout", 0.0, minimum=0.0)
+        stop = raw.get("stop", [])
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise InvalidSampling("stop must be a string or a list of strings")
+        p.stop = [s for s in stop if s]
+        return p
+
+    def generator(self) -> torch.Generator | None:
+        """The sequence's own generator (None for greedy: it draws nothing)."""
+        if self.temperature == 0.0:
+            return None
+        g = torch.Generator()
+        if self.seed is None:
+            g.seed()
+        else:
+            g.manual_seed(self.seed)
+        return g
+
+
+def _opt_int(raw: dict[str, Any], key: str, minimum: int | None = None) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        raise InvalidSampling(f"{key} must be an integer")
+    if minimum is not None and value < minimum:
+        raise InvalidSampling(f"{key} must be at least {minimum}")
+    return int(value)
+
+
+def _num(raw: dict[str, Any], key: str, default: float, minimum: float) -> float:
+    value = raw.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidSampling(f"{key} must be a number")
+    if value < minimum:
+        raise InvalidSampling(f"{key} must be at least {minimum}")
+    return float(value)
+
+
+@dataclass
+class Sampled:
+    """A sequence's next token, its logprob, and the top alternatives asked for."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]
+) -> list[Sampled]:
+    """The next token of each row of ``logits`` [n, vocab] (on any device: the rows that
+    are drawn from come to the CPU, where their generators are)."""
+    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    tokens = logprobs.argmax(dim=-1).tolist()
+    for i, (p, g) in enumerate(zip(params, gens, strict=True)):
+        if g is not None:
+            tokens[i] = _draw(logprobs[i].cpu(), p, g)
+    rows = torch.arange(len(tokens), device=logprobs.device)
+    chosen = logprobs[rows, torch.tensor(tokens, device=logprobs.device)].tolist()
+    out: list[Sampled] = []
+    for i, p in enumerate(params):
+        top: list[tuple[int, float]] = []
+        if p.logprobs:
+            values, ids = logprobs[i].topk(min(p.logprobs, logprobs.shape[-1]))
+            top = list(zip(ids.tolist(), values.tolist(), strict=True))
+        out.append(Sampled(tokens[i], chosen[i], top))
+    return out
+
+
+def _draw(logprobs: torch.Tensor, p: SamplingParams, g: torch.Generator) -> int:
+    """One token from the filtered distribution, by inverting its CDF at one uniform draw."""
+    scaled = logprobs / p.temperature
+    order = torch.argsort(scaled, descending=True, stable=True)
+    ranked = scaled[order]
+    if 0 < p.top_k < ranked.numel():
+        ranked, order = ranked[: p.top_k], order[: p.top_k]
+    probs = torch.softmax(ranked, dim=-1)
+    if p.top_p < 1.0:
+        before = torch.cumsum(probs, dim=-1) - probs
+        keep = int((before < p.top_p).sum())
+        probs = probs[: max(keep, 1)]
+        probs = probs / probs.sum()
+        order = order[: probs.numel()]
+    u = float(torch.rand((), generator=g, dtype=torch.float64))
+    pick = int(torch.searchsorted(torch.cumsum(probs, dim=-1), torch.tensor(u, dtype=probs.dtype)))
+    return int(order[min(pick, order.numel() - 1)])
