@@ -12,31 +12,13 @@ import signal
 import socket
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
 import tritonclient.http as httpclient
 
 from tests.serverctl import ShoalServer
-from tools import modelgen
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("hang-up-repo")
-    modelgen.write_shipped_repository(path)  # mlp: one instance, no dynamic batching
-    return path
-
-
-@pytest.fixture
-def server(repo: Path) -> Iterator[ShoalServer]:
-    srv = ShoalServer(repo)
-    yield srv
-    if srv.proc.poll() is None:
-        srv.stop()
-    shutil.rmtree(srv.runtime_dir, ignore_errors=True)
 
 
 def _mlp_input(rows: int = 1) -> list[httpclient.InferInput]:
@@ -85,11 +67,12 @@ def _wait_for(srv: ShoalServer, check: Callable[[], bool]) -> None:
 
 
 def test_a_queued_request_whose_http_client_hangs_up_leaves_the_queue(
-    server: ShoalServer,
+    fresh_server: ShoalServer,
 ) -> None:
     """aiohttp cancels the handler of a closed connection only with handler_cancellation:
     without it the request stayed queued behind the stuck instance, holding its slots,
     until the instance ran it for nobody."""
+    server = fresh_server
     http = httpclient.InferenceServerClient(server.url, network_timeout=30)
     http.infer("mlp", _mlp_input())  # loaded, and its config cached by the frontend
     worker = server.worker_pid("mlp")
@@ -110,11 +93,11 @@ def test_a_queued_request_whose_http_client_hangs_up_leaves_the_queue(
     assert out.shape == (32, 256)
 
 
-def test_a_stop_with_requests_pending_logs_no_error(repo: Path) -> None:
+def test_a_stop_with_requests_pending_logs_no_error(small_repo: Path) -> None:
     """At the drain deadline a pending request's handler is cancelled; one whose client
     had hung up was cancelled only by the event loop's last sweep, after the broker
     connection closed, and its Cancel hit the closed socket: a ZMQError traceback."""
-    srv = ShoalServer(repo, "--exit-timeout-secs=1")
+    srv = ShoalServer(small_repo, "--exit-timeout-secs=1")
     worker = 0
     try:
         http = httpclient.InferenceServerClient(srv.url, network_timeout=30)
