@@ -1,26 +1,29 @@
-"""What tracing costs: the same load on shoal with tracing off, and with Triton-mode
-tracing on at ``rate=1000`` (one request in a thousand traced, written to a trace file),
-side by side in one run.
+"""What tracing costs: one server, its trace setting switched through the trace API
+(``POST /v2/trace/setting``) between many short runs of the same load, tracing off and
+Triton-mode tracing at ``rate=1000`` (one request in a thousand traced, written to a trace
+file) back to back, so that a drift of the host's load hits both alike and no difference
+of two servers' placement on the cores enters the ratio.
 
-shoal serves the shipped ``simple`` (the cheapest model: the overhead shows most); for each
-protocol perf_analyzer drives it at each concurrency, alternating the two servers
-``--rounds`` times so that a drift of the host's load hits both alike. The report gives
-each setting's throughput, the ratio on/off, and the server's CPU µs per request by role
-(/proc/<pid>/stat over each run). Another server answering ``rate=1`` (every request
-traced) shows what one traced request costs. On a loaded host the throughputs swing far
-more than 2%, so the report also times, in this process, the work tracing adds to a
-request (``micro``): the check when off, the sampling decision at rate=1000, and a traced
-request's own handling, each the best of several repeats. A record, not a test: nothing
-asserts a speed, and on a host shared with other work the ratios are indicative only.
+shoal serves the shipped ``simple`` (the cheapest model: the overhead shows most). Each
+round runs every setting once per protocol, in an order that alternates between rounds
+(off, on, then on, off), as perf_analyzer runs of ``--max-trials`` windows of
+``--measurement-interval`` ms. For each run: throughput and the CPU µs per request of
+each process role (/proc/<pid>/stat around the run, divided by the requests the server
+counted), which moves far less than throughput on a shared host. The report gives, per
+round, the ratio on/off of each (the two runs of a round are seconds apart), as the
+median and quartiles over the rounds. ``rate=1`` (every request traced) shows what one
+traced request costs. The report also times, in this process, the work tracing adds to a
+request (``micro``). A record, not a test: nothing asserts a speed.
 
-    python bench/run_tracing.py [--concurrency 8] [--protocols http,grpc] [--rounds 2]
-        [--one-server]  # one server switched through the trace API: no placement bias
+    python bench/run_tracing.py [--rounds 12] [--concurrency 8] [--protocols http,grpc]
+        [--settings off,rate=1000,rate=1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -36,24 +39,21 @@ from servers import REPO_ROOT, ServerProcess, shoal_server
 
 sys.path.insert(0, str(REPO_ROOT))
 
-SETTINGS = {
-    "off": (),
-    "rate=1000": ("--trace-config=rate=1000",),
-    "rate=1": ("--trace-config=rate=1",),
-}
+SETTINGS = ("off", "rate=1000", "rate=1")
+ROLES = ("frontend", "broker", "worker", "server")
+Results = dict[tuple[str, str, int], list[Measurement]]
 
 
-def _server(run_raw: Path, repo: Path, name: str, trace_dir: Path) -> ServerProcess:
-    flags = SETTINGS[name]
-    if flags:
-        tag = name.replace("=", "")
-        flags = (
-            *flags,
-            "--trace-config=level=TIMESTAMPS",
-            f"--trace-config=triton,file={trace_dir / f'{tag}.json'}",
-            "--trace-config=triton,log-frequency=1000",
-        )
-    return shoal_server(repo, run_raw / f"shoal-{name.replace('=', '')}.log", extra=flags)
+def _server(run_raw: Path, repo: Path, trace_dir: Path) -> ServerProcess:
+    """One server for every setting: Triton-mode tracing to a file, rotated every 1000
+    traces (``_switch`` sets the level and rate of each run)."""
+    flags = (
+        "--trace-config=rate=1000",
+        "--trace-config=level=TIMESTAMPS",
+        f"--trace-config=triton,file={trace_dir / 'trace.json'}",
+        "--trace-config=triton,log-frequency=1000",
+    )
+    return shoal_server(repo, run_raw / "shoal.log", extra=flags)
 
 
 def _point(
@@ -117,73 +117,88 @@ def micro() -> dict[str, float]:
     }
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+def _cpu(m: Measurement, role: str) -> float | None:
+    return m.cpu_us.get(role) if m.cpu_us else None
 
 
-def _server_us(m: Measurement) -> float | None:
-    return m.cpu_us.get("server") if m.cpu_us else None
+def _quartiles(values: list[float]) -> str:
+    """``median [p25, p75]`` of ``values`` (— for none)."""
+    if not values:
+        return "—"
+    if len(values) < 4:
+        return f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return f"{q2:.3f} [{q1:.3f}, {q3:.3f}]"
 
 
-def _paired(results: dict[tuple[str, str, int], list[Measurement]]) -> list[str]:
-    """Each round's on/off ratio (the two runs of a round are back to back, so a drift of
-    the host's load hits both alike), as the median and the range over the rounds: on a
-    shared host steadier than the ratio of the means."""
-    out = ["", "## Round by round (on/off within each round: median [min, max])", "",
-           "| protocol | c | tracing | rounds | infer/s on/off | server CPU µs/req on/off |",
-           "|---|---:|---|---:|---|---|"]  # fmt: skip
+def _medians(results: Results) -> list[str]:
+    """Each setting's median throughput and CPU µs per request by role, over its runs."""
+    head = " | ".join(f"{r} µs/req" for r in ROLES)
+    out = [f"| protocol | c | tracing | runs | infer/s | {head} |",
+           "|---|---:|---|---:|---:|" + "---:|" * len(ROLES)]  # fmt: skip
+    for (protocol, name, c), ms in sorted(results.items()):
+        tput = statistics.median(m.throughput for m in ms)
+        cells = []
+        for role in ROLES:
+            values = [v for m in ms if (v := _cpu(m, role)) is not None]
+            cells.append(fmt(statistics.median(values) if values else None, ",.1f"))
+        out.append(f"| {protocol} | {c} | {name} | {len(ms)} | {tput:,.0f} | "
+                   + " | ".join(cells) + " |")  # fmt: skip
+    return out
+
+
+def _paired(results: Results) -> tuple[list[str], dict[tuple[str, str], float]]:
+    """Each round's ratio on/off (its two runs were back to back), as median [p25, p75]
+    over the rounds: throughput, and CPU per request by role. Also the medians of the
+    throughput and server-CPU ratios, by (protocol, setting)."""
+    head = " | ".join(f"{r} CPU/req on/off" for r in ROLES)
+    out = [f"| protocol | c | tracing | rounds | infer/s on/off | {head} |",
+           "|---|---:|---|---:|---|" + "---|" * len(ROLES)]  # fmt: skip
+    verdict: dict[tuple[str, str], float] = {}
     for (protocol, name, c), ms in sorted(results.items()):
         off = results.get((protocol, "off", c), [])
         if name == "off" or not off:
             continue
         pairs = list(zip(ms, off, strict=False))
-        tput = sorted(a.throughput / b.throughput for a, b in pairs if b.throughput)
-        cpu = sorted(x / y for a, b in pairs if (x := _server_us(a)) and (y := _server_us(b)))
+        tput = [a.throughput / b.throughput for a, b in pairs if b.throughput]
+        cells = []
+        for role in ROLES:
+            r = [x / y for a, b in pairs if (x := _cpu(a, role)) and (y := _cpu(b, role))]
+            cells.append(_quartiles(r))
+            if role == "server" and r:
+                verdict[(protocol, name + " cpu")] = statistics.median(r)
+        if tput:
+            verdict[(protocol, name)] = statistics.median(tput)
+        out.append(f"| {protocol} | {c} | {name} | {len(pairs)} | {_quartiles(tput)} | "
+                   + " | ".join(cells) + " |")  # fmt: skip
+    return out, verdict
 
-        def cell(v: list[float]) -> str:
-            return f"{statistics.median(v):.3f} [{v[0]:.3f}, {v[-1]:.3f}]" if v else "—"
 
-        out.append(f"| {protocol} | {c} | {name} | {len(pairs)} | {cell(tput)} | {cell(cpu)} |")
-    return out
-
-
-def _report(
-    results: dict[tuple[str, str, int], list[Measurement]], load: float, ns: dict[str, float]
-) -> str:
-    lines = [f"# What tracing costs ({time.strftime('%Y-%m-%d %H:%M')})", ""]
-    lines += [
-        f"`simple`, batch 1; each row the mean of its runs. Load average at the start: "
-        f"{load:.1f} (a shared host: the ratios are indicative).",
-        "",
-        "| protocol | c | tracing | infer/s | on/off | p50 µs | frontend µs | broker µs | "
-        "worker µs | server µs |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for (protocol, name, c), ms in sorted(results.items()):
-        off = results.get((protocol, "off", c), [])
-        tput = _mean([m.throughput for m in ms])
-        base = _mean([m.throughput for m in off])
-        ratio = None if tput is None or not base else tput / base
-        p50 = _mean([m.p50_us for m in ms if m.p50_us is not None])
-        roles = [
-            _mean([m.cpu_us[r] for m in ms if m.cpu_us and r in m.cpu_us])
-            for r in ("frontend", "broker", "worker", "server")
-        ]
-        lines.append(
-            f"| {protocol} | {c} | {name} | {fmt(tput, ',.0f')} | {fmt(ratio, '.3f')} | "
-            f"{fmt(p50, ',.0f')} | " + " | ".join(fmt(r, ",.1f") for r in roles) + " |"
-        )
-    lines += _paired(results)
-    offs = [m.cpu_us["server"] for k, ms in results.items() if k[1] == "off" for m in ms
-            if m.cpu_us and "server" in m.cpu_us]  # fmt: skip
-    server_ns = (_mean(offs) or 0.0) * 1e3
+def _report(results: Results, load: tuple[float, float], ns: dict[str, float]) -> str:
+    lines = [f"# What tracing costs ({time.strftime('%Y-%m-%d %H:%M')})", "",
+             f"`simple`, batch 1, one server switched between the settings through "
+             f"/v2/trace/setting. Load average {load[0]:.1f} at the start, {load[1]:.1f} "
+             f"at the end (a shared host).", "", "## Each setting (medians over its runs)",
+             "", *_medians(results), "",
+             "## Round by round (on/off within each round: median [p25, p75])", ""]  # fmt: skip
+    paired, verdict = _paired(results)
+    lines += paired
+    offs = [v for k, ms in results.items() if k[1] == "off" for m in ms
+            if (v := _cpu(m, "server")) is not None]  # fmt: skip
+    server_ns = (statistics.median(offs) if offs else 0.0) * 1e3
     added = ns["sample"] + ns["traced"] / 1000
     share = f", {added / server_ns:.3%} of the server's CPU per request off" if server_ns else ""
+    lines += ["", "## rate=1000 against off (medians of the rounds' ratios)", ""]
+    for (protocol, what), r in sorted(verdict.items()):
+        if what.startswith("rate=1000"):
+            kind = "server CPU per request" if what.endswith("cpu") else "throughput"
+            lines.append(f"- {protocol}: {kind} {r - 1:+.2%}")
     lines += [
         "",
         "## The work tracing adds, timed alone (ns per request, best of 7 repeats)",
         "",
-        f"- off: the one check, {ns['check']:.0f} ns",
+        f"- off: the check, {ns['check']:.0f} ns (an untraced request's messages carry "
+        "no extra bytes; its other tracing branches are `is None` tests)",
         f"- rate=1000: the sampling decision {ns['sample']:.0f} ns, and one traced request's "
         f"handling in the frontend {ns['traced']:,.0f} ns once in 1000 requests: "
         f"{added:.0f} ns a request{share}",
@@ -191,52 +206,49 @@ def _report(
     return "\n".join(lines) + "\n"
 
 
+def _order(settings: list[str], r: int) -> list[str]:
+    """Round ``r``'s order: rotated each round, reversed every other (off, on / on, off
+    for two settings), so that neither runs first more often nor after the other."""
+    k = (r // 2) % len(settings)
+    names = settings[k:] + settings[:k]
+    return names[::-1] if r % 2 else names
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repo", type=Path, default=REPO_ROOT / "model_repository")
     p.add_argument("--concurrency", type=csv_ints, default=[8])
     p.add_argument("--protocols", type=csv_list, default=["http", "grpc"])
-    p.add_argument("--settings", type=csv_list, default=list(SETTINGS))
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--measurement-interval", type=int, default=3000)
-    p.add_argument("--max-trials", type=int, default=6)
-    p.add_argument("--one-server", action="store_true",
-                   help="one server for every setting, switched through /v2/trace/setting "
-                   "between runs (no difference of placement between two servers)")  # fmt: skip
+    p.add_argument("--settings", type=csv_list, default=["off", "rate=1000"])
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--measurement-interval", type=int, default=1000)
+    p.add_argument("--max-trials", type=int, default=3)
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     a = p.parse_args(argv)
+    assert set(a.settings) <= set(SETTINGS), f"settings: {', '.join(SETTINGS)}"
     run = start_run(a.out_dir, "tracing")
     skipped: list[str] = []
-    results: dict[tuple[str, str, int], list[Measurement]] = {}
+    results: Results = {}
     with tempfile.TemporaryDirectory(prefix="shoal-bench-tracing-") as tmp:
         repo, traces = Path(tmp) / "repo", Path(tmp) / "traces"
         traces.mkdir()
         link_model(a.repo, repo, "simple", (a.repo / "simple" / "config.pbtxt").read_text())
-        servers = {}
-        if a.one_server:  # one server, its setting changed through the trace API
-            srv = start_server(_server(run.raw, repo, "rate=1000", traces), 120, skipped)
-            servers = dict.fromkeys(a.settings, srv) if srv is not None else {}
-        for name in [] if a.one_server else a.settings:
-            srv = start_server(_server(run.raw, repo, name, traces), 120, skipped)
-            if srv is not None:
-                servers[name] = srv
+        srv = start_server(_server(run.raw, repo, traces), 120, skipped)
         try:
-            for r in range(a.rounds):
+            for r in range(a.rounds if srv is not None else 0):
+                assert srv is not None
                 for protocol in a.protocols:
                     for c in a.concurrency:
-                        # (each round in another order: a drifting load hits all alike)
-                        names = list(servers)
-                        names = names[r % len(names) :] + names[: r % len(names)]
-                        for name, srv in ((n, servers[n]) for n in names):
-                            if a.one_server:
-                                _switch(srv, name)
+                        for name in _order(a.settings, r):
+                            _switch(srv, name)
                             csv = run.raw / f"{name.replace('=', '')}-{protocol}-c{c}-r{r}.csv"
                             m = _point(run.pa, srv, protocol, c, a, csv)
                             results.setdefault((protocol, name, c), []).append(m)
+                print(f"[bench] round {r + 1}/{a.rounds} done", flush=True)
         finally:
-            for srv in set(servers.values()):
+            if srv is not None:
                 srv.stop()
-    report = _report(results, run.load, micro())
+    report = _report(results, (run.load, os.getloadavg()[0]), micro())
     return write_report(a.out_dir, run.stamp, "tracing", report, skipped)
 
 
