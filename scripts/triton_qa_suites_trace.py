@@ -358,7 +358,7 @@ def _unittest(qa: QA, here: Path, models: Path) -> None:
 def _custom(qa: QA, here: Path, models: Path) -> None:
     qa.not_run(SUITE, 4, "custom backend tracing (custom_tracing_triton.log)",
                "the C++ identity backend's custom activities (TRITONSERVER_InferenceTrace"
-               "ReportActivity), which no Python model can report")  # fmt: skip
+               "ReportActivity), not reported by shoal's identity backend")  # fmt: skip
 
 
 _RUNS = {
