@@ -334,6 +334,9 @@ class ServerState(msgspec.Struct, array_like=True):
     live: bool
     ready: bool
     models: list[ModelState] = []
+    # ready under strict readiness only if each of these instances says its model is (a
+    # Python model's is_ready, asked by the frontend: shoal/dataplane/readiness_checks.py)
+    ready_checks: list[int] = []
 
 
 class FrontendGone(msgspec.Struct, array_like=True):
