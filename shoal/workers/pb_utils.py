@@ -300,6 +300,11 @@ class InferenceRequest:
         self._flags = 0
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
+    def _refeed(self, tensors: list[Tensor]) -> None:
+        """Its inputs of those names (a sequence's controls and state) become these."""
+        fresh = {t.name(): t for t in tensors}
+        self._inputs = [fresh.pop(t.name(), t) for t in self._inputs] + list(fresh.values())
+
     def is_cancelled(self) -> bool:
         """Whether the request's client gave up (shoal/workers/cancels.py)."""
         if self._sender is not None:

@@ -316,6 +316,11 @@ class PythonBackend:
             for i, (req, tensors) in enumerate(items)
         ]
 
+    def refeed(self, request: pb_utils.InferenceRequest, tensors: dict[str, Any]) -> None:
+        """A rescheduled request's inputs of these names become these (its sequence's
+        controls and state for its next run)."""
+        request._refeed([self._input(n, a) for n, a in tensors.items()])
+
     def _input(self, name: str, array: Any) -> pb_utils.Tensor:
         """The model's own copy of an input: on the GPU for a KIND_GPU instance whose
         config sets FORCE_CPU_ONLY_INPUT_TENSORS "no", where the client sent it in CUDA
