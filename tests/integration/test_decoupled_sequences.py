@@ -99,7 +99,9 @@ STATE = """
 
 # Request rescheduling (iterative sequences): each request runs IN times, rescheduled
 # after each run but the last; OUT: [its runs, its flags on the first run, on the last].
-# IN -1: a response for a request it rescheduled (Triton refuses it).
+# IN -1: a response for a request it rescheduled (Triton refuses it). Runs are counted by
+# the correlation ID the server gives each request (an id() of the request object could
+# be a later request's once a refused one is gone).
 ITERATIVE = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -115,16 +117,16 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             want = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
-            runs, first = self.runs.get(id(request), (0, request.flags()))
+            runs, first = self.runs.get(request.correlation_id(), (0, request.flags()))
             runs += 1
             out = np.array([runs, first, request.flags()], np.int32)
             response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)])
             if runs < abs(want):
-                self.runs[id(request)] = (runs, first)
+                self.runs[request.correlation_id()] = (runs, first)
                 request.set_release_flags(AGAIN)
                 responses.append(response if want < 0 else None)
             else:
-                self.runs.pop(id(request), None)
+                self.runs.pop(request.correlation_id(), None)
                 responses.append(response)
         return responses
 """
@@ -142,14 +144,14 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
-            left = self.left.get(id(request), n) - 1
+            left = self.left.get(request.correlation_id(), n) - 1
             out = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([left], np.int32))])
             sender = request.get_response_sender()
             if left <= 0:
-                self.left.pop(id(request), None)
+                self.left.pop(request.correlation_id(), None)
                 sender.send(out, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
-                self.left[id(request)] = left
+                self.left[request.correlation_id()] = left
                 request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
                 sender.send(out)
         return None
