@@ -227,9 +227,14 @@ EOF
 SHOAL_TEST_ORT_CUDA=$(cat "$ort_verdict")
 rm -f "$ort_verdict"
 export SHOAL_TEST_ORT_CUDA
+# All of tests/gpu in one go. A device call ends at 10 minutes: pytest is interrupted
+# before that (SHOAL_GPU_PYTEST_S, default 480 s) so that it still prints what passed and
+# what did not (SIGINT: its summary; each test has its own timeout too, pyproject.toml).
 set +e
-"$PY" -m pytest -q -m gpu -o addopts="" -p no:cacheprovider tests/gpu "$@"
+timeout -s INT -k 30 "${SHOAL_GPU_PYTEST_S:-480}" \
+  "$PY" -m pytest -q -rfEs -m gpu -o addopts="" -p no:cacheprovider tests/gpu "$@"
 rc=$?
 set -e
+[ "$rc" -eq 124 ] && echo "gpu-tests: pytest interrupted after ${SHOAL_GPU_PYTEST_S:-480} s" >&2
 [ "$rc" -eq 5 ] && { echo "no GPU tests collected"; exit 1; }
 exit "$rc"
