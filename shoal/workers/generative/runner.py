@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from shoal.configs.devices import group_devices
 from shoal.workers import pb_utils
 from shoal.workers.generative.engine import Engine, Output
 from shoal.workers.generative.interface import KvCache
@@ -162,12 +163,10 @@ class GenerativeRunner:
     ) -> tuple[Any, KvCache, int]:
         """The model (this rank's shard, wrapped, for a tensor-parallel group, whose other
         ranks start here), its KV cache, and the cache's block count."""
-        if settings.tensor_parallel_size > 1:
-            if device != "cpu":
-                raise ValueError("tensor_parallel_size > 1 runs on CPU instances only (gloo)")
-            self._group = TensorParallelGroup(
-                settings.tensor_parallel_size, self.model_class, params, device
-            )
+        size = settings.tensor_parallel_size
+        if size > 1:
+            visible = group_devices(size) if device == "cuda" else None
+            self._group = TensorParallelGroup(size, self.model_class, params, device, visible)
             model = self._group.model()
         else:
             model = self.model_class(params, device)
