@@ -152,10 +152,12 @@ class Engine:
         if not ready:
             return outputs
         states: list[_State] = [seq.data for seq, _ in ready]
+        params = [s.params for s in states]
+        said = None
+        if any(p.penalized for p in params):
+            said = [seq.tokens[seq.prompt_len :] for seq, _ in ready]
         picks = sample(
-            torch.stack([row for _, row in ready]),
-            [s.params for s in states],
-            [s.generator for s in states],
+            torch.stack([row for _, row in ready]), params, [s.generator for s in states], said
         )
         for (seq, _), pick in zip(ready, picks, strict=True):
             outputs.append(self._advance(seq, pick, now))

@@ -75,7 +75,8 @@ class _Live:
     stream: bool
     exclude_input: bool
     returns: set[str]
-    text: list[str] = field(default_factory=list)  # what a request that does not stream gets
+    text: list[str] = field(default_factory=list)  # held for a request that does not stream
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # held until sent
 
 
 def _returned(name: str, out: Output) -> np.ndarray:
@@ -258,20 +259,26 @@ class GenerativeRunner:
                 self._respond(out)
 
     def _respond(self, out: Output) -> None:
+        """Send ``out`` to its request: a response per new text when it streams (with the
+        logprobs of every token since the last response), else one response at the end
+        with all of the text and every token's logprobs."""
         live: Any = out.handle
         final = out.finish is not None
         if final:
             self._live.remove(live)
+        live.logprobs += out.logprobs
         if not live.stream:
             live.text.append(out.text)
             if not final:
                 return
             text = "".join(live.text)
-            response = self._response(live, out, text if live.exclude_input else live.prompt + text)
+            text = text if live.exclude_input else live.prompt + text
         elif not out.text and not final:
             return  # (nothing to show yet: a partial character, a held-back stop string)
         else:
-            response = self._response(live, out, out.text)
+            text = out.text
+        out.logprobs, live.logprobs = live.logprobs, []
+        response = self._response(live, out, text)
         try:
             live.sender.send(response, _FINAL if final else 0)
         except pb_utils.TritonModelException:  # (the worker ended it: it is stopping)

@@ -6,7 +6,14 @@ Greedy when ``temperature`` is 0; otherwise softmax at that temperature over the
 ``top_p``, drawn with the sequence's own ``torch.Generator`` (seeded from ``seed``, or
 from the OS when none is given). One draw per token, from that generator alone, so a
 sequence's tokens do not depend on the sequences it is batched with, nor on a
-preemption. Logprobs are those of the model's distribution (before temperature).
+preemption.
+
+``presence_penalty`` and ``frequency_penalty`` are OpenAI's: before anything else, each
+token's logit is lowered by ``frequency_penalty`` times the number of times the sequence
+has generated it so far, and by ``presence_penalty`` once if it has (the prompt does not
+count); negative values raise them. Greedy takes the most likely token after them.
+Logprobs are those of the distribution the token is picked from, after the penalties,
+before temperature (with no penalty: the model's own).
 """
 
 from __future__ import annotations
@@ -33,6 +40,13 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int = 0  # alternatives reported beside the sampled token
     timeout_s: float = 0.0  # shoal's: the request ends ("abort") after this long
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether its next token depends on the tokens it generated (a penalty)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @classmethod
     def parse(cls, text: str) -> SamplingParams:
@@ -56,6 +70,11 @@ class SamplingParams:
         p.ignore_eos = bool(raw.get("ignore_eos", False))
         p.logprobs = _opt_int(raw, "logprobs", minimum=0) or 0
         p.timeout_s = _num(raw, "timeout", 0.0, minimum=0.0)
+        for key in ("presence_penalty", "frequency_penalty"):
+            value = _num(raw, key, 0.0, minimum=-2.0)
+            if value > 2.0:
+                raise InvalidSampling(f"{key} must be at most 2.0")
+            setattr(p, key, value)
         stop = raw.get("stop", [])
         if isinstance(stop, str):
             stop = [stop]
@@ -108,11 +127,19 @@ class Sampled:
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    gens: list[torch.Generator | None],
+    outputs: list[list[int]] | None = None,
 ) -> list[Sampled]:
     """The next token of each row of ``logits`` [n, vocab] (on any device: the rows that
-    are drawn from come to the CPU, where their generators are)."""
-    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    are drawn from come to the CPU, where their generators are). ``outputs[i]``: the
+    tokens row ``i``'s sequence generated so far, read where its params have a penalty
+    (None: no row has one)."""
+    logits = logits.to(torch.float64)
+    if outputs is not None and any(p.penalized for p in params):
+        logits = _penalized(logits, params, outputs)
+    logprobs = torch.log_softmax(logits, dim=-1)
     tokens = logprobs.argmax(dim=-1).tolist()
     for i, (p, g) in enumerate(zip(params, gens, strict=True)):
         if g is not None:
@@ -127,6 +154,21 @@ def sample(
             top = list(zip(ids.tolist(), values.tolist(), strict=True))
         out.append(Sampled(tokens[i], chosen[i], top))
     return out
+
+
+def _penalized(
+    logits: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]
+) -> torch.Tensor:
+    """``logits`` (float64, not written) with each penalized row's penalties applied."""
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    for i, (p, generated) in enumerate(zip(params, outputs, strict=True)):
+        if not p.penalized or not generated:
+            continue
+        ids = torch.tensor(generated, device=logits.device)
+        counts = torch.bincount(ids, minlength=vocab).to(logits.dtype)
+        logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+    return logits
 
 
 def _draw(logprobs: torch.Tensor, p: SamplingParams, g: torch.Generator) -> int:
