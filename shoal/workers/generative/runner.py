@@ -151,7 +151,7 @@ class GenerativeRunner:
         self.metrics = EngineMetrics(
             args["model_name"], args["model_version"], args["model_instance_name"]
         )
-        self.metrics.update(self.engine.stats(), self.engine.times)
+        self.metrics.update(self.engine.stats, self.engine.take_times(), time.monotonic(), True)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = False
@@ -200,10 +200,11 @@ class GenerativeRunner:
                 self._take_requests()
                 self._retire_cancelled()
                 if not self.engine.has_work():
+                    self._publish(force=True)
                     self._wake.wait()
                     continue
                 outputs = self.engine.step(time.monotonic())
-                self.metrics.update(self.engine.stats(), self.engine.times)
+                self._publish(force=any(out.finish is not None for out in outputs))
                 for out in outputs:
                     self._respond(out)
             except Exception as exc:  # the model's fault: its requests end, the loop goes on
@@ -255,7 +256,7 @@ class GenerativeRunner:
         for live in [x for x in self._live if x.sender.is_cancelled()]:
             out = self.engine.cancel(live)
             if out is not None:
-                self.metrics.update(self.engine.stats(), self.engine.times)
+                self._publish(force=True)
                 self._respond(out)
 
     def _respond(self, out: Output) -> None:
@@ -308,4 +309,8 @@ class GenerativeRunner:
             except Exception:
                 log.exception("a failed generative request could not be retired")
         self._live = []
-        self.metrics.update(self.engine.stats(), self.engine.times)
+        self._publish(force=True)
+
+    def _publish(self, force: bool) -> None:
+        """The metrics after a step (``force``: now; a request ended or the engine idles)."""
+        self.metrics.update(self.engine.stats, self.engine.take_times(), time.monotonic(), force)
