@@ -24,10 +24,12 @@ time to first token (TTFT) at each concurrency, and the ratio of in-flight batch
 tokens/s to each other way's. A record, not a test.
 
     python bench/run_llm.py [--concurrency 1,8,32] [--tokens 64] [--requests-per-stream 4]
-        [--model-params d_model=512,layers=8,heads=8] [--gpu]
+        [--model-params d_model=512,layers=8,heads=8] [--larger] [--gpu]
 
 ``--model-params`` overrides tiny_llm's parameters (a larger configuration of the same
-model); ``--gpu`` serves it on KIND_GPU instances and runs the in-process loop on CUDA.
+model); ``--larger`` is ``--model-params`` set to ``LARGER`` (unless given);
+``--gpu`` serves it on KIND_GPU instances and runs the in-process loop on CUDA. On a GPU
+host the larger configuration is one command: ``python bench/run_llm.py --gpu --larger``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ from servers import REPO_ROOT, ServerProcess, shoal_server, triton_python_server
 
 TINY = REPO_ROOT / "model_repository" / "tiny_llm"
 MODES = {"inflight": "tiny_llm", "request-level": "tiny_llm_plain"}
+#: ``--larger``: the same model at about 26M parameters (the shipped one: about 0.2M)
+LARGER = {"d_model": "512", "layers": "8", "heads": "8"}
 #: (mode, concurrency) -> (tokens/s, median TTFT in seconds)
 Points = dict[tuple[str, int], tuple[float, float]]
 
@@ -64,10 +68,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests-per-stream", type=int, default=4)
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     p.add_argument("--model-params", type=_key_values, default={})
+    p.add_argument("--larger", action="store_true", help=f"--model-params {LARGER}")
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--no-peer", action="store_true", help="leave out the Triton peer")
     p.add_argument("--client", choices=("asyncio", "threads"), default="asyncio")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.larger and not a.model_params:
+        a.model_params = dict(LARGER)
+    return a
 
 
 def _key_values(text: str) -> dict[str, str]:
