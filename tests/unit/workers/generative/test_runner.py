@@ -107,7 +107,9 @@ def test_bad_and_failing_requests_fail_alone_and_the_engine_goes_on(runner: Any)
 
 
 def test_a_response_sent_whole_carries_every_tokens_logprobs(runner: Any) -> None:
-    sampling = {"max_tokens": 4, "temperature": 0, "logprobs": 1}
+    # (a stop string that "AA" may begin: the streamed text is held back two tokens,
+    # their logprobs go out with the next response)
+    sampling = {"max_tokens": 4, "temperature": 0, "logprobs": 1, "stop": ["AAX"]}
     whole, whole_got = _request("hi", sampling, "return_logprobs")
     streamed, streamed_got = _request("hi", sampling, "return_logprobs", "stream")
     runner.execute([whole, streamed])
