@@ -90,6 +90,12 @@ def test_a_plan_derives_one_seed_per_choice() -> None:
     assert unseeded.sampling[1]["seed"] == unseeded.sampling[0]["seed"] + 1
     one = decode(b'{"model": "g", "prompt": "a"}', CompletionRequest)
     assert "seed" not in completion_plan(one, model, random.Random(0)).sampling[0]
+    penalized = decode(
+        b'{"model": "g", "prompt": "a", "presence_penalty": 0.5, "frequency_penalty": -1}',
+        CompletionRequest,
+    )
+    sampling = completion_plan(penalized, model, random.Random(0)).sampling[0]
+    assert (sampling["presence_penalty"], sampling["frequency_penalty"]) == (0.5, -1)
 
 
 @pytest.mark.parametrize(
