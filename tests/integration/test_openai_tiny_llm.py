@@ -59,6 +59,17 @@ def test_greedy_completions_repeat_and_stream_the_same_text(client: openai.OpenA
     assert chunks[-1].usage == whole.usage
 
 
+def test_penalties_reach_the_engine(client: openai.OpenAI) -> None:
+    ask = {"model": "tiny_llm", "prompt": "Once upon", "max_tokens": 24, "temperature": 0}
+    plain = client.completions.create(**ask, extra_body={"ignore_eos": True})
+    penalized = [
+        client.completions.create(**ask, frequency_penalty=2.0, extra_body={"ignore_eos": True})
+        for _ in range(2)
+    ]
+    texts = [c.choices[0].text for c in penalized]
+    assert texts[0] == texts[1] != plain.choices[0].text
+
+
 def test_seeded_chat_choices_and_their_logprobs(client: openai.OpenAI) -> None:
     ask = {
         "model": "tiny_llm",
