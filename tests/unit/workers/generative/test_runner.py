@@ -127,6 +127,22 @@ def test_a_response_sent_whole_carries_every_tokens_logprobs(runner: Any) -> Non
     assert per_token == logprobs
 
 
+def test_a_gpu_group_larger_than_the_servers_gpus_fails_the_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(The GPU branch of a tensor-parallel instance, on a host with no GPU: the group
+    is placed before any process starts or CUDA is touched.)"""
+    from shoal.configs import devices
+
+    monkeypatch.setattr(devices, "_present", lambda: 0)
+    args = _args()
+    config = json.loads(args["model_config"])
+    config["parameters"]["tensor_parallel_size"] = {"string_value": "2"}
+    args |= {"model_config": json.dumps(config), "model_instance_kind": "GPU"}
+    with pytest.raises(ValueError, match=r"tensor_parallel_size 2 needs 2 GPUs.*has 0"):
+        runner_for(Echo)().initialize(args)
+
+
 def test_a_config_that_is_not_decoupled_fails_the_load() -> None:
     with pytest.raises(ValueError, match="must be decoupled"):
         runner_for(Echo)().initialize(_args(decoupled=False))
