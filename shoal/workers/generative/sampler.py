@@ -176,10 +176,16 @@ def _penalized(
 
 
 def _draw(logprobs: np.ndarray, p: SamplingParams, g: torch.Generator) -> int:
-    """One token from the filtered distribution, by inverting its CDF (most likely token
-    first) at one uniform draw of ``g``. (numpy: a few microseconds where torch's
-    dispatch per operation costs more than a vocabulary-sized row's arithmetic.)"""
+    """One token from the filtered distribution, by inverting its CDF at one uniform draw
+    of ``g``: over the tokens most likely first where top-k or top-p cut the
+    distribution, in vocabulary order where nothing is cut (no sort needed). Which of the
+    two depends on the request's own parameters alone. (numpy: a few microseconds where
+    torch's dispatch per operation costs more than a vocabulary-sized row's arithmetic.)"""
     scaled = logprobs / p.temperature
+    u = float(torch.rand((), generator=g, dtype=torch.float64))
+    if not 0 < p.top_k < scaled.size and p.top_p >= 1.0:
+        cdf = np.cumsum(np.exp(scaled - scaled.max()))
+        return min(int(np.searchsorted(cdf, u * cdf[-1])), scaled.size - 1)
     order = np.argsort(-scaled, kind="stable")
     if 0 < p.top_k < order.size:
         order = order[: p.top_k]
@@ -190,6 +196,5 @@ def _draw(logprobs: np.ndarray, p: SamplingParams, g: torch.Generator) -> int:
         before = np.cumsum(probs) - probs
         keep = max(int((before < p.top_p).sum()), 1)
         probs, order = probs[:keep] / probs[:keep].sum(), order[:keep]
-    u = float(torch.rand((), generator=g, dtype=torch.float64))
     pick = int(np.searchsorted(np.cumsum(probs), u))
     return int(order[min(pick, order.size - 1)])
