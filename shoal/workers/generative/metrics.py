@@ -7,8 +7,9 @@ in shared or cached blocks (counters), time to first token and inter-token laten
 
 Each write is a snapshot of every family (a file the frontends read), so they are not
 written after every step: ``update`` keeps a step's latencies and writes at most every
-``PUBLISH_S`` while the engine runs, and at once when asked (a request ended, the engine
-is idle): what a client sees has ended is on /metrics by the time it sees it.
+``PUBLISH_S`` while the engine runs, and at once when asked (a request got its first
+token or ended, the engine is idle): a request a client sees start or end is on /metrics
+as such by the time the client sees it.
 """
 
 from __future__ import annotations

@@ -204,7 +204,8 @@ class GenerativeRunner:
                     self._wake.wait()
                     continue
                 outputs = self.engine.step(time.monotonic())
-                self._publish(force=any(out.finish is not None for out in outputs))
+                # (a request's first token and its end: on /metrics before its client sees them)
+                self._publish(force=any(out.first or out.finish is not None for out in outputs))
                 for out in outputs:
                     self._respond(out)
             except Exception as exc:  # the model's fault: its requests end, the loop goes on
