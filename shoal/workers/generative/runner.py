@@ -151,7 +151,7 @@ class GenerativeRunner:
         self.metrics = EngineMetrics(
             args["model_name"], args["model_version"], args["model_instance_name"]
         )
-        self.metrics.update(self.engine.stats, self.engine.take_times(), time.monotonic(), True)
+        self._publish(force=True)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = False
@@ -313,5 +313,5 @@ class GenerativeRunner:
         self._publish(force=True)
 
     def _publish(self, force: bool) -> None:
-        """The metrics after a step (``force``: now; a request ended or the engine idles)."""
+        """The metrics after a step (``force``: now, not at the next interval)."""
         self.metrics.update(self.engine.stats, self.engine.take_times(), time.monotonic(), force)
