@@ -236,7 +236,7 @@ class Engine:
         )  # fmt: skip
 
     def take_times(self) -> StepTimes:
-        """The latencies measured since the last call."""
+        """The latencies measured since the last call (they gather until taken)."""
         times, self.times = self.times, StepTimes()
         return times
 
