@@ -485,6 +485,9 @@ class BrokerProc:
                     if pos not in msg.open:  # an open stream still writes its outputs
                         self.out.finished(item)
                 self._dispatch(self.router.batch_done(inst, msg, time.monotonic()))
+        elif isinstance(msg, m.RerunDone) and inst is not None:
+            if (mv := self.table.owner(inst)) is not None:
+                mv.stats.reran(msg, time.monotonic())
         elif isinstance(msg, m.StreamsEnded) and inst is not None:
             for item in self.router.streams_ended(inst, msg.keys):
                 self.out.finished(item)

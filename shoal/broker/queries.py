@@ -137,9 +137,12 @@ class Queries:
         """Whether the server is ready, and each version's state. Ready: every model
         loaded (any state, without ``strict_readiness``), and in explicit or poll mode
         the launcher there when ``await_launcher`` (the load API is not served until
-        it is)."""
+        it is). Under ``strict_readiness``, as Triton's server readiness asks each READY
+        model's own runtime check, the instances whose model checks its own readiness
+        are named (``ready_checks``): the frontend asks them."""
         control = self.control
         ready = self.table.all_ready() and not control.failures()
+        checks = self.table.readiness_checks() if ready and strict_readiness else []
         ready = ready or not strict_readiness
         if await_launcher and control.managed and not control.has_launcher:
             ready = False
@@ -148,7 +151,7 @@ class Queries:
             states = sorted([*states, *control.index()], key=lambda s: (s.name, s.version))
         if q.memory_of:
             self._add_details(states, q.memory_of)
-        return m.ServerState(q.query_id, True, ready, states)
+        return m.ServerState(q.query_id, True, ready, states, checks if ready else [])
 
     def _add_details(self, states: list[m.ModelState], model: str) -> None:
         """Each instance's memory, the memory limit, and each instance's turns under the
