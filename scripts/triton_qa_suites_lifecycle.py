@@ -19,7 +19,6 @@ import contextlib
 import re
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -433,14 +432,10 @@ def _loaded_case(
     qa: QA, here: Path, name: str, args: Sequence[str], model: str, *, log: str,
     test_env: dict[str, str] | None = None,
 ) -> Path:  # fmt: skip
-    """``_case``, once the startup model ``model`` has loaded: tritonserver opens its
-    endpoints after its startup loads, shoal (``--strict-readiness=false``) before them.
-    Returns the server's log."""
+    """``_case`` with the server's pid and log in the test's environment (the test reads
+    them); the server is ready once its start-up load of ``model`` is over, as
+    tritonserver is, ``--strict-readiness=false`` or not. Returns the server's log."""
     with qa.server(here, *args, log=log) as server:
-        deadline = time.monotonic() + 60
-        url = f"http://localhost:8000/v2/models/{model}/ready"
-        while server.up and _http_code(url) != 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
         if server.up:
             env = {**ENV, "SERVER_PID": str(server.proc.pid), "SERVER_LOG": str(server.log)}
             qa.test(SUITE, here, TEST, f"LifeCycleTest.{name}", note="", **env, **(test_env or {}))
