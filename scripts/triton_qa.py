@@ -256,6 +256,17 @@ class QA:
         if self.verbose and passed < total:
             print(run.stdout + run.stderr, file=sys.stderr)
 
+    def run_check(self, cwd: Path, args: Sequence[str]) -> bool:
+        """``python <args>`` in ``cwd`` (a checker script of the suite's): whether it exited
+        0; its output goes to ``client.log``."""
+        run = subprocess.run(
+            [str(PYTHON), *args], cwd=cwd, env=self.env, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        with (cwd / "client.log").open("a") as f:
+            f.write(f"=== {' '.join(args)}\n{run.stdout}{run.stderr}")
+        return run.returncode == 0
+
     def count(self, suite: str, passed: int, total: int, what: str) -> None:
         t = self.tally.setdefault(suite, Tally())
         t.passed += passed
