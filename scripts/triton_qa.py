@@ -43,6 +43,10 @@ PYTHON = ROOT / ".venv" / "bin" / "python"
 #: triton-qa.sh installs them there, outside the venv, before the network goes away.
 DEPS_DIR = Path(os.environ.get("SHOAL_QA_DEPS", "deps"))
 
+#: How long a start may take, in seconds: util.sh's SERVER_TIMEOUT (its default 120; a
+#: few hundred workers starting on a small, busy machine may need more).
+SERVER_TIMEOUT = float(os.environ.get("SERVER_TIMEOUT", "120"))
+
 #: Generated repositories: the folder test.sh finds under $DATADIR, and the generator
 #: call (``qa/common`` script, flags) that makes it.
 GENERATED: dict[str, tuple[str, ...]] = {
@@ -174,7 +178,7 @@ class QA:
     ) -> Iterator[bool]:
         """A fresh ``shoal serve`` with tritonserver's flags (and test.sh's exports in
         ``env``), as util.sh's run_server: yields whether it became ready (GET
-        /v2/health/ready) within two minutes."""
+        /v2/health/ready) within ``SERVER_TIMEOUT``."""
         with self.server(cwd, *args, log=log, env=env) as server:
             yield server.up
 
@@ -309,9 +313,9 @@ class QA:
 
 def _answers(proc: subprocess.Popen[bytes], ready: bool) -> bool:
     """Whether port 8000 answers GET /v2/health/ready with 200 (``ready``), else any
-    HTTP status on /v2/health/live, within two minutes and while ``proc`` runs."""
+    HTTP status on /v2/health/live, within ``SERVER_TIMEOUT`` and while ``proc`` runs."""
     url = f"http://localhost:8000/v2/health/{'ready' if ready else 'live'}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + SERVER_TIMEOUT
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             with urllib.request.urlopen(url, timeout=2):
