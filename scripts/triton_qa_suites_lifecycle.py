@@ -36,7 +36,7 @@ F32 = "float32_float32_float32"
 #: server's metadata
 ENV = {"TRITON_SERVER_VERSION": SERVER_VERSION}
 
-_OPENVINO = "its test names an OpenVINO model (no OpenVINO backend in shoal)"
+_OPENVINO = "its test names an OpenVINO model (the runner does not generate them yet)"
 _PLAN = "its test names a TensorRT (plan) model"
 
 
