@@ -517,6 +517,8 @@ class WorkerProc:
         # end with an error: nothing will answer them.
         if self.backend is not None:
             self.backend.unload()
+            if self.s.instance == 0:  # (once a version, as Triton logs it: by its first)
+                log.info("successfully unloaded '%s' version %d", self.s.model, self.s.version)
         if self.scripting is not None:
             self.scripting.close()
             pb_metrics.stop_publishing()

@@ -258,3 +258,6 @@ def test_lenient_readiness_waits_for_the_start_up_loads_whatever_becomes_of_them
             assert not client.is_model_ready("broken")  # type: ignore[attr-defined]
     finally:
         assert srv.stop() == 0
+    # each loaded version's unload at the stop, in Triton's words (L0_lifecycle counts them)
+    assert srv.log().count("successfully unloaded 'gated' version 1") == 1
+    assert "successfully unloaded 'broken'" not in srv.log()
