@@ -161,6 +161,24 @@ class Point:
     cores: cpu.Usage | None = None  # shoal only: the model's workers vs everything else
 
 
+def with_batching(text: str) -> str:
+    """A config's text with ``dynamic_batching {}`` added unless it has a batcher already."""
+    return text if "dynamic_batching" in text else text.rstrip("\n") + "\ndynamic_batching {}\n"
+
+
+def measured_repo(src_repo: Path, dst_repo: Path, models: list[str], batching: bool) -> Path:
+    """``dst_repo`` holding only ``models`` from ``src_repo`` (links to their ``model.onnx``).
+
+    A server measures what it serves and nothing else: an idle neighbour takes cores from the
+    measured model in shoal, and a model the Triton peer cannot load (anything not ONNX) keeps
+    it from starting. ``batching`` adds ``dynamic_batching {}`` to each config.
+    """
+    for model in models:
+        text = (src_repo / model / "config.pbtxt").read_text()
+        link_model(src_repo, dst_repo, model, with_batching(text) if batching else text)
+    return dst_repo
+
+
 def link_model(src_repo: Path, dst_repo: Path, model: str, config_text: str) -> None:
     """``dst_repo/model`` with ``config_text`` and a symlink to the shipped ``model.onnx``."""
     (dst_repo / model / "1").mkdir(parents=True)

@@ -84,6 +84,25 @@ def _ticks(pid: int) -> int | None:
     return int(rest[11]) + int(rest[12])  # utime + stime
 
 
+def _zmq_io_ticks(pid: int) -> int:
+    """CPU ticks of a process's ZeroMQ I/O threads (named ``ZMQbg/IO/<n>`` by libzmq)."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        if head.split("(", 1)[1].startswith("ZMQbg/IO"):
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])
+    return total
+
+
 def worker_pids(root: int) -> list[int]:
     """The model-instance workers (``python -m shoal.workers``) under shoal's launcher ``root``."""
     out = []
@@ -156,8 +175,9 @@ class CpuLoad:
 
 #: shoal's processes by the module they run (``python -m <module>``), as roles.
 _ROLES = {"shoal.frontend": "frontend", "shoal.broker": "broker", "shoal.workers": "worker"}
-#: The order a report lists the roles in; "server" sums them (the client is not the server's).
-ROLE_ORDER = ("frontend", "broker", "worker", "launcher", "server", "client")
+#: The order a report lists the roles in; "server" sums them (the client is not the server's);
+#: "zmq io" is the part of the server's that its processes' ZeroMQ I/O threads spent.
+ROLE_ORDER = ("frontend", "broker", "worker", "launcher", "server", "zmq io", "client")
 
 
 def role_of(argv: list[str]) -> str:
@@ -174,6 +194,28 @@ def _tree(root: int) -> list[int]:
     from servers import descendants  # (servers imports nothing of this module)
 
     return [root, *descendants(root)]
+
+
+def cpu_ns_by_role(root: int) -> dict[str, int]:
+    """On-CPU ns so far of a shoal server's processes (``root`` and below) by role, from
+    each thread's ``/proc/<pid>/task/<tid>/schedstat``: nanoseconds, where
+    ``/proc/<pid>/stat`` counts 10 ms ticks, so a one-second slice of a run is measured
+    to well under 1%. A thread that ended since an earlier reading takes its time with it
+    (shoal's threads live as long as their process)."""
+    out: dict[str, int] = {}
+    for pid in _tree(root):
+        role = role_of(_cmdline(pid))
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    out[role] = out.get(role, 0) + int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
 
 
 def served(http: str, model: str) -> int:
@@ -207,12 +249,14 @@ class PerRequest:
         self.root, self.http, self.model, self.by_role = root, http, model, by_role
         self.result: dict[str, float] | None = None
 
-    def _ticks(self) -> dict[int, tuple[str, int]]:
+    def _ticks(self) -> dict[int, tuple[str, int, int]]:
+        """Each process's role, CPU ticks, and its ZeroMQ I/O threads' ticks (shoal's)."""
         out = {}
         for pid in _tree(self.root):
             t = _ticks(pid)
             if t is not None:
-                out[pid] = (role_of(_cmdline(pid)) if self.by_role else "server", t)
+                role = role_of(_cmdline(pid)) if self.by_role else "server"
+                out[pid] = (role, t, _zmq_io_ticks(pid) if self.by_role else 0)
         return out
 
     def __enter__(self) -> PerRequest:
@@ -229,10 +273,14 @@ class PerRequest:
         if n <= 0:
             return
         per: dict[str, float] = {}
-        for pid, (role, t) in after.items():
+        zmq_io = 0
+        for pid, (role, t, z) in after.items():
             if pid in self._before:
                 per[role] = per.get(role, 0.0) + (t - self._before[pid][1]) / _TICK * 1e6 / n
+                zmq_io += z - self._before[pid][2]
         per["server"] = sum(per.values())
+        if self.by_role:
+            per["zmq io"] = zmq_io / _TICK * 1e6 / n
         per["client"] = (_client_ticks() - self._client) * 1e6 / n
         self.result = per
 
@@ -260,7 +308,9 @@ def cpu_table(results: list[Measurement]) -> list[str]:
         "",
         "`server` sums the server's processes (for Triton: tritonserver and its Python "
         "stubs); `client` is perf_analyzer's own. Divided by the requests the server's "
-        "statistics counted as successes during the run.",
+        "statistics counted as successes during the run. `zmq io`: the part of shoal's "
+        "`server` that its processes' ZeroMQ I/O threads spent (libzmq's background "
+        "threads, which carry every message between the processes).",
         "",
         "| model | c | server | protocol | frontends | " + " | ".join(ROLE_ORDER) + " |",
         "|---|---:|---|---|---:|" + "---:|" * len(ROLE_ORDER),

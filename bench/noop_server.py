@@ -173,13 +173,30 @@ def _load(repo: Path) -> dict[str, Model]:
     return models
 
 
+class _GenericOnly:
+    """The server as the generated code sees it, taking its handlers as generic ones only,
+    as shoal's frontend does (shoal/frontend/grpc_server.py): grpc.aio would otherwise
+    wait on a pending future per registered method for every call."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self.server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        pass
+
+
 async def _serve(args: argparse.Namespace) -> None:
     models = _load(args.model_repository)
     runner = web.AppRunner(http_app(models), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", args.http_port).start()
     server = grpc.aio.server()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Service(models), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        Service(models), _GenericOnly(server)
+    )
     server.add_insecure_port(f"127.0.0.1:{args.grpc_port}")
     await server.start()
     await server.wait_for_termination()

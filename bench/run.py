@@ -19,6 +19,7 @@ import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import cpu
 import ort_baseline
-from common import csv_ints, csv_list, fmt, git_commit, raise_interrupt, ratio
+from common import csv_ints, csv_list, fmt, git_commit, measured_repo, raise_interrupt, ratio
 from perf_analyzer import (
     Measurement,
     perf_analyzer_path,
@@ -67,6 +68,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", type=Path, default=REPO_ROOT / "model_repository")
     ap.add_argument("--models", type=csv_list, default="simple,mlp")
+    ap.add_argument(
+        "--no-dynamic-batching",
+        dest="dynamic_batching",
+        action="store_false",
+        help="serve the configs as shipped (default: each gets dynamic_batching {})",
+    )
     ap.add_argument("--protocols", type=csv_list, default="http,grpc", help="http, grpc")
     ap.add_argument(
         "--streaming", action="store_true", help="also perf_analyzer -i grpc --streaming"
@@ -406,29 +413,34 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
+    # Every server started here serves the measured models only (bench/common.measured_repo).
+    tmp = tempfile.TemporaryDirectory(prefix="shoal-bench-run-")
+    served = measured_repo(args.repo, Path(tmp.name), args.models, args.dynamic_batching)
     try:
         if args.shoal_url:
             grpc = args.shoal_grpc_url or _plus_one(args.shoal_url)
             results += _drive(pa, Target("shoal", args.shoal_url, grpc), args, raw_dir, skipped)
         elif not args.no_shoal:
             for fe in args.frontends:
-                srv = shoal_server(args.repo, raw_dir / f"shoal-{fe}f.log", frontends=fe)
+                srv = shoal_server(served, raw_dir / f"shoal-{fe}f.log", frontends=fe)
                 results += _with_server(srv, "shoal", pa, args, raw_dir, skipped)
         if args.peer_url:
             grpc = args.peer_grpc_url or _plus_one(args.peer_url)
             results += _drive(pa, Target("triton", args.peer_url, grpc), args, raw_dir, skipped)
         elif args.with_triton_peer:
-            peer = triton_peer_server(args.repo, raw_dir / "triton.log")
+            peer = triton_peer_server(served, raw_dir / "triton.log")
             results += _with_server(peer, "triton", pa, args, raw_dir, skipped)
 
         if args.with_noop:
-            noop = noop_server(args.repo, raw_dir / "noop.log")
+            noop = noop_server(served, raw_dir / "noop.log")
             results += _with_server(noop, "noop", pa, args, raw_dir, skipped)
 
         print("[bench] in-process ONNX Runtime baseline", flush=True)
         results += ort_baseline.measure_repo(args.repo, args.models, seconds=args.ort_seconds)
     except KeyboardInterrupt:
         skipped.append("interrupted: the run stopped early; the rest was not measured")
+    finally:
+        tmp.cleanup()
 
     import onnxruntime
 
@@ -444,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
             args.shoal_url
             or ("not run" if args.no_shoal else f"--frontend-processes {args.frontends}")
         ),
+        "configs": "shipped, with dynamic_batching {} added"
+        if args.dynamic_batching
+        else "shipped (--no-dynamic-batching)",
         "onnxruntime": onnxruntime.__version__,
         "triton": args.peer_url or ("triton-peer" if args.with_triton_peer else "not run"),
         "load average at end": " ".join(f"{x:.2f}" for x in os.getloadavg()),

@@ -18,9 +18,11 @@ LightGBM: ``Booster.predict``), ``openvino-mlp`` (an IR of an MLP 256 -> 1024 ->
 OpenVINO's ``InferRequest.infer`` with ``share_inputs``), ``pt2-exported`` and ``pt2-aoti``
 (the same MLP in torch, exported with a dynamic batch: an ExportedProgram's ``module()``,
 an AOTInductor package's runner; building the package takes a minute), ``tf-savedmodel``
-(the MLP as a SavedModel: its serving signature called), ``onnx-mlp`` (the
+(the MLP as a SavedModel: its serving signature called), ``python-ort`` (the shipped
+``mlp`` as a Python model running ONNX Runtime: that call in-process), ``onnx-mlp`` (the
 shipped ``mlp`` on ONNX Runtime, the reference: what serving costs on this machine in the
-same run).
+same run). The Triton peer serves Python models only (no OpenVINO, TensorFlow, FIL or
+PyTorch backend): run_python.py compares it with shoal on the same model.py.
 """
 
 from __future__ import annotations
@@ -116,6 +118,58 @@ def _onnx_mlp() -> Case:
         return runner
 
     return Case(build, "mlp")
+
+
+PYTHON_ORT_MODEL = """
+import os
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+    def execute(self, requests):
+        batch = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+        (out,) = self.session.run(["OUTPUT0"], {"INPUT0": np.concatenate(batch)})
+        parts = np.split(out, np.cumsum([len(b) for b in batch])[:-1])
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", p)]) for p in parts]
+"""
+
+
+def _python_ort() -> Case:
+    """The shipped ``mlp`` as a Python model whose ``execute`` runs ONNX Runtime (one
+    intra-op thread), against that ONNX Runtime call in-process: what the Python backend
+    costs beside ``onnx-mlp``'s row. (The Triton peer serving this same model.py:
+    run_python.py.)"""
+
+    def build(repo: Path, name: str) -> Callable[[int], tuple[np.ndarray, Runner]]:
+        import onnxruntime as ort
+
+        shipped = REPO_ROOT / "model_repository" / "mlp"
+        config = (shipped / "config.pbtxt").read_text().replace('name: "mlp"', f'name: "{name}"')
+        config = config.replace("max_batch_size: 32", "max_batch_size: 64")
+        config = config.replace('platform: "onnxruntime_onnx"', 'backend: "python"')
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
+        (repo / name / "1" / "model.onnx").symlink_to((shipped / "1" / "model.onnx").resolve())
+        (repo / name / "1" / "model.py").write_text(PYTHON_ORT_MODEL)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+        sess = ort.InferenceSession(str(shipped / "1" / "model.onnx"), opts)
+
+        def runner(batch: int) -> tuple[np.ndarray, Runner]:
+            x = np.random.default_rng(5).standard_normal((batch, 256)).astype(np.float32)
+            return x, lambda a: sess.run(None, {"INPUT0": a})
+
+        return runner
+
+    return Case(build, "python_mlp")
 
 
 def _openvino() -> Case:
@@ -219,6 +273,7 @@ CASES: dict[str, Case] = {
     "pt2-aoti": _pt2(aoti=True),
     "tf-savedmodel": _tf(),
     "onnx-mlp": _onnx_mlp(),
+    "python-ort": _python_ort(),
 }
 
 

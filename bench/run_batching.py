@@ -53,6 +53,7 @@ from common import (
     raise_interrupt,
     ratio,
     start_server,
+    with_batching,
 )
 from perf_analyzer import Measurement, perf_analyzer_path, perf_analyzer_version
 from servers import REPO_ROOT, ServerProcess, shoal_server, triton_peer_server
@@ -79,10 +80,6 @@ BESIDE_IDLE_TARGET = 0.6
 
 def _no_batching(text: str) -> str:
     return re.sub(r"dynamic_batching\s*\{[^}]*\}\s*", "", text)
-
-
-def _with_batching(text: str) -> str:
-    return text if "dynamic_batching" in text else text.rstrip("\n") + "\ndynamic_batching {}\n"
 
 
 def _instances(text: str, count: int) -> str:
@@ -112,7 +109,7 @@ def build_repos(src: Path, tmp: Path, model: str) -> dict[str, Path]:
             "peer": lambda t: t,  # Triton, with the shipped config
         },
         SMALL: {
-            "batching": _with_batching,
+            "batching": with_batching,
             "no-batching": _no_batching,
             "2-instances-no-batching": _two_without_batching,
         },

@@ -13,7 +13,8 @@ Four ways to generate the same greedy tokens with the same torch module
   no server;
 * ``triton request-level``: the request-level model served by the real tritonserver
   (the Triton peer's build, Python backend), its model.py finding torch and tokenizers in
-  shoal's environment (``--no-peer`` leaves it out).
+  shoal's environment (``--no-peer`` leaves it out; a peer that cannot serve it, such as
+  a build without GPU support under ``--gpu``, is left out of the report, saying why).
 
 The client: one gRPC stream per concurrent client (``ModelStreamInfer``), each sending
 its next request when the last one's final response came, all on one asyncio loop and
@@ -24,10 +25,12 @@ time to first token (TTFT) at each concurrency, and the ratio of in-flight batch
 tokens/s to each other way's. A record, not a test.
 
     python bench/run_llm.py [--concurrency 1,8,32] [--tokens 64] [--requests-per-stream 4]
-        [--model-params d_model=512,layers=8,heads=8] [--gpu]
+        [--model-params d_model=512,layers=8,heads=8] [--larger] [--gpu]
 
 ``--model-params`` overrides tiny_llm's parameters (a larger configuration of the same
-model); ``--gpu`` serves it on KIND_GPU instances and runs the in-process loop on CUDA.
+model); ``--larger`` is ``--model-params`` set to ``LARGER`` (unless given);
+``--gpu`` serves it on KIND_GPU instances and runs the in-process loop on CUDA. On a GPU
+host the larger configuration is one command: ``python bench/run_llm.py --gpu --larger``.
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import cpu
 import numpy as np
 import tritonclient.grpc as grpcclient
 from common import csv_ints, git_commit
@@ -53,8 +58,25 @@ from servers import REPO_ROOT, ServerProcess, shoal_server, triton_python_server
 
 TINY = REPO_ROOT / "model_repository" / "tiny_llm"
 MODES = {"inflight": "tiny_llm", "request-level": "tiny_llm_plain"}
-#: (mode, concurrency) -> (tokens/s, median TTFT in seconds)
-Points = dict[tuple[str, int], tuple[float, float]]
+#: ``--larger``: the same model at about 26M parameters (the shipped one: about 0.2M)
+LARGER = {"d_model": "512", "layers": "8", "heads": "8"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One way at one concurrency: tokens/s, the median TTFT (s), and CPU µs per token
+    (the load of this shared machine moves the first two; CPU time far less): the
+    server's processes together (in process: this process's) and shoal's model worker
+    alone (None where not measured)."""
+
+    tps: float
+    ttft: float
+    cpu_us: float | None = None
+    worker_us: float | None = None
+
+
+#: (mode, concurrency) -> its point
+Points = dict[tuple[str, int], Point]
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -64,10 +86,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests-per-stream", type=int, default=4)
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     p.add_argument("--model-params", type=_key_values, default={})
+    p.add_argument("--larger", action="store_true", help=f"--model-params {LARGER}")
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--no-peer", action="store_true", help="leave out the Triton peer")
     p.add_argument("--client", choices=("asyncio", "threads"), default="asyncio")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.larger and not a.model_params:
+        a.model_params = dict(LARGER)
+    return a
 
 
 def _key_values(text: str) -> dict[str, str]:
@@ -159,9 +185,7 @@ async def _aio_stream(stub: Any, requests: list[Any], ttfts: list[float]) -> Non
     call.cancel()
 
 
-def _aio_point(
-    url: str, model: str, concurrency: int, a: argparse.Namespace
-) -> tuple[float, float]:
+def _aio_point(url: str, model: str, concurrency: int, a: argparse.Namespace) -> Point:
     """Tokens/s and median TTFT of ``concurrency`` streams, all on one asyncio loop and
     one channel (a lighter client than a thread per stream: more of the cores for the
     server)."""
@@ -185,7 +209,7 @@ def _aio_point(
             return time.perf_counter() - start, ttfts
 
     elapsed, ttfts = asyncio.run(run())
-    return concurrency * per * a.tokens / elapsed, statistics.median(ttfts)
+    return Point(concurrency * per * a.tokens / elapsed, statistics.median(ttfts))
 
 
 def _stream_client(
@@ -216,9 +240,7 @@ def _stream_client(
         client.close()
 
 
-def _served_point(
-    url: str, model: str, concurrency: int, a: argparse.Namespace
-) -> tuple[float, float]:
+def _served_point(url: str, model: str, concurrency: int, a: argparse.Namespace) -> Point:
     """Tokens/s and median TTFT (s) of ``concurrency`` streams."""
     ttfts: list[float] = []
     per = a.requests_per_stream
@@ -234,11 +256,12 @@ def _served_point(
     elapsed = time.perf_counter() - start
     if len(ttfts) != concurrency * per:
         raise RuntimeError(f"{model}: {len(ttfts)} of {concurrency * per} requests answered")
-    return concurrency * per * a.tokens / elapsed, statistics.median(ttfts)
+    return Point(concurrency * per * a.tokens / elapsed, statistics.median(ttfts))
 
 
-def _in_process(a: argparse.Namespace, count: int) -> tuple[float, float]:
-    """The model's own loop, one request after another: tokens/s and median TTFT."""
+def _in_process(a: argparse.Namespace, count: int) -> Point:
+    """The model's own loop, one request after another: tokens/s, median TTFT, and this
+    process's CPU per token."""
     spec = importlib.util.spec_from_file_location("tiny_llm_model", TINY / "1" / "model.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -249,17 +272,23 @@ def _in_process(a: argparse.Namespace, count: int) -> tuple[float, float]:
     device = "cuda" if a.gpu else "cpu"
     model = module.TinyLlm({"torch_threads": "1", **a.model_params}, device)
     ttfts = []
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for i in range(count):
         sent = time.perf_counter()
         for n, _ in enumerate(model.generate(tokenizer.encode(_prompt(i)).ids, a.tokens, True)):
             if n == 0:
                 ttfts.append(time.perf_counter() - sent)
-    return count * a.tokens / (time.perf_counter() - start), statistics.median(ttfts)
+    tokens = count * a.tokens
+    cpu_us = (time.process_time() - cpu_start) * 1e6 / tokens
+    return Point(tokens / (time.perf_counter() - start), statistics.median(ttfts), cpu_us)
+
+
+def _cell(us: float | None) -> str:
+    return "" if us is None else f"{us:,.0f} µs"
 
 
 def _report(a: argparse.Namespace, load: float, got: Points) -> str:
-    own_tps, own_ttft = got[("in-process", 1)]
+    own = got[("in-process", 1)]
     peer = any(mode == "triton request-level" for mode, _ in got)
     lines = [
         f"# Generative serving, tiny_llm ({time.strftime('%Y-%m-%d %H:%M')})",
@@ -270,24 +299,27 @@ def _report(a: argparse.Namespace, load: float, got: Points) -> str:
         f"per stream; client {a.client}; model parameters "
         f"{a.model_params or 'as shipped'}{' on the GPU' if a.gpu else ''}",
         "",
-        f"In-process (the model's own loop, one request at a time): {own_tps:,.0f} tokens/s, "
-        f"TTFT {own_ttft * 1e3:.1f} ms",
+        f"In-process (the model's own loop, one request at a time): {own.tps:,.0f} tokens/s, "
+        f"TTFT {own.ttft * 1e3:.1f} ms, {_cell(own.cpu_us)} of CPU per token",
         "",
-        "| concurrency | mode | tokens/s | TTFT p50 | inflight / this (tokens/s) |",
-        "|---|---|---|---|---|",
+        "CPU per token: all of the server's processes (in process: the bench's), and shoal's "
+        "model worker alone.",
+        "",
+        "| concurrency | mode | tokens/s | TTFT p50 | inflight / this (tokens/s) "
+        "| CPU/token | worker CPU/token |",
+        "|---|---|---|---|---|---|---|",
     ]
     modes = [*MODES, *(["triton request-level"] if peer else [])]
     for c in a.concurrency:
-        inflight = got[("inflight", c)][0]
-        for mode in modes:
-            tps, ttft = got[(mode, c)]
+        inflight = got[("inflight", c)].tps
+        for mode, pt in [
+            *((m, got[(m, c)]) for m in modes),
+            ("in-process (own loop, serial)", own),
+        ]:
             lines.append(
-                f"| {c} | {mode} | {tps:,.0f} | {ttft * 1e3:.1f} ms | {inflight / tps:.2f} |"
+                f"| {c} | {mode} | {pt.tps:,.0f} | {pt.ttft * 1e3:.1f} ms "
+                f"| {inflight / pt.tps:.2f} | {_cell(pt.cpu_us)} | {_cell(pt.worker_us)} |"
             )
-        lines.append(
-            f"| {c} | in-process (own loop, serial) | {own_tps:,.0f} | {own_ttft * 1e3:.1f} ms "
-            f"| {inflight / own_tps:.2f} |"
-        )
     return "\n".join(lines) + "\n"
 
 
@@ -309,18 +341,43 @@ def _peer_repo(tmp: Path, a: argparse.Namespace) -> Path:
     return repo
 
 
-def _measure(srv: ServerProcess, modes: dict[str, str], a: argparse.Namespace, got: Points) -> None:
+def _measure(
+    srv: ServerProcess, modes: dict[str, str], a: argparse.Namespace, got: Points, shoal: bool
+) -> None:
+    """Each of ``modes`` (way -> model) at each concurrency, with the server's CPU per
+    token (by role on shoal: its model worker's apart)."""
     srv.start(300)
     try:
-        assert srv.grpc_url is not None
+        assert srv.grpc_url is not None and srv.proc is not None
         for mode, model in modes.items():
             point = _aio_point if a.client == "asyncio" else _served_point
             point(srv.grpc_url, model, 1, a)  # (warm: the first steps, the caches)
             for c in a.concurrency:
-                got[(mode, c)] = point(srv.grpc_url, model, c, a)
-                print(f"[bench] {mode} c={c}: {got[(mode, c)][0]:,.0f} tok/s", flush=True)
+                with cpu.PerRequest(srv.proc.pid, srv.http_url, model, by_role=shoal) as use:
+                    pt = point(srv.grpc_url, model, c, a)
+                per = use.result or {}  # (µs per request)
+                server, worker = per.get("server"), per.get("worker")
+                got[(mode, c)] = replace(
+                    pt,
+                    cpu_us=None if server is None else server / a.tokens,
+                    worker_us=None if worker is None else worker / a.tokens,
+                )
+                print(f"[bench] {mode} c={c}: {pt.tps:,.0f} tok/s", flush=True)
     finally:
         srv.stop()
+
+
+def _measure_peer(tmp: Path, a: argparse.Namespace, got: Points) -> None:
+    """The Triton peer's request-level serving, where it can serve the model (with
+    ``--gpu``, where its build has the GPU); else the report goes without it."""
+    mode = "triton request-level"
+    try:
+        peer = triton_python_server(_peer_repo(tmp, a), tmp / "triton.log")
+        _measure(peer, {mode: "tiny_llm_plain"}, a, got, shoal=False)
+    except Exception as exc:  # (its start, or a request it failed: both say why)
+        for key in [k for k in got if k[0] == mode]:
+            del got[key]
+        print(f"[bench] the Triton peer was not measured: {type(exc).__name__}: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,10 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     got[("in-process", 1)] = _in_process(a, max(4, a.requests_per_stream))
     with tempfile.TemporaryDirectory(prefix="shoal-bench-llm-") as tmp:
         srv = shoal_server(_repo(Path(tmp), a), Path(tmp) / "shoal.log")
-        _measure(srv, MODES, a, got)
-        if not a.no_peer and not a.gpu:
-            peer = triton_python_server(_peer_repo(Path(tmp), a), Path(tmp) / "triton.log")
-            _measure(peer, {"triton request-level": "tiny_llm_plain"}, a, got)
+        _measure(srv, MODES, a, got, shoal=True)
+        if not a.no_peer:
+            _measure_peer(Path(tmp), a, got)
     report = _report(a, load, got)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     out = a.out_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-llm.md"

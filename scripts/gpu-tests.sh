@@ -179,15 +179,17 @@ else:
                 sys.exit(f"preflight: {msg}")
             print(f"preflight: warning: {msg}")
 Path(os.environ["SHOAL_ORT_VERDICT_FILE"]).write_text("1" if ort_cuda else "0")
-# TensorRT plans (tests/gpu/test_tensorrt.py) need TensorRT's builder to make their engines.
+# TensorRT plans (tests/gpu/test_tensorrt.py) need TensorRT's builder to make their engines
+# (tools/trtgen.py: the module tensorrt, or tensorrt_bindings as PyPI's bindings wheel names it).
 try:
-    import tensorrt
-    print(f"preflight: TensorRT {tensorrt.__version__}: the TensorRT tests build engines")
+    from tools import trtgen
+    print(f"preflight: TensorRT {trtgen.trt.__version__}: the TensorRT tests build engines")
 except Exception as exc:  # not installed, or its libraries do not load
-    print(f"preflight: no TensorRT here ({type(exc).__name__}: {exc}): the TensorRT tests "
-          "will skip. Its "
-          "libraries (tensorrt-cu13-libs) are not on PyPI as wheels, so they cannot be "
-          "carried; a host whose image has TensorRT runs them")
+    print(f"preflight: no TensorRT builder here ({type(exc).__name__}: {exc}): the TensorRT "
+          "tests will skip. Its libraries (tensorrt-cu13-libs) have no wheel on PyPI (an "
+          "sdist that downloads from NVIDIA's index), so they cannot be carried; PyPI's "
+          "lean runtime (tensorrt-lean-cu13-libs, 44 MB) runs plans but builds none. A "
+          "host whose image has TensorRT runs them")
 # The TorchScript tests run KIND_GPU instances on torch: it must be a CUDA build.
 fix = ("the image's python3 should hold it" if offline else
        "install a CUDA build of torch into .venv (scripts/setup.sh takes SHOAL_TORCH)")
@@ -225,9 +227,14 @@ EOF
 SHOAL_TEST_ORT_CUDA=$(cat "$ort_verdict")
 rm -f "$ort_verdict"
 export SHOAL_TEST_ORT_CUDA
+# All of tests/gpu in one go. A device call ends at 10 minutes: pytest is interrupted
+# before that (SHOAL_GPU_PYTEST_S, default 480 s) so that it still prints what passed and
+# what did not (SIGINT: its summary; each test has its own timeout too, pyproject.toml).
 set +e
-"$PY" -m pytest -q -m gpu -o addopts="" -p no:cacheprovider tests/gpu "$@"
+timeout -s INT -k 30 "${SHOAL_GPU_PYTEST_S:-480}" \
+  "$PY" -m pytest -q -rfEs -m gpu -o addopts="" -p no:cacheprovider tests/gpu "$@"
 rc=$?
 set -e
+[ "$rc" -eq 124 ] && echo "gpu-tests: pytest interrupted after ${SHOAL_GPU_PYTEST_S:-480} s" >&2
 [ "$rc" -eq 5 ] && { echo "no GPU tests collected"; exit 1; }
 exit "$rc"

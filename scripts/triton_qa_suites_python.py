@@ -7,7 +7,8 @@ model-name validation), ``lifecycle`` (errors, cancellation, models that fail in
 initialize, finalize and auto_complete_config), ``argument_validation`` (pb_utils'
 argument checks), ``parameters`` (response parameters, decoupled and BLS),
 ``async_execute`` (async def execute, concurrency), ``model_readiness`` (a model's own
-``is_ready``) and ``request_rescheduling`` (iterative sequences). Left out: what needs a
+``is_ready``), ``request_rescheduling`` (iterative sequences) and ``logging``
+(pb_utils.Logger's lines at each level and log setting). Left out: what needs a
 GPU (KIND_GPU models, GPU tensors through DLPack) or a clone of the python_backend repository
 (``decoupled``'s example models), and the shared-memory page counts of Triton's stub
 processes (shoal's Python models run in its workers); docs/triton-qa.md.
@@ -15,8 +16,11 @@ processes (shoal's Python models run in its workers); docs/triton-qa.md.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from triton_qa import QA, suite
@@ -201,6 +205,48 @@ def _request_rescheduling(qa: QA, root: Path) -> None:
                 qa.not_ready(SUITE, 1, target)
 
 
+def _post_logging(setting: str, value: bool | int) -> int:
+    """``curl -d'{"<setting>": <value>}' localhost:8000/v2/logging``: the status."""
+    body = json.dumps({setting: value}).encode()
+    request = urllib.request.Request("http://localhost:8000/v2/logging", data=body)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+def _logging(qa: QA, root: Path) -> None:
+    """pb_utils.Logger's lines in the server's log, counted as test.sh's verify_log_counts
+    counts them, after a server with the default settings, one whose verbose logging is
+    turned on (through /v2/logging, after the model's initialize logged), and one whose
+    info, warning and error logging are turned off: each count is one check."""
+    here = root / "logging"
+    models = qa.fresh(here / "models")
+    _model(qa, models, "identity_fp32_logging")
+    off = {"log_info": False, "log_warning": False, "log_error": False}
+    phases: list[tuple[str, dict[str, bool | int], int, int]] = [
+        ("default", {}, 4, 0), ("verbose", {"log_verbose_level": 1}, 4, 3), ("disabled", off, 1, 0),
+    ]  # fmt: skip
+    for name, settings, plain, verbose in phases:
+        with qa.serve(here, f"--model-repository={models}", log="logging_server.log") as ready:
+            if not ready:
+                qa.not_ready(SUITE, len(settings) + 6, f"logging_test.py ({name})")
+                continue
+            for key, value in settings.items():
+                code = _post_logging(key, value)
+                qa.count(SUITE, int(code == 200), 1, f"test.sh ({name}): POST /v2/logging {key}")
+            qa.pytest(SUITE, here, "logging_test.py", note=f"({name})")
+        lines = (here / "logging_server.log").read_text(errors="replace").splitlines()
+        for word, want in (("Specific", plain), ("Info", plain), ("Warning", plain),
+                           ("Error", plain), ("Verbose", verbose)):  # fmt: skip
+            got = sum(f"{word} Msg!" in line for line in lines)
+            what = f"test.sh ({name}): {got} '{word} Msg!' lines, {want} expected"
+            qa.count(SUITE, int(got == want), 1, what)
+
+
 _SUBTESTS = {
     "model_control": _model_control,
     "lifecycle": _lifecycle,
@@ -209,6 +255,7 @@ _SUBTESTS = {
     "async_execute": _async_execute,
     "model_readiness": _model_readiness,
     "request_rescheduling": _request_rescheduling,
+    "logging": _logging,
 }
 
 

@@ -3,9 +3,9 @@
 Its test.sh serves a repository of ``simple`` (onnx_int32_int32_int32), an ensemble of it,
 Python models (``bls_simple``, ``input_all_required``, ``identity_fp32``), L0_decoupled's
 ``repeat_int32`` and two models of Triton's C++ ``identity`` backend that sleep
-``execute_delay_ms`` per execution (``dynamic_batch``, ``custom_identity_int32``). Neither
-C++ backend is in a source tree, so this runner writes Python models with their behaviour
-at run time (L0_decoupled's repeat stand-in; an identity that sleeps the delay). test.sh
+``execute_delay_ms`` per execution (``dynamic_batch``, ``custom_identity_int32``), which
+shoal's built-in ``identity`` backend serves from test.sh's configs. L0_decoupled's C++
+repeat backend is in no source tree: the runner writes its Python stand-in. test.sh
 drives its servers with curl and with Triton's C++ ``simple_http_infer_client`` and
 ``simple_grpc_infer_client`` (one inference of ``simple`` each); the runner sends the same
 requests with tritonclient, then reads the trace files with the suite's own
@@ -36,28 +36,29 @@ from triton_qa_suites_decoupled import REPEAT, REPEAT_CONFIG
 
 SUITE = "L0_trace"
 
-# Triton's identity backend: OUTPUTn = INPUTn, after sleeping execute_delay_ms per execution.
-IDENTITY = """
-import json
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = config.get("parameters", {})
-        delay = params.get("execute_delay_ms", {}).get("string_value", "0")
-        self.delay = int(delay) / 1000
-
-    def execute(self, requests):
-        time.sleep(self.delay)
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor(
-                "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests
-        ]
+# test.sh's two models of Triton's identity backend (shoal's is built in: backend
+# "identity", execute_delay_ms as Triton's; enable_custom_tracing asks for the C++ backend's
+# custom activities, which shoal's has not: their tests are left out)
+DYNAMIC_BATCH = """backend: "identity"
+max_batch_size: 1
+input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]
+output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]
+instance_group [{ count: 1 kind: KIND_CPU }]
+dynamic_batching {
+  preferred_batch_size: [ 1 ]
+  default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 1000000
+                         max_queue_size: 8 }
+}
+parameters [{ key: "execute_delay_ms" value: { string_value: "8000" } }]
+"""
+CUSTOM_IDENTITY = """name: "custom_identity_int32"
+backend: "identity"
+max_batch_size: 1024
+input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] }]
+output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] }]
+instance_group [{ kind: KIND_CPU }]
+parameters [{ key: "execute_delay_ms" value: { string_value: "500" } },
+            { key: "enable_custom_tracing" value: { string_value: "true" } }]
 """
 
 # test.sh's send_inference_requests: the C++ simple clients, one inference each.
@@ -90,15 +91,6 @@ def _write(models: Path, name: str, source: str, config: str) -> None:
     (models / name / "config.pbtxt").write_text(config)
 
 
-def _identity_config(name: str, extra: str, dtype: str = "INT32") -> str:
-    return (
-        f'name: "{name}"\nbackend: "python"\n'
-        f'input [{{ name: "INPUT0" data_type: TYPE_{dtype} dims: [ -1 ] }}]\n'
-        f'output [{{ name: "OUTPUT0" data_type: TYPE_{dtype} dims: [ -1 ] }}]\n'
-        "instance_group [{ count: 1 kind: KIND_CPU }]\n" + extra
-    )
-
-
 def _models(qa: QA, here: Path) -> Path:
     """test.sh's MODELSDIR, with the stand-ins in the C++ backends' place."""
     models = qa.fresh(here / "trace_models")
@@ -121,23 +113,12 @@ def _models(qa: QA, here: Path) -> Path:
     (models / "bls_simple" / "1" / "model.py").write_text(bls.read_text())
     repeat = REPEAT_CONFIG.replace("decoupled: True", "decoupled: False")
     _write(models, "repeat_int32", REPEAT, repeat)
-    delay = 'parameters [{ key: "execute_delay_ms" value: { string_value: "%s" } }]\n'
-    batching = (
-        "dynamic_batching { preferred_batch_size: [ 1 ] default_queue_policy { "
-        "timeout_action: REJECT default_timeout_microseconds: 1000000 max_queue_size: 8 } }\n"
-    )
-    _write(
-        models,
-        "dynamic_batch",
-        IDENTITY,
-        _identity_config("dynamic_batch", "max_batch_size: 1\n" + batching + delay % 8000, "FP32"),
-    )
-    _write(
-        models,
-        "custom_identity_int32",
-        IDENTITY,
-        _identity_config("custom_identity_int32", "max_batch_size: 1024\n" + delay % 500),
-    )
+    for name, config in (
+        ("dynamic_batch", DYNAMIC_BATCH),
+        ("custom_identity_int32", CUSTOM_IDENTITY),
+    ):
+        (models / name / "1").mkdir(parents=True)  # (no model file: the backend is built in)
+        (models / name / "config.pbtxt").write_text(config)
     identity = qa.qa / "python_models" / "identity_fp32"
     (models / "identity_fp32" / "1").mkdir(parents=True)
     (models / "identity_fp32" / "1" / "model.py").write_text((identity / "model.py").read_text())
@@ -377,7 +358,7 @@ def _unittest(qa: QA, here: Path, models: Path) -> None:
 def _custom(qa: QA, here: Path, models: Path) -> None:
     qa.not_run(SUITE, 4, "custom backend tracing (custom_tracing_triton.log)",
                "the C++ identity backend's custom activities (TRITONSERVER_InferenceTrace"
-               "ReportActivity), which no Python model can report")  # fmt: skip
+               "ReportActivity), not reported by shoal's identity backend")  # fmt: skip
 
 
 _RUNS = {

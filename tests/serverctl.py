@@ -185,7 +185,13 @@ class ShoalServer:
         )
         self.seen_pids: set[int] = {self.proc.pid}
         if wait_ready:
-            self.wait_ready()
+            try:
+                self.wait_ready()
+            except BaseException:  # (a start that failed, timed out or was interrupted:
+                # no fixture holds this server to stop it)
+                with contextlib.suppress(Exception):  # (the start's error is the one to see)
+                    self.stop()
+                raise
 
     @property
     def url(self) -> str:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import tensorrt as trt
+try:
+    import tensorrt as trt
+except ImportError:  # (PyPI's tensorrt-cu13-bindings wheel names the module so)
+    import tensorrt_bindings as trt  # type: ignore[no-redef]
 
 
 def build_plan(

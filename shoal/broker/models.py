@@ -426,6 +426,18 @@ class ModelTable:
             for e in self.models.values()
         )
 
+    def readiness_checks(self) -> list[int]:
+        """The pids of the instances of READY versions whose model checks its own
+        readiness (a Python model's ``is_ready``)."""
+        return [
+            i.pid
+            for e in self.models.values()
+            for v in e.versions.values()
+            if v.state == "READY"
+            for i in v.live()
+            if i.checks_ready
+        ]
+
     def states(self) -> list[m.ModelState]:
         out: list[m.ModelState] = []
         for e in sorted(self.models.values(), key=lambda e: e.name):

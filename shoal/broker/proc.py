@@ -53,6 +53,9 @@ log = logging.getLogger("shoal.broker")
 # The longest the loop sleeps with nothing to do: its hang checks and retries run then.
 # Queue delays and timeouts wake it through the timer, not through this.
 _HOUSEKEEPING_MS: Final = 250
+# Under load the loop turns once a message or two: its checks of hung instances, late
+# stops, silent frontends and unwatched peers run at most this often, not every turn.
+_HOUSEKEEPING_EVERY_S: Final = 0.01
 _INFER: Final = m.KINDS[m.InferRequest]
 
 
@@ -93,6 +96,7 @@ class BrokerProc:
         self.lender = CoreLender() if settings.cpu_lending else None
         self.poller.register(self.timer.fileno(), zmq.POLLIN)
         self.startup_reported = False
+        self._housekeeping_at = 0.0  # (monotonic: long past, the first turn does it)
         self.readiness = EnsembleReadiness()  # ensembles waiting for their models
         self.control = model_control(settings, self.table)
         self.queries = Queries(
@@ -153,7 +157,8 @@ class BrokerProc:
                 )
             self.timer.arm(self._next_wakeup())
             events = dict(self.poller.poll(_HOUSEKEEPING_MS))
-            if self.timer.fileno() in events:
+            fired = self.timer.fileno() in events
+            if fired:
                 self.timer.clear()
             # Workers first: a batch's report is read before a statistics query that
             # came in the same turn (its answers may already be with the client).
@@ -163,7 +168,7 @@ class BrokerProc:
                 self._drain(self.fsock, self._on_frontend)
             if self.peers.fileno() in events:
                 self.peers.reap()
-            self._tick()
+            self._tick(fired or not events)
         # Exits signalled during the last turn are part of the stop: their requests are
         # answered, and a worker's exit is logged as stopped (see _lost).
         self.peers.reap()
@@ -211,8 +216,21 @@ class BrokerProc:
         if self.readiness.unsettled:
             self.readiness.settle(self.table)
 
-    def _tick(self) -> None:
+    def _tick(self, woken: bool) -> None:
+        """What is due by the clock: the router's queue delays and timeouts when the timer
+        armed for them fired (``woken``) or their time came, and every
+        _HOUSEKEEPING_EVERY_S the router's other expiries and the checks that nothing
+        stands stuck (under load the loop turns once a message: not each turn)."""
         now = time.monotonic()
+        housekeeping = woken or now >= self._housekeeping_at
+        if housekeeping or self.router.due(now):
+            dispatches, failures = self.router.tick(now)
+            for item, message in failures:
+                self.out.fail_item(item, ServingError(Code.UNAVAILABLE, message))
+            self._dispatch(dispatches)
+        if not housekeeping:
+            return
+        self._housekeeping_at = now + _HOUSEKEEPING_EVERY_S
         self.peers.retry()
         self.endings.tick(now, self.peers.unwatched)
         if not self.stop:
@@ -220,10 +238,6 @@ class BrokerProc:
                 self._kill_frontend(frontend)
         if self.control.poll_secs > 0:
             self._apply(self.control.poll(now))
-        dispatches, failures = self.router.tick(now)
-        for item, message in failures:
-            self.out.fail_item(item, ServingError(Code.UNAVAILABLE, message))
-        self._dispatch(dispatches)
         if self.lender is not None:
             self._repin(self.lender.tick(now))
 
@@ -473,6 +487,9 @@ class BrokerProc:
                     if pos not in msg.open:  # an open stream still writes its outputs
                         self.out.finished(item)
                 self._dispatch(self.router.batch_done(inst, msg, time.monotonic()))
+        elif isinstance(msg, m.RerunDone) and inst is not None:
+            if (mv := self.table.owner(inst)) is not None:
+                mv.stats.reran(msg, time.monotonic())
         elif isinstance(msg, m.StreamsEnded) and inst is not None:
             for item in self.router.streams_ended(inst, msg.keys):
                 self.out.finished(item)

@@ -142,9 +142,13 @@ class Queries:
         loaded; without ``strict_readiness``, the start-up loads over (``started``),
         whatever became of them, as Triton's server turns ready once its start-up loads
         return; and in explicit or poll mode the launcher there when ``await_launcher``
-        (the load API is not served until it is)."""
+        (the load API is not served until it is). Under ``strict_readiness``, as Triton's
+        server readiness asks each READY model's own runtime check, the instances whose
+        model checks its own readiness are named (``ready_checks``): the frontend asks
+        them."""
         control = self.control
         ready = self.table.all_ready() and not control.failures()
+        checks = self.table.readiness_checks() if ready and strict_readiness else []
         ready = ready or (not strict_readiness and started)
         if await_launcher and control.managed and not control.has_launcher:
             ready = False
@@ -153,7 +157,7 @@ class Queries:
             states = sorted([*states, *control.index()], key=lambda s: (s.name, s.version))
         if q.memory_of:
             self._add_details(states, q.memory_of)
-        return m.ServerState(q.query_id, True, ready, states)
+        return m.ServerState(q.query_id, True, ready, states, checks if ready else [])
 
     def _add_details(self, states: list[m.ModelState], model: str) -> None:
         """Each instance's memory, the memory limit, and each instance's turns under the

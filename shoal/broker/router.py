@@ -297,6 +297,10 @@ class Router:
             out.append(inst)
         return out
 
+    def due(self, now: float) -> bool:
+        """Whether the time ``next_wakeup`` last found has come (``tick`` has work)."""
+        return self._wake_at is not None and now >= self._wake_at
+
     def next_wakeup(self) -> float | None:
         """When ``tick`` next has work: a queue timeout, or a queue delay of a version
         with an idle instance (a busy version's next batch waits for its batch_done)."""

@@ -137,6 +137,20 @@ class VersionStats:
         b.compute_infer.add(done.infer_ns)
         b.compute_output.add(done.output_ns)
 
+    def reran(self, msg: m.RerunDone, now: float) -> None:
+        """Requests the model rescheduled ran again (shoal/workers/rescheduling.py):
+        each run counts as a request (its time: the run's, with no queue time) and the
+        run as one execution, as Triton counts each run of an iterative sequence's
+        request (it goes through the scheduler again)."""
+        done = msg.done
+        took = done.input_ns + done.infer_ns + done.output_ns
+        for _ in range(msg.failed):
+            self.failed(took, "BACKEND")
+        for _ in range(msg.ok):
+            self.queued(0, now)
+        if msg.ok:
+            self.executed(done, [took] * msg.ok, msg.ok_samples, now)
+
     def snapshot(self) -> m.ModelStats:
         self.s.batch_stats = [self._batches[k] for k in sorted(self._batches)]
         return self.s

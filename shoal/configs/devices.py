@@ -7,6 +7,7 @@ import functools
 import importlib.util
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 _NVIDIA_PROC = Path("/proc/driver/nvidia/gpus")
@@ -41,19 +42,61 @@ def visible_ids(visible: str) -> list[str]:
     return out
 
 
-def gpu_count() -> int:
-    """Visible NVIDIA GPUs (honouring CUDA_VISIBLE_DEVICES); 0 without a driver."""
-    present = _present()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+#: Set in a GPU instance's worker when it narrows CUDA_VISIBLE_DEVICES to its own GPU
+#: (``narrow_to``): the server GPU it runs on, and CUDA_VISIBLE_DEVICES as the server had
+#: it (absent when unset), so that a tensor-parallel group can place its other ranks.
+INSTANCE_GPU_ENV = "SHOAL_INSTANCE_GPU"
+SERVER_VISIBLE_ENV = "SHOAL_SERVER_CUDA_VISIBLE_DEVICES"
+
+
+def gpu_count(visible: str | None = None, present: int | None = None) -> int:
+    """Visible NVIDIA GPUs (honouring CUDA_VISIBLE_DEVICES, or ``visible`` when given);
+    0 without a driver. ``present``: the GPUs the driver shows (None: looked up)."""
+    present = _present() if present is None else present
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
     if visible is None or present == 0:
         return present
     return min(len(visible_ids(visible)), present)
 
 
-def visible_device(gpu: int) -> str:
+def narrow_to(gpu: int) -> None:
+    """Show this process server GPU ``gpu`` alone (before any CUDA import), noting what
+    it was shown before in ``INSTANCE_GPU_ENV`` and ``SERVER_VISIBLE_ENV``."""
+    device = visible_device(gpu)
+    if (before := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        os.environ[SERVER_VISIBLE_ENV] = before
+    os.environ[INSTANCE_GPU_ENV] = str(gpu)
+    os.environ["CUDA_VISIBLE_DEVICES"] = device
+
+
+def group_devices(
+    size: int, env: Mapping[str, str] | None = None, present: int | None = None
+) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES of each rank of a tensor-parallel group of ``size`` whose
+    rank 0 is this (narrowed) instance: server GPUs ``first``, ``first + 1``, ... wrapping
+    around, one per rank. Raises ValueError when the server has fewer GPUs than ranks.
+    ``env``: this process's environment (None: os.environ)."""
+    env = os.environ if env is None else env
+    if INSTANCE_GPU_ENV in env:
+        first, visible = int(env[INSTANCE_GPU_ENV]), env.get(SERVER_VISIBLE_ENV)
+    else:  # (not narrowed: a model run outside a worker)
+        first, visible = 0, env.get("CUDA_VISIBLE_DEVICES")
+    present = _present() if present is None else present
+    count = present if visible is None else gpu_count(visible, present)
+    if size > count:
+        raise ValueError(
+            f"tensor_parallel_size {size} needs {size} GPUs, one per rank; the server has {count}"
+        )
+    gpus = [(first + rank) % count for rank in range(size)]
+    return [str(g) if visible is None else visible_device(g, visible) for g in gpus]
+
+
+def visible_device(gpu: int, visible: str | None = None) -> str:
     """The CUDA_VISIBLE_DEVICES value that shows a process server GPU ``gpu`` alone (as its
-    device 0): server GPU ids index the CUDA_VISIBLE_DEVICES the server was started with."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    device 0): server GPU ids index the CUDA_VISIBLE_DEVICES the server was started with
+    (``visible``; None: this process's)."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return str(gpu)
     ids = visible_ids(visible)

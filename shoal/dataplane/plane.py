@@ -190,8 +190,14 @@ class DataPlane:
         return state is not None and state.live
 
     async def server_ready(self) -> bool:
+        """Triton's server readiness: under strict readiness, also each READY model's
+        own check (a Python model's ``is_ready``) on each of its instances."""
         state = await server_state(self.broker)
-        return state is not None and state.ready
+        if state is None or not state.ready:
+            return False
+        if state.ready_checks:
+            return await instances_ready(self.broker.runtime_dir, state.ready_checks)
+        return True
 
     async def _info(self, name: str, version: int) -> m.ModelInfo:
         info = await self.broker.query(

@@ -45,7 +45,7 @@ class _FirstRequestFallback:
 
     def feed_data(self, data: bytes) -> Any:
         seen = self._seen
-        if seen is None:
+        if seen is None:  # (a Python parser after a fallback)
             return self._parser.feed_data(data)
         seen += data
         try:
@@ -62,8 +62,9 @@ class _FirstRequestFallback:
             )
             self._seen = None
             return self._parser.feed_data(bytes(seen))
-        if parsed[0]:  # the first request's head is through: nothing to fall back for
-            self._seen = None
+        if parsed[0]:  # the first request's head is through: nothing to fall back for,
+            self._seen = None  # and the connection reads through the fast parser itself
+            self._handler._parser = self._parser
         return parsed
 
     def __getattr__(self, name: str) -> Any:

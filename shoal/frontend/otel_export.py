@@ -10,6 +10,8 @@ the top-level span a child of the client's span, in the client's trace. Beyond T
 the spans say which processes did the work and which batch the request ran in
 (``shoal.*`` attributes), and how long each hop between processes took
 (``shoal.hop.<hop>_ns``); the spans' events are Triton's, no more (its QA checks them).
+With the option ``hop_spans=true`` a model span whose way was measured has one more
+child, ``shoal.hops``: one event per hop (``hop_events``), naming the processes.
 """
 
 from __future__ import annotations
@@ -31,6 +33,50 @@ _PROTOCOL = frozenset(
      "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END", "GRPC_SEND_START",
      "GRPC_SEND_END")
 )  # fmt: skip
+
+
+#: Each leg of a request's way (HOPS' order): the process it leaves, the one that handles it.
+_LEGS = (("frontend", "broker"), ("broker", "broker"), ("broker", "worker"),
+         ("worker", "worker"), ("worker", "frontend"))  # fmt: skip
+HOP_SPAN = "shoal.hops"
+Event = tuple[str, int, dict[str, str | int]]
+
+
+def hop_spans(options: dict[str, str]) -> bool:
+    """Whether the option ``hop_spans`` (``true`` or ``false``, as the trace flags'
+    parser leaves it) asks for ``shoal.hops`` spans; off by default: tools written for
+    Triton, its QA among them, count a request's spans."""
+    return options.get("hop_spans") == "true"
+
+
+def processes(attributes: dict[str, int | str | list[int]]) -> dict[str, str]:
+    """The processes a traced request crossed, by role, as its hop events name them."""
+    a = attributes
+    return {
+        "frontend": f"frontend {a.get('frontend_index', '?')} (pid {a.get('frontend_pid', '?')})",
+        "broker": f"broker (pid {a.get('broker_pid', '?')})",
+        "worker": f"worker {a.get('instance', '?')} (pid {a.get('worker_pid', '?')})",
+    }
+
+
+def hop_events(r: m.TraceRecord) -> list[Event]:
+    """The events of ``r``'s ``shoal.hops`` span: per leg of its way (HOPS), when the
+    leg ended (monotonic ns), with the process it left (``shoal.hop.from``), the one
+    that handled it (``shoal.hop.to``; the same one for the time inside a process) and
+    its duration (``shoal.hop.duration_ns``). None for a trace whose way was not
+    measured (a cache hit, a request refused before it left)."""
+    hops = r.attributes.get("hops_ns")
+    at = dict(r.stamps).get("REQUEST_START")  # (the way's first stamp)
+    if not isinstance(hops, list) or len(hops) != len(HOPS) or at is None:
+        return []
+    names = processes(r.attributes)
+    events: list[Event] = []
+    for hop, (left, to), ns in zip(HOPS, _LEGS, hops, strict=True):
+        at += ns
+        attrs: dict[str, str | int] = {"shoal.hop.from": names[left], "shoal.hop.to": names[to],
+                                       "shoal.hop.duration_ns": ns}  # fmt: skip
+        events.append((hop, at, attrs))
+    return events
 
 
 def resource_attributes(options: dict[str, str]) -> dict[str, str]:
@@ -64,6 +110,14 @@ def bsp_arguments(options: dict[str, str]) -> tuple[int, float, int]:
     if delay <= 0:  # at once: each span goes out as it ends
         return queue, MIN_DELAY_MS, 1
     return queue, delay, batch
+
+
+def _shoal_attributes(span: Any, attributes: dict[str, int | str | list[int]]) -> None:
+    """A trace's process and batch attributes on ``span``, as ``shoal.<name>`` (the
+    hops are set apart: ``shoal.hop.<hop>_ns``, or ``hop_events``)."""
+    for key, value in attributes.items():
+        if key != "hops_ns" and (isinstance(value, _SCALARS) or value):
+            span.set_attribute(f"shoal.{key}", value)
 
 
 class _TritonWords(logging.Filter):
@@ -123,6 +177,7 @@ class OtelExporter:
         self.tracer = self.provider.get_tracer("shoal")
         self.propagator = TraceContextTextMapPropagator()
         self.frontend = frontend
+        self.hop_spans = hop_spans(options)
         # monotonic stamps -> the wall clock OpenTelemetry wants (one host: one offset)
         self.offset = time.time_ns() - time.monotonic_ns()
 
@@ -160,11 +215,7 @@ class OtelExporter:
         span.set_attribute("triton.trace_parent_id", r.parent_id)
         if r.request_id:
             span.set_attribute("triton.request_id", r.request_id)
-        for key, value in r.attributes.items():
-            if key == "hops_ns":
-                continue
-            if isinstance(value, _SCALARS) or value:
-                span.set_attribute(f"shoal.{key}", value)
+        _shoal_attributes(span, r.attributes)
         for name in ("REQUEST_START", "QUEUE_START", "REQUEST_END"):
             if name in stamps:
                 span.add_event(name, timestamp=stamps[name] + self.offset)
@@ -182,10 +233,26 @@ class OtelExporter:
                 if name in stamps:
                     compute.add_event(name, timestamp=stamps[name] + self.offset)
             compute.end(end_time=stamps["COMPUTE_END"] + self.offset)
+        if self.hop_spans:
+            self._hop_span(r, trace.set_span_in_context(span))
         for child in r.children:
             self._model_span(child, trace.set_span_in_context(span))
         end = stamps.get("REQUEST_END", start)
         span.end(end_time=end + self.offset)
+
+    def _hop_span(self, r: m.TraceRecord, ctx: Any) -> None:
+        """``r``'s ``shoal.hops`` span (REQUEST_START -> REQUEST_END, in ``ctx``): the
+        processes and the batch as attributes, an event per hop (``hop_events``)."""
+        events = hop_events(r)
+        if not events:
+            return
+        stamps = dict(r.stamps)
+        start = stamps["REQUEST_START"] + self.offset
+        span = self.tracer.start_span(HOP_SPAN, context=ctx, start_time=start)
+        _shoal_attributes(span, r.attributes)
+        for name, ns, attrs in events:
+            span.add_event(name, attributes=attrs, timestamp=ns + self.offset)
+        span.end(end_time=stamps.get("REQUEST_END", events[-1][1]) + self.offset)
 
     def shutdown(self) -> None:
         self.provider.shutdown()

@@ -179,6 +179,19 @@ class StreamsEnded(msgspec.Struct, array_like=True):
     keys: list[tuple[bytes, int]]
 
 
+class RerunDone(msgspec.Struct, array_like=True):
+    """Worker -> broker: it ran requests its model rescheduled again, as one execution
+    (shoal/workers/rescheduling.py). As Triton counts each run of an iterative
+    sequence's request (each goes through its scheduler again), each run is a request
+    of its own in the statistics: ``ok`` ran (answered, or rescheduled again), ``failed``
+    got an error; ``done`` has the run's timings (its ``batch_id`` unused)."""
+
+    done: BatchDone
+    ok: int = 0
+    ok_samples: int = 0  # the sum of the ok requests' batch sizes
+    failed: int = 0
+
+
 class WorkerHello(msgspec.Struct, array_like=True):
     model: str
     version: int
@@ -334,6 +347,9 @@ class ServerState(msgspec.Struct, array_like=True):
     live: bool
     ready: bool
     models: list[ModelState] = []
+    # ready under strict readiness only if each of these instances says its model is (a
+    # Python model's is_ready, asked by the frontend: shoal/dataplane/readiness_checks.py)
+    ready_checks: list[int] = []
 
 
 class FrontendGone(msgspec.Struct, array_like=True):
@@ -688,6 +704,7 @@ KINDS: Final[dict[type[msgspec.Struct], bytes]] = {
     StartWorkers: b"A",
     GenerationsGone: b"O",
     StreamsEnded: b"E",
+    RerunDone: b"v",
 }
 RESULT: Final[bytes] = b"r"
 

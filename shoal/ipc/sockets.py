@@ -195,7 +195,6 @@ _send = _CSocket.send
 _recv = _CSocket.recv
 _get = _CSocket.get
 _SNDMORE: Final[int] = int(zmq.SNDMORE)
-_RCVMORE: Final[int] = int(zmq.RCVMORE)
 _EVENTS: Final[int] = int(zmq.EVENTS)
 _POLLIN: Final[int] = int(zmq.POLLIN)
 NOBLOCK: Final[int] = int(zmq.NOBLOCK)
@@ -210,10 +209,13 @@ def send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
 
 
 def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
-    """``sock.recv_multipart(flags)``: every frame of the next message, as bytes."""
-    parts: list[bytes] = [_recv(sock, flags)]
-    while _get(sock, _RCVMORE):
-        parts.append(_recv(sock, flags))
+    """``sock.recv_multipart(flags)``: every frame of the next message, as bytes. Each
+    frame is taken as a zmq.Frame, whose ``more`` flag costs no ZMQ_RCVMORE option read."""
+    frame = _recv(sock, flags, False)
+    parts: list[bytes] = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, flags, False)
+        parts.append(frame.bytes)
     return parts
 
 

@@ -168,12 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     gpus = None
     if args.gpu is not None:
-        from shoal.configs.devices import gpu_count, visible_device
+        from shoal.configs.devices import gpu_count, narrow_to
 
         # Before any CUDA import: the instance sees its GPU alone, as device 0. The config
         # is still checked against the server's GPUs (counted before the narrowing).
         gpus = gpu_count()
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible_device(args.gpu)
+        narrow_to(args.gpu)
     from shoal.workers.loading import WorkerSettings
     from shoal.workers.proc import WorkerProc
 

@@ -307,8 +307,8 @@ def _request(req: pb_utils.InferenceRequest) -> ClientRequest:
                 f"parameter '{key}' is reserved for Triton usage: a scripted request sets "
                 "it through its own argument",
             )
-    if req.bls_timeout():
-        params["timeout"] = req.bls_timeout()
+    if req.timeout():
+        params["timeout"] = req.timeout()
     if req.correlation_id():
         params["sequence_id"] = req.correlation_id()
         flags = req.flags()

@@ -31,7 +31,7 @@ from shoal.workers.cancels import RunningCancels
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.loading import LoadedModel
 from shoal.workers.python_backend import error_code
-from shoal.workers.rescheduling import Rescheduled, RescheduledRequests
+from shoal.workers.rescheduling import Pending, Rescheduled, RescheduledRequests
 from shoal.workers.tensors import (
     OutputTooLarge,
     host_span,
@@ -267,12 +267,23 @@ class ModelInstance:
             resp.parameters = params  # (python_backend.Answered)
         return resp
 
-    def rerun(self) -> Answers:
-        """Run the requests the model rescheduled, together (a model that is not
-        decoupled): the answers of those it does not reschedule again, whose keys go to
-        ``rescheduled.ended``."""
+    def next_runs(self) -> list[Pending]:
+        """The requests the model rescheduled, to run again now: each with the controls
+        and state of its sequence's next run (shoal/workers/sequence_io.py)."""
         pending = self.rescheduled.take()
+        if self.sequence is not None:
+            for p in pending:
+                self.backend.refeed(p.request, self.sequence.rerun(p.item, p.tensors))
+        return pending
+
+    def rerun(self) -> tuple[m.RerunDone, Answers]:
+        """Run the requests the model rescheduled, together (a model that is not
+        decoupled): the run's report, and the answers of those it does not reschedule
+        again, whose keys go to ``rescheduled.ended``."""
+        t0 = time.perf_counter_ns()
+        pending = self.next_runs()
         items = [p.item for p in pending]
+        t1 = time.perf_counter_ns()
         try:
             if self.cancels is not None:
                 self.cancels.begin(items)
@@ -283,14 +294,29 @@ class ModelInstance:
         finally:
             if self.cancels is not None:
                 self.cancels.end()
+        t2 = time.perf_counter_ns()
         answers: Answers = []
+        ok: list[m.WorkItem] = []
         for p, result in zip(pending, results, strict=True):
             if isinstance(result, Rescheduled):
                 self.rescheduled.pending.append(p)
+                ok.append(p.item)
                 continue
-            answers.append((p.item, self.answer(p.item, p.tensors, result)))
+            answer = self.answer(p.item, p.tensors, result)
+            answers.append((p.item, answer))
+            if answer.error is None:
+                ok.append(p.item)
             self.rescheduled.ended.append((p.item.frontend, p.item.request.req_id))
-        return answers
+        done = self.rerun_done(len(items), ok, t0, t1, t2)
+        return done, answers
+
+    def rerun_done(self, ran: int, ok: list[m.WorkItem], t0: int, t1: int, t2: int) -> m.RerunDone:
+        """The report of a run of ``ran`` rescheduled requests (``ok`` those that did
+        not fail) begun at ``t0``, executed from ``t1`` to ``t2``."""
+        size = self.max_batch_size > 0
+        samples = sum(max(it.request.batch_size, 1) if size else 1 for it in ok)
+        done = m.BatchDone(-1, ran, t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
+        return m.RerunDone(done, len(ok), samples, ran - len(ok))
 
     def samples(self, live: Live) -> int:
         """The samples a batch of these requests runs (one each without batching)."""
@@ -428,6 +454,8 @@ class ModelInstance:
         asked for that the model gave, inline or into the client's region (a frontend's
         slot holds one response, and this request may have many)."""
         version = self.version
+        if final and self.sequence is not None:
+            self.sequence.ended(item)
         if response is None:
             return m.InferResponse(item.request.req_id, [], None, version, final=True, empty=True)
         if response.has_error():
@@ -436,7 +464,7 @@ class ModelInstance:
             return m.InferResponse(item.request.req_id, [], info, version, final=final)
         given = {t.name(): t.data() for t in response.output_tensors()}
         if self.sequence is not None:
-            self.sequence.keep_given(item, given)
+            self.sequence.keep_given(item, given, final)
         asked = [s for s in item.request.outputs if s.name in given]
         checked = self.model_outputs(item, given, asked)
         if isinstance(checked, ServingError):

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-_TYPES: dict[str, Any] = {
+#: Triton's module-level name for it, which some models read directly.
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
     "TYPE_BOOL": np.bool_,
     "TYPE_UINT8": np.uint8,
     "TYPE_UINT16": np.uint16,
@@ -36,11 +37,11 @@ def as_bytes(v: Any) -> bytes:
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:
-    return _TYPES[triton_type_string]
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
 
 
 def triton_to_numpy_type(data_type: int) -> Any:
-    return _TYPES[_TYPE_NUMBERS[data_type]]
+    return TRITON_STRING_TO_NUMPY[_TYPE_NUMBERS[data_type]]
 
 
 def numpy_to_triton_type(data_type: Any) -> int | None:
@@ -48,7 +49,7 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
     if dtype.kind in "OSU":
         return 13  # TYPE_STRING
     for number, name in _TYPE_NUMBERS.items():
-        if np.dtype(_TYPES[name]) == dtype:
+        if np.dtype(TRITON_STRING_TO_NUMPY[name]) == dtype:
             return number
     return None
 

@@ -39,6 +39,7 @@ from shoal.workers.pb_logger import Logger
 from shoal.workers.pb_metrics import Metric, MetricFamily
 from shoal.workers.pb_model_config import ModelConfig
 from shoal.workers.pb_types import (
+    TRITON_STRING_TO_NUMPY,
     as_bytes,
     deserialize_bytes_tensor,
     numpy_to_triton_type,
@@ -49,6 +50,7 @@ from shoal.workers.pb_types import (
 
 # Triton's names, defined beside (the rest is used by name, as Triton's module is)
 __all__ = [
+    "TRITON_STRING_TO_NUMPY",
     "Logger",
     "Metric",
     "MetricFamily",
@@ -279,6 +281,13 @@ class InferenceRequest:
     def flags(self) -> int:
         return self._flags
 
+    def set_flags(self, flags: int) -> None:
+        expect("set_flags()", "flags", flags, int)
+        self._flags = flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
     def parameters(self) -> str:
         return json.dumps(self._parameters)
 
@@ -299,6 +308,11 @@ class InferenceRequest:
         the model reschedules it again."""
         self._flags = 0
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    def _refeed(self, tensors: list[Tensor]) -> None:
+        """Its inputs of those names (a sequence's controls and state) become these."""
+        fresh = {t.name(): t for t in tensors}
+        self._inputs = [fresh.pop(t.name(), t) for t in self._inputs] + list(fresh.values())
 
     def is_cancelled(self) -> bool:
         """Whether the request's client gave up (shoal/workers/cancels.py)."""
@@ -329,9 +343,6 @@ class InferenceRequest:
 
     def bls_model_version(self) -> int:
         return self._model_version
-
-    def bls_timeout(self) -> int:
-        return self._timeout
 
     def bls_parameters(self) -> dict[str, Any]:
         return self._parameters

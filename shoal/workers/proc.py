@@ -257,14 +257,17 @@ class WorkerProc:
         return self.instance is not None and bool(self.instance.rescheduled)
 
     def _run_rescheduled(self) -> None:
-        """Run the requests the model rescheduled (``io_lock`` held): a decoupled model's
-        answer through their senders; the others' answers go to their frontends here."""
+        """Run the requests the model rescheduled (``io_lock`` held), and report the run
+        to the broker (RerunDone: its statistics): a decoupled model's answer through
+        their senders; the others' answers go to their frontends here."""
         assert self.instance is not None
         if self.streams is not None:
-            self.streams.rerun()
+            sockets.send_frames(self.sock, m.encode(self.streams.rerun()))
             return
+        done, answers = self.instance.rerun()
+        sockets.send_frames(self.sock, m.encode(done))  # (before the answers: _send_answers)
         direct: dict[bytes, list[bytes]] = {}
-        for item, resp in self.instance.rerun():
+        for item, resp in answers:
             direct.setdefault(item.frontend, []).append(m.encode_payload(resp))
         for frontend, payloads in direct.items():
             self._answer_frontend(frontend, payloads)

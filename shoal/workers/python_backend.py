@@ -33,7 +33,8 @@ As Triton's Python backend:
 * ``EXECUTION_ENV_PATH`` (a conda-pack or venv tarball, or a folder): the worker runs in
   that environment's interpreter, exec'd before it connects (shoal/workers/python_env.py).
 * ``TritonPythonModel.is_ready()`` (if defined; sync or async) answers each readiness
-  probe of the model, beside ``execute`` (shoal/workers/readiness.py).
+  probe of the model, and of the server under strict readiness, beside ``execute``
+  (shoal/workers/readiness.py).
 * ``request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`` (iterative
   sequences): the request runs again later (shoal/workers/rescheduling.py).
 * A sequence model's implicit state: the state input is one of the request's inputs, the
@@ -315,6 +316,11 @@ class PythonBackend:
             )
             for i, (req, tensors) in enumerate(items)
         ]
+
+    def refeed(self, request: pb_utils.InferenceRequest, tensors: dict[str, Any]) -> None:
+        """A rescheduled request's inputs of these names become these (its sequence's
+        controls and state for its next run)."""
+        request._refeed([self._input(n, a) for n, a in tensors.items()])
 
     def _input(self, name: str, array: Any) -> pb_utils.Tensor:
         """The model's own copy of an input: on the GPU for a KIND_GPU instance whose

@@ -2,8 +2,10 @@
 answered on the worker's readiness socket, as Triton's Python backend answers it.
 
 Each probe of ``/v2/models/{m}/ready`` (HTTP) or ModelReady (gRPC) of a READY version
-whose model has one asks each of its instances (shoal/dataplane/readiness_checks.py):
-the frontend connects to the worker's unix socket (shoal/ipc/readiness.py). As in Triton:
+whose model has one asks each of its instances (shoal/dataplane/readiness_checks.py), and
+so does each probe of the server's readiness under strict readiness (every READY
+version's): the frontend connects to the worker's unix socket (shoal/ipc/readiness.py).
+As in Triton:
 
 * the check runs beside ``execute`` (on a thread of its own: a busy instance answers);
 * one check per instance at a time: a probe that comes while one runs waits for it and

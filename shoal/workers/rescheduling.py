@@ -10,8 +10,10 @@ request fails with Triton's words (``NOT_CONFIGURED``). The worker holds a resch
 request itself, and runs the ones it holds, together, as soon as its loop is free (after
 a batch the broker sent, never inside one). The broker holds the request open meanwhile,
 as it holds a decoupled model's streams (BatchDone's ``open``, then StreamsEnded), so a
-worker that dies fails it. ``RescheduledRequests`` is the worker's list (no sockets):
-one thread (the worker loop's) uses it.
+worker that dies fails it. Each run again gets its sequence's controls and state for a
+later run (shoal/workers/sequence_io.py) and is reported to the broker (RerunDone: its
+statistics, as Triton counts each run). ``RescheduledRequests`` is the worker's list (no
+sockets): one thread (the worker loop's) uses it.
 """
 
 from __future__ import annotations

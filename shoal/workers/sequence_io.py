@@ -24,6 +24,14 @@ sequence ended, a sequence never sees another's state, and what the worker keeps
 bounded by its slots. A client sees the output state only when the config lists it as
 an output. In a batch, the slots' states must have one shape (a state with -1 dims
 whose sizes differ between sequences fails that batch).
+
+An iterative sequence (``iterative_sequence: true``) is one request, run again each
+time its Python model reschedules it (shoal/workers/rescheduling.py). Its state is kept
+per sequence, not per slot (the broker frees the slot after the first run, and the next
+request takes it while this one still runs): each run after the first gets START and
+END false and READY true, as Triton's sequence batcher gives a rescheduled request, and
+as state the output states its earlier runs' responses gave (a decoupled model's; one
+that is not decoupled answers only on its last run), else the state it was fed.
 """
 
 from __future__ import annotations
@@ -131,10 +139,15 @@ def _initial(config: ModelSpec, st: SequenceState, model_dir: Path) -> np.ndarra
 class SequenceIO:
     """The control tensors and implicit state of one instance of a sequence model."""
 
-    def __init__(self, controls: list[Control], states: list[State], batching: bool) -> None:
+    def __init__(
+        self, controls: list[Control], states: list[State], batching: bool, iterative: bool = False
+    ) -> None:
         self.controls = controls
         self.states = states
         self.batching = batching
+        self.iterative = iterative
+        # an iterative sequence's output states since its last run, by sequence
+        self._iterations: dict[int | str, dict[str, np.ndarray]] = {}
         self.added = {c.name for c in controls} | {s.input for s in states}
         self.state_outputs = [s.output for s in states]
         self._shape = (1, 1) if batching else (1,)
@@ -188,7 +201,7 @@ class SequenceIO:
                     f"unable to load model '{name}', state output '{s.output}' is not an "
                     "output of the model",
                 )
-        return cls(controls, states, config.max_batch_size > 0)
+        return cls(controls, states, config.max_batch_size > 0, sb.iterative_sequence)
 
     def _value(self, c: Control, flag: bool | None, corrid: int | str) -> np.ndarray:
         shape = self._shape
@@ -258,8 +271,35 @@ class SequenceIO:
         }  # fmt: skip
         self._held[item.slot] = (item.request.sequence_id, values)
 
-    def keep_given(self, item: m.WorkItem, outs: dict[str, Any]) -> None:
+    def keep_given(self, item: m.WorkItem, outs: dict[str, Any], final: bool = False) -> None:
         """A decoupled Python model's response to ``item``: the output states it gives
-        (if any) become its sequence's next state inputs."""
+        (if any) become its sequence's next state inputs (an iterative sequence's next
+        run's, unless the response is its ``final`` one)."""
+        if self.iterative:
+            given = {
+                s.input: np.array(on_host(outs[s.output]), copy=True)
+                for s in self.states
+                if s.output in outs
+            }
+            if given and not final:
+                self._iterations.setdefault(item.request.sequence_id, {}).update(given)
+            return
         if any(s.output in outs for s in self.states):
             self.keep(item, outs, self.state_inputs(item))
+
+    def rerun(self, item: m.WorkItem, feed: dict[str, Any]) -> dict[str, Any]:
+        """The inputs of an iterative sequence's next run of ``item`` (fed ``feed`` on
+        its last run, which this updates): the controls of a run after the first, and
+        the output states its runs gave since. Returns the inputs that changed."""
+        req = item.request
+        changed: dict[str, Any] = {
+            c.name: self._value(c, c.kind == "READY", req.sequence_id) for c in self.controls
+        }
+        changed.update(self._iterations.pop(req.sequence_id, {}))
+        feed.update(changed)
+        return changed
+
+    def ended(self, item: m.WorkItem) -> None:
+        """``item``'s final response went out: an iterative sequence's state goes."""
+        if self.iterative:
+            self._iterations.pop(item.request.sequence_id, None)

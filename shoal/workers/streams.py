@@ -149,9 +149,12 @@ class DecoupledStreams:
                     ended.append(sender)
         return ended
 
-    def rerun(self) -> None:
-        """Run the requests the model rescheduled, together, with their senders."""
-        pending = self.instance.rescheduled.take()
+    def rerun(self) -> m.RerunDone:
+        """Run the requests the model rescheduled, together, with their senders;
+        returns the run's report."""
+        t0 = time.perf_counter_ns()
+        pending = self.instance.next_runs()
+        t1 = time.perf_counter_ns()
         try:
             with self._unlocked():
                 failure = self.instance.backend.execute_decoupled([p.request for p in pending])
@@ -161,7 +164,10 @@ class DecoupledStreams:
                 f"Failed to process the request(s) for model '{self.instance_name}', "
                 f"message: {type(exc).__name__}: {exc}"
             )
-        self._after([(p.request.get_response_sender(), p) for p in pending], failure)
+        t2 = time.perf_counter_ns()
+        ended = self._after([(p.request.get_response_sender(), p) for p in pending], failure)
+        ok = [p.item for p in pending if p.request.get_response_sender() not in ended]
+        return self.instance.rerun_done(len(pending), ok, t0, t1, t2)
 
     def cancel(self, frontend: bytes, req_id: int) -> None:
         """The broker says the client of this request gave up: the model may look."""

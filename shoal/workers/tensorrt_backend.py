@@ -1,8 +1,9 @@
 """TensorRT backend: a serialized engine (``platform: "tensorrt_plan"``, ``model.plan``) run
 with TensorRT's Python runtime on the instance's GPU (KIND_GPU only, as in Triton).
 
-* The runtime is TensorRT's (``tensorrt``), or its lean runtime (``tensorrt_lean``, the
-  one PyPI ships as wheels), which runs version-compatible plans.
+* The runtime is TensorRT's (``tensorrt``, or ``tensorrt_bindings`` as PyPI's bindings
+  wheel names it), or its lean runtime (``tensorrt_lean``, ``tensorrt_lean_bindings``: the
+  one PyPI ships with its libraries as wheels), which runs version-compatible plans.
 * Auto-complete as Triton's TensorRT backend (shoal.configs.trt_config): max_batch_size
   from the engine's optimization profiles, the tensors from its I/O tensors.
 * Execution contexts: one per optimization profile the instance's group lists
@@ -46,16 +47,31 @@ _TYPES: Final[dict[str, tuple[str, str]]] = {
 }  # fmt: skip
 
 
+#: TensorRT's runtime modules, the full one first: ``tensorrt`` (NVIDIA's packages and
+#: images), ``tensorrt_bindings`` (what PyPI's tensorrt-cu13-bindings wheel installs; its
+#: libraries come from NVIDIA's index), then the lean runtime's, which runs plans built
+#: version-compatible (PyPI's tensorrt-lean-cu13-bindings and -libs wheels).
+RUNTIME_MODULES: Final = (
+    "tensorrt",
+    "tensorrt_bindings",
+    "tensorrt_lean",
+    "tensorrt_lean_bindings",
+)
+
+
 def _runtime_module() -> Any:
-    """``tensorrt``, else ``tensorrt_lean``; a RuntimeError naming what to install."""
-    for name in ("tensorrt", "tensorrt_lean"):
+    """The first of RUNTIME_MODULES that imports (with its libraries); a RuntimeError
+    naming what to install."""
+    for name in RUNTIME_MODULES:
         try:
             return importlib.import_module(name)
-        except ImportError:
+        except (ImportError, OSError):  # (OSError: bindings whose libraries are missing)
             continue
     raise RuntimeError(
-        "TensorRT is not installed: install the tensorrt wheels for this host's CUDA (or "
-        "tensorrt-lean-cu13, whose runtime serves version-compatible plans)"
+        "TensorRT is not installed: install TensorRT for this host's CUDA (the tensorrt "
+        "packages, whose libraries come from NVIDIA's index), or its lean runtime "
+        "(tensorrt-lean-cu13-bindings and tensorrt-lean-cu13-libs), which runs plans "
+        "built version-compatible"
     )
 
 

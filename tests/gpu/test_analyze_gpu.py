@@ -27,6 +27,7 @@ instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ 0 ] }} ]
 """
 
 
+@pytest.mark.timeout(240)  # (its search's budget is 90 s: over the suite's 120 s a test)
 def test_a_kind_gpu_config_is_measured_on_the_gpu_and_searched_from(tmp_path: Path) -> None:
     repo, out = tmp_path / "repo", tmp_path / "report"
     (repo / MODEL / "1").mkdir(parents=True)

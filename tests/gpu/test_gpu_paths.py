@@ -53,15 +53,23 @@ _ONE_GPU = {
 }
 
 
-def _identity(repo: Path, name: str, group: str) -> None:
+def _identity(repo: Path, name: str, group: str, extra: str = "") -> None:
     """An ONNX identity model; ``group`` "" leaves out the instance_group (KIND_AUTO)."""
     modelgen.write_model(
         repo, name, modelgen.identity_model("FP32", [-1], batch=True),
         f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        + (f"instance_group [ {group} ]\n" if group else ""),
+        + (f"instance_group [ {group} ]\n" if group else "") + extra,
     )  # fmt: skip
+
+
+# Triton's way to pick ONNX Runtime's CUDA provider's options (the "tensorrt" accelerator
+# needs TensorRT's libraries, which no GPU host of this project has: docs/backends.md).
+_CUDA_ACCELERATOR = (
+    'optimization { execution_accelerators { gpu_execution_accelerator [ { name: "cuda" '
+    'parameters { key: "do_copy_in_default_stream" value: "true" } } ] } }\n'
+)
 
 
 _BATCH_BY_4 = (
@@ -100,6 +108,10 @@ def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer
     _identity(repo, "identity_auto", "")
     if ORT_CUDA:
         _identity(repo, "identity_gpu", "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }")
+        _identity(
+            repo, "identity_cuda_accelerator", "{ count: 1 kind: KIND_GPU gpus: [ 0 ] }",
+            _CUDA_ACCELERATOR,
+        )  # fmt: skip
     _addsub_gpu(repo)
     _addsub_gpu(repo, "addsub_auto", "", batching="")
     for dt in ALL_DATATYPES:  # CPU instances, as the image's onnxruntime has no CUDA
@@ -138,6 +150,22 @@ def test_kind_gpu_onnx_instance_serves(gpu_server: ShoalServer) -> None:
     instance = _instance(gpu_server, "identity_gpu")
     assert instance["state"] == "READY"
     assert instance["cores"] == []  # a GPU instance, not pinned to cores
+
+
+@needs_ort_cuda
+def test_a_cuda_execution_accelerator_serves_on_the_gpu(gpu_server: ShoalServer) -> None:
+    """``optimization { execution_accelerators { gpu_execution_accelerator [ { name:
+    "cuda" ... } ] } }``: ONNX Runtime's CUDA provider with the accelerator's options."""
+    client = httpclient.InferenceServerClient(gpu_server.url)
+    config = client.get_model_config("identity_cuda_accelerator")
+    (accelerator,) = config["optimization"]["execution_accelerators"]["gpu_execution_accelerator"]
+    assert accelerator["name"] == "cuda"
+    x = np.random.default_rng(2).standard_normal((2, N)).astype(np.float32)
+    inp = httpclient.InferInput("INPUT0", [2, N], "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer("identity_cuda_accelerator", [inp])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+    assert _instance(gpu_server, "identity_cuda_accelerator")["gpu"] == 0
 
 
 def test_kind_gpu_torch_instance_serves(gpu_server: ShoalServer) -> None:

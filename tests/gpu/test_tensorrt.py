@@ -2,8 +2,8 @@
 GPU host: engines built at test time from a small ONNX model with TensorRT's builder, and
 their answers compared with ONNX Runtime's on the CPU for the same model and inputs.
 
-They need TensorRT's builder (the ``tensorrt`` package with its libraries), which PyPI does
-not carry as wheels (scripts/gpu-trt.sh says what can be carried): without it they skip.
+They need TensorRT's builder (the ``tensorrt`` package with its libraries), whose libraries
+PyPI does not carry as wheels (docs/backends.md, "Where it is tested"): without it they skip.
 scripts/gpu-tests.sh runs this folder.
 """
 
@@ -27,7 +27,9 @@ from tests.serverctl import ShoalServer
 from tools import modelgen
 
 pytestmark = pytest.mark.gpu
-trt = pytest.importorskip("tensorrt", reason="TensorRT's builder (tensorrt) is not installed")
+trtgen = pytest.importorskip(
+    "tools.trtgen", reason="TensorRT's builder (tensorrt, or tensorrt_bindings) is not installed"
+)
 
 DIM = 16
 _ONE_GPU = {
@@ -51,8 +53,6 @@ def onnx_model() -> bytes:
 def trt_server(
     tmp_path_factory: pytest.TempPathFactory, onnx_model: bytes
 ) -> Iterator[ShoalServer]:
-    from tools import trtgen
-
     repo = tmp_path_factory.mktemp("trt-repo")
     plan = trtgen.build_plan(onnx_model, [(1, 2, 4), (1, 8, 16)])
     # no config: found by model.plan, completed; it runs both profiles (none listed)

@@ -369,6 +369,51 @@ class TritonPythonModel:
         text = np.array([sys.prefix.encode(), env_marker.VALUE.encode()], np.object_)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", text)]) for _ in requests]
 """
+# Triton's model readiness example's style: its own check, here a file in its folder.
+READY_GATE = """
+import os
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.gate = os.path.join(args["model_repository"], "not_ready")
+
+    def is_ready(self):
+        return not os.path.exists(self.gate)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
+                    pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+"""
+# Triton's logging example's style: a line at each level in each of its three steps.
+LOGGING = """
+import triton_python_backend_utils as pb_utils
+
+
+def log_each(step):
+    logger = pb_utils.Logger
+    logger.log(f"{step}-Specific Msg!", logger.INFO)
+    logger.log_info(f"{step}-Info Msg!")
+    logger.log_warn(f"{step}-Warning Msg!")
+    logger.log_error(f"{step}-Error Msg!")
+    logger.log_verbose(f"{step}-Verbose Msg!")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        log_each("Initialize")
+
+    def execute(self, requests):
+        log_each("Execute")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
+                    pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+
+    def finalize(self):
+        log_each("Finalize")
+"""
 ENV_PARAMETER = (
     'parameters { key: "EXECUTION_ENV_PATH" '
     'value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }'
@@ -453,6 +498,18 @@ MODELS: dict[str, tuple[str, str]] = {
                 _io("output", "OUTPUT0", "TYPE_STRING", "1"),
                 "sequence_batching { }",
             ]
+        ),
+    ),
+    "ready_gate": (
+        READY_GATE,
+        "\n".join(
+            [_io("input", "INPUT0", "TYPE_FP32", "1"), _io("output", "OUTPUT0", "TYPE_FP32", "1")]
+        ),
+    ),
+    "logging": (
+        LOGGING,
+        "\n".join(
+            [_io("input", "INPUT0", "TYPE_FP32", "1"), _io("output", "OUTPUT0", "TYPE_FP32", "1")]
         ),
     ),
     "in_env": (

@@ -9,6 +9,7 @@ response (Triton's Python backend has no implicit state; shoal's does)."""
 
 from __future__ import annotations
 
+import json
 import queue
 import textwrap
 import threading
@@ -98,7 +99,9 @@ STATE = """
 
 # Request rescheduling (iterative sequences): each request runs IN times, rescheduled
 # after each run but the last; OUT: [its runs, its flags on the first run, on the last].
-# IN -1: a response for a request it rescheduled (Triton refuses it).
+# IN -1: a response for a request it rescheduled (Triton refuses it). Runs are counted by
+# the correlation ID the server gives each request (an id() of the request object could
+# be a later request's once a refused one is gone).
 ITERATIVE = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -114,16 +117,16 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             want = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
-            runs, first = self.runs.get(id(request), (0, request.flags()))
+            runs, first = self.runs.get(request.correlation_id(), (0, request.flags()))
             runs += 1
             out = np.array([runs, first, request.flags()], np.int32)
             response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)])
             if runs < abs(want):
-                self.runs[id(request)] = (runs, first)
+                self.runs[request.correlation_id()] = (runs, first)
                 request.set_release_flags(AGAIN)
                 responses.append(response if want < 0 else None)
             else:
-                self.runs.pop(id(request), None)
+                self.runs.pop(request.correlation_id(), None)
                 responses.append(response)
         return responses
 """
@@ -141,17 +144,50 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
-            left = self.left.get(id(request), n) - 1
+            left = self.left.get(request.correlation_id(), n) - 1
             out = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([left], np.int32))])
             sender = request.get_response_sender()
             if left <= 0:
-                self.left.pop(id(request), None)
+                self.left.pop(request.correlation_id(), None)
                 sender.send(out, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
-                self.left[id(request)] = left
+                self.left[request.correlation_id()] = left
                 request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
                 sender.send(out)
         return None
+"""
+# A decoupled iterative sequence with implicit state and a START control: each run adds
+# one to the state and sends [state, START]; rescheduled until the state reaches IN.
+ITERATIVE_STATE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            state = pb_utils.get_input_tensor_by_name(request, "STATE_IN").as_numpy() + 1
+            start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy()
+            out = pb_utils.Tensor("OUT", np.concatenate([state, start]).astype(np.int32))
+            response = pb_utils.InferenceResponse([out, pb_utils.Tensor("STATE_OUT", state)])
+            sender = request.get_response_sender()
+            if state[0] < n:
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                sender.send(response)
+            else:
+                sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+ITERATIVE_STATE_SEQUENCE = """
+model_transaction_policy { decoupled: true }
+sequence_batching {
+  iterative_sequence: true
+  control_input [ { name: "START"
+    control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ]
+    initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" } } ]
+}
 """
 ITERATIVE_CONFIG = """
 name: "{name}"
@@ -190,9 +226,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     _write_iterative(repo, "rescheduler", ITERATIVE, "")  # (no iterative sequences)
     decoupled = "model_transaction_policy { decoupled: true }\n" + ITERATIVE_SEQUENCE
     _write_iterative(repo, "iterative_decoupled", ITERATIVE_DECOUPLED, decoupled)
+    _write_iterative(repo, "iterative_state", ITERATIVE_STATE, ITERATIVE_STATE_SEQUENCE)
     with served(repo, "--exit-on-error=false", "--strict-readiness=false") as srv:
         srv.wait_settled(("counter", "direct", "accumulator", "streamed_accumulator"))
-        srv.wait_settled(("iterative", "rescheduler", "iterative_decoupled"))
+        srv.wait_settled(("iterative", "rescheduler", "iterative_decoupled", "iterative_state"))
         yield srv
 
 
@@ -345,3 +382,50 @@ def test_a_decoupled_model_streams_from_each_run_of_a_rescheduled_request(
     finally:
         client.stop_stream()
         client.close()
+
+
+def test_each_run_of_a_rescheduled_request_carries_its_state_and_controls(
+    server: ShoalServer,
+) -> None:
+    """As Triton's sequence batcher gives a rescheduled request: START on its first run
+    only, and as state what its earlier runs' responses gave; two such requests at once
+    (one instance, one slot: the second takes the slot the first's first run left) keep
+    their states apart."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    try:
+        for n in (3, 2):
+            client.async_stream_infer("iterative_state", [_in(n)], request_id=str(n))
+        got: dict[str, list[list[int]]] = {"3": [], "2": []}
+        for _ in range(5):
+            result = answers.get(timeout=20)
+            assert not isinstance(result, Exception), result
+            got[result.get_response().id].append(result.as_numpy("OUT").tolist())
+        assert got == {"3": [[1, 1], [2, 0], [3, 0]], "2": [[1, 1], [2, 0]]}
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def _counts(server: ShoalServer, model: str) -> tuple[int, int, int, int]:
+    status, body = server.http(f"/v2/models/{model}/stats")
+    assert status == 200
+    (stats,) = json.loads(body)["model_stats"]
+    inference = stats["inference_stats"]
+    return (
+        inference["success"]["count"],
+        inference["fail"]["count"],
+        stats["execution_count"],
+        stats["inference_count"],
+    )
+
+
+def test_each_run_of_a_rescheduled_request_counts_in_the_statistics(server: ShoalServer) -> None:
+    """As Triton counts an iterative sequence's request (each run goes through its
+    scheduler again): a success, an inference and an execution per run."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    before = _counts(server, "iterative")
+    assert client.infer("iterative", [_in(3)]).as_numpy("OUT").tolist() == [3, 1, 0]
+    after = _counts(server, "iterative")
+    assert [a - b for a, b in zip(after, before, strict=True)] == [3, 0, 3, 3]

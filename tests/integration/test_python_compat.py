@@ -1,13 +1,15 @@
 """Triton users' ``model.py`` files, unchanged: models written in the style of Triton's
 python_backend examples (add_sub, BLS sync and async, decoupled repeat and square,
 auto-complete, custom metrics, the model loading API, DLPack with torch, BF16, a request's
-own fields, an execution environment; tests/integration/python_compat_models.py), served
-by one server in explicit model control mode and called through tritonclient."""
+own fields, an execution environment, a readiness check of its own, Logger and finalize;
+tests/integration/python_compat_models.py), served by one server in explicit model control
+mode and called through tritonclient."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -140,6 +142,48 @@ def test_decoupled_repeat_and_square(server: ShoalServer) -> None:
     ]  # fmt: skip
     squared = _stream(server, "square_int32", np.array([3], np.int32))
     assert [r.as_numpy("OUT").tolist() for r in squared] == [[3]] * 3
+
+
+def test_a_models_is_ready_answers_the_servers_readiness_too(server: ShoalServer) -> None:
+    """Under strict readiness (the default), as Triton's server readiness asks each READY
+    model's own check: a model whose ``is_ready`` says no makes the server not ready
+    (HTTP and gRPC), while it stays live and the other models ready."""
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    assert http.is_server_ready() and grpc.is_server_ready()
+    gate = server.repo / "ready_gate" / "not_ready"
+    gate.touch()
+    try:
+        assert not http.is_server_ready() and not grpc.is_server_ready()
+        assert not http.is_model_ready("ready_gate") and http.is_model_ready("add_sub")
+        assert http.is_server_live()
+    finally:
+        gate.unlink()
+    assert http.is_server_ready() and grpc.is_server_ready()
+
+
+def test_logger_lines_at_each_level_from_each_step_and_finalize_runs(
+    server: ShoalServer,
+) -> None:
+    """pb_utils.Logger from initialize, execute and finalize (run when the model is
+    unloaded), each level at its own letter; verbose lines not at the default level."""
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.ones(1, np.float32))
+    assert client.infer("logging", [x]).as_numpy("OUTPUT0").tolist() == [1.0]
+    client.unload_model("logging")
+    try:
+        _wait_for(lambda: "Finalize-Error Msg!" in server.log())
+    finally:
+        client.load_model("logging")
+    log = server.log()
+    for step in ("Initialize", "Execute", "Finalize"):
+        for letter, level in (("I", "Specific"), ("I", "Info"), ("W", "Warning"), ("E", "Error")):
+            assert re.search(rf"\] {letter} \S+: {step}-{level} Msg!$", log, re.MULTILINE), (
+                step,
+                level,
+            )
+        assert f"{step}-Verbose Msg!" not in log
 
 
 def test_auto_complete_sets_the_decoupled_policy(server: ShoalServer) -> None:

@@ -1,7 +1,8 @@
 """OpenTelemetry mode: a request's spans reach a real OTLP/HTTP receiver (the test's,
 from the OTLP protobuf definitions), in the client's own trace when it sends a W3C
 traceparent (HTTP header or gRPC metadata), with shoal's process and batch attributes,
-a hop event per process boundary, and the hops in /metrics."""
+a shoal.hops span (hop_spans=true) with an event per hop naming the processes, and the
+hops in /metrics."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def server(
         f"--trace-config=opentelemetry,url={receiver.url}",
         "--trace-config=opentelemetry,resource=service.name=shoal-test",
         "--trace-config=opentelemetry,bsp_schedule_delay=20",
+        "--trace-config=opentelemetry,hop_spans=true",
     )
     try:
         yield srv
@@ -66,6 +68,34 @@ def _of(spans: list[Span], trace_id: str) -> dict[str, Span]:
     return {s.name: s for s in spans if s.trace_id == trace_id}
 
 
+HOPS = ("frontend_to_broker", "in_broker", "broker_to_worker", "in_worker",
+        "worker_to_frontend")  # fmt: skip
+
+
+def _check_hops(server: ShoalServer, hops: Span, model: Span) -> None:
+    """A shoal.hops span within the model span: an event per hop, in order, each
+    naming the real processes it went from and to, its duration the model span's
+    attribute, and the hops adding up to the way from REQUEST_START to REQUEST_END."""
+    assert hops.parent_span_id == model.span_id
+    assert (hops.start_ns, hops.end_ns) == (model.start_ns, model.end_ns)
+    frontend = f"frontend 0 (pid {server.pids('frontend')[0]})"
+    broker = f"broker (pid {server.pids('broker')[0]})"
+    (worker_pid,) = server.pids("workers")
+    worker = f"worker {hops.attributes['shoal.instance']} (pid {worker_pid})"
+    legs = [(frontend, broker), (broker, broker), (broker, worker), (worker, worker),
+            (worker, frontend)]  # fmt: skip
+    assert [e[0] for e in hops.events] == list(HOPS)
+    at = model.start_ns
+    for (name, ns, attrs), (left, to) in zip(hops.events, legs, strict=True):
+        assert (attrs["shoal.hop.from"], attrs["shoal.hop.to"]) == (left, to)
+        assert attrs["shoal.hop.duration_ns"] == model.attributes[f"shoal.hop.{name}_ns"] > 0
+        at += attrs["shoal.hop.duration_ns"]
+        assert ns == at  # (when the hop ended)
+    assert at == model.end_ns
+    assert hops.attributes["shoal.worker_pid"] == worker_pid
+    assert hops.attributes["shoal.batch_size"] == 1
+
+
 def test_the_clients_trace_is_continued_over_both_protocols(
     server: ShoalServer, receiver: OtlpReceiver
 ) -> None:
@@ -86,13 +116,14 @@ def test_the_clients_trace_is_continued_over_both_protocols(
     # (one sink thread exports in order: the untraced request's spans, had there been
     # any, would have come with or before these)
     traces = (h_trace, g_trace, s_trace)
-    spans = receiver.wait_for(lambda got: all(len(_of(got, t)) == 3 for t in traces))
+    spans = receiver.wait_for(lambda got: all(len(_of(got, t)) == 4 for t in traces))
     assert {s.trace_id for s in spans} == set(traces)
     for trace_id, client_span in ((h_trace, h_span), (g_trace, g_span), (s_trace, s_span)):
         got = _of(spans, trace_id)
         top, model, compute = got["InferRequest"], got["simple"], got["compute"]
         assert top.parent_span_id == client_span  # a child of the client's span
         assert model.parent_span_id == top.span_id and compute.parent_span_id == model.span_id
+        _check_hops(server, got["shoal.hops"], model)
         assert top.start_ns <= model.start_ns <= compute.start_ns
         assert compute.end_ns <= model.end_ns <= top.end_ns
         assert top.resource["service.name"] == "shoal-test"
@@ -109,9 +140,7 @@ def test_the_clients_trace_is_continued_over_both_protocols(
         assert model.attributes["triton.model_version"] == 1
         assert model.attributes["shoal.worker_pid"] in server.pids("workers")
         assert model.attributes["shoal.batch_size"] == 1
-        hops = [model.attributes[f"shoal.hop.{h}_ns"] for h in (
-            "frontend_to_broker", "in_broker", "broker_to_worker", "in_worker",
-            "worker_to_frontend")]  # fmt: skip
+        hops = [model.attributes[f"shoal.hop.{h}_ns"] for h in HOPS]
         assert all(ns > 0 for ns in hops)
         assert [e[0] for e in model.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
         names = [e[0] for e in compute.events]
@@ -123,7 +152,6 @@ def test_the_clients_trace_is_continued_over_both_protocols(
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as r:
         text = r.read().decode()
     assert "# TYPE shoal_hop_duration_us histogram" in text
-    for hop in ("frontend_to_broker", "in_broker", "broker_to_worker", "in_worker",
-                "worker_to_frontend"):  # fmt: skip
+    for hop in HOPS:
         assert f'shoal_hop_duration_us_count{{frontend="0",hop="{hop}"}} 3' in text
         assert f'shoal_hop_duration_us_bucket{{frontend="0",hop="{hop}",le="+Inf"}} 3' in text

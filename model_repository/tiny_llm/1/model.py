@@ -261,7 +261,9 @@ class TritonPythonModel:
         self.pb = pb_utils
         config = json.loads(args["model_config"])
         params = config.get("parameters", {})
-        self.model = TinyLlm(params)
+        gpu = args.get("model_instance_kind") == "GPU"
+        device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
+        self.model = TinyLlm(params, device)
         folder = Path(args["model_repository"])
         name = _param(params, "tokenizer", "tokenizer.json")
         self.tokenizer = Tokenizer.from_file(

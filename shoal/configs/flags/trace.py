@@ -81,6 +81,15 @@ def _mode(text: str) -> str:
     )
 
 
+def _switch(text: str) -> str:
+    """An on/off option (``true``/``false``, ``on``/``off``, ``1``/``0``) as ``true`` or
+    ``false``."""
+    v = text.lower()
+    if v in ("true", "on", "1", "false", "off", "0"):
+        return "true" if v in ("true", "on", "1") else "false"
+    raise ValueError(f"Invalid option value. Got {text}")
+
+
 def _config_entry(arg: str) -> tuple[str, str, str]:
     """One --trace-config value: (mode or "" for global, setting, value)."""
     mode, comma, rest = arg.partition(",")
@@ -195,6 +204,8 @@ def _mode_options(
                 fields["log_frequency"] = _option(value)
             elif setting in BSP_DEFAULTS:
                 options[setting] = str(_option(value, 0, 2**64 - 1) % _UINT32)
+            elif mode == "opentelemetry" and setting == "hop_spans":  # (shoal's own)
+                options[setting] = _switch(value)
             elif setting == "resource" and "resource" in options:
                 options["resource"] += "," + value
             else:

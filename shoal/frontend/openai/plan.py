@@ -39,7 +39,6 @@ class Plan:
     max_tokens: int | None
     stops: list[str]
     stream: bool
-    model_stream: bool  # the model sends a response per token (the API may not stream)
     include_usage: bool
     want: tuple[str, ...]
     echo: bool = False
@@ -94,7 +93,7 @@ def _plan(
     base: dict[str, Any] = {}
     if max_tokens is not None:
         base["max_tokens"] = max_tokens
-    for key in ("temperature", "top_p", "top_k"):
+    for key in ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty"):
         if (value := getattr(req, key)) is not None:
             base[key] = value
     if stops:
@@ -118,9 +117,6 @@ def _plan(
         max_tokens=max_tokens,
         stops=stops,
         stream=req.stream,
-        # Logprobs come per response ("new tokens since the last"): a model asked for one
-        # response may send only the last step's, so they are read token by token.
-        model_stream=req.stream or top is not None,
         include_usage=req.stream_options is not None and req.stream_options.include_usage,
         want=want,
         echo=echo,

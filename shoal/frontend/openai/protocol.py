@@ -115,7 +115,7 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # (vLLM's extension)
-    # Accepted as OpenAI defines them, and not applied: the contract has no penalties.
+    # Passed to the model's sampling_parameters (as vLLM's SamplingParams reads them).
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     user: str | None = None

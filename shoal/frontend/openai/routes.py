@@ -168,7 +168,7 @@ class _Answer:
         p = self.plan
         rid = self.head.id
         reqs = [
-            model_request(self.model, p.prompt_of(i), s, p.model_stream, p.want, f"{rid}-{i}")
+            model_request(self.model, p.prompt_of(i), s, p.stream, p.want, f"{rid}-{i}")
             for i, s in enumerate(p.sampling)
         ]
         dp: DataPlane = self.request.app[GENERATIVE].dataplane

@@ -63,8 +63,8 @@ class _State:
 
 @dataclass
 class StepTimes:
-    """Latencies a step measured, for the metrics: each request's first token after its
-    arrival, and each later token after the one before."""
+    """Latencies the steps measured, for the metrics: each request's first token after
+    its arrival, and each later token after the one before."""
 
     first_token: list[float] = field(default_factory=list)
     inter_token: list[float] = field(default_factory=list)
@@ -138,7 +138,6 @@ class Engine:
 
     def step(self, now: float) -> list[Output]:
         """One model step; the outputs of the requests that got a token or ended."""
-        self.times = StepTimes()
         outputs = [self._retire(s, "abort") for s in self._expired(now)]
         plan = self.scheduler.schedule()
         if not plan.items:
@@ -147,35 +146,43 @@ class Engine:
             self.kv.copy_block(src, dst)
         logits = self._run(plan)
         self.scheduler.stepped(plan)
-        ready = [(seq, row) for (seq, _), row in zip(plan.items, logits, strict=True)
-                 if seq.computed == len(seq.tokens)]  # fmt: skip
+        ready = [i for i, (seq, _) in enumerate(plan.items) if seq.computed == len(seq.tokens)]
         if not ready:
             return outputs
-        states: list[_State] = [seq.data for seq, _ in ready]
-        picks = sample(
-            torch.stack([row for _, row in ready]),
-            [s.params for s in states],
-            [s.generator for s in states],
-        )
-        for (seq, _), pick in zip(ready, picks, strict=True):
+        if len(ready) < len(plan.items):
+            logits = logits[ready]
+        seqs = [plan.items[i][0] for i in ready]
+        states: list[_State] = [seq.data for seq in seqs]
+        params = [s.params for s in states]
+        said = None
+        if any(p.penalized for p in params):
+            said = [seq.tokens[seq.prompt_len :] for seq in seqs]
+        picks = sample(logits, params, [s.generator for s in states], said)
+        for seq, pick in zip(seqs, picks, strict=True):
             outputs.append(self._advance(seq, pick, now))
         return outputs
 
     def _expired(self, now: float) -> list[Sequence]:
         return [s for s in self._seqs.values() if 0.0 < s.data.deadline <= now]
 
-    def _run(self, plan: Plan) -> list[torch.Tensor]:
-        """The model over the plan: each item's logits row, in the plan's order."""
+    def _run(self, plan: Plan) -> torch.Tensor:
+        """The model over the plan: its logits, a row per item in the plan's order (the
+        decodes, one token each, in one call; the prompt chunks in another)."""
         decode, prefill = StepBatch(), StepBatch()
-        where: list[tuple[bool, int]] = []
+        rows: list[int] = []  # each item's row among the decodes' rows, then the chunks'
         for seq, n in plan.items:
             batch = decode if n == 1 else prefill
-            where.append((n == 1, len(batch)))
+            rows.append(len(batch) if n == 1 else -1 - len(batch))
             batch.add(seq.tokens[seq.computed : seq.computed + n], seq.computed, seq.blocks)
         with torch.inference_mode():
-            rows_d = self.model.decode_step(decode, self.kv) if len(decode) else None
-            rows_p = self.model.prefill(prefill, self.kv) if len(prefill) else None
-        return [(rows_d if d else rows_p)[i] for d, i in where]  # type: ignore[index]
+            parts = [self.model.decode_step(decode, self.kv)] if len(decode) else []
+            if len(prefill):
+                parts.append(self.model.prefill(prefill, self.kv))
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        order = [r if r >= 0 else len(decode) - 1 - r for r in rows]
+        if order != list(range(len(order))):
+            logits = logits[order]
+        return logits
 
     def _advance(self, seq: Sequence, pick: Sampled, now: float) -> Output:
         """Append the sampled token; the request's output, finished or not."""
@@ -227,6 +234,11 @@ class Engine:
             state.handle, new_tokens, state.text.take(finish is not None), finish,
             state.cumulative, logprobs, seq.prompt_len, seq.output_len, first,
         )  # fmt: skip
+
+    def take_times(self) -> StepTimes:
+        """The latencies measured since the last call (they gather until taken)."""
+        times, self.times = self.times, StepTimes()
+        return times
 
     def stats(self) -> dict[str, int]:
         s = self.scheduler

@@ -3,9 +3,18 @@ registry (shoal/workers/pb_metrics.py), labelled by model, version and instance:
 KV-cache blocks used and free, running and waiting sequences (gauges), preemptions,
 generated tokens (tokens per second is its rate), prompt tokens and those of them found
 in shared or cached blocks (counters), time to first token and inter-token latency
-(histograms, seconds)."""
+(histograms, seconds).
+
+Each write is a snapshot of every family (a file the frontends read), so they are not
+written after every step: ``update`` keeps a step's latencies and writes at most every
+``PUBLISH_S`` while the engine runs, and at once when asked (a request got its first
+token or ended, the engine is idle): a request a client sees start or end is on /metrics
+as such by the time the client sees it.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from shoal.workers import pb_metrics
 from shoal.workers.generative.engine import StepTimes
@@ -27,6 +36,7 @@ _COUNTERS = {
 }
 _TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 _ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
+PUBLISH_S = 0.05
 
 
 class EngineMetrics:
@@ -45,16 +55,33 @@ class EngineMetrics:
         self._ttft = ttft.Metric(labels, buckets=_TTFT_BUCKETS)
         self._itl = itl.Metric(labels, buckets=_ITL_BUCKETS)
         self._last: dict[str, int] = {}
+        self._first: list[float] = []  # latencies not written yet
+        self._inter: list[float] = []
+        self._published = float("-inf")
 
     def _family(self, name: str, text: str, kind: pb_metrics.MetricKind) -> pb_metrics.MetricFamily:
         family = pb_metrics.MetricFamily(name, text, kind)
         self._families.append(family)
         return family
 
-    def update(self, stats: dict[str, int], times: StepTimes) -> None:
-        """The engine's numbers after a step (one snapshot write, if any changed)."""
-        changed = {k: v for k, v in stats.items() if self._last.get(k) != v}
-        if not changed and not times.first_token and not times.inter_token:
+    def update(
+        self,
+        stats: Callable[[], dict[str, int]],
+        times: StepTimes,
+        now: float,
+        force: bool = False,
+    ) -> None:
+        """After a step: keep its latencies (``times``); write them with the engine's
+        ``stats()`` if ``force`` or ``PUBLISH_S`` passed since the last write (``now``:
+        monotonic seconds). Not thread-safe: the engine's thread calls it."""
+        self._first += times.first_token
+        self._inter += times.inter_token
+        if not force and now - self._published < PUBLISH_S:
+            return
+        self._published = now
+        current = stats()
+        changed = {k: v for k, v in current.items() if self._last.get(k) != v}
+        if not changed and not self._first and not self._inter:
             return
         with pb_metrics.batched():
             for key, value in changed.items():
@@ -62,8 +89,9 @@ class EngineMetrics:
                     self._metrics[key].set(value)
                 else:
                     self._metrics[key].increment(value - self._last.get(key, 0))
-            for seconds in times.first_token:
+            for seconds in self._first:
                 self._ttft.observe(seconds)
-            for seconds in times.inter_token:
+            for seconds in self._inter:
                 self._itl.observe(seconds)
+        self._first, self._inter = [], []
         self._last.update(changed)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from shoal.configs.devices import group_devices
 from shoal.workers import pb_utils
 from shoal.workers.generative.engine import Engine, Output
 from shoal.workers.generative.interface import KvCache
@@ -74,7 +75,8 @@ class _Live:
     stream: bool
     exclude_input: bool
     returns: set[str]
-    text: list[str] = field(default_factory=list)  # what a request that does not stream gets
+    text: list[str] = field(default_factory=list)  # held for a request that does not stream
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # held until sent
 
 
 def _returned(name: str, out: Output) -> np.ndarray:
@@ -149,7 +151,7 @@ class GenerativeRunner:
         self.metrics = EngineMetrics(
             args["model_name"], args["model_version"], args["model_instance_name"]
         )
-        self.metrics.update(self.engine.stats(), self.engine.times)
+        self._publish(force=True)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = False
@@ -162,12 +164,10 @@ class GenerativeRunner:
     ) -> tuple[Any, KvCache, int]:
         """The model (this rank's shard, wrapped, for a tensor-parallel group, whose other
         ranks start here), its KV cache, and the cache's block count."""
-        if settings.tensor_parallel_size > 1:
-            if device != "cpu":
-                raise ValueError("tensor_parallel_size > 1 runs on CPU instances only (gloo)")
-            self._group = TensorParallelGroup(
-                settings.tensor_parallel_size, self.model_class, params, device
-            )
+        size = settings.tensor_parallel_size
+        if size > 1:
+            visible = group_devices(size) if device == "cuda" else None
+            self._group = TensorParallelGroup(size, self.model_class, params, device, visible)
             model = self._group.model()
         else:
             model = self.model_class(params, device)
@@ -200,10 +200,12 @@ class GenerativeRunner:
                 self._take_requests()
                 self._retire_cancelled()
                 if not self.engine.has_work():
+                    self._publish(force=True)
                     self._wake.wait()
                     continue
                 outputs = self.engine.step(time.monotonic())
-                self.metrics.update(self.engine.stats(), self.engine.times)
+                # (a request's first token and its end: on /metrics before its client sees them)
+                self._publish(force=any(out.first or out.finish is not None for out in outputs))
                 for out in outputs:
                     self._respond(out)
             except Exception as exc:  # the model's fault: its requests end, the loop goes on
@@ -255,24 +257,30 @@ class GenerativeRunner:
         for live in [x for x in self._live if x.sender.is_cancelled()]:
             out = self.engine.cancel(live)
             if out is not None:
-                self.metrics.update(self.engine.stats(), self.engine.times)
+                self._publish(force=True)
                 self._respond(out)
 
     def _respond(self, out: Output) -> None:
+        """Send ``out`` to its request: a response per new text when it streams (with the
+        logprobs of every token since the last response), else one response at the end
+        with all of the text and every token's logprobs."""
         live: Any = out.handle
         final = out.finish is not None
         if final:
             self._live.remove(live)
+        live.logprobs += out.logprobs
         if not live.stream:
             live.text.append(out.text)
             if not final:
                 return
             text = "".join(live.text)
-            response = self._response(live, out, text if live.exclude_input else live.prompt + text)
+            text = text if live.exclude_input else live.prompt + text
         elif not out.text and not final:
             return  # (nothing to show yet: a partial character, a held-back stop string)
         else:
-            response = self._response(live, out, out.text)
+            text = out.text
+        out.logprobs, live.logprobs = live.logprobs, []
+        response = self._response(live, out, text)
         try:
             live.sender.send(response, _FINAL if final else 0)
         except pb_utils.TritonModelException:  # (the worker ended it: it is stopping)
@@ -302,4 +310,8 @@ class GenerativeRunner:
             except Exception:
                 log.exception("a failed generative request could not be retired")
         self._live = []
-        self.metrics.update(self.engine.stats(), self.engine.times)
+        self._publish(force=True)
+
+    def _publish(self, force: bool) -> None:
+        """The metrics after a step (``force``: now, not at the next interval)."""
+        self.metrics.update(self.engine.stats, self.engine.take_times(), time.monotonic(), force)

@@ -6,7 +6,14 @@ Greedy when ``temperature`` is 0; otherwise softmax at that temperature over the
 ``top_p``, drawn with the sequence's own ``torch.Generator`` (seeded from ``seed``, or
 from the OS when none is given). One draw per token, from that generator alone, so a
 sequence's tokens do not depend on the sequences it is batched with, nor on a
-preemption. Logprobs are those of the model's distribution (before temperature).
+preemption.
+
+``presence_penalty`` and ``frequency_penalty`` are OpenAI's: before anything else, each
+token's logit is lowered by ``frequency_penalty`` times the number of times the sequence
+has generated it so far, and by ``presence_penalty`` once if it has (the prompt does not
+count); negative values raise them. Greedy takes the most likely token after them.
+Logprobs are those of the distribution the token is picked from, after the penalties,
+before temperature (with no penalty: the model's own).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -33,6 +41,13 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int = 0  # alternatives reported beside the sampled token
     timeout_s: float = 0.0  # shoal's: the request ends ("abort") after this long
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether its next token depends on the tokens it generated (a penalty)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @classmethod
     def parse(cls, text: str) -> SamplingParams:
@@ -56,6 +71,11 @@ class SamplingParams:
         p.ignore_eos = bool(raw.get("ignore_eos", False))
         p.logprobs = _opt_int(raw, "logprobs", minimum=0) or 0
         p.timeout_s = _num(raw, "timeout", 0.0, minimum=0.0)
+        for key in ("presence_penalty", "frequency_penalty"):
+            value = _num(raw, key, 0.0, minimum=-2.0)
+            if value > 2.0:
+                raise InvalidSampling(f"{key} must be at most 2.0")
+            setattr(p, key, value)
         stop = raw.get("stop", [])
         if isinstance(stop, str):
             stop = [stop]
@@ -108,17 +128,28 @@ class Sampled:
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    gens: list[torch.Generator | None],
+    outputs: list[list[int]] | None = None,
 ) -> list[Sampled]:
     """The next token of each row of ``logits`` [n, vocab] (on any device: the rows that
-    are drawn from come to the CPU, where their generators are)."""
-    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
-    tokens = logprobs.argmax(dim=-1).tolist()
+    are drawn from come to the CPU, where their generators are). ``outputs[i]``: the
+    tokens row ``i``'s sequence generated so far, read where its params have a penalty
+    (None: no row has one)."""
+    logits = logits.to(torch.float64)
+    if outputs is not None and any(p.penalized for p in params):
+        logits = _penalized(logits, params, outputs)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    best, picked = logprobs.max(dim=-1)  # (the first of equals, as argmax)
+    tokens, chosen = picked.tolist(), best.tolist()
+    host: np.ndarray | None = None  # the rows on the CPU, once, if any is drawn
     for i, (p, g) in enumerate(zip(params, gens, strict=True)):
         if g is not None:
-            tokens[i] = _draw(logprobs[i].cpu(), p, g)
-    rows = torch.arange(len(tokens), device=logprobs.device)
-    chosen = logprobs[rows, torch.tensor(tokens, device=logprobs.device)].tolist()
+            if host is None:
+                host = logprobs.cpu().numpy()
+            tokens[i] = _draw(host[i], p, g)
+            chosen[i] = float(host[i, tokens[i]])
     out: list[Sampled] = []
     for i, p in enumerate(params):
         top: list[tuple[int, float]] = []
@@ -129,20 +160,41 @@ def sample(
     return out
 
 
-def _draw(logprobs: torch.Tensor, p: SamplingParams, g: torch.Generator) -> int:
-    """One token from the filtered distribution, by inverting its CDF at one uniform draw."""
+def _penalized(
+    logits: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]
+) -> torch.Tensor:
+    """``logits`` (float64, not written) with each penalized row's penalties applied."""
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    for i, (p, generated) in enumerate(zip(params, outputs, strict=True)):
+        if not p.penalized or not generated:
+            continue
+        ids = torch.tensor(generated, device=logits.device)
+        counts = torch.bincount(ids, minlength=vocab).to(logits.dtype)
+        logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+    return logits
+
+
+def _draw(logprobs: np.ndarray, p: SamplingParams, g: torch.Generator) -> int:
+    """One token from the filtered distribution, by inverting its CDF at one uniform draw
+    of ``g``: over the tokens most likely first where top-k or top-p cut the
+    distribution, in vocabulary order where nothing is cut (no sort needed). Which of the
+    two depends on the request's own parameters alone. (numpy: a few microseconds where
+    torch's dispatch per operation costs more than a vocabulary-sized row's arithmetic.)"""
     scaled = logprobs / p.temperature
-    order = torch.argsort(scaled, descending=True, stable=True)
-    ranked = scaled[order]
-    if 0 < p.top_k < ranked.numel():
-        ranked, order = ranked[: p.top_k], order[: p.top_k]
-    probs = torch.softmax(ranked, dim=-1)
-    if p.top_p < 1.0:
-        before = torch.cumsum(probs, dim=-1) - probs
-        keep = int((before < p.top_p).sum())
-        probs = probs[: max(keep, 1)]
-        probs = probs / probs.sum()
-        order = order[: probs.numel()]
     u = float(torch.rand((), generator=g, dtype=torch.float64))
-    pick = int(torch.searchsorted(torch.cumsum(probs, dim=-1), torch.tensor(u, dtype=probs.dtype)))
-    return int(order[min(pick, order.numel() - 1)])
+    if not 0 < p.top_k < scaled.size and p.top_p >= 1.0:
+        cdf = np.cumsum(np.exp(scaled - scaled.max()))
+        return min(int(np.searchsorted(cdf, u * cdf[-1])), scaled.size - 1)
+    order = np.argsort(-scaled, kind="stable")
+    if 0 < p.top_k < order.size:
+        order = order[: p.top_k]
+    ranked = scaled[order]
+    probs = np.exp(ranked - ranked[0])
+    probs /= probs.sum()
+    if p.top_p < 1.0:
+        before = np.cumsum(probs) - probs
+        keep = max(int((before < p.top_p).sum()), 1)
+        probs, order = probs[:keep] / probs[:keep].sum(), order[:keep]
+    pick = int(np.searchsorted(np.cumsum(probs), u))
+    return int(order[min(pick, order.size - 1)])

@@ -16,7 +16,7 @@ prefill_chunk          256       prompt tokens of one sequence per step at most
 default_max_tokens     16        a request's max_tokens when it gives none (vLLM's)
 request_timeout_s      0         seconds a request may run (0: no limit); a request's
                                  ``timeout`` sampling parameter overrides it
-tensor_parallel_size   1         processes one instance spans (CPU, gloo)
+tensor_parallel_size   1         processes one instance spans (on GPU instances: a GPU each)
 =====================  ========  ======================================================
 """
 

@@ -6,9 +6,16 @@ responses) and its shard of the model. Ranks 1.. are followers it starts itself
 PDEATHSIG): each builds the same model class with ``tensor_parallel_rank`` and
 ``tensor_parallel_size`` in its parameters, and a KV cache of the same blocks for its
 own heads. Before each model call the leader broadcasts the step (``TpStep``: the batch,
-or block copies) over the group's gloo link; every rank then runs the call, and the
-model's own collectives (all-reduce after its sharded layers) meet inside it. Only the
-leader's logits are used. A group of 1 is the plain engine: no process, no link.
+or block copies) over the group's gloo link (CPU tensors); every rank then runs the
+call, and the model's own collectives (all-reduce after its sharded layers) meet inside
+it. Only the leader's logits are used. A group of 1 is the plain engine: no process, no
+link.
+
+On CPU instances the group is gloo alone. On GPU instances each rank has a GPU of its
+own (a follower is started seeing only its GPU, as device 0, as the leader sees its
+own: ``shoal.configs.devices.group_devices``) and the group is ``cpu:gloo,cuda:nccl``:
+the steps still go over gloo, the model's collectives on CUDA tensors over NCCL. The
+code is the same for both.
 
 The model shards itself (tiny_llm splits its attention heads and its MLP); the engine
 and the pool are the same code for any group size.
@@ -58,6 +65,11 @@ def _broadcast(step: TpStep | None) -> TpStep:
     return step if step is not None else msgspec.msgpack.decode(buf.numpy().tobytes(), type=TpStep)
 
 
+def backend(device: str) -> str:
+    """The group's torch.distributed backend for ``device`` ("cpu" or "cuda")."""
+    return "gloo" if device == "cpu" else "cpu:gloo,cuda:nccl"
+
+
 def rank_parameters(params: dict[str, str], rank: int, size: int) -> dict[str, str]:
     return {**params, "tensor_parallel_rank": str(rank), "tensor_parallel_size": str(size)}
 
@@ -81,12 +93,29 @@ def load_class(model_file: str, name: str) -> type:
 
 class TensorParallelGroup:
     """The leader's side: its followers, the link, and the model and cache wrapped so
-    that every call and copy goes to the followers first."""
+    that every call and copy goes to the followers first. ``visible``: each rank's
+    CUDA_VISIBLE_DEVICES on a GPU instance (None on CPU: the followers inherit this
+    process's environment)."""
 
-    def __init__(self, size: int, model_class: type, params: dict[str, str], device: str) -> None:
+    def __init__(
+        self,
+        size: int,
+        model_class: type,
+        params: dict[str, str],
+        device: str,
+        visible: list[str] | None = None,
+    ) -> None:
+        if visible is not None and len(visible) != size:
+            raise ValueError(f"{len(visible)} GPUs for a tensor-parallel group of {size}")
         self.size = size
         self._class, self._params, self._device = model_class, params, device
+        self._visible = visible
         self._followers: list[subprocess.Popen[bytes]] = []
+
+    def _env(self, rank: int) -> dict[str, str] | None:
+        if self._visible is None:
+            return None
+        return {**os.environ, "CUDA_VISIBLE_DEVICES": self._visible[rank]}
 
     def start(self, num_blocks: int, block_size: int) -> None:
         """Start the followers and join the group (rank 0); raises when it cannot. The
@@ -106,8 +135,12 @@ class TensorParallelGroup:
                 num_blocks, block_size, os.getpid(),
             )  # fmt: skip
             argv = [sys.executable, "-m", __name__, msgspec.json.encode(start).decode()]
-            self._followers.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL))
-        dist.init_process_group("gloo", store=store, rank=0, world_size=self.size, timeout=_TIMEOUT)
+            self._followers.append(
+                subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=self._env(rank))
+            )
+        dist.init_process_group(
+            backend(self._device), store=store, rank=0, world_size=self.size, timeout=_TIMEOUT
+        )
 
     def model(self) -> Any:
         """The leader's shard of the model (rank 0)."""
@@ -168,8 +201,9 @@ def follow(start: TpStart) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.TCPStore(_HOST, start.store_port, start.size, is_master=False, timeout=_TIMEOUT)
     dist.init_process_group(
-        "gloo", store=store, rank=start.rank, world_size=start.size, timeout=_TIMEOUT
-    )
+        backend(start.device), store=store, rank=start.rank, world_size=start.size,
+        timeout=_TIMEOUT,
+    )  # fmt: skip
     model = load_class(start.model_file, start.model_class)(start.parameters, start.device)
     kv = KvCache.allocate(model.kv_layout(), start.num_blocks, start.block_size, start.device)
     while True:

@@ -122,6 +122,25 @@ def test_the_server_is_ready_once_every_model_is_unless_readiness_is_lenient(
     assert [i.memory_mb for i in simple.instances] == [64]
 
 
+def test_strict_readiness_names_the_instances_whose_model_checks_its_own(
+    tmp_path: Path,
+) -> None:
+    """As Triton's server readiness asks each READY model's runtime check (a Python
+    model's ``is_ready``): the frontend is told which instances to ask, under strict
+    readiness only, and only once every model is loaded."""
+    q = _queries(tmp_path)
+    _ready(q)
+    gated = _ready(q, "gated")
+    (inst,) = gated.live()
+    assert q.server_state(m.ServerQuery(1)).ready_checks == []
+    inst.checks_ready = True
+    assert q.server_state(m.ServerQuery(2)).ready_checks == [inst.pid]
+    assert q.server_state(m.ServerQuery(3), strict_readiness=False).ready_checks == []
+    q.table.add_model("loading", {1: 1}, "onnxruntime_onnx")
+    state = q.server_state(m.ServerQuery(4))
+    assert not state.ready and state.ready_checks == []
+
+
 def test_metrics_read_each_instance_s_memory(tmp_path: Path) -> None:
     q = _queries(tmp_path)
     _ready(q)

@@ -1,10 +1,11 @@
-"""Latency windows for the metrics' summaries (pure)."""
+"""Latency windows for the metrics' summaries, and the counting of reruns (pure)."""
 
 from __future__ import annotations
 
 import math
 
-from shoal.broker.stats import SUMMARY_WINDOW_S, _Window
+from shoal.broker.stats import SUMMARY_WINDOW_S, VersionStats, _Window
+from shoal.ipc import messages as m
 
 
 def test_quantiles_are_nearest_rank_over_the_window() -> None:
@@ -46,3 +47,18 @@ def test_cache_hits_and_misses_count_as_tritons_and_feed_their_windows() -> None
     assert stats.snapshot().inference_count == 0 and stats.snapshot().execution_count == 0
     got = stats.summaries([0.5], 1.0)
     assert (got["cache_hit"], got["cache_miss"], got["request"]) == ([20], [30], [50])
+
+
+def test_each_run_of_rescheduled_requests_counts_as_tritons() -> None:
+    """Each run: a request each (its time the run's, no queue time), an inference per
+    sample, one execution; a failed one counts as a failure only."""
+    st = VersionStats("m", 1)
+    done = m.BatchDone(-1, 3, 1000, 5000, 500)
+    st.reran(m.RerunDone(done, ok=2, ok_samples=2, failed=1), now=1.0)
+    s = st.snapshot()
+    assert (s.execution_count, s.inference_count) == (1, 2)
+    inference = s.inference_stats
+    assert (inference.success.count, inference.success.ns) == (2, 13000)
+    assert (inference.queue.count, inference.queue.ns) == (2, 0)
+    assert (inference.fail.count, st.failures["BACKEND"]) == (1, 1)
+    assert [b.batch_size for b in s.batch_stats] == [3]

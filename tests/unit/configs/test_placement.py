@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,28 @@ def test_a_gpu_instance_sees_the_server_gpu_it_was_given(monkeypatch: pytest.Mon
     assert visible_device(0) == "GPU-5a1c"
     with pytest.raises(ValueError, match="not one of"):
         visible_device(1)
+
+
+def test_a_tensor_parallel_group_takes_the_gpus_after_its_instances(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 is the instance's GPU, ranks 1.. the server's next ones (wrapping), each
+    seen alone; a group larger than the server's GPUs is refused."""
+    from shoal.configs import devices
+
+    for name in (devices.INSTANCE_GPU_ENV, devices.SERVER_VISIBLE_ENV):
+        monkeypatch.setenv(name, "")  # (restored after the test, as the next one)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    devices.narrow_to(2)  # (what a GPU instance's worker does first)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "6"
+    assert devices.group_devices(2, present=8) == ["6", "4"]
+    assert devices.group_devices(3, present=8) == ["6", "4", "5"]
+    with pytest.raises(ValueError, match=r"tensor_parallel_size 4 needs 4 GPUs.*has 3"):
+        devices.group_devices(4, present=8)
+    unset = {devices.INSTANCE_GPU_ENV: "1"}  # the server's CUDA_VISIBLE_DEVICES unset
+    assert devices.group_devices(2, unset, present=2) == ["1", "0"]
+    with pytest.raises(ValueError, match="the server has 0"):
+        devices.group_devices(2, {}, present=0)
 
 
 def test_passive_instances_are_numbered_as_plan_instances_numbers_them() -> None:

@@ -45,6 +45,7 @@ def test_opentelemetry_takes_its_options_and_the_processor_defaults() -> None:
         "--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,url=h:1/v1/traces",
         "--trace-config=opentelemetry,resource=a=b", "--trace-config=opentelemetry,resource=c=d",
         "--trace-config=opentelemetry,bsp_schedule_delay=10", "--trace-file=/ignored",
+        "--trace-config=opentelemetry,hop_spans=ON",
     )  # fmt: skip
     t = trace_settings(args)
     assert t.mode == "opentelemetry" and t.get().file == ""
@@ -54,6 +55,7 @@ def test_opentelemetry_takes_its_options_and_the_processor_defaults() -> None:
         "bsp_schedule_delay": "10",
         "bsp_max_queue_size": "2048",
         "bsp_max_export_batch_size": "512",
+        "hop_spans": "true",  # (shoal's own, as true or false)
     }
 
 
@@ -69,6 +71,10 @@ def test_opentelemetry_takes_its_options_and_the_processor_defaults() -> None:
         (["--trace-config=rate="], "--trace-config option format is"),
         (["--trace-config=triton,log-frequency=z"], 'Bad option: "--trace-config triton,log'),
         (["--trace-config=mode=x"], 'Bad option: "--trace-config mode".'),
+        (
+            ["--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,hop_spans=yes"],
+            'Bad option: "--trace-config opentelemetry,hop_spans".\nInvalid option value. Got yes',
+        ),
     ],
 )
 def test_bad_values_are_refused_in_tritons_words(argv: list[str], message: str) -> None:

@@ -90,6 +90,12 @@ def test_a_plan_derives_one_seed_per_choice() -> None:
     assert unseeded.sampling[1]["seed"] == unseeded.sampling[0]["seed"] + 1
     one = decode(b'{"model": "g", "prompt": "a"}', CompletionRequest)
     assert "seed" not in completion_plan(one, model, random.Random(0)).sampling[0]
+    penalized = decode(
+        b'{"model": "g", "prompt": "a", "presence_penalty": 0.5, "frequency_penalty": -1}',
+        CompletionRequest,
+    )
+    sampling = completion_plan(penalized, model, random.Random(0)).sampling[0]
+    assert (sampling["presence_penalty"], sampling["frequency_penalty"]) == (0.5, -1)
 
 
 @pytest.mark.parametrize(
@@ -124,11 +130,9 @@ def test_top_logprobs_ask_the_model_for_alternatives() -> None:
     chosen_only = chat_plan(decode(body[:-2] + b"}", ChatCompletionRequest), _model(config),
                             random.Random())  # fmt: skip
     assert chosen_only.top_logprobs == 0 and "logprobs" not in chosen_only.sampling[0]
-    # logprobs are read from a response per token, even for an answer sent whole
-    assert (plan.stream, plan.model_stream, chosen_only.model_stream) == (False, True, True)
     none = b'{"model": "g", "messages": [{"role": "user", "content": "a"}]}'
     plain = chat_plan(decode(none, ChatCompletionRequest), _model(config), random.Random())
-    assert (plain.top_logprobs, plain.model_stream) == (None, False)
+    assert plain.top_logprobs is None and "logprobs" not in plain.want
 
 
 def test_token_prompts_need_a_tokenizer() -> None:

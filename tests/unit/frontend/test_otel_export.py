@@ -10,7 +10,7 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shoal.frontend.otel_export import OtelExporter, resource_attributes
+from shoal.frontend.otel_export import HOP_SPAN, OtelExporter, resource_attributes
 from shoal.ipc.messages import TraceRecord
 
 MODEL = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
@@ -57,6 +57,48 @@ def test_an_ensemble_its_step_and_a_bls_call_nest_in_the_clients_trace() -> None
     assert [e.name for e in called.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
     assert top.resource.attributes["k"] == "v" and top.resource.attributes["service.name"] == "s"
     assert top.start_time < ens.start_time < called.start_time < called.end_time < top.end_time
+    assert HOP_SPAN not in {s.name for s in caught.get_finished_spans()}  # (off by default)
+
+
+def test_hop_spans_name_the_processes_and_time_each_hop() -> None:
+    """With ``hop_spans=true`` each model span whose way was measured has a shoal.hops
+    child: its processes and batch, and one event per hop, when the hop ended, saying
+    from where to where and how long it took; Triton's spans keep their own events."""
+    caught = InMemorySpanExporter()
+    exporter = OtelExporter({"hop_spans": "true"}, 0, SimpleSpanProcessor(caught))
+    step = _model(2, "step", 1, 1010)
+    step.attributes |= {"frontend_index": 0, "frontend_pid": 11, "broker_pid": 12,
+                        "instance": "step_0", "batch_size": 3}  # fmt: skip
+    hit = TraceRecord(3, "cached", 1, 1, stamps=[("REQUEST_START", 1005), ("REQUEST_END", 1006)],
+                      attributes={"cache_hit": 1})  # fmt: skip
+    root = TraceRecord(1, "ens", 1, stamps=[("HTTP_RECV_START", 1000), ("REQUEST_START", 1001),
+                                            ("REQUEST_END", 1200), ("HTTP_SEND_END", 1201)],
+                       children=[step, hit])  # fmt: skip
+    exporter.export(root)
+    exporter.shutdown()
+    spans = caught.get_finished_spans()
+    hops = [s for s in spans if s.name == HOP_SPAN]
+    assert len(hops) == 1  # (the ensemble's own way and the cache hit's were not measured)
+    step_span = next(s for s in spans if s.name == "step")
+    assert hops[0].parent.span_id == step_span.context.span_id  # type: ignore[union-attr]
+    assert [e.name for e in step_span.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    assert hops[0].attributes["shoal.worker_pid"] == 7
+    assert hops[0].attributes["shoal.batch_size"] == 3
+    assert hops[0].attributes["shoal.batch_companions"] == (3, 4)
+    frontend, broker, worker = "frontend 0 (pid 11)", "broker (pid 12)", "worker step_0 (pid 7)"
+    offset = exporter.offset
+    got = [(e.name, e.timestamp - offset, dict(e.attributes)) for e in hops[0].events]  # type: ignore[union-attr,operator]
+    assert got == [
+        (name, 1010 + at, {"shoal.hop.from": a, "shoal.hop.to": b, "shoal.hop.duration_ns": ns})
+        for name, at, a, b, ns in (
+            ("frontend_to_broker", 1, frontend, broker, 1),
+            ("in_broker", 3, broker, broker, 2),
+            ("broker_to_worker", 6, broker, worker, 3),
+            ("in_worker", 10, worker, worker, 4),
+            ("worker_to_frontend", 15, worker, frontend, 5),
+        )
+    ]
+    assert hops[0].start_time == 1010 + offset and hops[0].end_time == 1070 + offset
 
 
 def test_resource_attributes_start_from_tritons_service_name() -> None:

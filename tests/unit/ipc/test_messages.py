@@ -22,6 +22,8 @@ def test_round_trip_of_every_kind() -> None:
         m.WorkerHello("simple", 1, 0, 123),
         m.ModelInfo(9, m.ErrorInfo(4, "bad"), "x"),
         m.ServerState(5, True, False, [m.ModelState("x", 1, "READY")]),
+        m.ServerState(6, True, True, [], ready_checks=[101, 102]),
+        m.RerunDone(m.BatchDone(-1, 2, 10, 20, 30), ok=1, ok_samples=1, failed=1),
         m.FrontendLeaving(),
     ]
     for msg in samples:

@@ -205,3 +205,15 @@ def test_a_rescheduled_request_is_held_where_iterative_and_refused_elsewhere() -
     assert "Expected a None object in the execute function return list for reschduled" in (
         failed.message
     )
+
+
+def test_a_request_s_flags_may_be_set_and_its_timeout_read_as_tritons() -> None:
+    """Triton's bindings: ``set_flags`` (a BLS request's sequence flags, an int only),
+    ``timeout()``; and the module's ``TRITON_STRING_TO_NUMPY`` table."""
+    request = pb_utils.InferenceRequest([], ["o"], model_name="m", correlation_id=3, timeout=7)
+    request.set_flags(pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+    assert (request.flags(), request.timeout()) == (1, 7)
+    with pytest.raises(TypeError):
+        request.set_flags("1")  # type: ignore[arg-type]
+    assert pb_utils.TRITON_STRING_TO_NUMPY["TYPE_FP16"] is np.float16
+    assert pb_utils.triton_string_to_numpy("TYPE_STRING") is np.object_

@@ -150,3 +150,28 @@ def test_a_null_row_s_state_takes_the_shape_of_the_request_s(tmp_path: Path) -> 
     io.add(_item(1, 0), like)
     assert like["S_IN"].tolist() == [[7, 8, 9]]
     assert io.null_row(like)["S_IN"].tolist() == [[0, 0, 0]]
+
+
+def test_an_iterative_sequence_s_later_runs_get_its_own_state_and_no_start(
+    tmp_path: Path,
+) -> None:
+    """A rescheduled request's next run (Triton's sequence batcher gives it flags 0):
+    START and END false, READY true, and the output states its responses gave since,
+    kept per sequence (two such requests share a slot), none after its final one."""
+    io = SequenceIO.from_config(_config(state=f"{_STATE} iterative_sequence: true"), tmp_path)
+    assert io is not None and io.iterative
+    first, second = _item(101, 0, start=True, end=True), _item(102, 0, start=True, end=True)
+    feeds: list[dict[str, np.ndarray]] = [{}, {}]
+    for item, feed in zip((first, second), feeds, strict=True):
+        io.add(item, feed)
+    io.keep_given(first, {"S_OUT": np.array([[1, 1]], np.int32)})
+    io.keep_given(second, {"S_OUT": np.array([[2, 2]], np.int32)})
+    changed = io.rerun(first, feeds[0])
+    assert changed["S_IN"].tolist() == [[1, 1]] and feeds[0]["S_IN"].tolist() == [[1, 1]]
+    assert (feeds[0]["START"].tolist(), feeds[0]["END"].tolist()) == ([[0.0]], [[False]])
+    assert (feeds[0]["READY"].tolist(), feeds[0]["CORRID"].tolist()) == ([[9]], [[101]])
+    assert "S_IN" not in io.rerun(first, feeds[0])  # nothing given since: as it was fed
+    assert feeds[0]["S_IN"].tolist() == [[1, 1]]
+    io.keep_given(second, {"S_OUT": np.array([[3, 3]], np.int32)}, final=True)
+    io.ended(second)
+    assert "S_IN" not in io.rerun(second, feeds[1])  # (its state went with its end)

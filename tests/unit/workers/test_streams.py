@@ -49,10 +49,21 @@ class Decoupled:
         return None
 
 
+class Iterative(Decoupled):
+    """A decoupled model of iterative sequences: its ``model(requests)`` gets pb_utils
+    requests (each with its sender), which it may reschedule."""
+
+    iterative = True
+
+    def requests(self, pairs: list[Any], senders: list[Any]) -> list[Any]:
+        start = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START  # (as the broker gives it)
+        return [pb_utils.InferenceRequest([], [], flags=start, sender=s) for s in senders]
+
+
 class Setup:
-    def __init__(self, model: Callable[[list[pb_utils.InferenceResponseSender]], None]) -> None:
+    def __init__(self, model: Callable[[list[Any]], None], backend: type = Decoupled) -> None:
         config = read_spec(text_format.Parse(_CONFIG, pb.ModelConfig()))
-        loaded = LoadedModel.of(Decoupled(model), config, 1, BatchAssembler.from_config(config))
+        loaded = LoadedModel.of(backend(model), config, 1, BatchAssembler.from_config(config))
         self.regions = RegionMap()
         self.core = ModelInstance(loaded, "d", 1, self.regions, CudaRegions(None))
         self.lock = threading.RLock()
@@ -95,8 +106,8 @@ def _response(value: float) -> pb_utils.InferenceResponse:
 def setup() -> Iterator[Callable[..., Setup]]:
     made: list[Setup] = []
 
-    def make(model: Callable[[list[pb_utils.InferenceResponseSender]], None]) -> Setup:
-        made.append(Setup(model))
+    def make(model: Callable[[list[Any]], None], backend: type = Decoupled) -> Setup:
+        made.append(Setup(model, backend))
         return made[-1]
 
     yield make
@@ -217,3 +228,54 @@ def test_requests_still_open_when_the_instance_stops_end_with_an_error(
     assert "the instance stopped before the model sent the final response" in resp.error.message
     kept[0].send(_response(1.0), _FINAL)  # too late: nothing more goes out
     assert len(s.sent) == 1
+
+
+def test_each_rerun_of_a_rescheduled_request_is_reported_for_the_statistics(
+    setup: Callable[..., Setup],
+) -> None:
+    """A request rescheduled twice runs three times, the last two as reruns (flags 0),
+    each reported (RerunDone: one request, one sample, no failure); it stays open until
+    its final response, then ends."""
+    flags: list[int] = []
+
+    def model(requests: list[pb_utils.InferenceRequest]) -> None:
+        for r in requests:
+            flags.append(r.flags())
+            if len(flags) < 3:
+                r.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                r.get_response_sender().send(_response(float(len(flags))))
+            else:
+                r.get_response_sender().send(_response(3.0), _FINAL)
+
+    s = setup(model, Iterative)
+    done = s.run(1)
+    assert (done.batch_size, done.failed, done.open) == (1, [], [0])
+    reports = []
+    with s.lock:  # as the worker's loop holds it
+        while s.core.rescheduled:
+            reports.append(s.streams.rerun())
+    assert [(r.ok, r.ok_samples, r.failed, r.done.batch_size) for r in reports] == [
+        (1, 1, 0, 1),
+        (1, 1, 0, 1),
+    ]
+    assert flags == [1, 0, 0]  # (START, then flags 0, as Triton's)
+    assert _values(s.sent) == [(1, 1.0, False), (1, 2.0, False), (1, 3.0, True)]
+    assert s.streams.take_ended() == [(b"f-0-1", 1)]
+
+
+def test_a_rerun_that_fails_is_reported_failed(setup: Callable[..., Setup]) -> None:
+    runs: list[int] = []
+
+    def model(requests: list[pb_utils.InferenceRequest]) -> None:
+        runs.append(len(requests))
+        if len(runs) > 1:
+            raise RuntimeError("lost its state")
+        requests[0].set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+
+    s = setup(model, Iterative)
+    s.run(1)
+    with s.lock:
+        report = s.streams.rerun()
+    assert (report.ok, report.failed) == (0, 1) and not s.core.rescheduled
+    (final,) = [r for _, r in s.sent if r.final]
+    assert final.error is not None and "lost its state" in final.error.message

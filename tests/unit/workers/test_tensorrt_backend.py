@@ -241,3 +241,22 @@ def test_a_plan_tensorrt_cannot_read_fails_the_load(tmp_path: Path, stand_ins: l
         _loaded(tmp_path, plan=b"junk")
     with pytest.raises(ConfigError, match=r"Expected optimization profile index range 0-1"):
         _loaded(tmp_path, _GROUP.format('"2"'))
+
+
+def test_the_runtime_is_the_first_of_tensorrts_modules_that_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyPI's wheels name TensorRT's modules tensorrt_bindings and tensorrt_lean_bindings
+    (NVIDIA's packages: tensorrt, tensorrt_lean): a host with only the lean runtime's
+    wheels serves plans through it; one with none fails the load saying what to install."""
+    from shoal.workers import tensorrt_backend
+
+    for name in tensorrt_backend.RUNTIME_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)  # (import raises ImportError)
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    with pytest.raises(RuntimeError) as err:
+        _loaded(tmp_path)
+    assert "tensorrt-lean-cu13-bindings and tensorrt-lean-cu13-libs" in str(err.value)
+    monkeypatch.setitem(sys.modules, "tensorrt_lean_bindings", _fake_tensorrt([]))
+    assert tensorrt_backend._runtime_module() is sys.modules["tensorrt_lean_bindings"]
+    assert _loaded(tmp_path).io_spec()[0]

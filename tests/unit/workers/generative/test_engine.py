@@ -21,6 +21,10 @@ from shoal.workers.generative.scheduler import SchedulerConfig
 TINY = Path(__file__).resolve().parents[4] / "model_repository" / "tiny_llm"
 GREEDY = '{"temperature": 0, "max_tokens": 24, "ignore_eos": true}'
 SEEDED = '{"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 11, "max_tokens": 24}'
+PENALIZED = (
+    '{"temperature": 0.8, "seed": 4, "frequency_penalty": 1.5, "presence_penalty": 0.5, '
+    '"max_tokens": 24, "ignore_eos": true}'
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +65,12 @@ def _tokens(outs: list[Output]) -> list[int]:
     return [t for o in outs for t in o.new_tokens]
 
 
-PROMPTS = ["Hello there", "abc", "The quick brown fox jumps over the lazy dog", "x" * 37, "hi"]
+# ("": the prompt is <bos> alone, admitted after the others' chunks with 1 token: the
+# model computes it with the decodes, so the step's logits come back reordered)
+PROMPTS = ["Hello there", "abc", "The quick brown fox jumps over the lazy dog", "x" * 37, "hi", ""]
 
 
-@pytest.mark.parametrize("params", [GREEDY, SEEDED])
+@pytest.mark.parametrize("params", [GREEDY, SEEDED, PENALIZED])
 @pytest.mark.parametrize("blocks", [200, 40])  # (40: too few for all: preemptions)
 def test_batched_outputs_equal_outputs_alone(
     model: Any, tokenizer: Tokenizer, params: str, blocks: int
@@ -90,6 +96,16 @@ def test_the_model_own_loop_gives_the_engine_greedy_tokens(
     own = list(model.generate(ids, 24, ignore_eos=True))
     got = _generate(_engine(model, tokenizer, 64), {0: (PROMPTS[2], GREEDY)}, tokenizer)
     assert _tokens(got[0]) == own
+
+
+def test_penalties_reach_the_sampler_with_the_tokens_generated(
+    model: Any, tokenizer: Tokenizer
+) -> None:
+    plain = _tokens(_generate(_engine(model, tokenizer, 64), {0: ("Hello", GREEDY)}, tokenizer)[0])
+    penalized = GREEDY.replace("}", ', "frequency_penalty": 2.0}')
+    got = _tokens(_generate(_engine(model, tokenizer, 64), {0: ("Hello", penalized)}, tokenizer)[0])
+    assert len(got) == len(plain) and got != plain
+    assert max(got.count(t) for t in got) < max(plain.count(t) for t in plain)
 
 
 def test_cancel_and_timeout_retire_requests_and_free_their_blocks(

@@ -68,7 +68,8 @@ def runner() -> Iterator[Any]:
     r.finalize()
 
 
-def _request(prompt: str, sampling: dict[str, Any]) -> tuple[Any, queue.Queue[Any]]:
+def _request(prompt: str, sampling: dict[str, Any], *flags: str) -> tuple[Any, queue.Queue[Any]]:
+    """A request; ``flags``: BOOL inputs set true besides exclude_input_in_output."""
     got: queue.Queue[Any] = queue.Queue()
     sender = pb_utils.InferenceResponseSender(lambda response, final: got.put((response, final)))
     tensors = [
@@ -76,7 +77,7 @@ def _request(prompt: str, sampling: dict[str, Any]) -> tuple[Any, queue.Queue[An
         pb_utils.Tensor(
             "sampling_parameters", np.array([json.dumps(sampling).encode()], dtype=np.object_)
         ),
-        pb_utils.Tensor("exclude_input_in_output", np.array([True])),
+        *(pb_utils.Tensor(name, np.array([True])) for name in ("exclude_input_in_output", *flags)),
     ]
     return pb_utils.InferenceRequest(tensors, ["text_output"], sender=sender), got
 
@@ -103,6 +104,43 @@ def test_bad_and_failing_requests_fail_alone_and_the_engine_goes_on(runner: Any)
     runner.execute([good])
     assert _answer(good_got) == ("AAA", True)
     assert runner.engine.pool.num_used == 0
+
+
+def test_a_response_sent_whole_carries_every_tokens_logprobs(runner: Any) -> None:
+    # (a stop string that "AA" may begin: the streamed text is held back two tokens,
+    # their logprobs go out with the next response)
+    sampling = {"max_tokens": 4, "temperature": 0, "logprobs": 1, "stop": ["AAX"]}
+    whole, whole_got = _request("hi", sampling, "return_logprobs")
+    streamed, streamed_got = _request("hi", sampling, "return_logprobs", "stream")
+    runner.execute([whole, streamed])
+    response, final = whole_got.get(timeout=30)
+    assert final == FINAL and whole_got.empty()
+    logprobs = json.loads(pb_utils.get_output_tensor_by_name(response, "logprobs").as_numpy()[0])
+    assert [next(iter(entry)) for entry in logprobs] == ["65"] * 4  # "A", then its alternative
+    per_token: list[Any] = []
+    while True:
+        response, final = streamed_got.get(timeout=30)
+        tensor = pb_utils.get_output_tensor_by_name(response, "logprobs")
+        per_token += json.loads(tensor.as_numpy()[0])
+        if final:
+            break
+    assert per_token == logprobs
+
+
+def test_a_gpu_group_larger_than_the_servers_gpus_fails_the_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(The GPU branch of a tensor-parallel instance, on a host with no GPU: the group
+    is placed before any process starts or CUDA is touched.)"""
+    from shoal.configs import devices
+
+    monkeypatch.setattr(devices, "_present", lambda: 0)
+    args = _args()
+    config = json.loads(args["model_config"])
+    config["parameters"]["tensor_parallel_size"] = {"string_value": "2"}
+    args |= {"model_config": json.dumps(config), "model_instance_kind": "GPU"}
+    with pytest.raises(ValueError, match=r"tensor_parallel_size 2 needs 2 GPUs.*has 0"):
+        runner_for(Echo)().initialize(args)
 
 
 def test_a_config_that_is_not_decoupled_fails_the_load() -> None:

@@ -1,4 +1,4 @@
-"""Sampling (greedy, temperature, top-k, top-p, seeds) and the output text (incremental
+"""Sampling (greedy, temperature, top-k, top-p, seeds, penalties) and the output text (incremental
 decoding, stop strings)."""
 
 from __future__ import annotations
@@ -40,6 +40,44 @@ def test_a_seed_gives_the_same_tokens_and_top_k_top_p_bound_them() -> None:
     assert set(_draws(top_p, sharp, 100)) == {0}
 
 
+def test_penalties_lower_what_the_sequence_generated_as_openai_defines() -> None:
+    logits = torch.tensor([[0.0, 1.0, 0.5, 0.7]])
+    said = [[1, 1, 3]]  # token 1 twice, token 3 once
+
+    def greedy(extra: str) -> tuple[int, float]:
+        p = SamplingParams.parse('{"temperature": 0' + extra + "}")
+        (pick,) = sample(logits, [p], [None], said)
+        return pick.token, pick.logprob
+
+    assert greedy("")[0] == 1
+    # 1.0 - 2 * 0.3 = 0.4 and 0.7 - 0.3 = 0.4 fall under 0.5 (token 2, never said)
+    token, logprob = greedy(', "frequency_penalty": 0.3')
+    assert token == 2
+    expected = torch.log_softmax(torch.tensor([0.0, 0.4, 0.5, 0.4], dtype=torch.float64), -1)
+    assert logprob == pytest.approx(float(expected[2]))
+    # presence counts once: 1.0 - 0.3 = 0.7 stays first
+    assert greedy(', "presence_penalty": 0.3')[0] == 1
+    assert greedy(', "presence_penalty": 0.3, "frequency_penalty": 0.2')[0] == 2
+    assert greedy(', "frequency_penalty": -1.0')[0] == 1  # negative: more of the same
+    (plain,) = sample(logits, [SamplingParams.parse('{"temperature": 0}')], [None], said)
+    assert plain.token == 1  # no penalty asked: what it said does not count
+
+
+def test_penalized_draws_repeat_for_a_seed_and_spread_out() -> None:
+    logits = torch.linspace(0, 4, 30)[None]  # the last few tokens hold most of the mass
+
+    def run(extra: str) -> list[int]:
+        p = SamplingParams.parse('{"temperature": 1.0, "seed": 9' + extra + "}")
+        g, said = p.generator(), []
+        for _ in range(40):
+            said.append(sample(logits, [p], [g], [list(said)])[0].token)
+        return said
+
+    penalized = run(', "frequency_penalty": 2.0')
+    assert penalized == run(', "frequency_penalty": 2.0')
+    assert len(set(penalized)) > len(set(run(""))) + 5
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -50,6 +88,8 @@ def test_a_seed_gives_the_same_tokens_and_top_k_top_p_bound_them() -> None:
         ("[1]", "sampling_parameters must be a JSON object"),
         ("{", "sampling_parameters is not valid JSON"),
         ('{"n": 2}', "n > 1 is not supported: send n requests"),
+        ('{"presence_penalty": 2.5}', "presence_penalty must be at most 2.0"),
+        ('{"frequency_penalty": -3}', "frequency_penalty must be at least -2.0"),
     ],
 )
 def test_invalid_sampling_parameters_say_what_is_wrong(text: str, message: str) -> None:
