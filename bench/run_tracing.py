@@ -236,7 +236,8 @@ def _report(
     offs = [x for s in results.values() for seg in s if seg.setting == "off"
             and (x := seg.per_request_us("server")) is not None]  # fmt: skip
     server_us = statistics.median(offs) if offs else 0.0
-    lines += ["", "## rate=1000, from what one traced request costs (rate=1 against off)", ""]
+    if any(on == "rate=1" for _, on in results):
+        lines += ["", "## rate=1000, from what one traced request costs (rate=1 against off)", ""]
     for (protocol, on), segments in results.items():
         traced = _per_traced(segments, on) if on == "rate=1" else None
         if traced is not None and server_us:
