@@ -43,6 +43,10 @@ PYTHON = ROOT / ".venv" / "bin" / "python"
 #: triton-qa.sh installs them there, outside the venv, before the network goes away.
 DEPS_DIR = Path(os.environ.get("SHOAL_QA_DEPS", "deps"))
 
+#: How long a start may take, in seconds: util.sh's SERVER_TIMEOUT (its default 120; a
+#: few hundred workers starting on a small, busy machine may need more).
+SERVER_TIMEOUT = float(os.environ.get("SERVER_TIMEOUT", "120"))
+
 #: Generated repositories: the folder test.sh finds under $DATADIR, and the generator
 #: call (``qa/common`` script, flags) that makes it.
 GENERATED: dict[str, tuple[str, ...]] = {
@@ -174,7 +178,7 @@ class QA:
     ) -> Iterator[bool]:
         """A fresh ``shoal serve`` with tritonserver's flags (and test.sh's exports in
         ``env``), as util.sh's run_server: yields whether it became ready (GET
-        /v2/health/ready) within two minutes."""
+        /v2/health/ready) within ``SERVER_TIMEOUT``."""
         with self.server(cwd, *args, log=log, env=env) as server:
             yield server.up
 
@@ -256,6 +260,17 @@ class QA:
         if self.verbose and passed < total:
             print(run.stdout + run.stderr, file=sys.stderr)
 
+    def run_check(self, cwd: Path, args: Sequence[str]) -> bool:
+        """``python <args>`` in ``cwd`` (a checker script of the suite's): whether it exited
+        0; its output goes to ``client.log``."""
+        run = subprocess.run(
+            [str(PYTHON), *args], cwd=cwd, env=self.env, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        with (cwd / "client.log").open("a") as f:
+            f.write(f"=== {' '.join(args)}\n{run.stdout}{run.stderr}")
+        return run.returncode == 0
+
     def count(self, suite: str, passed: int, total: int, what: str) -> None:
         t = self.tally.setdefault(suite, Tally())
         t.passed += passed
@@ -298,9 +313,9 @@ class QA:
 
 def _answers(proc: subprocess.Popen[bytes], ready: bool) -> bool:
     """Whether port 8000 answers GET /v2/health/ready with 200 (``ready``), else any
-    HTTP status on /v2/health/live, within two minutes and while ``proc`` runs."""
+    HTTP status on /v2/health/live, within ``SERVER_TIMEOUT`` and while ``proc`` runs."""
     url = f"http://localhost:8000/v2/health/{'ready' if ready else 'live'}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + SERVER_TIMEOUT
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             with urllib.request.urlopen(url, timeout=2):

@@ -7,6 +7,7 @@ said in docs/triton-qa.md.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -142,9 +143,11 @@ def l0_shared_memory(qa: QA) -> None:
     _shm_case(qa, here, models, case, "--allow-client-shm=true", BACKENDS="python onnx")
 
 
-def _infer_models(qa: QA, here: Path) -> Path:
-    """test.sh's generate_model_repository for BACKENDS="onnx python", ENSEMBLES=0, on
-    CPU (its custom_zero_1_float32 copies are for the ensembles: left out)."""
+def _infer_models(qa: QA, here: Path, ensembles: bool) -> Path:
+    """test.sh's generate_model_repository for BACKENDS="onnx python" on CPU: the ONNX
+    models, Python ones made from their configs, and with ``ensembles`` the generated
+    ONNX ensembles, their ``nop_*`` steps and the suite's ``ensemble_models`` (Triton's
+    identity backend, built into shoal, serves the nop and ``custom_*`` models)."""
     data = qa.generated("qa_model_repository")
     models = qa.fresh(here / "models")
     swap = {f"python{b}_{t}_{t}_{t}" for t in ("float32", "int32", "int16", "int8")
@@ -163,17 +166,53 @@ def _infer_models(qa: QA, here: Path) -> Path:
     for onnx in sorted(data.glob("onnx*")):
         if "bf16" not in onnx.name:
             qa.copy(onnx, models / onnx.name)
-    for config in models.glob("*/config.pbtxt"):
+    if ensembles:
+        generated = qa.generated("qa_ensemble_model_repository/qa_model_repository")
+        for model in sorted(generated.iterdir()):
+            if "onnx" in model.name or model.name.startswith("nop_"):
+                qa.copy(model, models / model.name)
+        for nop in models.glob("nop_*"):  # (util.sh's create_nop_version_dir)
+            (nop / "1").mkdir(exist_ok=True)
+        for name in _INFER_ENSEMBLES:
+            qa.copy(qa.qa / "ensemble_models" / name, models / name)
+            (models / name / "1").mkdir(exist_ok=True)
+    for config in [*models.glob("onnx*/config.pbtxt"), *models.glob("python*/config.pbtxt")]:
         with config.open("a") as f:
             f.write("instance_group [ { kind: KIND_CPU }]\n")
+    custom = qa.copy(qa.qa / "custom_models" / "custom_zero_1_float32", models / _CUSTOM)
+    (custom / "1").mkdir(exist_ok=True)
+    with (custom / "config.pbtxt").open("a") as f:
+        f.write("instance_group [ { kind: KIND_CPU }]\n")
+    nobatch = qa.copy(custom, models / "custom_nobatch_zero_1_float32")
+    qa.sed(custom / "config.pbtxt", "max_batch_size: 1", "max_batch_size: 8", count=1)
+    qa.sed(custom / "config.pbtxt", r"dims: \[ 1 \]", "dims: [ -1 ]")
+    config = nobatch / "config.pbtxt"
+    qa.sed(config, _CUSTOM, "custom_nobatch_zero_1_float32", count=1)
+    qa.sed(config, "max_batch_size: 1", "max_batch_size: 0", count=1)
+    qa.sed(config, r"dims: \[ 1 \]", "dims: [ -1, -1 ]")
     return models
+
+
+_CUSTOM = "custom_zero_1_float32"
+#: test.sh's ENSEMBLE_MODELS where BACKENDS has onnx and not libtorch
+_INFER_ENSEMBLES = [
+    "wrong_label_int32_float32_float32",
+    "label_override_int32_float32_float32",
+    "mix_type_int32_float32_float32",
+    "batch_to_nobatch_float32_float32_float32",
+    "batch_to_nobatch_nobatch_float32_float32_float32",
+    "nobatch_to_batch_float32_float32_float32",
+    "nobatch_to_batch_nobatch_float32_float32_float32",
+    "mix_nobatch_batch_float32_float32_float32",
+]
 
 
 @suite
 def l0_infer(qa: QA) -> None:
     here = qa.suite("L0_infer")
-    models = _infer_models(qa, here)
-    env = {"BACKENDS": "onnx python", "ENSEMBLES": "0", "TRITON_SERVER_CPU_ONLY": "1"}
+    ensembles = os.environ.get("ENSEMBLES", "1")
+    models = _infer_models(qa, here, ensembles == "1")
+    env = {"BACKENDS": "onnx python", "ENSEMBLES": ensembles, "TRITON_SERVER_CPU_ONLY": "1"}
     for shm in ("0", "1"):
         args = [f"--model-repository={models}", "--exit-timeout-secs=120"]
         if shm == "1":

@@ -3,10 +3,12 @@
 ``onnx_zero_1_float32``, a fresh server per test, ``TRITONSERVER_DELAY_SCHEDULER`` where
 test.sh sets it.
 
-``BACKENDS`` (test.sh's, read from the environment) defaults to ``"onnx python"``. Left
-out: the parts over Triton's C++ ``custom_zero_1_float32`` and ``identity`` backends
-(max_queue_delay_only, preserve_ordering with its trace timestamps, queue_timeout_test)
-and the ``instance_queue_test`` unit binary; docs/triton-qa.md says so.
+``BACKENDS`` (test.sh's, read from the environment) defaults to ``"onnx python"``. Its
+``custom_zero_1_float32`` (``qa/custom_models``) and ``dynamic_batch`` models name
+Triton's ``identity`` backend, which shoal has built in: they are served as test.sh
+writes them (the ragged trial, max_queue_delay_only, preserve_ordering with its trace
+timestamps, queue_timeout_test). Left out: the ``instance_queue_test`` unit binary (core's
+C++); docs/triton-qa.md says so.
 """
 
 from __future__ import annotations
@@ -76,6 +78,25 @@ def _float32_model(qa: QA, repo: str, backend: str, dest: Path, dynamic: str) ->
     return config
 
 
+_CUSTOM = "custom_zero_1_float32"
+
+
+def _custom(qa: QA, dest: Path, max_batch: int, extra: str) -> Path:
+    """test.sh's copy of ``../custom_models/custom_zero_1_float32`` (Triton's identity
+    backend) into ``dest``: a version folder, ``dims: [ -1 ]``, its ``max_batch_size``,
+    ``extra`` appended; its config."""
+    model = qa.copy(qa.qa / "custom_models" / _CUSTOM, dest / _CUSTOM)
+    (model / "1").mkdir(exist_ok=True)
+    config = model / "config.pbtxt"
+    QA.sed(config, r"dims:.*\[.*\]", "dims: [ -1 ]")
+    QA.sed(config, r"^max_batch_size:.*", f"max_batch_size: {max_batch}")
+    with config.open("a") as f:
+        f.write(extra)
+    if not _has_gpu():
+        QA.sed(config, "KIND_GPU", "KIND_CPU")
+    return config
+
+
 def _repositories(qa: QA, here: Path, backends: list[str]) -> None:
     models = qa.fresh(here / "models")
     preferred = qa.fresh(here / "preferred_batch_only_models")
@@ -92,6 +113,10 @@ def _repositories(qa: QA, here: Path, backends: list[str]) -> None:
         _float32_model(qa, "qa_variable_model_repository", backend, var, _DYNAMIC)
     for config in var.glob("*/config.pbtxt"):
         QA.sed(config, "16", "-1")
+    ragged_custom = _custom(
+        qa, var, 8, f"instance_group [ {{ kind: KIND_GPU count: 1 }}]\n{_DYNAMIC}\n"
+    )
+    QA.sed(ragged_custom, 'name:.*"INPUT0"', 'name: "INPUT0"\nallow_ragged_batch: true')
     if "onnx" in backends:
         ragged = qa.copy(
             qa.generated("qa_identity_model_repository") / "onnx_nobatch_zero_1_float32",
@@ -139,3 +164,94 @@ def l0_batcher(qa: QA) -> None:
     for test in os.environ.get("PREFERRED_BATCH_ONLY_TESTS", " ".join(_PREFERRED_ONLY)).split():
         delay = {"TRITONSERVER_DELAY_SCHEDULER": str(_PREFERRED_ONLY[test])}
         _run(qa, here, "preferred_batch_only_models", test, {**env, **delay})
+    _max_queue_delay_only(qa, here, {**base, "BATCHER_TYPE": "FIXED"})
+    _preserve_ordering(qa, here, {**base, "BATCHER_TYPE": "FIXED"})
+    _queue_timeout(qa, here)
+
+
+def _delay_parameters(*params: tuple[str, str]) -> str:
+    items = ",\n".join(f'{{ key: "{k}"; value: {{ string_value: "{v}" }}}}' for k, v in params)
+    return f"parameters [\n{items}\n]\n"
+
+
+def _max_queue_delay_only(qa: QA, here: Path, env: dict[str, str]) -> None:
+    """The max_queue_delay_only tests over custom_zero_1_float32 with a 100 ms execute
+    delay (test.sh's sed of its queue delay matches nothing: it stays 0)."""
+    models = qa.fresh(here / "custom_models")
+    _custom(
+        qa, models, 100,
+        "dynamic_batching { max_queue_delay_microseconds: 0}\n"
+        "instance_group [ { kind: KIND_GPU } ]\n" + _delay_parameters(("execute_delay_ms", "100")),
+    )  # fmt: skip
+    tests = "test_max_queue_delay_only_default test_max_queue_delay_only_non_default"
+    for test in os.environ.get("MAX_QUEUE_DELAY_ONLY_TESTS", tests).split():
+        delay = "20000" if test == "test_max_queue_delay_only_non_default" else "0"
+        _run(qa, here, "custom_models", test, {**env, "MAX_QUEUE_DELAY_MICROSECONDS": delay})
+
+
+def _preserve_ordering(qa: QA, here: Path, env: dict[str, str]) -> None:
+    """test_multi_batch_preserve_ordering over two custom_zero_1_float32 instances (100 and
+    400 ms), without and with preserve_ordering, each server tracing every request; then
+    verify_timestamps.py over its trace file, one check each."""
+    models = qa.fresh(here / "custom_models")
+    config = _custom(
+        qa, models, 4,
+        "dynamic_batching { preferred_batch_size: [ 4 ] }\n"
+        "instance_group [ { kind: KIND_GPU count: 2 }]\n"
+        + _delay_parameters(("execute_delay_ms", "100"), ("instance_wise_delay_multiplier", "4")),
+    )  # fmt: skip
+    delayed = {**env, "TRITONSERVER_DELAY_SCHEDULER": "12"}
+    for run, flag in (("not_preserve", ()), ("preserve", ("-p",))):
+        if run == "preserve":
+            QA.sed(
+                config,
+                "dynamic_batching.*",
+                "dynamic_batching { preferred_batch_size: [ 4 ] preserve_ordering: true }",
+            )
+        trace = here / f"{run}.log"
+        args = [f"--trace-file={trace}", "--trace-level=MIN", "--trace-rate=1",
+                f"--model-repository={models}"]  # fmt: skip
+        test = "BatcherTest.test_multi_batch_preserve_ordering"
+        qa.served_test(
+            "L0_batcher", here, args, "batcher_test.py", test, log=f"{run}.server",
+            what=f"test_multi_batch_preserve_ordering {run}", note=run, serve_env=delayed,
+            test_env=delayed,
+        )  # fmt: skip
+        verify = qa.run_check(here, ["verify_timestamps.py", *flag, trace.name])
+        qa.count("L0_batcher", int(verify), 1, f"verify_timestamps.py {' '.join(flag)} {run}.log")
+
+
+_QUEUE_TIMEOUT = """backend: "identity"
+max_batch_size: 1
+input [{ name: "INPUT0"
+ data_type: TYPE_FP32
+ dims: [ -1 ] }]
+output [{ name: "OUTPUT0"
+ data_type: TYPE_FP32
+ dims: [ -1 ] }]
+instance_group [{ count: 1
+ kind: KIND_CPU }]
+dynamic_batching {
+  preferred_batch_size: [ 1 ]
+  default_queue_policy { timeout_action: REJECT
+ default_timeout_microseconds: 1000000
+ max_queue_size: 8 }
+}
+parameters [{ key: "execute_delay_ms"
+ value: { string_value: "8000" } }]
+"""
+
+
+def _queue_timeout(qa: QA, here: Path) -> None:
+    """queue_timeout_test.py over test.sh's ``dynamic_batch`` (identity, 8 s per batch,
+    a 1 s queue timeout that rejects)."""
+    models = qa.fresh(here / "models")
+    (models / "dynamic_batch" / "1").mkdir(parents=True)
+    (models / "dynamic_batch" / "config.pbtxt").write_text(_QUEUE_TIMEOUT)
+    args = [f"--model-repository={models}", "--log-verbose=2"]
+    with qa.serve(here, *args, log="queue_timeout_test") as ready:
+        if ready:
+            qa.test("L0_batcher", here, "queue_timeout_test.py", note="")
+        else:
+            qa.not_ready("L0_batcher", 1, "queue_timeout_test.py")
+    qa.not_run("L0_batcher", 1, "instance_queue_test", "a C++ unit test of Triton's core")

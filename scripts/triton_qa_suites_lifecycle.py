@@ -19,11 +19,11 @@ import contextlib
 import re
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 from triton_qa import QA, suite
 
@@ -36,10 +36,8 @@ F32 = "float32_float32_float32"
 #: server's metadata
 ENV = {"TRITON_SERVER_VERSION": SERVER_VERSION}
 
-_OPENVINO = "its test names an OpenVINO model (no OpenVINO backend in shoal)"
+_OPENVINO = "its test names an OpenVINO model (the runner does not generate them yet)"
 _PLAN = "its test names a TensorRT (plan) model"
-_IDENTITY = "its models are Triton's C++ identity backend"
-_CUSTOM = "its models are Triton's C++ custom backends (custom_zero_1_float32 and the like)"
 
 
 def _fresh(here: Path, *names: str) -> list[Path]:
@@ -369,7 +367,9 @@ def _load_retry(qa: QA, here: Path) -> None:
                 _check(qa, server.up and code == 200, f"--model-load-retry-count=1 (ready {code})")
 
 
-def _python_lifecycle(qa: QA, here: Path) -> None:
+def _python_lifecycle(qa: QA, here: Path, more: ModuleType) -> None:
+    """The identity_fp32 cases (``more``: the identity backend's module of cases)."""
+    more.reloaded_as_identity(qa, here)
     args = (f"--model-repository={here / 'models'}", "--model-control-mode=explicit")
     (models,) = _fresh(here, "models")
     _python_model(qa, "identity_fp32", models / "identity_fp32", append=_sleep_in_initialize(10))
@@ -433,14 +433,10 @@ def _loaded_case(
     qa: QA, here: Path, name: str, args: Sequence[str], model: str, *, log: str,
     test_env: dict[str, str] | None = None,
 ) -> Path:  # fmt: skip
-    """``_case``, once the startup model ``model`` has loaded: tritonserver opens its
-    endpoints after its startup loads, shoal (``--strict-readiness=false``) before them.
-    Returns the server's log."""
+    """``_case`` with the server's pid and log in the test's environment (the test reads
+    them); the server is ready once its start-up load of ``model`` is over, as
+    tritonserver is, ``--strict-readiness=false`` or not. Returns the server's log."""
     with qa.server(here, *args, log=log) as server:
-        deadline = time.monotonic() + 60
-        url = f"http://localhost:8000/v2/models/{model}/ready"
-        while server.up and _http_code(url) != 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
         if server.up:
             env = {**ENV, "SERVER_PID": str(server.proc.pid), "SERVER_LOG": str(server.log)}
             qa.test(SUITE, here, TEST, f"LifeCycleTest.{name}", note="", **env, **(test_env or {}))
@@ -537,6 +533,8 @@ def _concurrent_loads(qa: QA, here: Path) -> None:
 
 @suite
 def l0_lifecycle(qa: QA) -> None:
+    import triton_qa_suites_lifecycle_identity as more  # (it imports this module's helpers)
+
     here = qa.suite("L0_lifecycle")
     _parse_error_noexit(qa, here)
     _port_collisions(qa, here)
@@ -557,22 +555,14 @@ def l0_lifecycle(qa: QA) -> None:
     qa.not_run(SUITE, 4, "poll mode: load/unload refused, model stays ready (curl)", _OPENVINO)
     _invalid_endpoints(qa, here)
     _overrides(qa, here)
-    qa.not_run(SUITE, 6, "test_shutdown_dynamic, _sequence, _ensemble, their log checks", _CUSTOM)
+    more.shutdowns(qa, here)
     _gpu_limit_flags(qa, here)
     qa.not_run(SUITE, 1, "test_load_gpu_limit", "a GPU and cuda-python (CUDA memory consumer)")
     _concurrent_loads(qa, here)
-    qa.not_run(SUITE, 1, "test_concurrent_model_load_stress", _IDENTITY)
+    more.load_unload_stress(qa, here)
     _concurrent_instances(qa, here)
     _load_retry(qa, here)
-    qa.not_run(
-        SUITE, 1, "test_model_config_overwite",
-        "it reloads the Python model as Triton's C++ identity backend",
-    )  # fmt: skip
-    _python_lifecycle(qa, here)
-    qa.not_run(
-        SUITE, 2, "test_shutdown_while_background_unloading and its log check",
-        "it reloads the Python model as Triton's C++ identity backend",
-    )  # fmt: skip
+    _python_lifecycle(qa, here, more)
     qa.not_run(
         SUITE, 1, "test_shutdown_while_loading's log check",
         "it greps for the names of Triton's C++ functions (OnLoadFinal(), AsyncUnload())",

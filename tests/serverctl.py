@@ -261,7 +261,8 @@ class ShoalServer:
 
     def wait_settled(self, models: tuple[str, ...], timeout: float = 180.0) -> None:
         """Until every model is READY or UNAVAILABLE (a server that is not strict about
-        readiness answers before its models have loaded)."""
+        readiness is ready once its start-up loads are over, but a broker started again
+        loads them anew, and a model loaded through the API may still be loading)."""
         deadline = time.monotonic() + timeout
         states: dict[str, str] = {}
         while time.monotonic() < deadline:

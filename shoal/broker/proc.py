@@ -351,7 +351,9 @@ class BrokerProc:
         if isinstance(msg, m.ShmRequest):
             return self._on_shm(msg)
         if isinstance(msg, m.ServerQuery):
-            state = self.queries.server_state(msg, self.s.strict_readiness, self.s.expect_launcher)
+            state = self.queries.server_state(
+                msg, self.s.strict_readiness, self.s.expect_launcher, self.startup_reported
+            )
             if self.s.init_error:  # neither live nor ready (Triton's FAILED_TO_INITIALIZE)
                 state.live = state.ready = False
             return state

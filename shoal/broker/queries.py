@@ -132,18 +132,24 @@ class Queries:
         return m.StatsReply(q.query_id, m.ErrorInfo(int(Code.INVALID_ARG), message))
 
     def server_state(
-        self, q: m.ServerQuery, strict_readiness: bool = True, await_launcher: bool = False
+        self,
+        q: m.ServerQuery,
+        strict_readiness: bool = True,
+        await_launcher: bool = False,
+        started: bool = True,
     ) -> m.ServerState:
         """Whether the server is ready, and each version's state. Ready: every model
-        loaded (any state, without ``strict_readiness``), and in explicit or poll mode
-        the launcher there when ``await_launcher`` (the load API is not served until
-        it is). Under ``strict_readiness``, as Triton's server readiness asks each READY
-        model's own runtime check, the instances whose model checks its own readiness
-        are named (``ready_checks``): the frontend asks them."""
+        loaded; without ``strict_readiness``, the start-up loads over (``started``),
+        whatever became of them, as Triton's server turns ready once its start-up loads
+        return; and in explicit or poll mode the launcher there when ``await_launcher``
+        (the load API is not served until it is). Under ``strict_readiness``, as Triton's
+        server readiness asks each READY model's own runtime check, the instances whose
+        model checks its own readiness are named (``ready_checks``): the frontend asks
+        them."""
         control = self.control
         ready = self.table.all_ready() and not control.failures()
         checks = self.table.readiness_checks() if ready and strict_readiness else []
-        ready = ready or not strict_readiness
+        ready = ready or (not strict_readiness and started)
         if await_launcher and control.managed and not control.has_launcher:
             ready = False
         states = self.table.states()

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from shoal.configs.ensemble import in_order
 from shoal.configs.model_spec import InputSpec, ModelSpec
+from shoal.dataplane import ensemble_labels
 from shoal.dataplane.model_handle import ModelHandle
 from shoal.dataplane.types import (
     EMPTY_FINAL,
@@ -63,6 +64,7 @@ log = logging.getLogger("shoal.frontend")
 Infer = Callable[[ClientRequest], Awaitable[InferenceResult]]
 InferStream = Callable[[ClientRequest], AsyncGenerator[InferenceResult | ResponseError, None]]
 ModelOf = Callable[[str, str], Awaitable[ModelHandle]]
+ModelFile = Callable[[str, int, str], Awaitable[bytes]]
 #: Output parameters that make a step's answer unreadable by the frontend.
 _WRITTEN_ELSEWHERE = ("shared_memory_region", "classification")
 
@@ -189,6 +191,10 @@ class EnsembleRun:
     # max_inflight_requests: a semaphore per step, shared by the ensemble's requests
     inflight: dict[int, asyncio.Semaphore] | None = None
     infer_stream: InferStream | None = None  # for decoupled steps (``stream``)
+    # a file of a model's directory (model, version, path): the ensemble's label files
+    model_file: ModelFile | None = None
+    # outputs the ensemble classifies with its own labels (ensemble_labels.py): top K
+    own_classes: dict[str, int] = field(default_factory=dict)
     tensors: dict[str, _Tensor] = field(default_factory=dict)
     results: list[InferenceResult] = field(default_factory=list)
     failed: bool = False  # (``stream``) it ended with an error response
@@ -222,9 +228,13 @@ class EnsembleRun:
         asked = {o.name: o for o in req.outputs}
         wanted = list(asked) or list(handle.outputs)
         read_later = {t for s in todo for t in s.inputs.values()}
+        if self.model_file is not None:
+            own = {n: ensemble_labels.own_count(handle, o) for n, o in asked.items()}
+            self.own_classes = {n: k for n, k in own.items() if k and n not in read_later}
         try:
             await self._steps(todo, asked, read_later)
             outputs = [self._output(name, self.tensors) for name in wanted if name in self.tensors]
+            outputs = [await self._classified(o) for o in outputs]
         except BaseException:
             self._release()
             raise
@@ -371,6 +381,18 @@ class EnsembleRun:
             log.error("ensemble '%s': a step failed", self.handle.name, exc_info=exc)
             events.put_nowait(ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
 
+    async def _classified(self, out: OutputTensor) -> OutputTensor:
+        """``out``, or its top classes with the ensemble's labels where the ensemble
+        classifies it itself (``own_classes``)."""
+        count = self.own_classes.get(out.name, 0)
+        if not count or self.model_file is None:
+            return out
+        handle = self.handle
+        labels = await self.model_file(
+            handle.name, handle.version, ensemble_labels.label_file(handle, out.name)
+        )
+        return ensemble_labels.classify(out, count, handle.max_batch_size > 0, labels)
+
     def _output(self, name: str, tensors: dict[str, _Tensor]) -> OutputTensor:
         tensor = tensors[name]
         out = tensor.output
@@ -491,6 +513,8 @@ class EnsembleRun:
             params: dict[str, ParamValue] = {}
             if name in asked and name not in read_later:  # where the client wants it
                 params = dict(asked[name].parameters)
+                if name in self.own_classes:  # (the values: the ensemble classifies them)
+                    params.pop(ensemble_labels.CLASSIFICATION, None)
             outputs.append(RequestedOutput(model_output, params))
         # (a decoupled step's final flag is the ensemble's to send, or not)
         params = {k: v for k, v in self.req.parameters.items() if k != EMPTY_FINAL}

@@ -516,8 +516,9 @@ class DataPlane:
             )
         steps, inflight = plan
         run = ensemble_runner.EnsembleRun(
-            model, req, self.infer, self.model, inflight, self.infer_stream
-        )
+            model, req, self.infer, self.model, inflight, self.infer_stream,
+            model_file=self.repository.model_file,
+        )  # fmt: skip
         try:
             batch = model.batch_size(req)
             in_region = any(t.data is None for t in req.inputs) or any(

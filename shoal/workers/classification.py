@@ -37,13 +37,19 @@ def labels_of(spec: ModelSpec, model_dir: Path) -> dict[str, list[str]]:
         if out.label_filename:
             path = model_dir / out.label_filename
             try:
-                lines = path.read_text(encoding="utf-8").split("\n")
+                labels[out.name] = parse_labels(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError) as exc:
                 raise ValueError(
                     f"failed to read labels of output '{out.name}' from '{path}': {exc}"
                 ) from None
-            labels[out.name] = lines[:-1] if lines[-1] == "" else lines  # as getline reads
     return labels
+
+
+def parse_labels(text: str) -> list[str]:
+    """A label file's labels: one per line, as getline reads them (an empty line is no
+    label; no line after a final newline)."""
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
 
 
 def top_k(

@@ -14,8 +14,13 @@ input and output shape to match, got [4] and [8]"). Its parameters (``string_val
 * ``creation_delay_sec``: the load sleeps that many seconds (Triton's lifecycle tests
   load slow models with it);
 * ``execute_delay_ms``: each batch sleeps that many milliseconds before it answers;
-  ``instance_wise_delay_multiplier`` multiplies it by the instance's GPU id (at least 1),
-  as Triton's does (1 on the CPU).
+  ``instance_wise_delay_multiplier`` M makes it ``max(M * index, 1)`` times that, ``index``
+  being the instance's number within its model (0, 1, ...), as Triton's does (L0_batcher's
+  preserve-ordering test: a 100 ms and a 400 ms instance).
+
+An input with ``allow_ragged_batch`` reaches it as the batch's one flat tensor; its output
+goes back to each request in the shape of that request's input (``batch_outputs``), as
+Triton's, which answers each request of a batch from its own input.
 
 A requested output whose input the request lacks (an optional input) fails the request
 with UNSUPPORTED "failed to get input 'INPUT<i>'". The outputs are the inputs' arrays,
@@ -34,6 +39,7 @@ import numpy as np
 from shoal.configs.model_spec import InputSpec, ModelSpec, OutputSpec
 from shoal.configs.schema import ConfigError
 from shoal.ipc.errors import Code, ServingError
+from shoal.workers.batch_io import ScatterSpec
 
 log = logging.getLogger("shoal.worker")
 
@@ -108,16 +114,29 @@ def _int_parameter(config: ModelSpec, key: str) -> int:
 class IdentityBackend:
     def __init__(self) -> None:
         self.delay_s = 0.0  # each batch's (execute_delay_ms)
+        self.instance = 0  # the worker sets its instance number within the model
 
     def load(self, model_file: Path, config: ModelSpec, threads: int, gpu: bool) -> None:
         check_pairs(config)
         creation = _int_parameter(config, "creation_delay_sec")
-        self.delay_s = _int_parameter(config, "execute_delay_ms") / 1000
-        # (instance_wise_delay_multiplier: times the GPU id, at least 1, as Triton's; the
-        # worker sees its one GPU as device 0, and a CPU instance has none)
+        multiplier = _int_parameter(config, "instance_wise_delay_multiplier")
+        times = max(multiplier * self.instance, 1)
+        self.delay_s = _int_parameter(config, "execute_delay_ms") * times / 1000
         if creation > 0:
             log.info("Creation delay is set to : %d", creation)
             time.sleep(creation)
+
+    @staticmethod
+    def batch_outputs(config: ModelSpec) -> dict[str, ScatterSpec]:
+        """OUTPUT<i> of each ragged INPUT<i>: split among the requests by their inputs'
+        shapes (as a config's BATCH_SCATTER_WITH_INPUT_SHAPE would)."""
+        out: dict[str, ScatterSpec] = {}
+        for i in config.inputs:
+            if i.allow_ragged_batch:
+                dims = _dims(i)
+                batch = (-1,) if config.max_batch_size > 0 else ()
+                out["OUTPUT" + i.name[len("INPUT") :]] = ScatterSpec(i.name, (*batch, *dims))
+        return out
 
     def io_spec(self) -> None:
         return None  # the config lists them

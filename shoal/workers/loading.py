@@ -141,7 +141,7 @@ def load(s: WorkerSettings, start_scripting: Callable[[], object]) -> LoadedMode
         python_env.check(s.model, model_dir, s.config_override, s.model_config_name)
         start_scripting()
     backend.instance_name = s.instance_name  # type: ignore[attr-defined]  # (Python's)
-    backend.instance = s.instance  # type: ignore[attr-defined]  # (TensorRT's: its group)
+    backend.instance = s.instance  # type: ignore[attr-defined]  # (TensorRT's, identity's)
     backend.gpu = s.gpu is not None  # type: ignore[attr-defined]  # (TensorRT's auto-complete)
     backend.default_max_batch_size = s.default_max_batch_size  # type: ignore[attr-defined]
     model_file = entry.model_file(s.version)
@@ -166,6 +166,8 @@ def load(s: WorkerSettings, start_scripting: Callable[[], object]) -> LoadedMode
     validate_io(config)
     spec = read_spec(config)
     assembler = BatchAssembler.from_config(spec)
+    if hasattr(backend, "batch_outputs"):  # (identity's: its ragged inputs' outputs)
+        assembler.scatter_specs.update(backend.batch_outputs(spec))
     sequence = SequenceIO.from_config(spec, entry.path, model_ins, model_outs)
     labels = classification.labels_of(spec, entry.path)
     if s.instance not in passive_instances(spec):  # Triton warms these alone

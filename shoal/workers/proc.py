@@ -412,6 +412,23 @@ class WorkerProc:
         children = self._bls_children(way.id)
         return trace_note.traced_answer(way, others, done, received, sent, where, children)
 
+    def _stamp(
+        self,
+        item: m.WorkItem,
+        resp: m.InferResponse,
+        answers: Answers,
+        done: m.BatchDone,
+        received: int,
+        sent: int,
+    ) -> int:
+        """A measured (or traced) request's answer gets its ``hops`` (``_way``), sent at
+        ``sent`` (now, if 0), whether it goes straight to its frontend or through the
+        broker (preserve_ordering). Returns the send time used."""
+        if item.request.hops:
+            sent = sent or time.monotonic_ns()
+            resp.hops = self._way(item, answers, done, received, sent)
+        return sent
+
     def _bls_children(self, trace_id: int) -> list[m.TraceRecord]:
         """The BLS traces the traced request ``trace_id`` spawned (taken)."""
         return self.scripting.children(trace_id) if self.scripting is not None else []
@@ -431,17 +448,17 @@ class WorkerProc:
         # (preserve_ordering) go before it on the same socket: a report the broker has
         # read always follows them. A death between the report and the direct answers
         # leaves those to the broker's unconfirmed-answers rule (router.unconfirmed).
+        sent = 0
         for item, resp in answers:
             if item.seq:
+                sent = self._stamp(item, resp, answers, done, received, sent)
                 self._answer_ordered(item, resp)
         sockets.send_frames(self.sock, m.encode(done))
         direct: dict[bytes, list[bytes]] = {}  # per frontend: one message for the batch
         sent = 0
         for item, resp in answers:
             if not item.seq:
-                if item.request.hops:  # measured (or traced)
-                    sent = sent or time.monotonic_ns()
-                    resp.hops = self._way(item, answers, done, received, sent)
+                sent = self._stamp(item, resp, answers, done, received, sent)
                 direct.setdefault(item.frontend, []).append(m.encode_payload(resp))
         for frontend, payloads in direct.items():
             self._answer_frontend(frontend, payloads)
@@ -503,6 +520,8 @@ class WorkerProc:
         # end with an error: nothing will answer them.
         if self.backend is not None:
             self.backend.unload()
+            if self.s.instance == 0:  # (once a version, as Triton logs it: by its first)
+                log.info("successfully unloaded '%s' version %d", self.s.model, self.s.version)
         if self.scripting is not None:
             self.scripting.close()
             pb_metrics.stop_publishing()

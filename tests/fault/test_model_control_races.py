@@ -88,15 +88,24 @@ def gates(tmp_path: Path) -> Path:
 
 @contextlib.contextmanager
 def _server(repo: Path, gates: Path, *load: str) -> Iterator[ShoalServer]:
-    # not strict: ready (the API served) once the launcher is there, loads under way or not
+    # the API is served once the launcher is there, start-up loads under way or not (the
+    # server is not ready before they are over, as Triton's: a gated one holds it)
     srv = ShoalServer(
         repo,
         "--model-control-mode=explicit",
         "--strict-readiness=false",
         *(f"--load-model={name}" for name in load),
         env={"SHOAL_TEST_GATES": str(gates)},
+        wait_ready=False,
     )
     try:
+        srv.wait_answering()
+        deadline = time.monotonic() + 60
+        while "connected: models load and unload while serving" not in srv.log() or not all(
+            _workers_of(srv, name) for name in load
+        ):
+            assert srv.proc.poll() is None and time.monotonic() < deadline, srv.log()
+            time.sleep(0.02)
         yield srv
     finally:
         for gate in gates.iterdir():  # nothing waits in a model any more

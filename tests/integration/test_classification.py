@@ -52,8 +52,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     modelgen.write_model(
         repo, "unlabelled", modelgen.identity_model("FP32", [-1], batch=True), unreadable
     )  # its labels.txt is missing: the load fails, as in Triton
-    with settled_server(repo, ("simple", "labelled", "flat", "booleans", "unlabelled")) as srv:
+    for name, labels in (("relabelled", 'label_filename: "own.txt"'), ("inherits", "")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(_ENSEMBLE.format(name=name, labels=labels))
+    (repo / "relabelled" / "own.txt").write_text("w\nx\ny\nz\n")
+    models = ("simple", "labelled", "flat", "booleans", "unlabelled", "relabelled", "inherits")
+    with settled_server(repo, models) as srv:
         yield srv
+
+
+#: An ensemble of one step over ``labelled``, with labels of its own for OUT or none.
+_ENSEMBLE = """
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] {labels} }} ]
+ensemble_scheduling {{ step [ {{ model_name: "labelled" model_version: -1
+  input_map {{ key: "INPUT0" value: "IN" }} output_map {{ key: "OUTPUT0" value: "OUT" }} }} ] }}
+"""
 
 
 def _post(srv: ShoalServer, model: str, doc: dict[str, Any]) -> tuple[int, bytes]:
@@ -128,6 +145,23 @@ def test_class_count_with_labels_through_tritonclient(server: ShoalServer, modul
         "0.500000:2",  # an empty label line: no label
         "0.300000:4",  # past the last label: none
     ]
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_an_ensemble_labels_its_classes_with_its_own_labels_else_its_step_s(
+    server: ShoalServer, module: Any
+) -> None:
+    """Triton's ensemble label provider: the ensemble output's label_filename, else the
+    labels of the step's model that produces it (L0_infer's fan_ ensembles)."""
+    url = server.url if module is httpclient else f"127.0.0.1:{server.grpc_port}"
+    client = module.InferenceServerClient(url)
+    inp = module.InferInput("IN", [1, 5], "FP32")
+    inp.set_data_from_numpy(_scores())
+    asked = [module.InferRequestedOutput("OUT", class_count=3)]
+    own = client.infer("relabelled", [inp], outputs=asked).as_numpy("OUT")
+    assert [c.decode() for c in own[0]] == ["0.900000:1:x", "0.700000:3:z", "0.500000:2:y"]
+    inherited = client.infer("inherits", [inp], outputs=asked).as_numpy("OUT")
+    assert [c.decode() for c in inherited[0]] == ["0.900000:1:dog", "0.700000:3:bird", "0.500000:2"]
 
 
 def test_a_model_that_does_not_batch_gets_k_strings(server: ShoalServer) -> None:

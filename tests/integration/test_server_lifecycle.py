@@ -208,3 +208,56 @@ def test_a_failed_load_is_tried_again_as_often_as_model_load_retry_count_says(
             assert "load retry 1 of 1" in srv.log()
     finally:
         srv.stop()
+
+
+_GATED = """
+import os
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        gate = os.path.join(args["model_repository"], "gate")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_lenient_readiness_waits_for_the_start_up_loads_whatever_becomes_of_them(
+    tmp_path: Path,
+) -> None:
+    """With --strict-readiness=false the server is ready once its start-up loads are over,
+    as Triton's (core sets SERVER_READY after the repository manager's start-up loads;
+    strictness only decides whether a model that failed keeps it unready): live at once,
+    not ready while a model loads, ready after, beside a model that failed."""
+    gated = tmp_path / "gated"
+    (gated / "1").mkdir(parents=True)
+    (gated / "1" / "model.py").write_text(_GATED)
+    (gated / "config.pbtxt").write_text(_LOGGING_CONFIG.replace('"identity"', '"gated"'))
+    broken = tmp_path / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "1" / "model.py").write_text("raise ImportError('broken on purpose')\n")
+    (broken / "config.pbtxt").write_text(_LOGGING_CONFIG.replace('"identity"', '"broken"'))
+    args = ("--strict-readiness=false", "--exit-on-error=false")
+    srv = ShoalServer(tmp_path, *args, wait_ready=False)
+    try:
+        srv.wait_answering()
+        for client in _clients(srv):
+            assert client.is_server_live()  # type: ignore[attr-defined]
+            assert not client.is_server_ready()  # type: ignore[attr-defined]
+        assert srv.http_status("/v2/health/ready") == 400
+        (gated / "gate").touch()
+        srv.wait_ready()
+        for client in _clients(srv):
+            assert client.is_server_ready()  # type: ignore[attr-defined]
+            assert client.is_model_ready("gated")  # type: ignore[attr-defined]
+            assert not client.is_model_ready("broken")  # type: ignore[attr-defined]
+    finally:
+        assert srv.stop() == 0
+    # each loaded version's unload at the stop, in Triton's words (L0_lifecycle counts them)
+    assert srv.log().count("successfully unloaded 'gated' version 1") == 1
+    assert "successfully unloaded 'broken'" not in srv.log()

@@ -100,6 +100,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     (repo / "repeat" / "config.pbtxt").write_text(REPEAT_CONFIG)
     cached = modelgen.SIMPLE_CONFIG.replace('"simple"', '"cached"')
     modelgen.write_model(repo, "cached", modelgen.simple_model(), cached + CACHED)
+    ordered = modelgen.SIMPLE_CONFIG.replace('"simple"', '"ordered"')
+    ordered += "dynamic_batching { preserve_ordering: true }\n"
+    modelgen.write_model(repo, "ordered", modelgen.simple_model(), ordered)
     trace_file = tmp_path_factory.mktemp("traces") / "trace.json"
     srv = ShoalServer(
         repo,
@@ -187,7 +190,8 @@ def test_settings_over_grpc(server: ShoalServer) -> None:
 
 def test_streams_and_cache_hits_answer_while_traced(server: ShoalServer) -> None:
     """The requests whose traces the last test reads: a decoupled model over
-    /generate_stream and a gRPC stream, a stream of two ordered answers, a cache hit."""
+    /generate_stream and a gRPC stream, a stream of two ordered answers, a cache hit, a
+    model that preserves ordering (its answers go through the broker)."""
     status, body = server.http("/v2/models/repeat/generate_stream", b'{"IN": [1, 2, 3]}')
     events = [json.loads(e.removeprefix(b"data: ")) for e in body.split(b"\n\n") if e]
     assert status == 200 and [e["OUT"] for e in events] == [1, 2, 3]
@@ -210,6 +214,7 @@ def test_streams_and_cache_hits_answer_while_traced(server: ShoalServer) -> None
     http = httpclient.InferenceServerClient(server.url)
     for _ in range(2):  # a miss, then a hit
         assert http.infer("cached", _inputs(httpclient, ("INPUT0", "INPUT1"))) is not None
+    assert http.infer("ordered", _inputs(httpclient, ("INPUT0", "INPUT1"))) is not None
     http.close()
 
 
@@ -289,7 +294,8 @@ def test_streams_and_cache_hits_have_whole_traces(server: ShoalServer) -> None:
     """A decoupled model's request is one trace: its request's stamps, the worker's
     compute stamps around its responses, and each response's arrival and send (gRPC:
     the first arrival, as Triton); a stream's ordered answers are stamped as they go
-    out, in order; a cache hit has Triton's stamps without compute."""
+    out, in order; a cache hit has Triton's stamps without compute; an answer held for
+    preserve_ordering has its compute stamps (L0_batcher's preserve_ordering trace)."""
     heads, stamps = server.traces  # type: ignore[attr-defined]
     by = {m: [i for i, h in heads.items() if h["model_name"] == m] for m in ("repeat", "cached")}
     assert len(by["repeat"]) == 2 and len(by["cached"]) == 4
@@ -315,3 +321,5 @@ def test_streams_and_cache_hits_have_whole_traces(server: ShoalServer) -> None:
     )
     over_http = [[n for n, _ in stamps[i]] for i in sorted(by["cached"]) if i not in streamed]
     assert over_http == [HTTP, HIT]
+    (ordered,) = [i for i, h in heads.items() if h["model_name"] == "ordered"]
+    assert [n for n, _ in stamps[ordered]] == HTTP

@@ -114,6 +114,8 @@ def test_the_server_is_ready_once_every_model_is_unless_readiness_is_lenient(
     q.table.add_model("loading", {1: 1}, "onnxruntime_onnx")
     assert not q.server_state(m.ServerQuery(1)).ready
     assert q.server_state(m.ServerQuery(2), strict_readiness=False).ready
+    # (lenient readiness, as Triton's: not before the start-up loads are over)
+    assert not q.server_state(m.ServerQuery(2), strict_readiness=False, started=False).ready
     state = q.server_state(m.ServerQuery(3, "simple"))
     (simple,) = [s for s in state.models if s.name == "simple"]
     assert simple.memory_limit_mb == 100
