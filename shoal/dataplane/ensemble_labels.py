@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.dataplane import client_shm_refs
+from shoal.dataplane.classification import parse_labels, top_k
 from shoal.dataplane.model_handle import ModelHandle
 from shoal.dataplane.types import OutputTensor, RequestedOutput
 from shoal.ipc import datatypes
 from shoal.ipc.errors import Code, ServingError
-from shoal.workers.classification import parse_labels, top_k
 
 CLASSIFICATION = "classification"
 

@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from shoal.dataplane import classification
 from shoal.ipc import datatypes
 from shoal.ipc import messages as m
 from shoal.ipc.errors import Code, ServingError
 from shoal.ipc.shm import RegionMap
-from shoal.workers import classification
 from shoal.workers.cancels import RunningCancels
 from shoal.workers.cuda_regions import CudaRegions
 from shoal.workers.loading import LoadedModel

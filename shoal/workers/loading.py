@@ -35,8 +35,9 @@ from shoal.configs.model_config import (
 from shoal.configs.model_spec import ModelSpec
 from shoal.configs.placement import passive_instances
 from shoal.configs.spec_reader import read_spec
+from shoal.dataplane import classification
 from shoal.workers import backend as backends
-from shoal.workers import classification, python_env, warmup
+from shoal.workers import python_env, warmup
 from shoal.workers.batch_io import BatchAssembler
 from shoal.workers.sequence_io import SequenceIO
 

@@ -1,4 +1,4 @@
-"""Triton's top-K classification of an output (shoal.workers.classification), as its
+"""Triton's top-K classification of an output (shoal.dataplane.classification), as its
 TopkClassifications writes it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from shoal.configs.model_config import parse_config_text
 from shoal.configs.spec_reader import read_spec
-from shoal.workers import classification
+from shoal.dataplane import classification
 
 
 def _strings(arr: np.ndarray) -> list[object]:
