@@ -137,6 +137,13 @@ def test_an_orderly_stop_logs_nothing_at_warning_or_above(small_repo: Path) -> N
     operator."""
     srv = ShoalServer(small_repo, "--frontend-processes=2")
     frontends = srv.pids("frontend")
+    # Both frontends serving (ready means one answers; the stop passes on at once): the
+    # subject is an orderly stop, not a frontend stopped halfway through its start.
+    deadline = time.monotonic() + 60
+    while not all(re.search(rf"\[{pid}\] I shoal\.frontend: metrics on ", srv.log())
+                  for pid in frontends):  # fmt: skip
+        assert time.monotonic() < deadline, srv.log()
+        time.sleep(0.05)
     client = httpclient.InferenceServerClient(srv.url)
     client.infer("simple", simple_inputs())
     client.close()
