@@ -205,23 +205,8 @@ class Launcher:
         return True
 
     def _watch(self) -> int:
-        # A stop signal wakes the wait at once: its handler only sets ``stop``, and the
-        # select, retried after a handler (PEP 475), would wait out its timeout first (up
-        # to a second of new connections accepted after SIGINT).
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_r, False)
-        os.set_blocking(wake_w, False)
-        previous = signal.set_wakeup_fd(wake_w)
-        try:
-            return self._watch_until_stopped(wake_r)
-        finally:
-            signal.set_wakeup_fd(previous)
-            os.close(wake_r)
-            os.close(wake_w)
-
-    def _watch_until_stopped(self, wake: int) -> int:
         while not self.stop:
-            fds = [*(c.pidfd for c in self.children), wake]
+            fds = [c.pidfd for c in self.children]
             if self.sock is not None:
                 # ZMQ_FD is edge-triggered: every wake-up (and every turn) reads all
                 fds.append(self.sock.FD)
@@ -239,9 +224,6 @@ class Launcher:
                 ready, _, _ = select.select(fds, [], [], max(wait, 0.0))
             except InterruptedError:
                 continue
-            if wake in ready:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(wake, 512)  # (the signals' numbers: ``stop`` says what to do)
             if self.sock is not None:
                 self._from_broker()
             for fd in ready:
